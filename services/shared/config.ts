@@ -1,0 +1,120 @@
+// Configuration: defaults, overridden by SKIFF_* environment variables,
+// validated once at start with a message that names the variable.
+
+export const DEFAULT_HOST = "127.0.0.1";
+export const DEFAULT_PORT = 8080;
+export const DEFAULT_DATA_DIR = ".data";
+export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
+export const DEFAULT_LOG_LEVEL = "info";
+export const DEFAULT_NATS_PROBE_URL = "nats://127.0.0.1:4222";
+export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
+/** Longest a run may take (spec section 8: 12 hours). */
+export const MAX_RUN_SECONDS = 12 * 60 * 60;
+
+export const ROLES = ["invocation", "management", "webhook", "runner"] as const;
+export type Role = (typeof ROLES)[number];
+
+export interface Config {
+  host: string;
+  port: number;
+  dataDir: string;
+  /** NATS server to use; undefined means "probe the local default, else start one". */
+  natsUrl: string | undefined;
+  maxBodyBytes: number;
+  logLevel: string;
+  roles: Role[];
+  shutdownTimeoutMs: number;
+}
+
+export class ConfigError extends Error {
+  override name = "ConfigError";
+  constructor(
+    readonly variable: string,
+    message: string,
+  ) {
+    super(`${variable}: ${message}`);
+  }
+}
+
+type Env = Record<string, string | undefined>;
+
+interface Setting<K extends keyof Config> {
+  key: K;
+  env: string;
+  doc: string;
+  fallback: string;
+  parse: (raw: string, variable: string) => Config[K];
+}
+
+function integer(min: number, max: number) {
+  return (raw: string, variable: string): number => {
+    if (!/^\d+$/.test(raw.trim())) throw new ConfigError(variable, `expected a whole number, got "${raw}"`);
+    const n = Number(raw);
+    if (n < min || n > max) throw new ConfigError(variable, `must be between ${min} and ${max}, got ${n}`);
+    return n;
+  };
+}
+
+function nonEmpty(raw: string, variable: string): string {
+  if (raw.trim() === "") throw new ConfigError(variable, "must not be empty");
+  return raw.trim();
+}
+
+const LOG_LEVELS = ["trace", "debug", "info", "warn", "error", "fatal", "silent"];
+
+export function parseRoles(raw: string, variable: string): Role[] {
+  const names = raw
+    .split(",")
+    .map((s) => s.trim())
+    .filter((s) => s !== "");
+  if (names.length === 0) throw new ConfigError(variable, `name at least one role of ${ROLES.join(", ")}`);
+  for (const n of names) {
+    if (!(ROLES as readonly string[]).includes(n)) {
+      throw new ConfigError(variable, `unknown role "${n}"; roles are ${ROLES.join(", ")}`);
+    }
+  }
+  return [...new Set(names)] as Role[];
+}
+
+/** Every setting, in the order README's configuration table lists them. */
+export const SETTINGS: Setting<keyof Config>[] = [
+  { key: "host", env: "SKIFF_HOST", fallback: DEFAULT_HOST, doc: "Address the HTTP/gRPC port binds to.", parse: nonEmpty },
+  { key: "port", env: "SKIFF_PORT", fallback: String(DEFAULT_PORT), doc: "Port for HTTP/1.1 (REST, Connect, gRPC-Web) and cleartext HTTP/2 (gRPC); 0 picks a free one.", parse: integer(0, 65535) },
+  { key: "dataDir", env: "SKIFF_DATA_DIR", fallback: DEFAULT_DATA_DIR, doc: "Folder for local state: the started NATS server's store, bootstrap token files.", parse: nonEmpty },
+  {
+    key: "natsUrl",
+    env: "SKIFF_NATS_URL",
+    fallback: "",
+    doc: `NATS server(s), comma-separated. Unset: use ${DEFAULT_NATS_PROBE_URL} when a server answers there, else start \`nats-server\` with JetStream in the data folder.`,
+    parse: (raw) => (raw.trim() === "" ? undefined : raw.trim()),
+  },
+  { key: "maxBodyBytes", env: "SKIFF_MAX_BODY_BYTES", fallback: String(DEFAULT_MAX_BODY_BYTES), doc: "Largest request body accepted (413 above it).", parse: integer(1, 1024 * 1024 * 1024) },
+  {
+    key: "logLevel",
+    env: "SKIFF_LOG_LEVEL",
+    fallback: DEFAULT_LOG_LEVEL,
+    doc: `Log level: ${LOG_LEVELS.join(", ")}.`,
+    parse: (raw, variable) => {
+      if (!LOG_LEVELS.includes(raw.trim())) throw new ConfigError(variable, `must be one of ${LOG_LEVELS.join(", ")}, got "${raw}"`);
+      return raw.trim();
+    },
+  },
+  { key: "roles", env: "SKIFF_ROLES", fallback: ROLES.join(","), doc: "Roles this process runs (also `--roles`).", parse: parseRoles },
+  { key: "shutdownTimeoutMs", env: "SKIFF_SHUTDOWN_TIMEOUT_MS", fallback: String(DEFAULT_SHUTDOWN_TIMEOUT_MS), doc: "On SIGTERM, how long in-flight requests may finish before connections are closed.", parse: integer(0, MAX_RUN_SECONDS * 1000) },
+];
+
+/** Reads and validates the configuration. Throws ConfigError naming the variable at fault. */
+export function loadConfig(env: Env = process.env, overrides: Partial<Config> = {}): Config {
+  const out: Record<string, unknown> = {};
+  for (const s of SETTINGS) {
+    const raw = env[s.env];
+    out[s.key] = s.parse(raw === undefined ? s.fallback : raw, s.env);
+  }
+  return { ...(out as unknown as Config), ...overrides };
+}
+
+/** The configuration table README shows, made from SETTINGS so it cannot drift. */
+export function settingsTable(): string {
+  const rows = SETTINGS.map((s) => `| \`${s.env}\` | ${s.fallback === "" ? "(unset)" : `\`${s.fallback}\``} | ${s.doc} |`);
+  return ["| variable | default | meaning |", "| --- | --- | --- |", ...rows].join("\n");
+}

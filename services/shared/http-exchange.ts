@@ -1,0 +1,38 @@
+// The one mechanism by which a handler shapes the HTTP/JSON answer of its
+// method beyond the response message:
+//
+//   - the success status: `setHttpStatus(ctx, 202)`;
+//   - extra response headers: `ctx.responseHeader.set("X-Request-Id", id)`
+//     (standard Connect; they reach Connect, gRPC and REST callers alike).
+//
+// The transcoder puts an HttpExchange into the context values of every call
+// it makes and reads the status back when the handler returns. Connect and
+// gRPC callers have no exchange, so setHttpStatus does nothing for them.
+import { createContextKey, type HandlerContext } from "@connectrpc/connect";
+
+export interface HttpExchange {
+  /** HTTP method of the REST call. */
+  readonly method: string;
+  /** The REST call's query string parameters, all of them. */
+  readonly query: URLSearchParams;
+  /** Success status chosen by the handler; undefined means 200. */
+  status: number | undefined;
+}
+
+export const kHttpExchange = createContextKey<HttpExchange | undefined>(undefined, {
+  description: "skiff HTTP/JSON exchange",
+});
+
+/** Chooses the HTTP status a REST caller gets when the handler succeeds. */
+export function setHttpStatus(ctx: HandlerContext, status: number): void {
+  if (!Number.isInteger(status) || status < 200 || status > 599) {
+    throw new RangeError(`HTTP status out of range: ${status}`);
+  }
+  const exchange = ctx.values.get(kHttpExchange);
+  if (exchange) exchange.status = status;
+}
+
+/** The REST exchange of this call, or undefined for a Connect or gRPC call. */
+export function httpExchange(ctx: HandlerContext): HttpExchange | undefined {
+  return ctx.values.get(kHttpExchange);
+}
