@@ -1,0 +1,65 @@
+// A real nats-server for tests: its own port (127.0.0.1) and a
+// temporary store, started in a few milliseconds. Tests never use the
+// machine's shared server on 4222.
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { NATS_SERVER_BINARY, spawnNatsServer, type NatsServerProcess } from "../../services/shared/nats-server-process.js";
+
+export interface TestNatsOptions {
+  /** Default true; false starts a server without JetStream. */
+  jetstream?: boolean;
+  /** Extra nats-server arguments. */
+  args?: string[];
+}
+
+export interface TestNats {
+  url: string;
+  port: number;
+  storeDir: string;
+  /** Process id of the running server; changes with restart(). */
+  readonly pid: number;
+  /** Stops the server (SIGTERM) and removes its store. */
+  stop(): Promise<void>;
+  /** SIGKILL, keeping the store, as a crash would. */
+  kill(): Promise<void>;
+  /** Stops the server if it runs, then starts it again on the same port and store. */
+  restart(): Promise<void>;
+}
+
+export async function startNatsServer(opts: TestNatsOptions = {}): Promise<TestNats> {
+  const dir = await mkdtemp(path.join(tmpdir(), "skiff-nats-"));
+  const storeDir = path.join(dir, "store");
+  const launch = (port: number) =>
+    spawnNatsServer({
+      binary: NATS_SERVER_BINARY,
+      args: ["-a", "127.0.0.1", "-p", String(port), "--ports_file_dir", dir, ...(opts.jetstream === false ? [] : ["-js", "-sd", storeDir]), ...(opts.args ?? [])],
+      portsDir: dir,
+    });
+
+  let server: NatsServerProcess;
+  try {
+    server = await launch(-1);
+  } catch (err) {
+    await rm(dir, { recursive: true, force: true });
+    throw err;
+  }
+  const port = server.port;
+  return {
+    url: server.url,
+    port,
+    storeDir,
+    get pid() {
+      return server.pid;
+    },
+    stop: async () => {
+      await server.stop();
+      await rm(dir, { recursive: true, force: true });
+    },
+    kill: () => server.kill(),
+    restart: async () => {
+      await server.stop();
+      server = await launch(port);
+    },
+  };
+}
