@@ -1,0 +1,67 @@
+// Errors of the HTTP/JSON transcoder. Every REST error body is
+// `{"code": "...", "message": "..."}` with the Connect code string, and the
+// HTTP status the Connect protocol gives that code, so a REST caller and a
+// Connect caller of the same failing call see the same code.
+import { Code } from "@connectrpc/connect";
+
+/** Connect code → [code string, HTTP status], as in the Connect protocol's error table. */
+const CODES: Record<Code, readonly [string, number]> = {
+  [Code.Canceled]: ["canceled", 499],
+  [Code.Unknown]: ["unknown", 500],
+  [Code.InvalidArgument]: ["invalid_argument", 400],
+  [Code.DeadlineExceeded]: ["deadline_exceeded", 504],
+  [Code.NotFound]: ["not_found", 404],
+  [Code.AlreadyExists]: ["already_exists", 409],
+  [Code.PermissionDenied]: ["permission_denied", 403],
+  [Code.ResourceExhausted]: ["resource_exhausted", 429],
+  [Code.FailedPrecondition]: ["failed_precondition", 400],
+  [Code.Aborted]: ["aborted", 409],
+  [Code.OutOfRange]: ["out_of_range", 400],
+  [Code.Unimplemented]: ["unimplemented", 501],
+  [Code.Internal]: ["internal", 500],
+  [Code.Unavailable]: ["unavailable", 503],
+  [Code.DataLoss]: ["data_loss", 500],
+  [Code.Unauthenticated]: ["unauthenticated", 401],
+};
+
+const BY_STRING = new Map(Object.entries(CODES).map(([code, [name]]) => [name, Number(code) as Code]));
+
+export function codeString(code: Code): string {
+  return CODES[code][0];
+}
+
+export function codeFromString(name: string): Code | undefined {
+  return BY_STRING.get(name);
+}
+
+export function codeHttpStatus(code: Code): number {
+  return CODES[code][1];
+}
+
+/**
+ * An error the transcoder answers itself, before or after the handler runs.
+ * `status` overrides the code's usual status where HTTP has a more precise
+ * one: 405 (method), 413 (body size) and 415 (media type).
+ */
+export class TranscodeError extends Error {
+  override name = "TranscodeError";
+  readonly status: number;
+  readonly headers: Record<string, string>;
+  constructor(
+    readonly code: Code,
+    message: string,
+    options: { status?: number; headers?: Record<string, string> } = {},
+  ) {
+    super(message);
+    this.status = options.status ?? codeHttpStatus(code);
+    this.headers = options.headers ?? {};
+  }
+}
+
+export function invalidArgument(message: string): TranscodeError {
+  return new TranscodeError(Code.InvalidArgument, message);
+}
+
+export function errorBody(code: Code, message: string): string {
+  return JSON.stringify({ code: codeString(code), message });
+}
