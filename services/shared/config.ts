@@ -1,5 +1,6 @@
 // Configuration: defaults, overridden by SKIFF_* environment variables,
 // validated once at start with a message that names the variable.
+import { parsePrivateKey } from "./tokens.js";
 
 export const DEFAULT_HOST = "127.0.0.1";
 export const DEFAULT_PORT = 8080;
@@ -24,6 +25,10 @@ export interface Config {
   logLevel: string;
   roles: Role[];
   shutdownTimeoutMs: number;
+  /** Ed25519 private key that signs tokens; undefined: the cluster's key in KV skiff-keys. */
+  signingKey: string | undefined;
+  /** Admin token; undefined: the one in <dataDir>/admin-token, made on first start. */
+  adminToken: string | undefined;
 }
 
 export class ConfigError extends Error {
@@ -60,6 +65,25 @@ function nonEmpty(raw: string, variable: string): string {
   return raw.trim();
 }
 
+function optional<T>(parse: (raw: string, variable: string) => T) {
+  return (raw: string, variable: string): T | undefined => (raw.trim() === "" ? undefined : parse(raw.trim(), variable));
+}
+
+function signingKey(raw: string, variable: string): string {
+  try {
+    parsePrivateKey(raw);
+  } catch (err) {
+    throw new ConfigError(variable, (err as Error).message);
+  }
+  return raw;
+}
+
+/** Long enough that it cannot be guessed, and sendable in an Authorization header as it is. */
+function adminToken(raw: string, variable: string): string {
+  if (raw.length < 32 || !/^[\x21-\x7e]+$/.test(raw)) throw new ConfigError(variable, "must be at least 32 printable ASCII characters without spaces");
+  return raw;
+}
+
 const LOG_LEVELS = ["trace", "debug", "info", "warn", "error", "fatal", "silent"];
 
 export function parseRoles(raw: string, variable: string): Role[] {
@@ -80,7 +104,7 @@ export function parseRoles(raw: string, variable: string): Role[] {
 export const SETTINGS: Setting<keyof Config>[] = [
   { key: "host", env: "SKIFF_HOST", fallback: DEFAULT_HOST, doc: "Address the HTTP/gRPC port binds to.", parse: nonEmpty },
   { key: "port", env: "SKIFF_PORT", fallback: String(DEFAULT_PORT), doc: "Port for HTTP/1.1 (REST, Connect, gRPC-Web) and cleartext HTTP/2 (gRPC); 0 picks a free one.", parse: integer(0, 65535) },
-  { key: "dataDir", env: "SKIFF_DATA_DIR", fallback: DEFAULT_DATA_DIR, doc: "Folder for local state: the started NATS server's store, bootstrap token files.", parse: nonEmpty },
+  { key: "dataDir", env: "SKIFF_DATA_DIR", fallback: DEFAULT_DATA_DIR, doc: "Folder for local state: the store of a NATS server that skiff starts itself, and the token files `admin-token` and `dev-token`.", parse: nonEmpty },
   {
     key: "natsUrl",
     env: "SKIFF_NATS_URL",
@@ -101,6 +125,20 @@ export const SETTINGS: Setting<keyof Config>[] = [
   },
   { key: "roles", env: "SKIFF_ROLES", fallback: ROLES.join(","), doc: "Roles this process runs (also `--roles`).", parse: parseRoles },
   { key: "shutdownTimeoutMs", env: "SKIFF_SHUTDOWN_TIMEOUT_MS", fallback: String(DEFAULT_SHUTDOWN_TIMEOUT_MS), doc: "On SIGTERM, how long in-flight requests may finish before connections are closed.", parse: integer(0, MAX_RUN_SECONDS * 1000) },
+  {
+    key: "signingKey",
+    env: "SKIFF_SIGNING_KEY",
+    fallback: "",
+    doc: "Ed25519 private key that signs service account tokens: a JWK as JSON (`{\"kty\":\"OKP\",\"crv\":\"Ed25519\",\"d\":…,\"x\":…}`) or PKCS#8 PEM (newlines may be written `\\n`). Unset: a key made once and kept in KV `skiff-keys`.",
+    parse: optional(signingKey),
+  },
+  {
+    key: "adminToken",
+    env: "SKIFF_ADMIN_TOKEN",
+    fallback: "",
+    doc: "Admin token (32+ printable characters), accepted by every process. Unset: one is made on first start and written to `SKIFF_DATA_DIR/admin-token`.",
+    parse: optional(adminToken),
+  },
 ];
 
 /** Reads and validates the configuration. Throws ConfigError naming the variable at fault. */

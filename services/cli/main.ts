@@ -1,0 +1,107 @@
+// `skiff`: manage a skiff server from the command line. Exit codes: 0 done,
+// 1 the server refused or could not be reached, 2 the command line is wrong.
+import { parseArgs } from "node:util";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import { COMMANDS, DEFAULT_EXPIRES_IN, DEFAULT_PROJECT, UsageError } from "./commands.js";
+import { DEFAULT_URL, resolveTarget, type Target } from "./defaults.js";
+
+const USAGE = `Usage: skiff <command> [options]
+
+Commands:
+  projects list                          list projects (a service account sees its own)
+  projects create [<project-id>]         create a project (admin); id "p-…" made when omitted
+      --name <name>
+  service-accounts list                  list a project's service accounts
+  service-accounts create <name>         create a service account and print its token once
+      --expires-in <n>m|h|d              lifetime (default ${DEFAULT_EXPIRES_IN}; at most one year)
+      --expires-at <RFC 3339 time>       or an exact expiry
+  service-accounts delete <id>           delete a service account: its token stops working
+  (sa is short for service-accounts)
+
+Options:
+  -p, --project <id>   project of the service account commands (default $SKIFF_PROJECT or ${DEFAULT_PROJECT})
+  --url <url>          skiff server (default $SKIFF_URL or ${DEFAULT_URL})
+  --token <token>      bearer token (default $SKIFF_TOKEN, else the admin token file
+                       .data/admin-token of this folder or of the skiff checkout)
+  --json               print JSON instead of tables
+  -h, --help           show this help`;
+
+const OPTIONS = {
+  url: { type: "string" },
+  token: { type: "string" },
+  json: { type: "boolean" },
+  help: { type: "boolean", short: "h" },
+  project: { type: "string", short: "p" },
+  name: { type: "string" },
+  "expires-in": { type: "string" },
+  "expires-at": { type: "string" },
+} as const;
+const GLOBAL = new Set(["url", "token", "json", "help"]);
+const ALIASES: Record<string, string> = { sa: "service-accounts" };
+
+function explain(err: ConnectError, target: Target): string {
+  switch (err.code) {
+    case Code.Unavailable:
+      return `cannot reach skiff at ${target.url}: ${err.rawMessage} (is it running? set --url or SKIFF_URL)`;
+    case Code.Unauthenticated:
+      return `the server refused the token (401 unauthenticated: ${err.rawMessage}); token from ${target.tokenSource}`;
+    case Code.PermissionDenied:
+      return `not allowed (403): ${err.rawMessage}`;
+    case Code.InvalidArgument:
+      return `invalid request (400): ${err.rawMessage}`;
+    case Code.NotFound:
+      return `not found (404): ${err.rawMessage}`;
+    case Code.AlreadyExists:
+      return `already exists (409): ${err.rawMessage}`;
+    default:
+      return `${Code[err.code]}: ${err.rawMessage}`;
+  }
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const out = (text: string) => process.stdout.write(text + "\n");
+  const err = (text: string) => process.stderr.write(text + "\n");
+  let target: Target | undefined;
+  try {
+    const { values, positionals } = parseArgs({ args: argv, options: OPTIONS, allowPositionals: true, strict: true });
+    if (values.help) {
+      out(USAGE);
+      return 0;
+    }
+    const [groupWord, action, ...rest] = positionals;
+    const group = COMMANDS[ALIASES[groupWord] ?? groupWord];
+    const command = group?.[action];
+    if (!command) throw new UsageError(groupWord === undefined ? "no command given" : `unknown command "${positionals.slice(0, 2).join(" ")}"`);
+    for (const [name, value] of Object.entries(values)) {
+      if (value !== undefined && !GLOBAL.has(name) && !command.options.includes(name)) throw new UsageError(`--${name} does not apply to "${groupWord} ${action}"`);
+    }
+    if (rest.length > command.positionals) throw new UsageError(`unexpected argument "${rest[command.positionals]}"`);
+
+    target = resolveTarget(values, process.env, process.cwd());
+    if (target.token === undefined) throw new UsageError("no token: pass --token, set SKIFF_TOKEN, or run where `npm start` keeps .data/admin-token");
+    const token = target.token;
+    const transport = createConnectTransport({
+      baseUrl: target.url,
+      httpVersion: "1.1",
+      interceptors: [
+        (next) => (req) => {
+          req.header.set("authorization", `Bearer ${token}`);
+          return next(req);
+        },
+      ],
+    });
+    await command.run({ client: createClient(ManagementService, transport), options: values, positionals: rest, json: values.json === true, out, err });
+    return 0;
+  } catch (e) {
+    if (e instanceof UsageError || (e instanceof TypeError && "code" in e && String(e.code).startsWith("ERR_PARSE_ARGS"))) {
+      err(`skiff: ${e.message}\nRun "skiff --help" for usage.`);
+      return 2;
+    }
+    err(`skiff: ${target ? explain(ConnectError.from(e), target) : String(e)}`);
+    return 1;
+  }
+}
+
+process.exitCode = await main(process.argv.slice(2));

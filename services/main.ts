@@ -1,0 +1,44 @@
+// The skiff process: `npm start` runs every role; `--roles a,b` picks some.
+import { parseArgs } from "node:util";
+import { ConfigError, loadConfig, parseRoles } from "./shared/config.js";
+import { createLogger } from "./shared/logger.js";
+import { startSkiff } from "./start.js";
+
+async function main(): Promise<void> {
+  let config;
+  try {
+    const { values } = parseArgs({ options: { roles: { type: "string" } }, strict: true });
+    config = loadConfig(process.env, values.roles === undefined ? {} : { roles: parseRoles(values.roles, "--roles") });
+  } catch (err) {
+    console.error(`skiff: ${err instanceof ConfigError || err instanceof TypeError ? err.message : String(err)}`);
+    process.exit(2);
+  }
+  const logger = createLogger(config.logLevel);
+  let skiff;
+  try {
+    skiff = await startSkiff(config, logger);
+  } catch (err) {
+    logger.fatal({ err }, err instanceof Error ? err.message : String(err));
+    process.exit(1);
+  }
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, "stopping: no new requests, finishing in-flight ones");
+    skiff.close().then(
+      () => {
+        logger.info("stopped");
+        process.exit(0);
+      },
+      (err) => {
+        logger.error({ err }, "unclean stop");
+        process.exit(1);
+      },
+    );
+  };
+  process.on("SIGTERM", () => stop("SIGTERM"));
+  process.on("SIGINT", () => stop("SIGINT"));
+}
+
+void main();

@@ -1,0 +1,45 @@
+// Projects in KV `skiff-projects`, one key per project id.
+import type { KV } from "nats";
+import { jsonOf } from "../shared/auth-watch.js";
+
+export interface ProjectRecord {
+  project_id: string;
+  name: string;
+  /** RFC 3339. */
+  created_at: string;
+  /** "admin" or a service account id. */
+  created_by: string;
+}
+
+function decode(value: unknown): ProjectRecord | undefined {
+  const v = value as Partial<ProjectRecord> | undefined;
+  return v && typeof v.project_id === "string" && typeof v.name === "string" && typeof v.created_at === "string" ? (v as ProjectRecord) : undefined;
+}
+
+export class ProjectStore {
+  constructor(private readonly kv: KV) {}
+
+  /** Stores a new project; false when the id is taken (the first writer wins). */
+  async create(record: ProjectRecord): Promise<boolean> {
+    try {
+      await this.kv.create(record.project_id, JSON.stringify(record));
+      return true;
+    } catch (err) {
+      if (await this.get(record.project_id)) return false;
+      throw err;
+    }
+  }
+
+  async get(projectId: string): Promise<ProjectRecord | undefined> {
+    const entry = await this.kv.get(projectId);
+    return entry && entry.operation === "PUT" ? decode(jsonOf(entry)) : undefined;
+  }
+
+  /** Every project, by id. */
+  async list(): Promise<ProjectRecord[]> {
+    const ids: string[] = [];
+    for await (const k of await this.kv.keys()) ids.push(k);
+    const records = await Promise.all(ids.map((id) => this.get(id)));
+    return records.filter((r): r is ProjectRecord => r !== undefined).sort((a, b) => a.project_id.localeCompare(b.project_id));
+  }
+}

@@ -1,0 +1,48 @@
+// The management role of a process: its stores, the key it signs tokens
+// with, and the bootstrap of the admin and dev tokens.
+import type { ConnectRouter } from "@connectrpc/connect";
+import type { NatsConnection } from "nats";
+import type { Auth } from "../shared/auth.js";
+import type { Logger } from "../shared/logger.js";
+import { buckets } from "../shared/nats-layout.js";
+import { issueToken } from "../shared/tokens.js";
+import { ensureAdminToken, ensureDevAccount } from "./bootstrap.js";
+import type { ManagementDeps } from "./deps.js";
+import { ProjectStore } from "./project-store.js";
+import { routes } from "./routes.js";
+import { ServiceAccountStore } from "./service-account-store.js";
+
+export interface ManagementRoleOptions {
+  nc: NatsConnection;
+  auth: Auth;
+  dataDir: string;
+  /** SKIFF_SIGNING_KEY. */
+  signingKey: string | undefined;
+  /** SKIFF_ADMIN_TOKEN. */
+  adminToken: string | undefined;
+  logger: Logger;
+}
+
+export interface ManagementRole {
+  routes(router: ConnectRouter): void;
+  /** Where the admin token is (undefined: it came from SKIFF_ADMIN_TOKEN) and the dev token. */
+  files: { adminToken: string | undefined; devToken: string };
+}
+
+export async function startManagementRole(opts: ManagementRoleOptions): Promise<ManagementRole> {
+  const js = opts.nc.jetstream();
+  const key = await opts.auth.keyring.signingKey(opts.signingKey);
+  const deps: ManagementDeps = {
+    projects: new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true })),
+    serviceAccounts: new ServiceAccountStore(await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true })),
+    issueToken: (subject) => issueToken(key, subject),
+    logger: opts.logger,
+  };
+  const adminToken = await ensureAdminToken({ dataDir: opts.dataDir, configured: opts.adminToken, admins: opts.auth.admins });
+  const devToken = await ensureDevAccount({ dataDir: opts.dataDir, deps, authenticator: opts.auth.authenticator, logger: opts.logger });
+  opts.logger.info(
+    { adminTokenFile: adminToken ?? null, devTokenFile: devToken, kid: key.kid },
+    `admin token: ${adminToken ?? "from SKIFF_ADMIN_TOKEN"}; dev token (project p-dev): ${devToken}`,
+  );
+  return { routes: (router) => routes(router, deps), files: { adminToken, devToken } };
+}

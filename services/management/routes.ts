@@ -1,0 +1,12 @@
+// ManagementService: projects, service accounts, apps, runs and webhook
+// deliveries. Methods without a handler here answer `unimplemented` until the
+// issues that build them land.
+import type { ConnectRouter } from "@connectrpc/connect";
+import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import type { ManagementDeps } from "./deps.js";
+import { projectHandlers } from "./projects.js";
+import { serviceAccountHandlers } from "./service-accounts.js";
+
+export function routes(router: ConnectRouter, deps: ManagementDeps): void {
+  router.service(ManagementService, { ...projectHandlers(deps), ...serviceAccountHandlers(deps) });
+}

@@ -1,0 +1,110 @@
+// Composes a skiff process from its configuration: NATS, provisioning, the
+// roles it runs and the one port that serves them.
+import type { DescService } from "@bufbuild/protobuf";
+import type { ConnectRouter } from "@connectrpc/connect";
+import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
+import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
+import * as invocation from "./invocation/routes.js";
+import { startManagementRole } from "./management/role.js";
+import { startAuth, type Auth } from "./shared/auth.js";
+import type { Config, Role } from "./shared/config.js";
+import { HealthState, healthRoutes } from "./shared/health.js";
+import type { Logger } from "./shared/logger.js";
+import { connectNats, provision, type NatsHandle } from "./shared/nats.js";
+import { openapiDocuments } from "./shared/openapi.js";
+import { startServer } from "./shared/server.js";
+
+export interface Skiff {
+  url: string;
+  port: number;
+  nats: NatsHandle;
+  health: HealthState;
+  /** Graceful stop: no new requests, in-flight ones finish (up to the shutdown timeout), NATS closes. */
+  close(): Promise<void>;
+}
+
+interface RpcRole {
+  service: DescService;
+  routes: (router: ConnectRouter) => void;
+}
+
+interface RoleContext {
+  config: Config;
+  nats: NatsHandle;
+  auth: Auth;
+  logger: Logger;
+}
+
+/** Roles that serve RPCs on the port; the others work from NATS alone. */
+const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> = {
+  invocation: async () => ({ service: InvocationService, routes: invocation.routes }),
+  management: async ({ config, nats, auth, logger }) => {
+    const role = await startManagementRole({ nc: nats.nc, auth, dataDir: config.dataDir, signingKey: config.signingKey, adminToken: config.adminToken, logger });
+    return { service: ManagementService, routes: role.routes };
+  },
+};
+
+function watchNats(handle: NatsHandle, health: HealthState, logger: Logger): void {
+  void (async () => {
+    for await (const s of handle.nc.status()) {
+      if (s.type === "disconnect") {
+        health.setNatsConnected(false);
+        logger.warn({ server: s.data }, "NATS disconnected");
+      } else if (s.type === "reconnect") {
+        health.setNatsConnected(true);
+        logger.info({ server: s.data }, "NATS reconnected");
+      }
+    }
+  })();
+}
+
+export async function startSkiff(config: Config, logger: Logger): Promise<Skiff> {
+  const health = new HealthState();
+  const nats = await connectNats({ url: config.natsUrl, dataDir: config.dataDir, logger, name: `skiff ${config.roles.join(",")}` });
+  let auth: Auth | undefined;
+  try {
+    health.setNatsConnected(true);
+    watchNats(nats, health, logger);
+    await provision(nats.nc, logger);
+    health.setProvisioned();
+
+    const starters = config.roles.map((r) => RPC_ROLES[r]).filter((r) => r !== undefined);
+    // Every RPC is authenticated; the views behind it are loaded before the port opens.
+    const rpc: RpcRole[] = [];
+    if (starters.length > 0) {
+      auth = await startAuth(nats.nc, logger);
+      for (const start of starters) rpc.push(await start({ config, nats, auth, logger }));
+    }
+    for (const r of rpc) health.services.add(r.service.typeName);
+    const server = await startServer({
+      host: config.host,
+      port: config.port,
+      maxBodyBytes: config.maxBodyBytes,
+      logger,
+      health,
+      restServices: rpc.map((r) => r.service),
+      routes: (router) => {
+        healthRoutes(router, health);
+        for (const r of rpc) r.routes(router);
+      },
+      documents: openapiDocuments(),
+      interceptors: auth ? [auth.interceptor] : [],
+    });
+    logger.info({ url: server.url, roles: config.roles, nats: nats.url }, `skiff serves ${server.url} (REST, Connect, gRPC-Web on HTTP/1.1; gRPC on h2c)`);
+    return {
+      url: server.url,
+      port: server.port,
+      nats,
+      health,
+      async close() {
+        await server.close(config.shutdownTimeoutMs);
+        auth?.close();
+        await nats.close();
+      },
+    };
+  } catch (err) {
+    auth?.close();
+    await nats.close();
+    throw err;
+  }
+}

@@ -1,0 +1,115 @@
+// The `skiff` command (bin/skiff.js) against a test skiff.
+import { execFile } from "node:child_process";
+import { mkdtemp, mkdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
+
+const bin = path.join(import.meta.dirname, "..", "bin", "skiff.js");
+
+interface Result {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+describe("skiff CLI", () => {
+  let t: TestSkiff;
+  let cwd: string;
+
+  /** Runs the CLI in an empty folder, with the given environment on top of PATH and HOME. */
+  const skiff = (args: string[], env: Record<string, string> = {}, dir = cwd): Promise<Result> =>
+    new Promise((resolve) => {
+      execFile(process.execPath, [bin, ...args], { cwd: dir, env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env } }, (err, stdout, stderr) =>
+        resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
+      );
+    });
+  const asAdmin = (args: string[]) => skiff(args, { SKIFF_URL: t.url, SKIFF_TOKEN: t.adminToken });
+
+  beforeAll(async () => {
+    t = await startTestSkiff();
+    cwd = await mkdtemp(path.join(tmpdir(), "skiff-cli-"));
+  });
+  afterAll(async () => {
+    await t?.close();
+    await rm(cwd, { recursive: true, force: true });
+  });
+
+  it("projects create and list, as a table and as JSON", async () => {
+    const created = await asAdmin(["projects", "create", "p-cli", "--name", "CLI"]);
+    expect(created).toMatchObject({ code: 0 });
+    expect(created.stdout).toMatch(/^ID\s+NAME\s+CREATED\np-cli\s+CLI\s+\d{4}-/);
+    const list = await asAdmin(["projects", "list", "--json"]);
+    expect(list.code).toBe(0);
+    expect(JSON.parse(list.stdout).projects.map((p: { project_id: string }) => p.project_id)).toEqual(["p-cli", "p-dev"]);
+    const again = await asAdmin(["projects", "create", "p-cli"]);
+    expect(again).toMatchObject({ code: 1, stderr: expect.stringContaining("already exists (409)") });
+  });
+
+  it("service-accounts create prints the token once; list shows the account; delete revokes it", async () => {
+    const created = await asAdmin(["service-accounts", "create", "deploy-bot", "--project", "p-cli", "--expires-in", "7d", "--json"]);
+    expect(created.code).toBe(0);
+    const { service_account: sa, token } = JSON.parse(created.stdout);
+    expect(sa.name).toBe("deploy-bot");
+    expect(Date.parse(sa.expires_at) - Date.now()).toBeGreaterThan(6.9 * 86_400_000);
+
+    const list = await asAdmin(["sa", "list", "-p", "p-cli"]);
+    expect(list.code).toBe(0);
+    expect(list.stdout).toMatch(new RegExp(`^ID\\s+NAME\\s+CREATED\\s+EXPIRES\\n${sa.service_account_id}\\s+deploy-bot\\s`));
+
+    // The new token works for its own project through the CLI too.
+    expect(await skiff(["sa", "list", "-p", "p-cli"], { SKIFF_URL: t.url, SKIFF_TOKEN: token })).toMatchObject({ code: 0 });
+
+    const deleted = await asAdmin(["service-accounts", "delete", sa.service_account_id, "-p", "p-cli"]);
+    expect(deleted).toMatchObject({ code: 0, stdout: expect.stringContaining(`deleted service account ${sa.service_account_id}`) });
+    const refused = await skiff(["sa", "list", "-p", "p-cli"], { SKIFF_URL: t.url, SKIFF_TOKEN: token });
+    expect(refused).toMatchObject({ code: 1, stderr: expect.stringContaining("401") });
+    const twice = await asAdmin(["service-accounts", "delete", sa.service_account_id, "-p", "p-cli"]);
+    expect(twice).toMatchObject({ code: 1, stderr: expect.stringContaining("not found (404)") });
+  });
+
+  it("the human table of create shows the token and warns it is shown once", async () => {
+    const created = await asAdmin(["sa", "create", "human", "-p", "p-cli", "--expires-at", new Date(Date.now() + 86_400_000).toISOString()]);
+    expect(created.code).toBe(0);
+    expect(created.stdout).toMatch(/\ntoken: eyJ[\w-]+\.[\w-]+\.[\w-]+\n$/);
+    expect(created.stderr).toContain("shown only this once");
+  });
+
+  it("finds the admin token in .data/admin-token of the current folder", async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), "skiff-cli-home-"));
+    try {
+      await mkdir(path.join(dir, ".data"));
+      await writeFile(path.join(dir, ".data", "admin-token"), t.adminToken + "\n");
+      expect(await skiff(["projects", "list"], { SKIFF_URL: t.url }, dir)).toMatchObject({ code: 0, stdout: expect.stringContaining("p-dev") });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it.each([
+    ["validation", 1, ["sa", "create", "x", "--expires-in", "400d"], /invalid request \(400\): expires_at must be at most one year ahead/],
+    ["a refused token", 1, ["projects", "list", "--token", "nope"], /the server refused the token \(401/],
+    ["an unreachable server", 1, ["projects", "list", "--url", "http://127.0.0.1:1"], /cannot reach skiff at http:\/\/127\.0\.0\.1:1/],
+    ["an unknown command", 2, ["frobnicate"], /unknown command "frobnicate"/],
+    ["an unknown option", 2, ["projects", "list", "--frob"], /Unknown option '--frob'/],
+    ["an option of another command", 2, ["projects", "list", "--expires-in", "1d"], /--expires-in does not apply/],
+    ["a bad --expires-in", 2, ["sa", "create", "x", "--expires-in", "soon"], /--expires-in: expected a number and a unit/],
+    ["a missing name", 2, ["sa", "create"], /needs a name/],
+  ])("%s: exit code %i and a clear message", async (_name, code, args, message) => {
+    const res = await asAdmin(args as string[]);
+    expect(res.code).toBe(code);
+    expect(res.stderr).toMatch(message);
+  });
+
+  it("without a token it never calls unauthenticated; --help exits 0", async () => {
+    const res = await skiff(["projects", "list"], { SKIFF_URL: t.url, SKIFF_DATA_DIR: cwd });
+    // Exit 2 when no token file exists; on a machine where the checkout has its own
+    // .data/admin-token (from npm start), this test skiff refuses that token: exit 1.
+    expect(res.stderr).toMatch(/no token: pass --token|the server refused the token/);
+    expect(res.code).toBe(res.stderr.includes("no token") ? 2 : 1);
+    const help = await skiff(["--help"]);
+    expect(help.code).toBe(0);
+    expect(help.stdout).toContain("service-accounts create <name>");
+  });
+});

@@ -1,0 +1,67 @@
+import { describe, expect, it } from "vitest";
+import { ConfigError, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, loadConfig, ROLES, settingsTable } from "../services/shared/config.js";
+
+describe("config", () => {
+  it("defaults apply when no SKIFF_* variable is set", () => {
+    const c = loadConfig({});
+    expect(c).toEqual({
+      host: "127.0.0.1",
+      port: DEFAULT_PORT,
+      dataDir: ".data",
+      natsUrl: undefined,
+      maxBodyBytes: DEFAULT_MAX_BODY_BYTES,
+      logLevel: "info",
+      roles: [...ROLES],
+      shutdownTimeoutMs: 30_000,
+      signingKey: undefined,
+      adminToken: undefined,
+    });
+  });
+
+  it("SKIFF_* variables override the defaults", () => {
+    const c = loadConfig({ SKIFF_PORT: "0", SKIFF_NATS_URL: "nats://10.0.0.1:4222", SKIFF_ROLES: "webhook, runner", SKIFF_MAX_BODY_BYTES: "1024" });
+    expect(c.port).toBe(0);
+    expect(c.natsUrl).toBe("nats://10.0.0.1:4222");
+    expect(c.roles).toEqual(["webhook", "runner"]);
+    expect(c.maxBodyBytes).toBe(1024);
+  });
+
+  it.each([
+    ["SKIFF_PORT", "abc", /SKIFF_PORT: expected a whole number/],
+    ["SKIFF_PORT", "70000", /SKIFF_PORT: must be between 0 and 65535/],
+    ["SKIFF_MAX_BODY_BYTES", "0", /SKIFF_MAX_BODY_BYTES/],
+    ["SKIFF_LOG_LEVEL", "loud", /SKIFF_LOG_LEVEL: must be one of/],
+    ["SKIFF_ROLES", "invocation,cook", /SKIFF_ROLES: unknown role "cook"/],
+    ["SKIFF_ROLES", " , ", /SKIFF_ROLES: name at least one role/],
+    ["SKIFF_DATA_DIR", "  ", /SKIFF_DATA_DIR: must not be empty/],
+    ["SKIFF_SIGNING_KEY", "not a key", /SKIFF_SIGNING_KEY: expected an Ed25519 private key as a JWK \(JSON\) or PKCS#8 PEM/],
+    ["SKIFF_SIGNING_KEY", '{"kty":"oct","k":"c2VjcmV0"}', /SKIFF_SIGNING_KEY: expected an Ed25519/],
+    ["SKIFF_ADMIN_TOKEN", "too-short", /SKIFF_ADMIN_TOKEN: must be at least 32 printable ASCII characters/],
+    ["SKIFF_ADMIN_TOKEN", "has a space in the middle of it, which headers mangle", /SKIFF_ADMIN_TOKEN: must be at least 32/],
+  ])("%s=%j is refused with a message naming the variable", (variable, value, message) => {
+    let error: unknown;
+    try {
+      loadConfig({ [variable]: value });
+    } catch (err) {
+      error = err;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    expect((error as ConfigError).variable).toBe(variable);
+    expect((error as Error).message).toMatch(message);
+  });
+
+  it("SKIFF_SIGNING_KEY takes an Ed25519 key as a JWK or as PKCS#8 PEM, newlines written \\n or not", async () => {
+    const { generateKeyPairSync } = await import("node:crypto");
+    const key = generateKeyPairSync("ed25519").privateKey;
+    const pem = String(key.export({ format: "pem", type: "pkcs8" }));
+    for (const raw of [JSON.stringify(key.export({ format: "jwk" })), pem, pem.replace(/\n/g, "\\n")]) {
+      expect(loadConfig({ SKIFF_SIGNING_KEY: raw }).signingKey).toBe(raw.trim());
+    }
+  });
+
+  it("the README's configuration table is the one the code makes", async () => {
+    const { readFile } = await import("node:fs/promises");
+    const readme = await readFile(new URL("../README.md", import.meta.url), "utf8");
+    expect(readme).toContain(settingsTable());
+  });
+});

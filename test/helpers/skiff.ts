@@ -1,0 +1,75 @@
+// A skiff for one test file: its own nats-server (unless one is given), a
+// temporary data folder, every role, a free port, and the admin token the
+// bootstrap wrote. Later issues' tests start theirs the same way.
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import { loadConfig } from "../../services/shared/config.js";
+import { silentLogger, type Logger } from "../../services/shared/logger.js";
+import { startSkiff, type Skiff } from "../../services/start.js";
+import { startNatsServer, type TestNats } from "./nats-server.js";
+
+export interface TestSkiffOptions {
+  /** Share a server between several skiffs; default a new one, stopped with this skiff. */
+  nats?: TestNats;
+  /** Reuse a data folder (a restart); default a new one, removed with this skiff. */
+  dataDir?: string;
+  /** Extra SKIFF_* settings. */
+  env?: Record<string, string>;
+  logger?: Logger;
+}
+
+export interface TestSkiff {
+  skiff: Skiff;
+  url: string;
+  nats: TestNats;
+  dataDir: string;
+  adminToken: string;
+  /** The token of p-dev's service account sa-dev. */
+  devToken: string;
+  /** A Connect client (HTTP/1.1) sending the given token, default the admin token. */
+  management(token?: string): Client<typeof ManagementService>;
+  close(): Promise<void>;
+}
+
+export function bearer(token: string): Interceptor {
+  return (next) => (req) => {
+    req.header.set("authorization", `Bearer ${token}`);
+    return next(req);
+  };
+}
+
+export async function startTestSkiff(opts: TestSkiffOptions = {}): Promise<TestSkiff> {
+  const nats = opts.nats ?? (await startNatsServer());
+  const dataDir = opts.dataDir ?? (await mkdtemp(path.join(tmpdir(), "skiff-data-")));
+  const cleanUp = async () => {
+    if (!opts.nats) await nats.stop();
+    if (!opts.dataDir) await rm(dataDir, { recursive: true, force: true });
+  };
+  try {
+    const config = loadConfig({ SKIFF_NATS_URL: nats.url, SKIFF_PORT: "0", SKIFF_DATA_DIR: dataDir, ...opts.env });
+    const skiff = await startSkiff(config, opts.logger ?? silentLogger);
+    const adminToken = config.adminToken ?? (await readFile(path.join(dataDir, "admin-token"), "utf8")).trim();
+    const devToken = (await readFile(path.join(dataDir, "dev-token"), "utf8")).trim();
+    return {
+      skiff,
+      url: skiff.url,
+      nats,
+      dataDir,
+      adminToken,
+      devToken,
+      management: (token = adminToken) =>
+        createClient(ManagementService, createConnectTransport({ baseUrl: skiff.url, httpVersion: "1.1", interceptors: [bearer(token)] })),
+      async close() {
+        await skiff.close();
+        await cleanUp();
+      },
+    };
+  } catch (err) {
+    await cleanUp();
+    throw err;
+  }
+}

@@ -1,0 +1,82 @@
+// The skiff process as `npm start` runs it.
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
+
+const root = join(import.meta.dirname, "..");
+
+function startMain(env: Record<string, string>, args: string[] = []): ChildProcess {
+  return spawn(process.execPath, ["--import", "tsx", "services/main.ts", ...args], {
+    cwd: root,
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, CI: "1", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+}
+
+/** Resolves with the first JSON log line that matches. */
+function logLine(child: ChildProcess, match: (line: Record<string, unknown>) => boolean): Promise<Record<string, unknown>> {
+  return new Promise((resolve, reject) => {
+    const lines = createInterface({ input: child.stdout! });
+    lines.on("line", (text) => {
+      try {
+        const line = JSON.parse(text);
+        if (match(line)) resolve(line);
+      } catch {
+        // not a log line
+      }
+    });
+    child.once("exit", (code) => reject(new Error(`exited with ${code} before the expected log line`)));
+  });
+}
+
+function exited(child: ChildProcess): Promise<number | null> {
+  return new Promise((resolve) => child.once("exit", (code) => resolve(code)));
+}
+
+describe("skiff process", () => {
+  let nats: TestNats;
+  let dataDir: string;
+  beforeAll(async () => {
+    nats = await startNatsServer();
+    dataDir = mkdtempSync(join(tmpdir(), "skiff-main-"));
+  });
+  afterAll(async () => {
+    await nats?.stop();
+    rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  it("starts, logs the address it serves as JSON, answers /healthz, and exits 0 on SIGTERM", async () => {
+    const child = startMain({ SKIFF_NATS_URL: nats.url, SKIFF_PORT: "0", SKIFF_DATA_DIR: dataDir });
+    const ready = await logLine(child, (l) => String(l.msg).startsWith("skiff serves"));
+    expect(ready.roles).toEqual(["invocation", "management", "webhook", "runner"]);
+    const res = await fetch(`${ready.url}/healthz`);
+    expect(res.status).toBe(200);
+    child.kill("SIGTERM");
+    expect(await exited(child)).toBe(0);
+  });
+
+  it("--roles picks a subset: a webhook-only process serves probes but no management API", async () => {
+    const child = startMain({ SKIFF_NATS_URL: nats.url, SKIFF_PORT: "0", SKIFF_DATA_DIR: dataDir }, ["--roles", "webhook"]);
+    const ready = await logLine(child, (l) => String(l.msg).startsWith("skiff serves"));
+    expect(ready.roles).toEqual(["webhook"]);
+    expect((await fetch(`${ready.url}/healthz`)).status).toBe(200);
+    expect((await fetch(`${ready.url}/v2/projects`)).status).toBe(404);
+    child.kill("SIGTERM");
+    expect(await exited(child)).toBe(0);
+  });
+
+  it.each([
+    [{ SKIFF_PORT: "eighty" }, [], /SKIFF_PORT/],
+    [{}, ["--roles", "chef"], /--roles: unknown role "chef"/],
+  ])("a bad setting %j %j stops it with exit code 2 and a message naming it", async (env, args, message) => {
+    const child = startMain(env as Record<string, string>, args as string[]);
+    let stderr = "";
+    child.stderr!.on("data", (d) => (stderr += d));
+    expect(await exited(child)).toBe(2);
+    expect(stderr).toMatch(message);
+  });
+});
