@@ -1,0 +1,85 @@
+// Why an invocation or a deployment did not produce an app's answer. The
+// gateway maps them to HTTP: AppNotFound and FunctionNotFound 404,
+// Overloaded 429 with Retry-After, RunTimeout 504, Cancelled 499-style
+// "cancelled", the rest 503.
+
+export type RunnerErrorName =
+  | "AppNotFound"
+  | "FunctionNotFound"
+  | "Overloaded"
+  | "RunTimeout"
+  | "ReplicaCrashed"
+  | "Cancelled"
+  | "StartFailed"
+  | "PrepareFailed";
+
+export abstract class RunnerError extends Error {
+  abstract override readonly name: RunnerErrorName;
+}
+
+export class AppNotFound extends RunnerError {
+  override readonly name = "AppNotFound";
+  constructor(
+    readonly projectId: string,
+    readonly appName: string,
+  ) {
+    super(`app ${projectId}/${appName} is not deployed on this runner`);
+  }
+}
+
+export class FunctionNotFound extends RunnerError {
+  override readonly name = "FunctionNotFound";
+  constructor(
+    readonly appName: string,
+    readonly functionName: string,
+  ) {
+    super(`app ${appName} has no public function "${functionName}"`);
+  }
+}
+
+export class Overloaded extends RunnerError {
+  override readonly name = "Overloaded";
+  constructor(
+    message: string,
+    /** Seconds after which a retry may find a free slot. */
+    readonly retryAfterSeconds: number,
+  ) {
+    super(message);
+  }
+}
+
+export class RunTimeout extends RunnerError {
+  override readonly name = "RunTimeout";
+  constructor(readonly seconds: number) {
+    super(`the run took longer than response_grace_period (${seconds} s); its replica was stopped`);
+  }
+}
+
+export class ReplicaCrashed extends RunnerError {
+  override readonly name = "ReplicaCrashed";
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+  }
+}
+
+export class Cancelled extends RunnerError {
+  override readonly name = "Cancelled";
+  constructor(options?: ErrorOptions) {
+    super("the run was cancelled", options);
+  }
+}
+
+export class StartFailed extends RunnerError {
+  override readonly name = "StartFailed";
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+  }
+}
+
+/** Installing dependencies or reading a Cortex module failed at deploy time. */
+export class PrepareFailed extends RunnerError {
+  override readonly name = "PrepareFailed";
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+  }
+}

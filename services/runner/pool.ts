@@ -1,0 +1,436 @@
+// The replicas of one deployment version and the requests waiting for them.
+//
+// A request takes a slot on a ready, routable replica with fewer than
+// replica_concurrency requests; when none is free it waits in a bounded
+// FIFO queue (Overloaded when the queue is full or the wait passes
+// queueWaitMs) while the pool starts replicas, up to max_replicas (one for
+// a fixed port), to absorb it. A replica idle for cooldown stops, down to
+// min_replicas. A run past response_grace_period fails with RunTimeout and
+// its replica is stopped and replaced. A replica that exits unasked is a
+// crash: its requests fail with ReplicaCrashed and the next start waits a
+// backoff that grows with consecutive crashes. Health (and ready) checks
+// run every healthIntervalMs.
+import { randomBytes } from "node:crypto";
+import type http from "node:http";
+import path from "node:path";
+import type { Logger } from "../shared/logger.js";
+import { AppNotFound, Cancelled, FunctionNotFound, Overloaded, ReplicaCrashed, RunTimeout, StartFailed } from "./errors.js";
+import { NODE_SHIM, PYTHON_SHIM, SYSTEM_PYTHON } from "./prepare.js";
+import { freePort, type PortLeases } from "./ports.js";
+import { Replica } from "./replica.js";
+import { cortexEnvelope, cortexHeaders, forwardHeaders, passHeaders } from "./responses.js";
+import type { AppDeployment, AppLogLine, InvokeRequest, InvokeResponse, PreparedDeployment, ReplicaChange } from "./types.js";
+
+export interface PoolOptions {
+  workDir: string;
+  agent: http.Agent;
+  logger: Logger;
+  ports: PortLeases;
+  onLog?: (line: AppLogLine) => void;
+  onReplicaChange?: (change: ReplicaChange) => void;
+  queueLimit: number;
+  queueWaitMs: number;
+  startTimeoutMs: number;
+  /** SIGTERM→SIGKILL grace for a replica stopped as broken (timeout, failed healthcheck). */
+  killGraceMs: number;
+  healthIntervalMs: number;
+  unhealthyAfter: number;
+}
+
+interface Waiter {
+  pool: AppPool;
+  resolve: (slot: Slot) => void;
+  reject: (err: Error) => void;
+  timer: NodeJS.Timeout;
+  signal: AbortSignal | undefined;
+  onAbort: () => void;
+}
+
+interface Slot {
+  pool: AppPool;
+  replica: Replica;
+}
+
+const MAX_BACKOFF_MS = 30_000;
+const RETRY_AFTER_SECONDS = 1;
+
+function backoffMs(crashes: number): number {
+  return crashes === 0 ? 0 : Math.min(MAX_BACKOFF_MS, 100 * 2 ** (crashes - 1));
+}
+
+function detach(w: Waiter): void {
+  clearTimeout(w.timer);
+  w.signal?.removeEventListener("abort", w.onAbort);
+}
+
+export class AppPool {
+  readonly replicas: Replica[] = [];
+  private readonly queue: Waiter[] = [];
+  private readonly functions: ReadonlySet<string> | undefined;
+  private readonly concurrency: number;
+  private readonly cap: number;
+  private readonly graceMs: number;
+  private readonly owner: string;
+  private crashes = 0;
+  private closed = false;
+  private readonly timers: NodeJS.Timeout[];
+
+  constructor(
+    readonly deployment: AppDeployment,
+    private readonly prepared: PreparedDeployment,
+    private readonly o: PoolOptions,
+  ) {
+    const { scaling, runtime } = deployment.config;
+    this.functions = runtime.kind === "cortex" ? new Set(prepared.functions ?? []) : undefined;
+    this.concurrency = scaling.replicaConcurrency;
+    this.cap = runtime.kind === "custom" && runtime.port !== undefined ? 1 : scaling.maxReplicas;
+    this.graceMs = scaling.responseGracePeriod * 1000;
+    this.owner = `${deployment.projectId}/${deployment.appName}`;
+    const sweepMs = Math.min(5000, Math.max(50, (scaling.cooldown * 1000) / 4));
+    this.timers = [setInterval(() => this.sweep(), sweepMs), setInterval(() => this.checkHealth(), o.healthIntervalMs)];
+    for (const t of this.timers) t.unref();
+  }
+
+  /** Replicas starting or ready: those that count against max_replicas. */
+  liveCount(): number {
+    let n = 0;
+    for (const r of this.replicas) if (r.state === "starting" || r.state === "ready") n++;
+    return n;
+  }
+
+  async invoke(req: InvokeRequest): Promise<InvokeResponse> {
+    let fn: string | undefined;
+    if (this.functions) {
+      fn = req.path.startsWith("/") ? req.path.slice(1) : req.path;
+      if (!this.functions.has(fn)) throw new FunctionNotFound(this.deployment.appName, fn);
+    }
+    if (req.signal?.aborted) throw new Cancelled({ cause: req.signal.reason });
+    const replica = this.take();
+    if (replica) return this.exchange(replica, req, fn);
+    const slot = await this.wait(req.signal);
+    return slot.pool.exchange(slot.replica, req, fn);
+  }
+
+  /** A free slot on a ready replica, taken; the hot path. */
+  private take(): Replica | undefined {
+    for (const r of this.replicas) {
+      if (r.state === "ready" && r.routable && r.inFlight < this.concurrency) {
+        r.inFlight++;
+        return r;
+      }
+    }
+    return undefined;
+  }
+
+  private wait(signal: AbortSignal | undefined): Promise<Slot> {
+    if (this.queue.length >= this.o.queueLimit) {
+      throw new Overloaded(`app ${this.owner} has ${this.queue.length} requests waiting, the most it queues`, RETRY_AFTER_SECONDS);
+    }
+    return new Promise<Slot>((resolve, reject) => {
+      const w: Waiter = {
+        pool: this,
+        resolve,
+        reject,
+        signal,
+        timer: setTimeout(() => {
+          w.pool.unqueue(w);
+          reject(new Overloaded(`no replica of app ${this.owner} was free within ${this.o.queueWaitMs} ms`, RETRY_AFTER_SECONDS));
+        }, this.o.queueWaitMs),
+        onAbort: () => {
+          w.pool.unqueue(w);
+          reject(new Cancelled({ cause: signal?.reason }));
+        },
+      };
+      signal?.addEventListener("abort", w.onAbort, { once: true });
+      this.queue.push(w);
+      this.scale();
+    });
+  }
+
+  private unqueue(w: Waiter): void {
+    const i = this.queue.indexOf(w);
+    if (i !== -1) this.queue.splice(i, 1);
+    detach(w);
+  }
+
+  /** Gives free slots of `r` to waiting requests, first come first served. */
+  private dispatch(r: Replica): void {
+    while (r.state === "ready" && r.routable && r.inFlight < this.concurrency && this.queue.length > 0) {
+      const w = this.queue[0];
+      this.unqueue(w);
+      r.inFlight++;
+      w.resolve({ pool: this, replica: r });
+    }
+  }
+
+  private release(r: Replica): void {
+    r.inFlight--;
+    if (r.inFlight === 0) r.idleSince = Date.now();
+    if (r.state === "ready") this.dispatch(r);
+    else setImmediate(() => r.dropIdleSockets()); // once the agent has taken the socket back
+  }
+
+  /** One request on one replica, bounded by response_grace_period and the caller's signal. */
+  private async exchange(r: Replica, req: InvokeRequest, fn: string | undefined): Promise<InvokeResponse> {
+    let request: http.ClientRequest | undefined;
+    let failure: Error | undefined;
+    const timer = setTimeout(() => {
+      failure = new RunTimeout(this.deployment.config.scaling.responseGracePeriod);
+      request?.destroy(failure);
+      this.o.logger.warn({ app: this.owner, replica: r.id, runId: req.runId }, "run passed response_grace_period; replacing its replica");
+      this.replace(r, new ReplicaCrashed(`replica ${r.id} was stopped: run ${req.runId} on it passed response_grace_period`));
+    }, this.graceMs);
+    const onAbort = () => {
+      failure = new Cancelled({ cause: req.signal?.reason });
+      request?.destroy(failure);
+    };
+    req.signal?.addEventListener("abort", onAbort, { once: true });
+    r.runs.add(req.runId);
+    const started = performance.now();
+    try {
+      const ex = fn === undefined
+        ? await r.send(req.method, req.query === "" ? req.path : `${req.path}?${req.query}`, forwardHeaders(req.headers, req.runId, req.body.byteLength), req.body, (c) => (request = c))
+        : await r.send("POST", `/${fn}`, cortexHeaders(req.runId, req.body.byteLength), req.body, (c) => (request = c));
+      const runTimeMs = Math.round(performance.now() - started);
+      this.crashes = 0;
+      if (fn === undefined) return { status: ex.status, headers: passHeaders(ex.headers), body: ex.body, runTimeMs, replicaId: r.id };
+      if (ex.status === 404) throw new FunctionNotFound(this.deployment.appName, fn);
+      return { ...cortexEnvelope(ex, req.runId, runTimeMs), runTimeMs, replicaId: r.id };
+    } catch (err) {
+      if (err instanceof FunctionNotFound) throw err;
+      if (failure || r.stopReason) throw failure ?? r.stopReason;
+      this.quarantine(r);
+      throw new ReplicaCrashed(`replica ${r.id} of app ${this.owner} failed during the run: ${(err as Error).message}`, { cause: err });
+    } finally {
+      clearTimeout(timer);
+      req.signal?.removeEventListener("abort", onAbort);
+      r.runs.delete(req.runId);
+      this.release(r);
+    }
+  }
+
+  /** Starts replicas for the waiting requests and for min_replicas, within the cap. */
+  scale(): void {
+    if (this.closed) return;
+    let live = 0;
+    let starting = 0;
+    for (const r of this.replicas) {
+      if (r.state === "starting") starting++;
+      if (r.state === "starting" || r.state === "ready") live++;
+    }
+    let wanted = Math.max(this.deployment.config.scaling.minReplicas - live, Math.ceil(this.queue.length / this.concurrency) - starting);
+    for (; wanted > 0 && live < this.cap; wanted--, live++) void this.startReplica();
+  }
+
+  /** Starts `n` replicas and waits until all are ready (a deploy's warm-up). */
+  async warm(n: number): Promise<void> {
+    const results = await Promise.all(Array.from({ length: Math.min(n, this.cap) }, () => this.startReplica()));
+    const failed = results.find((e) => e !== undefined);
+    if (failed) throw failed;
+  }
+
+  /** Resolves with the start error, or undefined once the replica is ready. */
+  private async startReplica(): Promise<Error | undefined> {
+    const d = this.deployment;
+    const replicaId = `${d.appName}-v${d.version}-${randomBytes(4).toString("hex")}`;
+    const delay = backoffMs(this.crashes);
+    // A placeholder in "starting" state counts against the cap during the backoff.
+    const replica = await this.makeReplica(replicaId, delay).catch((err: Error) => err);
+    if (replica instanceof Error) return this.startFailed(undefined, replica);
+    let release: (() => void) | undefined;
+    try {
+      const { runtime } = d.config;
+      if (runtime.kind === "custom" && runtime.port !== undefined) {
+        release = await this.o.ports.acquire(runtime.port, this.owner);
+        replica.releasePort = release;
+      }
+      await replica.start();
+    } catch (err) {
+      replica.kill();
+      await replica.whenExited();
+      release?.();
+      return this.startFailed(replica, err as Error);
+    }
+    if (this.closed) {
+      void replica.stop(this.graceMs);
+      return undefined;
+    }
+    this.changed(replica);
+    this.o.logger.info({ app: this.owner, replica: replica.id, version: d.version }, "replica ready");
+    this.dispatch(replica);
+    return undefined;
+  }
+
+  private async makeReplica(replicaId: string, delayMs: number): Promise<Replica> {
+    const d = this.deployment;
+    const { runtime } = d.config;
+    let command: string;
+    let args: string[];
+    if (runtime.kind === "custom") [command, args] = [runtime.command[0], runtime.command.slice(1)];
+    else if (runtime.language === "python") [command, args] = [this.prepared.python ?? SYSTEM_PYTHON, ["-u", PYTHON_SHIM, runtime.entry]];
+    else [command, args] = [process.execPath, [NODE_SHIM, runtime.entry]];
+    const replica = new Replica(
+      {
+        projectId: d.projectId,
+        appName: d.appName,
+        version: d.version,
+        replicaId,
+        source: d.dir,
+        workDir: path.join(this.o.workDir, d.projectId, d.appName, replicaId),
+        command,
+        args,
+        env: d.config.env,
+        port: runtime.kind === "custom" && runtime.port !== undefined ? runtime.port : 0,
+        healthcheck: runtime.kind === "custom" ? runtime.healthcheck : "/health",
+        startTimeoutMs: this.o.startTimeoutMs,
+      },
+      { agent: this.o.agent, logger: this.o.logger, onLog: this.o.onLog, onExit: (r, code, signal) => this.exited(r, code, signal) },
+    );
+    this.replicas.push(replica);
+    this.changed(replica);
+    if (delayMs > 0) await new Promise((r) => setTimeout(r, delayMs));
+    if (replica.spec.port === 0) replica.spec.port = await freePort();
+    return replica;
+  }
+
+  private startFailed(replica: Replica | undefined, err: Error): Error {
+    if (replica) this.forget(replica);
+    if (this.closed) return err;
+    this.crashes++;
+    const error = err instanceof StartFailed ? err : new StartFailed(`replica of app ${this.owner} failed to start: ${err.message}`, { cause: err });
+    this.o.logger.warn({ app: this.owner, err: error.message }, "replica failed to start");
+    // Requests wait for a replica only while one may still come.
+    if (this.liveCount() === 0) this.rejectAll(error);
+    if (this.deployment.config.scaling.minReplicas > 0) this.scale();
+    return error;
+  }
+
+  private rejectAll(err: Error): void {
+    for (const w of this.queue.splice(0)) {
+      detach(w);
+      w.reject(err);
+    }
+  }
+
+  private forget(r: Replica): void {
+    const i = this.replicas.indexOf(r);
+    if (i !== -1) this.replicas.splice(i, 1);
+    r.state = "stopped";
+    this.changed(r);
+  }
+
+  private exited(r: Replica, code: number | null, signal: NodeJS.Signals | null): void {
+    r.releasePort?.();
+    if (r.readyAt === undefined) return; // start() reports it
+    this.forget(r);
+    if (!r.stopping) {
+      this.crashes++;
+      this.o.logger.warn({ app: this.owner, replica: r.id, code, signal }, "replica exited on its own; in-flight requests fail");
+    }
+    this.scale();
+  }
+
+  /**
+   * A replica whose connection failed is out of routing at once: it has
+   * most likely died, and its exit (counted as a crash) may come a little
+   * later. One still running after a second is replaced.
+   */
+  private quarantine(r: Replica): void {
+    if (r.state !== "ready") return;
+    r.state = "draining";
+    this.changed(r);
+    this.scale();
+    setTimeout(() => {
+      if (r.alive) this.replace(r, new ReplicaCrashed(`replica ${r.id} stopped answering`));
+    }, 1000).unref();
+  }
+
+  /** Stops a broken replica quickly; scale() starts another when one is needed. */
+  private replace(r: Replica, reason: Error): void {
+    if (r.stopping) return;
+    r.stopReason = reason;
+    void r.stop(this.o.killGraceMs);
+    this.changed(r);
+    this.scale();
+  }
+
+  private sweep(): void {
+    const cooldownMs = this.deployment.config.scaling.cooldown * 1000;
+    const now = Date.now();
+    let live = this.liveCount();
+    for (const r of this.replicas) {
+      if (live <= this.deployment.config.scaling.minReplicas) break;
+      if (r.state === "ready" && r.inFlight === 0 && now - r.idleSince >= cooldownMs) {
+        live--;
+        this.o.logger.info({ app: this.owner, replica: r.id }, "replica idle past cooldown; stopping");
+        void r.stop(this.graceMs);
+        this.changed(r);
+      }
+    }
+  }
+
+  private checkHealth(): void {
+    const { runtime } = this.deployment.config;
+    const healthcheck = runtime.kind === "custom" ? runtime.healthcheck : "/health";
+    const readycheck = runtime.kind === "custom" ? runtime.readycheck : undefined;
+    const timeoutMs = Math.max(100, Math.min(5000, this.o.healthIntervalMs));
+    for (const r of this.replicas) {
+      if (r.state !== "ready" || r.probing) continue;
+      r.probing = true;
+      void (async () => {
+        const health = await r.probe(healthcheck, timeoutMs);
+        if (r.state !== "ready") return;
+        r.healthFailures = health === 200 ? 0 : r.healthFailures + 1;
+        if (r.healthFailures >= this.o.unhealthyAfter) {
+          this.o.logger.warn({ app: this.owner, replica: r.id, status: health }, `${healthcheck} failed; restarting the replica`);
+          return this.replace(r, new ReplicaCrashed(`replica ${r.id} failed its healthcheck ${healthcheck} and was restarted`));
+        }
+        if (readycheck === undefined) return;
+        const ready = (await r.probe(readycheck, timeoutMs)) === 200;
+        if (ready === r.routable || r.state !== "ready") return;
+        r.routable = ready;
+        this.o.logger.info({ app: this.owner, replica: r.id, routable: ready }, ready ? "readycheck passes; replica back in routing" : "readycheck fails; replica out of routing");
+        this.changed(r);
+        if (ready) this.dispatch(r);
+        else this.scale();
+      })().finally(() => (r.probing = false));
+    }
+  }
+
+  private changed(r: Replica): void {
+    this.o.onReplicaChange?.({ projectId: this.deployment.projectId, appName: this.deployment.appName, replica: r.info() });
+  }
+
+  /**
+   * A newer version takes over: waiting requests move to it in order, and
+   * this pool's replicas stop gracefully (SIGTERM, up to
+   * response_grace_period, SIGKILL). Resolves when all have exited.
+   */
+  handOver(next: AppPool): Promise<void> {
+    for (const w of this.queue.splice(0)) {
+      w.pool = next;
+      next.queue.push(w);
+    }
+    for (const r of next.replicas) next.dispatch(r);
+    next.scale();
+    return this.shutDown();
+  }
+
+  /** Removal: waiting requests fail, replicas stop gracefully. */
+  close(reason: Error = new AppNotFound(this.deployment.projectId, this.deployment.appName)): Promise<void> {
+    this.rejectAll(reason);
+    return this.shutDown();
+  }
+
+  private async shutDown(): Promise<void> {
+    this.closed = true;
+    for (const t of this.timers) clearInterval(t);
+    await Promise.all(
+      [...this.replicas].map((r) => {
+        const stopped = r.stop(this.graceMs);
+        this.changed(r);
+        return stopped;
+      }),
+    );
+  }
+}

@@ -1,0 +1,235 @@
+// One replica: a child process in its own working folder and process group,
+// serving HTTP on 127.0.0.1:port. It knows how to start (until its
+// healthcheck answers 200), answer one HTTP exchange, be probed, and stop
+// (SIGTERM, then SIGKILL after a grace). Scheduling is the pool's.
+import { spawn, type ChildProcess } from "node:child_process";
+import http from "node:http";
+import { rm } from "node:fs/promises";
+import type { Logger } from "../shared/logger.js";
+import { StartFailed } from "./errors.js";
+import { readLines } from "./log-lines.js";
+import { makeWorkDir, replicaEnv } from "./replica-env.js";
+import type { AppLogLine, ReplicaInfo, ReplicaState } from "./types.js";
+
+export interface ReplicaSpec {
+  projectId: string;
+  appName: string;
+  version: number;
+  replicaId: string;
+  /** Deployment folder, copied to workDir. */
+  source: string;
+  workDir: string;
+  command: string;
+  args: string[];
+  env: Record<string, string>;
+  port: number;
+  healthcheck: string;
+  startTimeoutMs: number;
+}
+
+export interface ReplicaHooks {
+  agent: http.Agent;
+  logger: Logger;
+  onLog?: (line: AppLogLine) => void;
+  /** The process ended, whoever ended it. */
+  onExit: (replica: Replica, code: number | null, signal: NodeJS.Signals | null) => void;
+}
+
+export interface Exchange {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: Buffer;
+}
+
+/** How many stderr lines a StartFailed quotes. */
+const START_ERROR_LINES = 20;
+const PROBE_INTERVAL_MS = 25;
+
+export class Replica {
+  state: ReplicaState = "starting";
+  /** False while a readycheck fails. */
+  routable = true;
+  inFlight = 0;
+  /** When the last request ended, for the cooldown. */
+  idleSince = Date.now();
+  /** Consecutive failed healthchecks. */
+  healthFailures = 0;
+  /** Set by stop(): an exit after it is no crash. */
+  stopping = false;
+  /** Why the replica is being stopped, for the requests that it still runs. */
+  stopReason: Error | undefined;
+  /** When start() succeeded; undefined for a replica that never got ready. */
+  readyAt: number | undefined;
+  readonly startedAt = new Date();
+  /** A health probe is under way. */
+  probing = false;
+  /** Gives back a fixed port when the process has ended. */
+  releasePort: (() => void) | undefined;
+  /** Run ids in flight, so a log line can name its run when there is one. */
+  readonly runs = new Set<string>();
+  private child: ChildProcess | undefined;
+  private closed = false;
+  private readonly stderrTail: string[] = [];
+  private readonly exited: Promise<void>;
+  private markExited!: () => void;
+
+  constructor(
+    readonly spec: ReplicaSpec,
+    private readonly hooks: ReplicaHooks,
+  ) {
+    this.exited = new Promise((resolve) => (this.markExited = resolve));
+  }
+
+  get id(): string {
+    return this.spec.replicaId;
+  }
+
+  get pid(): number | undefined {
+    return this.child?.pid;
+  }
+
+  get alive(): boolean {
+    return this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+  }
+
+  info(): ReplicaInfo {
+    return {
+      replicaId: this.id,
+      state: this.state,
+      routable: this.routable,
+      inFlight: this.inFlight,
+      deploymentVersion: this.spec.version,
+      startedAt: this.startedAt,
+      pid: this.pid,
+    };
+  }
+
+  /** Copies the folder, spawns the command and waits for the healthcheck. */
+  async start(): Promise<void> {
+    const s = this.spec;
+    await makeWorkDir(s.source, s.workDir);
+    if (this.stopping) {
+      await rm(s.workDir, { recursive: true, force: true });
+      throw new StartFailed("the replica was stopped during start");
+    }
+    const child = spawn(s.command, s.args, {
+      cwd: s.workDir,
+      env: replicaEnv(s.env, s.workDir, s.port),
+      stdio: ["ignore", "pipe", "pipe"],
+      detached: true, // its own process group: stop() reaches the app's children too
+    });
+    this.child = child;
+    let spawnError: Error | undefined;
+    child.on("error", (err) => (spawnError = err));
+    readLines(child.stdout!, (text) => this.log("stdout", text));
+    readLines(child.stderr!, (text) => {
+      this.stderrTail.push(text);
+      if (this.stderrTail.length > START_ERROR_LINES) this.stderrTail.shift();
+      this.log("stderr", text);
+    });
+    child.on("close", (code, signal) => {
+      this.closed = true;
+      this.state = "stopped";
+      this.hooks.onExit(this, code, signal);
+      // Stopped means its folder is gone too, so that a caller that waited may remove what holds it.
+      void rm(s.workDir, { recursive: true, force: true }).finally(() => this.markExited());
+    });
+
+    const deadline = Date.now() + s.startTimeoutMs;
+    while (true) {
+      if (spawnError) throw new StartFailed(`cannot start ${s.command}: ${spawnError.message}`, { cause: spawnError });
+      if (!this.alive) throw new StartFailed(`the replica exited during start (code ${child.exitCode ?? child.signalCode})${this.stderrQuote()}`);
+      if (this.stopping) throw new StartFailed("the replica was stopped during start");
+      if ((await this.probe(s.healthcheck, 1000)) === 200) break;
+      if (Date.now() > deadline) {
+        this.kill();
+        throw new StartFailed(`${s.healthcheck} did not answer 200 within ${s.startTimeoutMs} ms${this.stderrQuote()}`);
+      }
+      await new Promise((r) => setTimeout(r, PROBE_INTERVAL_MS));
+    }
+    this.state = "ready";
+    this.readyAt = this.idleSince = Date.now();
+  }
+
+  private stderrQuote(): string {
+    return this.stderrTail.length > 0 ? `; its stderr ends with:\n${this.stderrTail.join("\n")}` : "";
+  }
+
+  private log(stream: "stdout" | "stderr", text: string): void {
+    const s = this.spec;
+    let runId: string | undefined;
+    if (this.runs.size === 1) for (const id of this.runs) runId = id;
+    this.hooks.logger.debug({ app: `${s.projectId}/${s.appName}`, replica: s.replicaId, stream, runId }, text);
+    this.hooks.onLog?.({ projectId: s.projectId, appName: s.appName, replicaId: s.replicaId, stream, runId, text, time: new Date() });
+  }
+
+  /** GET path; the status, or 0 when the replica did not answer in time. */
+  probe(path: string, timeoutMs: number): Promise<number> {
+    return new Promise((resolve) => {
+      const req = http.get({ host: "127.0.0.1", port: this.spec.port, path, agent: this.hooks.agent, timeout: timeoutMs }, (res) => {
+        res.resume();
+        res.on("end", () => resolve(res.statusCode ?? 0));
+        res.on("error", () => resolve(0));
+      });
+      req.on("timeout", () => req.destroy());
+      req.on("error", () => resolve(0));
+    });
+  }
+
+  /** One HTTP exchange with the replica; `onRequest` receives the request so the caller can abort it. */
+  send(method: string, path: string, headers: http.OutgoingHttpHeaders, body: Uint8Array, onRequest: (req: http.ClientRequest) => void): Promise<Exchange> {
+    return new Promise((resolve, reject) => {
+      const req = http.request({ host: "127.0.0.1", port: this.spec.port, method, path, headers, agent: this.hooks.agent }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (c: Buffer) => chunks.push(c));
+        res.on("end", () => resolve({ status: res.statusCode ?? 502, headers: res.headers, body: chunks.length === 1 ? chunks[0] : Buffer.concat(chunks) }));
+        res.on("error", reject);
+      });
+      req.on("error", reject);
+      onRequest(req);
+      req.end(body);
+    });
+  }
+
+  /** SIGTERM now; SIGKILL when the process is still there after `graceMs`. */
+  async stop(graceMs: number): Promise<void> {
+    this.stopping = true;
+    if (this.state !== "stopped") this.state = "draining";
+    if (this.child === undefined || this.closed) return;
+    this.signal("SIGTERM");
+    this.dropIdleSockets();
+    const timer = setTimeout(() => this.signal("SIGKILL"), graceMs);
+    await this.exited;
+    clearTimeout(timer);
+  }
+
+  /**
+   * Closes the runner's idle keep-alive connections to the replica: a server
+   * that drains on SIGTERM waits for every connection to close.
+   */
+  dropIdleSockets(): void {
+    const idle = this.hooks.agent.freeSockets[this.hooks.agent.getName({ host: "127.0.0.1", port: this.spec.port })];
+    for (const socket of idle ?? []) socket.destroy();
+  }
+
+  kill(): void {
+    this.stopping = true;
+    this.signal("SIGKILL");
+  }
+
+  /** Waits until the process has ended (at once if it never started). */
+  whenExited(): Promise<void> {
+    return this.child ? this.exited : Promise.resolve();
+  }
+
+  private signal(sig: NodeJS.Signals): void {
+    // The whole group: a leader that is gone may leave children behind.
+    const pid = this.child?.pid;
+    if (pid === undefined || this.closed) return;
+    try {
+      process.kill(-pid, sig);
+    } catch {
+      // already gone
+    }
+  }
+}

@@ -1,0 +1,51 @@
+// Turning a replica's HTTP answer into the caller's final answer, and the
+// caller's request into the replica's.
+import type http from "node:http";
+import type { Exchange } from "./replica.js";
+
+/** Headers that belong to one connection, not to the request or response. */
+const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"]);
+
+const JSON_HEADERS = { "content-type": "application/json" } as const;
+
+/** A Custom app's request: the caller's headers, but Host and hop-by-hop ones, plus the run id and the body length. */
+export function forwardHeaders(headers: Record<string, string>, runId: string, length: number): http.OutgoingHttpHeaders {
+  const out: http.OutgoingHttpHeaders = {};
+  for (const name in headers) {
+    const lower = name.toLowerCase();
+    if (!HOP_BY_HOP.has(lower) && lower !== "host" && lower !== "content-length") out[lower] = headers[name];
+  }
+  out["x-request-id"] = runId;
+  out["content-length"] = length;
+  return out;
+}
+
+/** A Cortex shim's request: JSON arguments and the run id. */
+export function cortexHeaders(runId: string, length: number): http.OutgoingHttpHeaders {
+  return { "content-type": "application/json", "content-length": length, "x-request-id": runId };
+}
+
+/** A Custom app's response headers as they came, less those of the connection. */
+export function passHeaders(headers: http.IncomingHttpHeaders): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = {};
+  for (const name in headers) {
+    const value = headers[name];
+    if (value !== undefined && !HOP_BY_HOP.has(name)) out[name] = value;
+  }
+  return out;
+}
+
+/**
+ * The Cortex envelope, spliced from the shim's bytes without parsing the
+ * result: 200 {"run_id","result","run_time_ms"}; any other status carries
+ * the shim's {"error": {...}} object with run_id put first.
+ */
+export function cortexEnvelope(ex: Exchange, runId: string, runTimeMs: number): { status: number; headers: Record<string, string>; body: Buffer } {
+  const id = JSON.stringify(runId);
+  if (ex.status === 200) {
+    const body = Buffer.concat([Buffer.from(`{"run_id":${id},"result":`), ex.body, Buffer.from(`,"run_time_ms":${runTimeMs}}`)]);
+    return { status: 200, headers: { ...JSON_HEADERS }, body };
+  }
+  const rest = ex.body.subarray(ex.body.indexOf(0x7b) + 1); // after the shim's opening "{"
+  return { status: ex.status, headers: { ...JSON_HEADERS }, body: Buffer.concat([Buffer.from(`{"run_id":${id},`), rest]) };
+}

@@ -1,0 +1,190 @@
+// The runner core: hosts deployed apps as child processes ("replicas") on
+// this machine, with no knowledge of NATS, so that the runner role (NATS
+// subscriptions, the async queue) and an in-process gateway both call it
+// directly.
+//
+//   const runner = new Runner({ workDir, logger, onLog, onReplicaChange });
+//   await runner.deploy({ projectId, appName, version, dir, config });
+//   const res = await runner.invoke(projectId, appName, { runId, method, path, query, headers, body, signal });
+//   runner.replicas(projectId, appName); await runner.remove(projectId, appName); await runner.close();
+//
+// deploy() runs prepareDeployment (dependencies, Cortex function list)
+// unless `prepared` is given, starts max(min_replicas, replicas of the
+// running version) replicas of the new version and waits until they are
+// ready, then switches: new requests and queued ones go to the new version
+// while the old replicas finish their requests and stop. If the new version
+// fails to start, deploy() rejects and the old one keeps serving. An app
+// with a fixed `port` cannot run two replicas at once: its old replica stops
+// first and requests wait for the new one.
+//
+// invoke() answers with the app's HTTP answer: for a Cortex app the final
+// envelope (200 {"run_id","result","run_time_ms"}, or 500 {"run_id",
+// "error": {"type","message"}} when the function raised, 400 when the body
+// is not a JSON object); for a Custom app the response as it came. It
+// rejects with AppNotFound, FunctionNotFound, Overloaded, RunTimeout,
+// ReplicaCrashed, Cancelled or StartFailed (see errors.ts).
+//
+// Replicas see only PATH=/usr/local/bin:/usr/bin:/bin, HOME (their own
+// folder), LANG=C.UTF-8, the app's [env] and PORT (see replica-env.ts).
+import http from "node:http";
+import type { Logger } from "../shared/logger.js";
+import { AppNotFound, Overloaded } from "./errors.js";
+import { AppPool, type PoolOptions } from "./pool.js";
+import { PortLeases } from "./ports.js";
+import { prepareDeployment } from "./prepare.js";
+import type { AppDeployment, AppLogLine, InvokeRequest, InvokeResponse, ReplicaChange, ReplicaInfo } from "./types.js";
+
+export const DEFAULT_QUEUE_LIMIT = 100;
+export const DEFAULT_QUEUE_WAIT_MS = 30_000;
+export const DEFAULT_START_TIMEOUT_MS = 60_000;
+export const DEFAULT_KILL_GRACE_MS = 5_000;
+export const DEFAULT_HEALTH_INTERVAL_MS = 10_000;
+export const DEFAULT_UNHEALTHY_AFTER = 3;
+
+export interface RunnerOptions {
+  /** Replicas' working folders go under it, one per replica. */
+  workDir: string;
+  logger: Logger;
+  /** Every line a replica writes to stdout or stderr. */
+  onLog?: (line: AppLogLine) => void;
+  /** A replica was created, got ready, left or rejoined routing, began stopping, or stopped. */
+  onReplicaChange?: (change: ReplicaChange) => void;
+  /** Requests one app may have waiting for a slot (default 100). */
+  queueLimit?: number;
+  /** How long a request waits for a slot before Overloaded (default 30 s). */
+  queueWaitMs?: number;
+  /** How long a replica may take to answer its healthcheck at start (default 60 s). */
+  startTimeoutMs?: number;
+  /** SIGTERM→SIGKILL grace for a replica stopped as broken: timed out or unhealthy (default 5 s). */
+  killGraceMs?: number;
+  /** Period of healthchecks and readychecks (default 10 s). */
+  healthIntervalMs?: number;
+  /** Failed healthchecks in a row that restart a replica (default 3). */
+  unhealthyAfter?: number;
+}
+
+export class Runner {
+  private readonly apps = new Map<string, Map<string, AppPool>>();
+  /** Versions replaced or removed whose replicas are still stopping. */
+  private readonly retiring = new Set<AppPool>();
+  /** Per app, the deploy under way, so that two deploys of one app run one after the other. */
+  private readonly deploys = new Map<string, Promise<unknown>>();
+  private readonly agent = new http.Agent({ keepAlive: true });
+  private readonly pool: PoolOptions;
+  private closed = false;
+
+  constructor(private readonly opts: RunnerOptions) {
+    this.pool = {
+      workDir: opts.workDir,
+      agent: this.agent,
+      logger: opts.logger,
+      ports: new PortLeases(),
+      onLog: opts.onLog,
+      onReplicaChange: opts.onReplicaChange,
+      queueLimit: opts.queueLimit ?? DEFAULT_QUEUE_LIMIT,
+      queueWaitMs: opts.queueWaitMs ?? DEFAULT_QUEUE_WAIT_MS,
+      startTimeoutMs: opts.startTimeoutMs ?? DEFAULT_START_TIMEOUT_MS,
+      killGraceMs: opts.killGraceMs ?? DEFAULT_KILL_GRACE_MS,
+      healthIntervalMs: opts.healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
+      unhealthyAfter: opts.unhealthyAfter ?? DEFAULT_UNHEALTHY_AFTER,
+    };
+  }
+
+  private current(projectId: string, appName: string): AppPool | undefined {
+    return this.apps.get(projectId)?.get(appName);
+  }
+
+  private setCurrent(projectId: string, appName: string, pool: AppPool | undefined): void {
+    let project = this.apps.get(projectId);
+    if (pool) {
+      if (!project) this.apps.set(projectId, (project = new Map()));
+      project.set(appName, pool);
+    } else {
+      project?.delete(appName);
+      if (project?.size === 0) this.apps.delete(projectId);
+    }
+  }
+
+  /** Lets an old version finish in the background; close() waits for it. */
+  private retire(old: AppPool, stopped: Promise<void>): void {
+    this.retiring.add(old);
+    void stopped.finally(() => this.retiring.delete(old));
+  }
+
+  /** Deploys a version (see the header). Rejects with PrepareFailed or StartFailed, leaving the running version as it was. */
+  deploy(d: AppDeployment): Promise<void> {
+    const key = `${d.projectId}/${d.appName}`;
+    const previous = this.deploys.get(key) ?? Promise.resolve();
+    const next = previous.catch(() => undefined).then(() => this.swap(d));
+    this.deploys.set(key, next);
+    void next.finally(() => {
+      if (this.deploys.get(key) === next) this.deploys.delete(key);
+    }).catch(() => undefined);
+    return next;
+  }
+
+  private async swap(d: AppDeployment): Promise<void> {
+    if (this.closed) throw new Overloaded("the runner is shutting down", 1);
+    const prepared = d.prepared ?? (await prepareDeployment(d.dir, d.config, this.opts.logger));
+    const old = this.current(d.projectId, d.appName);
+    const pool = new AppPool(d, prepared, this.pool);
+    const fixedPort = d.config.runtime.kind === "custom" && d.config.runtime.port !== undefined;
+    if (!fixedPort) {
+      try {
+        await pool.warm(Math.max(d.config.scaling.minReplicas, old?.liveCount() ?? 0));
+      } catch (err) {
+        await pool.close();
+        throw err;
+      }
+    }
+    if (this.closed) {
+      await pool.close(new Overloaded("the runner is shutting down", 1));
+      throw new Overloaded("the runner is shutting down", 1);
+    }
+    this.setCurrent(d.projectId, d.appName, pool);
+    if (old) this.retire(old, old.handOver(pool));
+    else pool.scale();
+    this.opts.logger.info({ app: `${d.projectId}/${d.appName}`, version: d.version }, "app deployed");
+  }
+
+  /** Stops the app's replicas gracefully and forgets it; waiting requests fail with AppNotFound. */
+  async remove(projectId: string, appName: string): Promise<void> {
+    const pool = this.current(projectId, appName);
+    if (!pool) return;
+    this.setCurrent(projectId, appName, undefined);
+    const stopped = pool.close();
+    this.retire(pool, stopped);
+    await stopped;
+  }
+
+  invoke(projectId: string, appName: string, req: InvokeRequest): Promise<InvokeResponse> {
+    const pool = this.current(projectId, appName);
+    if (!pool) return Promise.reject(new AppNotFound(projectId, appName));
+    return pool.invoke(req);
+  }
+
+  /** The deployed version of an app, or undefined. */
+  version(projectId: string, appName: string): number | undefined {
+    return this.current(projectId, appName)?.deployment.version;
+  }
+
+  /** Replicas of the app: the current version's and those of older versions still stopping. */
+  replicas(projectId: string, appName: string): ReplicaInfo[] {
+    const pools = [...this.retiring].filter((p) => p.deployment.projectId === projectId && p.deployment.appName === appName);
+    const current = this.current(projectId, appName);
+    if (current) pools.push(current);
+    return pools.flatMap((p) => p.replicas.map((r) => r.info()));
+  }
+
+  /** Stops every replica (gracefully, as remove() does) and waits for them. */
+  async close(): Promise<void> {
+    this.closed = true;
+    await Promise.allSettled([...this.deploys.values()]);
+    const pools = [...this.apps.values()].flatMap((project) => [...project.values()]);
+    this.apps.clear();
+    const stopping = pools.map((p) => p.close(new Overloaded("the runner is shutting down", 1)));
+    const retiring = [...this.retiring].map((p) => p.close(new Overloaded("the runner is shutting down", 1)));
+    await Promise.all([...stopping, ...retiring]);
+    this.agent.destroy();
+  }
+}

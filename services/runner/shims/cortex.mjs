@@ -1,0 +1,100 @@
+// Serves a Cortex Node app: the exported functions of one ES module over HTTP.
+//
+//   node cortex.mjs ENTRY           serve on 127.0.0.1:$PORT
+//   node cortex.mjs --list ENTRY    print the public function names as JSON
+//
+// GET /health answers 200 once the module is loaded (it is loaded before the
+// port opens). POST /{function} calls function(body) with the JSON object of
+// the body (an empty body is {}), awaiting it when it is async: 200 with the
+// JSON result, 500 {"error": {"type", "message"}} when it threw (the stack
+// goes to stderr, the app's log, never to the caller), 400 when the body is
+// not a JSON object, 404 for a name that is not public. Public: an exported
+// function, not a class, whose name does not start with "_" (the default
+// export has no name and is not exposed).
+//
+// On SIGTERM the server stops accepting, finishes the requests in flight,
+// and exits 0.
+import http from "node:http";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+async function publicFunctions(entry) {
+  const mod = await import(pathToFileURL(path.resolve(entry)).href);
+  const functions = new Map();
+  for (const [name, value] of Object.entries(mod)) {
+    if (name === "default" || name.startsWith("_") || typeof value !== "function") continue;
+    if (/^class\b/.test(Function.prototype.toString.call(value))) continue;
+    functions.set(name, value);
+  }
+  return functions;
+}
+
+function errorBody(type, message) {
+  return JSON.stringify({ error: { type, message } });
+}
+
+function reply(res, status, body) {
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(body) });
+  res.end(body);
+}
+
+async function call(functions, req, res, raw) {
+  const name = (req.url ?? "/").split("?", 1)[0].slice(1);
+  const fn = functions.get(name);
+  if (!fn) return reply(res, 404, errorBody("FunctionNotFound", `no public function "${name}"`));
+  let args;
+  try {
+    args = raw.trim() === "" ? {} : JSON.parse(raw);
+  } catch (err) {
+    return reply(res, 400, errorBody("BadRequest", `the body is not valid JSON: ${err.message}`));
+  }
+  if (typeof args !== "object" || args === null || Array.isArray(args)) {
+    return reply(res, 400, errorBody("BadRequest", "the body must be a JSON object whose fields are the function's arguments"));
+  }
+  let body;
+  try {
+    body = JSON.stringify((await fn(args)) ?? null);
+  } catch (err) {
+    const type = err instanceof Error ? err.name || err.constructor.name : typeof err;
+    const message = err instanceof Error ? err.message : String(err);
+    console.error(`run ${req.headers["x-request-id"] ?? ""}: ${name} threw`);
+    console.error(err instanceof Error ? err.stack : err);
+    return reply(res, 500, errorBody(type, message));
+  }
+  reply(res, 200, body);
+}
+
+async function main(argv) {
+  const listing = argv[0] === "--list";
+  const args = listing ? argv.slice(1) : argv;
+  if (args.length !== 1) {
+    console.error("usage: cortex.mjs [--list] ENTRY");
+    return 2;
+  }
+  const functions = await publicFunctions(args[0]);
+  if (listing) {
+    process.stdout.write(`\n${JSON.stringify([...functions.keys()].sort())}\n`);
+    return 0;
+  }
+  const server = http.createServer((req, res) => {
+    if (req.method === "GET" && req.url === "/health") return reply(res, 200, '{"status":"ok"}');
+    if (req.method !== "POST") return reply(res, 404, errorBody("NotFound", "call a function with POST /{function}"));
+    const chunks = [];
+    req.on("data", (c) => chunks.push(c));
+    req.on("end", () => void call(functions, req, res, Buffer.concat(chunks).toString("utf8")));
+  });
+  // close() waits for requests in flight and drops idle keep-alive sockets.
+  process.on("SIGTERM", () => server.close(() => process.exit(0)));
+  server.listen(Number(process.env.PORT), "127.0.0.1");
+  return undefined;
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    if (code !== undefined) process.exitCode = code;
+  },
+  (err) => {
+    console.error(err instanceof Error ? err.stack : err);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,164 @@
+"""Serves a Cortex Python app: the public functions of one module over HTTP.
+
+    python3 -u cortex.py ENTRY           serve on 127.0.0.1:$PORT
+    python3 -u cortex.py --list ENTRY    print the public function names as JSON
+
+Only the standard library, so an app needs nothing installed to run.
+
+GET /health answers 200 once the module is loaded (it is loaded before the
+port opens). POST /{function} calls function(**body): the body must be a JSON
+object (an empty body is {}); the answer is 200 with the JSON result, or 500
+{"error": {"type", "message"}} when it raised (the traceback goes to stderr,
+the app's log, never to the caller), 400 when the body is not a JSON object,
+404 for a name that is not a public function. Public: a function defined in
+the module itself whose name does not start with "_"; imported functions,
+classes, modules and other values are not exposed. async functions are run
+to completion.
+
+On SIGTERM the server stops accepting, finishes the requests in flight, and
+exits 0.
+"""
+
+import asyncio
+import importlib.util
+import inspect
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def load(entry):
+    path = os.path.abspath(entry)
+    # Sibling modules import as they would when the app runs as a script.
+    for folder in (os.path.dirname(path), os.getcwd()):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def public_functions(module):
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if not name.startswith("_") and inspect.isfunction(value) and value.__module__ == module.__name__
+    }
+
+
+def error_body(kind, message):
+    return json.dumps({"error": {"type": kind, "message": message}}).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the runner reuses connections
+    busy = False
+
+    def log_message(self, format, *args):
+        pass  # the runner logs requests; stderr is the app's own
+
+    def setup(self):
+        super().setup()
+        self.server.connections.add(self)
+
+    def finish(self):
+        self.server.connections.discard(self)
+        super().finish()
+
+    def reply(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if self.server.draining:
+            self.close_connection = True
+            self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the caller went away (a cancelled run)
+        self.busy = False
+
+    def do_GET(self):
+        self.busy = True
+        if self.path == "/health":
+            self.reply(200, b'{"status":"ok"}')
+        else:
+            self.reply(404, error_body("NotFound", "call a function with POST /{function}"))
+
+    def do_POST(self):
+        self.busy = True
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length > 0 else b""
+        name = self.path.split("?", 1)[0].lstrip("/")
+        function = self.server.functions.get(name)
+        if function is None:
+            return self.reply(404, error_body("FunctionNotFound", f'no public function "{name}"'))
+        try:
+            kwargs = json.loads(raw) if raw.strip() else {}
+        except ValueError as err:
+            return self.reply(400, error_body("BadRequest", f"the body is not valid JSON: {err}"))
+        if not isinstance(kwargs, dict):
+            return self.reply(400, error_body("BadRequest", "the body must be a JSON object whose fields are the function's arguments"))
+        try:
+            result = function(**kwargs)
+            if inspect.isawaitable(result):
+                result = asyncio.run(result)
+            body = json.dumps(result, separators=(",", ":")).encode()
+        except BaseException as err:  # noqa: B036 - any failure is the function's answer
+            print(f"run {self.headers.get('X-Request-Id', '')}: {name} raised", file=sys.stderr)
+            # From the function's frame on: the shim's own frame is noise to the app.
+            traceback.print_exception(type(err), err, err.__traceback__.tb_next)
+            return self.reply(500, error_body(type(err).__name__, str(err)))
+        self.reply(200, body)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = False  # server_close() waits for requests in flight
+    draining = False
+
+    def __init__(self, address, functions):
+        super().__init__(address, Handler)
+        self.functions = functions
+        self.connections = set()
+
+    def drain(self):
+        self.draining = True
+        self.shutdown()
+        # Idle keep-alive connections would hold their threads forever.
+        for handler in list(self.connections):
+            if not handler.busy:
+                try:
+                    handler.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def main(argv):
+    listing = argv[:1] == ["--list"]
+    args = argv[1:] if listing else argv
+    if len(args) != 1:
+        print("usage: cortex.py [--list] ENTRY", file=sys.stderr)
+        return 2
+    functions = public_functions(load(args[0]))
+    if listing:
+        print()
+        print(json.dumps(sorted(functions)))
+        return 0
+    server = Server(("127.0.0.1", int(os.environ["PORT"])), functions)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.drain).start())
+    server.serve_forever()
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,287 @@
+// Scaling, limits and the life of replicas, with real processes of the
+// "behave" fixture app (a Custom app that misbehaves on request).
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { parseAppConfig } from "../services/shared/app-config.js";
+import { silentLogger } from "../services/shared/logger.js";
+import { Cancelled, Overloaded, ReplicaCrashed, RunTimeout } from "../services/runner/errors.js";
+import { freePort } from "../services/runner/ports.js";
+import { Runner, type RunnerOptions } from "../services/runner/runner.js";
+import type { InvokeRequest, InvokeResponse, ReplicaChange } from "../services/runner/types.js";
+
+const BEHAVE = path.resolve(import.meta.dirname, "fixtures/apps/behave");
+let tmp: string;
+let runner: Runner | undefined;
+const changes: ReplicaChange[] = [];
+
+beforeAll(async () => {
+  tmp = await mkdtemp(path.join(tmpdir(), "skiff-scaling-"));
+});
+afterEach(async () => {
+  await runner?.close();
+  runner = undefined;
+  changes.length = 0;
+});
+afterAll(() => rm(tmp, { recursive: true, force: true }));
+
+function toml(scaling: string, runtime = "", env = ""): string {
+  return `[app]\nname = "behave"\n[runtime]\nkind = "custom"\ncommand = ["node", "server.mjs"]\n${runtime}\n[env]\n${env}\n[scaling]\n${scaling}\n`;
+}
+
+async function deploy(scaling: string, opts: { runtime?: string; env?: string; runner?: Partial<RunnerOptions> } = {}): Promise<Runner> {
+  runner = new Runner({
+    workDir: path.join(tmp, "work"),
+    logger: silentLogger,
+    onReplicaChange: (c) => changes.push(c),
+    startTimeoutMs: 10_000,
+    healthIntervalMs: 100,
+    unhealthyAfter: 1,
+    killGraceMs: 500,
+    ...opts.runner,
+  });
+  await runner.deploy({ projectId: "p", appName: "behave", version: 1, dir: BEHAVE, config: parseAppConfig(toml(scaling, opts.runtime, opts.env)) });
+  return runner;
+}
+
+let seq = 0;
+function get(p: string, query = "", more: Partial<InvokeRequest> = {}): InvokeRequest {
+  return { runId: `run-${++seq}`, method: "GET", path: p, query, headers: {}, body: new Uint8Array(), ...more };
+}
+
+const call = (r: Runner, p: string, query = "", more: Partial<InvokeRequest> = {}) => r.invoke("p", "behave", get(p, query, more));
+const pidOf = (res: InvokeResponse) => (JSON.parse(Buffer.from(res.body).toString()) as { pid: number }).pid;
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+/** Most replicas starting or ready at once, from the change events. */
+function peakLive(): number {
+  const live = new Set<string>();
+  let peak = 0;
+  for (const c of changes) {
+    if (c.replica.state === "starting" || c.replica.state === "ready") live.add(c.replica.replicaId);
+    else live.delete(c.replica.replicaId);
+    peak = Math.max(peak, live.size);
+  }
+  return peak;
+}
+
+describe("runner - scaling and replica life", () => {
+  it("cold start: no replica until the first request, then one", async () => {
+    const r = await deploy("cooldown = 30");
+    expect(r.replicas("p", "behave")).toEqual([]);
+    const res = await call(r, "/sleep", "ms=0");
+    expect(res.status).toBe(200);
+    expect(r.replicas("p", "behave")).toMatchObject([{ replicaId: res.replicaId, state: "ready", inFlight: 0, deploymentVersion: 1 }]);
+    expect(pidOf(await call(r, "/sleep", "ms=0"))).toBe(pidOf(res));
+  });
+
+  it("min_replicas are warm at deploy and stay through the cooldown", async () => {
+    const r = await deploy("min_replicas = 2\nmax_replicas = 3\ncooldown = 1");
+    expect(r.replicas("p", "behave").map((x) => x.state)).toEqual(["ready", "ready"]);
+    await new Promise((res) => setTimeout(res, 1600));
+    expect(r.replicas("p", "behave")).toHaveLength(2);
+  });
+
+  it("scales up to max_replicas under concurrent load, and not beyond", async () => {
+    const r = await deploy("max_replicas = 3\nreplica_concurrency = 1");
+    const results = await Promise.all(Array.from({ length: 9 }, () => call(r, "/sleep", "ms=300")));
+    expect(results.every((x) => x.status === 200)).toBe(true);
+    expect(new Set(results.map(pidOf)).size).toBe(3);
+    expect(peakLive()).toBe(3);
+  });
+
+  it("at most replica_concurrency requests at once on a replica; the rest wait", async () => {
+    const r = await deploy("max_replicas = 1\nreplica_concurrency = 2");
+    await call(r, "/sleep", "ms=0");
+    const started = Date.now();
+    let peak = 0;
+    const watch = setInterval(() => (peak = Math.max(peak, ...r.replicas("p", "behave").map((x) => x.inFlight))), 10);
+    const results = await Promise.all(Array.from({ length: 4 }, () => call(r, "/sleep", "ms=300")));
+    clearInterval(watch);
+    expect(new Set(results.map(pidOf)).size).toBe(1);
+    expect(peak).toBe(2);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(590); // two waves of two
+  });
+
+  it("bounded queue: a request past the queue limit, or waiting past queueWaitMs, is Overloaded", async () => {
+    const r = await deploy("max_replicas = 1", { runner: { queueLimit: 2, queueWaitMs: 700 } });
+    await call(r, "/sleep", "ms=0");
+    const busy = call(r, "/sleep", "ms=1000");
+    const queued = [call(r, "/sleep", "ms=0"), call(r, "/sleep", "ms=0")];
+    const full = await call(r, "/sleep", "ms=0").catch((e: unknown) => e);
+    expect(full).toBeInstanceOf(Overloaded);
+    expect((full as Overloaded).retryAfterSeconds).toBeGreaterThan(0);
+    // Both queued requests wait past 700 ms for the replica busy until 1000 ms.
+    for (const q of queued) await expect(q).rejects.toThrow(/no replica of app p\/behave was free within 700 ms/);
+    expect((await busy).status).toBe(200);
+    expect((await call(r, "/sleep", "ms=0")).status).toBe(200);
+  });
+
+  it("a replica idle for cooldown stops: scale to zero", async () => {
+    const r = await deploy("cooldown = 1");
+    const pid = pidOf(await call(r, "/sleep", "ms=0"));
+    expect(r.replicas("p", "behave")).toHaveLength(1);
+    await expect.poll(() => r.replicas("p", "behave"), { timeout: 3000, interval: 50 }).toEqual([]);
+    expect(alive(pid)).toBe(false);
+    const next = await call(r, "/sleep", "ms=0");
+    expect(pidOf(next)).not.toBe(pid);
+  });
+
+  it("a run past response_grace_period fails with RunTimeout; its replica is replaced", async () => {
+    const r = await deploy("response_grace_period = 1", { env: 'IGNORE_SIGTERM = "1"' });
+    const pid = pidOf(await call(r, "/sleep", "ms=0"));
+    const started = Date.now();
+    const err = await call(r, "/sleep", "ms=10000").catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(RunTimeout);
+    expect(Date.now() - started).toBeLessThan(1800);
+    // The replica ignores SIGTERM: it is SIGKILLed after killGraceMs.
+    await expect.poll(() => alive(pid), { timeout: 3000, interval: 50 }).toBe(false);
+    const next = await call(r, "/sleep", "ms=0");
+    expect(next.status).toBe(200);
+    expect(pidOf(next)).not.toBe(pid);
+  });
+
+  it("graceful stop: SIGTERM lets in-flight work finish", async () => {
+    const r = await deploy("response_grace_period = 5");
+    const pid = pidOf(await call(r, "/sleep", "ms=0"));
+    const inFlight = call(r, "/sleep", "ms=600");
+    await new Promise((res) => setTimeout(res, 100));
+    const started = Date.now();
+    await r.remove("p", "behave");
+    expect(Date.now() - started).toBeGreaterThanOrEqual(400);
+    expect((await inFlight).status).toBe(200);
+    expect(alive(pid)).toBe(false);
+    await expect(call(r, "/sleep", "ms=0")).rejects.toMatchObject({ name: "AppNotFound" });
+  });
+
+  it("graceful stop: a replica that ignores SIGTERM is SIGKILLed after response_grace_period, failing its run", async () => {
+    const r = await deploy("response_grace_period = 1", { env: 'IGNORE_SIGTERM = "1"' });
+    const pid = pidOf(await call(r, "/sleep", "ms=0"));
+    const inFlight = call(r, "/sleep", "ms=5000").catch((e: unknown) => e);
+    await new Promise((res) => setTimeout(res, 100));
+    const started = Date.now();
+    await r.remove("p", "behave");
+    const took = Date.now() - started;
+    expect(took).toBeGreaterThanOrEqual(900);
+    expect(took).toBeLessThan(2500);
+    expect(alive(pid)).toBe(false);
+    // Started before the stop, the run reaches its own bound first.
+    expect(await inFlight).toBeInstanceOf(RunTimeout);
+  });
+
+  it("crash: in-flight requests fail with ReplicaCrashed; the next request gets a new replica", async () => {
+    const r = await deploy("replica_concurrency = 2\nmax_replicas = 1");
+    const pid = pidOf(await call(r, "/sleep", "ms=0"));
+    const other = call(r, "/sleep", "ms=2000").catch((e: unknown) => e);
+    await new Promise((res) => setTimeout(res, 50));
+    const crash = await call(r, "/crash").catch((e: unknown) => e);
+    expect(crash).toBeInstanceOf(ReplicaCrashed);
+    expect(await other).toBeInstanceOf(ReplicaCrashed);
+    const next = await call(r, "/sleep", "ms=0");
+    expect(next.status).toBe(200);
+    expect(pidOf(next)).not.toBe(pid);
+  });
+
+  it("a crashed replica under min_replicas is restarted on its own", async () => {
+    const r = await deploy("min_replicas = 1");
+    const [first] = r.replicas("p", "behave");
+    await call(r, "/crash").catch(() => undefined);
+    await expect.poll(() => r.replicas("p", "behave").filter((x) => x.state === "ready" && x.replicaId !== first.replicaId).length, { timeout: 3000 }).toBe(1);
+  });
+
+  it("a failing healthcheck restarts the replica", async () => {
+    const r = await deploy("max_replicas = 1");
+    const pid = pidOf(await call(r, "/sick"));
+    await expect.poll(() => alive(pid), { timeout: 3000, interval: 50 }).toBe(false);
+    expect(pidOf(await call(r, "/sleep", "ms=0"))).not.toBe(pid);
+  });
+
+  it("a failing readycheck takes the replica out of routing until it passes again", async () => {
+    const r = await deploy("max_replicas = 1", { runtime: 'readycheck = "/ready"' });
+    const pid = pidOf(await call(r, "/unready", "ms=800"));
+    await expect.poll(() => r.replicas("p", "behave")[0]?.routable, { timeout: 2000, interval: 20 }).toBe(false);
+    const started = Date.now();
+    const res = await call(r, "/sleep", "ms=0");
+    expect(Date.now() - started).toBeGreaterThanOrEqual(200);
+    expect(pidOf(res)).toBe(pid);
+    expect(r.replicas("p", "behave")[0]).toMatchObject({ routable: true, state: "ready" });
+  });
+
+  it("redeploy: requests in flight and arriving during deploy() all succeed; the new version serves after", async () => {
+    const r = await deploy("min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 5", { env: 'VERSION = "1"' });
+    const version = (res: InvokeResponse) => (JSON.parse(Buffer.from(res.body).toString()) as { env: { VERSION: string } }).env.VERSION;
+    const inFlight = Array.from({ length: 4 }, () => call(r, "/sleep", "ms=400"));
+    let stop = false;
+    const stream = (async () => {
+      const out: InvokeResponse[] = [];
+      while (!stop) out.push(await call(r, "/env"));
+      return out;
+    })();
+    const config = parseAppConfig(toml("min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 5", "", 'VERSION = "2"'));
+    await r.deploy({ projectId: "p", appName: "behave", version: 2, dir: BEHAVE, config });
+    expect(r.version("p", "behave")).toBe(2);
+    await new Promise((res) => setTimeout(res, 100));
+    stop = true;
+    const streamed = await stream;
+    expect((await Promise.all(inFlight)).map((x) => x.status)).toEqual([200, 200, 200, 200]);
+    expect(streamed.every((x) => x.status === 200)).toBe(true);
+    expect(version(streamed[0])).toBe("1");
+    expect(version(streamed[streamed.length - 1])).toBe("2");
+    expect(version(await call(r, "/env"))).toBe("2");
+    await expect.poll(() => r.replicas("p", "behave").every((x) => x.deploymentVersion === 2), { timeout: 3000 }).toBe(true);
+  });
+
+  it("redeploy: requests queued for the old version are served by the new one at once", async () => {
+    const r = await deploy("max_replicas = 1\nresponse_grace_period = 5", { env: 'VERSION = "1"' });
+    await call(r, "/sleep", "ms=0");
+    const busy = call(r, "/sleep", "ms=1500");
+    const queued = call(r, "/env");
+    const config = parseAppConfig(toml("max_replicas = 1\nresponse_grace_period = 5", "", 'VERSION = "2"'));
+    const started = Date.now();
+    await r.deploy({ projectId: "p", appName: "behave", version: 2, dir: BEHAVE, config });
+    const res = await queued;
+    expect(Date.now() - started).toBeLessThan(1200); // not after the old run
+    expect((JSON.parse(Buffer.from(res.body).toString()) as { env: { VERSION: string } }).env.VERSION).toBe("2");
+    expect((await busy).status).toBe(200);
+  });
+
+  it("Cancelled: an aborted run fails at once and its replica stays; a cancelled queued request never runs", async () => {
+    const r = await deploy("max_replicas = 1");
+    const pid = pidOf(await call(r, "/sleep", "ms=0"));
+    const ac = new AbortController();
+    const running = call(r, "/sleep", "ms=3000", { signal: ac.signal }).catch((e: unknown) => e);
+    const queuedAc = new AbortController();
+    const queued = call(r, "/sleep", "ms=0", { signal: queuedAc.signal }).catch((e: unknown) => e);
+    await new Promise((res) => setTimeout(res, 100));
+    queuedAc.abort();
+    expect(await queued).toBeInstanceOf(Cancelled);
+    const started = Date.now();
+    ac.abort();
+    expect(await running).toBeInstanceOf(Cancelled);
+    expect(Date.now() - started).toBeLessThan(200);
+    const next = await call(r, "/sleep", "ms=0");
+    expect(pidOf(next)).toBe(pid);
+    const pre = new AbortController();
+    pre.abort();
+    await expect(call(r, "/sleep", "ms=0", { signal: pre.signal })).rejects.toBeInstanceOf(Cancelled);
+  });
+
+  it("a fixed port: one replica on this machine whatever max_replicas says", async () => {
+    const port = await freePort();
+    // The app ignores PORT here: it is told the fixed port through [env].
+    const r = await deploy("max_replicas = 3", { runtime: `port = ${port}`, env: `FIXED = "${port}"` });
+    const results = await Promise.all(Array.from({ length: 3 }, () => call(r, "/sleep", "ms=100")));
+    expect(new Set(results.map(pidOf)).size).toBe(1);
+    expect(peakLive()).toBe(1);
+    const config = parseAppConfig(toml("max_replicas = 3", `port = ${port}`, `FIXED = "${port}"`));
+    await r.deploy({ projectId: "p", appName: "behave", version: 2, dir: BEHAVE, config });
+    expect(pidOf(await call(r, "/sleep", "ms=0"))).not.toBe(pidOf(results[0]));
+  });
+});
