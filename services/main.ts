@@ -2,6 +2,7 @@
 import { parseArgs } from "node:util";
 import { ConfigError, loadConfig, parseRoles } from "./shared/config.js";
 import { createLogger } from "./shared/logger.js";
+import { deployExamples } from "./management/examples.js";
 import { startSkiff } from "./start.js";
 
 async function main(): Promise<void> {
@@ -21,6 +22,8 @@ async function main(): Promise<void> {
     logger.fatal({ err }, err instanceof Error ? err.message : String(err));
     process.exit(1);
   }
+  // In the background once the port is open: the server must answer the deploys.
+  if (config.roles.includes("management") && config.roles.includes("runner")) void deployExamples({ url: skiff.url, dataDir: config.dataDir, logger });
   let stopping = false;
   const stop = (signal: string) => {
     if (stopping) return;

@@ -6,6 +6,10 @@ import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import * as invocation from "./invocation/routes.js";
 import { startManagementRole } from "./management/role.js";
+import { deploymentsDir, startRunnerRole, type RunnerRole } from "./runner/role.js";
+import { DeploymentCache } from "./runner/deployment-cache.js";
+import type { Runner } from "./runner/runner.js";
+import { AppRegistry } from "./shared/app-registry.js";
 import { startAuth, type Auth } from "./shared/auth.js";
 import type { Config, Role } from "./shared/config.js";
 import { HealthState, healthRoutes } from "./shared/health.js";
@@ -19,6 +23,10 @@ export interface Skiff {
   port: number;
   nats: NatsHandle;
   health: HealthState;
+  /** The runner of the runner role, when this process runs it. */
+  runner: Runner | undefined;
+  /** The app registry, when a role of this process follows it. */
+  apps: AppRegistry | undefined;
   /** Graceful stop: no new requests, in-flight ones finish (up to the shutdown timeout), NATS closes. */
   close(): Promise<void>;
 }
@@ -33,13 +41,24 @@ interface RoleContext {
   nats: NatsHandle;
   auth: Auth;
   logger: Logger;
+  /** Shared by the management and runner roles of one process. */
+  deployments: DeploymentCache | undefined;
 }
 
 /** Roles that serve RPCs on the port; the others work from NATS alone. */
 const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> = {
   invocation: async () => ({ service: InvocationService, routes: invocation.routes }),
-  management: async ({ config, nats, auth, logger }) => {
-    const role = await startManagementRole({ nc: nats.nc, auth, dataDir: config.dataDir, signingKey: config.signingKey, adminToken: config.adminToken, logger });
+  management: async ({ config, nats, auth, logger, deployments }) => {
+    const role = await startManagementRole({
+      nc: nats.nc,
+      auth,
+      dataDir: config.dataDir,
+      signingKey: config.signingKey,
+      adminToken: config.adminToken,
+      maxBundleBytes: config.maxBundleBytes,
+      deployments,
+      logger,
+    });
     return { service: ManagementService, routes: role.routes };
   },
 };
@@ -62,18 +81,32 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
   const health = new HealthState();
   const nats = await connectNats({ url: config.natsUrl, dataDir: config.dataDir, logger, name: `skiff ${config.roles.join(",")}` });
   let auth: Auth | undefined;
+  let apps: AppRegistry | undefined;
+  let runner: RunnerRole | undefined;
+  const stopRoles = async () => {
+    await runner?.close();
+    apps?.close();
+    auth?.close();
+  };
   try {
     health.setNatsConnected(true);
     watchNats(nats, health, logger);
     await provision(nats.nc, logger);
     health.setProvisioned();
 
+    const runsRunner = config.roles.includes("runner");
+    const deployments = runsRunner ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger }) : undefined;
+    if (runsRunner) {
+      apps = await AppRegistry.start(nats.nc, logger);
+      runner = await startRunnerRole({ nc: nats.nc, dataDir: config.dataDir, logger, maxBundleBytes: config.maxBundleBytes, registry: apps, deployments });
+    }
+
     const starters = config.roles.map((r) => RPC_ROLES[r]).filter((r) => r !== undefined);
     // Every RPC is authenticated; the views behind it are loaded before the port opens.
     const rpc: RpcRole[] = [];
     if (starters.length > 0) {
       auth = await startAuth(nats.nc, logger);
-      for (const start of starters) rpc.push(await start({ config, nats, auth, logger }));
+      for (const start of starters) rpc.push(await start({ config, nats, auth, logger, deployments }));
     }
     for (const r of rpc) health.services.add(r.service.typeName);
     const server = await startServer({
@@ -96,14 +129,16 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       port: server.port,
       nats,
       health,
+      runner: runner?.runner,
+      apps,
       async close() {
         await server.close(config.shutdownTimeoutMs);
-        auth?.close();
+        await stopRoles();
         await nats.close();
       },
     };
   } catch (err) {
-    auth?.close();
+    await stopRoles();
     await nats.close();
     throw err;
   }

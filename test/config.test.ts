@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ConfigError, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, loadConfig, ROLES, settingsTable } from "../services/shared/config.js";
+import { ConfigError, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUNDLE_BYTES, DEFAULT_PORT, loadConfig, ROLES, settingsTable } from "../services/shared/config.js";
 
 describe("config", () => {
   it("defaults apply when no SKIFF_* variable is set", () => {
@@ -10,6 +10,7 @@ describe("config", () => {
       dataDir: ".data",
       natsUrl: undefined,
       maxBodyBytes: DEFAULT_MAX_BODY_BYTES,
+      maxBundleBytes: DEFAULT_MAX_BUNDLE_BYTES,
       logLevel: "info",
       roles: [...ROLES],
       shutdownTimeoutMs: 30_000,
@@ -30,6 +31,7 @@ describe("config", () => {
     ["SKIFF_PORT", "abc", /SKIFF_PORT: expected a whole number/],
     ["SKIFF_PORT", "70000", /SKIFF_PORT: must be between 0 and 65535/],
     ["SKIFF_MAX_BODY_BYTES", "0", /SKIFF_MAX_BODY_BYTES/],
+    ["SKIFF_MAX_BUNDLE_BYTES", "100", /SKIFF_MAX_BUNDLE_BYTES: must be between 1024/],
     ["SKIFF_LOG_LEVEL", "loud", /SKIFF_LOG_LEVEL: must be one of/],
     ["SKIFF_ROLES", "invocation,cook", /SKIFF_ROLES: unknown role "cook"/],
     ["SKIFF_ROLES", " , ", /SKIFF_ROLES: name at least one role/],

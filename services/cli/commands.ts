@@ -23,6 +23,8 @@ export interface CommandContext {
   options: Record<string, string | boolean | undefined>;
   positionals: string[];
   json: boolean;
+  /** Server and token, for the commands that talk HTTP themselves (deploy). */
+  target: { url: string; token: string };
   out: (text: string) => void;
   err: (text: string) => void;
 }
@@ -58,7 +60,7 @@ function print<D extends DescMessage>(ctx: CommandContext, schema: D, message: M
 }
 
 const time = (t: Timestamp | undefined) => (t ? timestampDate(t).toISOString() : "");
-const project = (ctx: CommandContext) => (ctx.options.project as string | undefined) ?? process.env.SKIFF_PROJECT ?? DEFAULT_PROJECT;
+export const projectOf = (ctx: CommandContext) => (ctx.options.project as string | undefined) ?? process.env.SKIFF_PROJECT ?? DEFAULT_PROJECT;
 
 const accountRows = (accounts: ServiceAccount[]) => accounts.map((a) => [a.serviceAccountId, a.name, time(a.createdAt), time(a.expiresAt)]);
 const ACCOUNT_HEADERS = ["id", "name", "created", "expires"];
@@ -88,7 +90,7 @@ export const COMMANDS: Record<string, Record<string, Command>> = {
       options: ["project"],
       positionals: 0,
       async run(ctx) {
-        const res = await ctx.client.listServiceAccounts({ projectId: project(ctx) });
+        const res = await ctx.client.listServiceAccounts({ projectId: projectOf(ctx) });
         print(ctx, ListServiceAccountsResponseSchema, res, () => table(ACCOUNT_HEADERS, accountRows(res.serviceAccounts)));
       },
     },
@@ -99,7 +101,7 @@ export const COMMANDS: Record<string, Record<string, Command>> = {
         const name = ctx.positionals[0];
         if (name === undefined) throw new UsageError("service-accounts create needs a name: skiff service-accounts create <name>");
         const expiresAt = parseExpiry(ctx.options["expires-in"] as string | undefined, ctx.options["expires-at"] as string | undefined);
-        const res = await ctx.client.createServiceAccount({ projectId: project(ctx), name, expiresAt });
+        const res = await ctx.client.createServiceAccount({ projectId: projectOf(ctx), name, expiresAt });
         print(ctx, CreateServiceAccountResponseSchema, res, () => `${table(ACCOUNT_HEADERS, accountRows([res.serviceAccount!]))}\n\ntoken: ${res.token}`);
         if (!ctx.json) ctx.err("The token is shown only this once: store it as a secret now.");
       },
@@ -110,8 +112,8 @@ export const COMMANDS: Record<string, Record<string, Command>> = {
       async run(ctx) {
         const id = ctx.positionals[0];
         if (id === undefined) throw new UsageError("service-accounts delete needs an id: skiff service-accounts delete <service-account-id>");
-        await ctx.client.deleteServiceAccount({ projectId: project(ctx), serviceAccountId: id });
-        ctx.out(ctx.json ? "{}" : `deleted service account ${id} of project ${project(ctx)}; its token no longer works`);
+        await ctx.client.deleteServiceAccount({ projectId: projectOf(ctx), serviceAccountId: id });
+        ctx.out(ctx.json ? "{}" : `deleted service account ${id} of project ${projectOf(ctx)}; its token no longer works`);
       },
     },
   },

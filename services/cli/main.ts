@@ -4,12 +4,22 @@ import { parseArgs } from "node:util";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { COMMANDS, DEFAULT_EXPIRES_IN, DEFAULT_PROJECT, UsageError } from "./commands.js";
+import { apps, deploy, logs } from "./app-commands.js";
+import { COMMANDS, DEFAULT_EXPIRES_IN, DEFAULT_PROJECT, UsageError, type Command } from "./commands.js";
 import { DEFAULT_URL, resolveTarget, type Target } from "./defaults.js";
 
 const USAGE = `Usage: skiff <command> [options]
 
 Commands:
+  deploy <dir>                           pack the app folder (honouring .gitignore and
+                                         .skiffignore), upload it, print the new version
+  apps list                              list the apps of a project
+  apps get <app>                         config, scaling, deployment and live replicas
+  apps delete <app>                      stop its replicas and remove the app
+  logs <app>                             the newest lines its replicas wrote
+      --run <run-id>                     only the lines of one run
+      --limit <n>                        at most n lines (default 200; with --follow, 50 first)
+      -f, --follow                       keep printing new lines until interrupted
   projects list                          list projects (a service account sees its own)
   projects create [<project-id>]         create a project (admin); id "p-…" made when omitted
       --name <name>
@@ -21,7 +31,7 @@ Commands:
   (sa is short for service-accounts)
 
 Options:
-  -p, --project <id>   project of the service account commands (default $SKIFF_PROJECT or ${DEFAULT_PROJECT})
+  -p, --project <id>   project of the app and service account commands (default $SKIFF_PROJECT or ${DEFAULT_PROJECT})
   --url <url>          skiff server (default $SKIFF_URL or ${DEFAULT_URL})
   --token <token>      bearer token (default $SKIFF_TOKEN, else the admin token file
                        .data/admin-token of this folder or of the skiff checkout)
@@ -37,9 +47,15 @@ const OPTIONS = {
   name: { type: "string" },
   "expires-in": { type: "string" },
   "expires-at": { type: "string" },
+  run: { type: "string" },
+  limit: { type: "string" },
+  follow: { type: "boolean", short: "f" },
 } as const;
 const GLOBAL = new Set(["url", "token", "json", "help"]);
 const ALIASES: Record<string, string> = { sa: "service-accounts" };
+const GROUPS: Record<string, Record<string, Command>> = { ...COMMANDS, apps };
+/** Commands of one word, whose first positional is their argument. */
+const SINGLE: Record<string, Command> = { deploy, logs };
 
 function explain(err: ConnectError, target: Target): string {
   switch (err.code) {
@@ -51,6 +67,10 @@ function explain(err: ConnectError, target: Target): string {
       return `not allowed (403): ${err.rawMessage}`;
     case Code.InvalidArgument:
       return `invalid request (400): ${err.rawMessage}`;
+    case Code.FailedPrecondition:
+      return `refused (400): ${err.rawMessage}`;
+    case Code.ResourceExhausted:
+      return `too large or too many (${err.rawMessage.includes("request body larger") ? 413 : 429}): ${err.rawMessage}`;
     case Code.NotFound:
       return `not found (404): ${err.rawMessage}`;
     case Code.AlreadyExists:
@@ -70,12 +90,13 @@ export async function main(argv: string[]): Promise<number> {
       out(USAGE);
       return 0;
     }
-    const [groupWord, action, ...rest] = positionals;
-    const group = COMMANDS[ALIASES[groupWord] ?? groupWord];
-    const command = group?.[action];
+    const single = SINGLE[positionals[0]];
+    const [groupWord, action, ...rest] = single ? [positionals[0], "", ...positionals.slice(1)] : positionals;
+    const command = single ?? GROUPS[ALIASES[groupWord] ?? groupWord]?.[action];
     if (!command) throw new UsageError(groupWord === undefined ? "no command given" : `unknown command "${positionals.slice(0, 2).join(" ")}"`);
+    const words = single ? groupWord : `${groupWord} ${action}`;
     for (const [name, value] of Object.entries(values)) {
-      if (value !== undefined && !GLOBAL.has(name) && !command.options.includes(name)) throw new UsageError(`--${name} does not apply to "${groupWord} ${action}"`);
+      if (value !== undefined && !GLOBAL.has(name) && !command.options.includes(name)) throw new UsageError(`--${name} does not apply to "${words}"`);
     }
     if (rest.length > command.positionals) throw new UsageError(`unexpected argument "${rest[command.positionals]}"`);
 
@@ -92,7 +113,7 @@ export async function main(argv: string[]): Promise<number> {
         },
       ],
     });
-    await command.run({ client: createClient(ManagementService, transport), options: values, positionals: rest, json: values.json === true, out, err });
+    await command.run({ client: createClient(ManagementService, transport), options: values, positionals: rest, json: values.json === true, target: { url: target.url, token }, out, err });
     return 0;
   } catch (e) {
     if (e instanceof UsageError || (e instanceof TypeError && "code" in e && String(e.code).startsWith("ERR_PARSE_ARGS"))) {

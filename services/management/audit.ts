@@ -1,10 +1,10 @@
-// Audit lines: one JSON log line per change to projects and service accounts,
+// Audit lines: one JSON log line per change to projects, service accounts and apps,
 // marked `audit: true` so they can be filtered out of the stream. They say
 // who, what, on which target and when; never a token.
 import { actorOf, type Principal } from "../shared/auth.js";
 import type { Logger } from "../shared/logger.js";
 
-export type AuditAction = "project.create" | "service_account.create" | "service_account.delete" | "service_account.renew";
+export type AuditAction = "project.create" | "service_account.create" | "service_account.delete" | "service_account.renew" | "app.deploy" | "app.delete";
 
 export function audit(logger: Logger, who: Principal | "bootstrap", action: AuditAction, target: string, details: Record<string, unknown> = {}): void {
   const actor = who === "bootstrap" ? "bootstrap" : actorOf(who);

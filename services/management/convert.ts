@@ -1,5 +1,9 @@
 // Stored records to the messages of management.proto.
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import type { LogLineRecord } from "../runner/app-logs.js";
+import type { ReplicaRecord } from "../runner/replica-publisher.js";
+import type { AppConfig } from "../shared/app-config.js";
+import type { AppRecord, DeploymentRecord } from "../shared/app-registry.js";
 import type { ServiceAccountRecord } from "../shared/auth-accounts.js";
 import type { ProjectRecord } from "./project-store.js";
 
@@ -14,4 +18,37 @@ export function serviceAccountMessage(r: ServiceAccountRecord) {
     createdAt: timestampFromDate(new Date(r.created_at)),
     expiresAt: timestampFromDate(new Date(r.expires_at)),
   };
+}
+
+export function deploymentMessage(d: DeploymentRecord) {
+  return { version: d.version, createdAt: timestampFromDate(new Date(d.created_at)), bundleBytes: BigInt(d.bundle_bytes), digest: d.digest, createdBy: d.created_by };
+}
+
+function runtimeMessage(rt: AppConfig["runtime"]) {
+  return rt.kind === "cortex"
+    ? { kind: rt.kind, language: rt.language, entry: rt.entry }
+    : { kind: rt.kind, command: rt.command, healthcheck: rt.healthcheck, readycheck: rt.readycheck ?? "", port: rt.port ?? 0 };
+}
+
+export function replicaMessage(r: ReplicaRecord) {
+  return { replicaId: r.replica_id, state: r.state, host: r.host, inFlight: r.in_flight, deploymentVersion: r.deployment_version, startedAt: timestampFromDate(new Date(r.started_at)) };
+}
+
+export function appMessage(r: AppRecord, replicas: ReplicaRecord[]) {
+  const s = r.config.scaling;
+  return {
+    projectId: r.project_id,
+    appName: r.app_name,
+    runtime: runtimeMessage(r.config.runtime),
+    scaling: { minReplicas: s.minReplicas, maxReplicas: s.maxReplicas, replicaConcurrency: s.replicaConcurrency, cooldown: s.cooldown, responseGracePeriod: s.responseGracePeriod },
+    deployment: deploymentMessage(r.deployment),
+    replicas: replicas.map(replicaMessage),
+    createdAt: timestampFromDate(new Date(r.created_at)),
+    updatedAt: timestampFromDate(new Date(r.updated_at)),
+    envNames: Object.keys(r.config.env).sort(),
+  };
+}
+
+export function logLineMessage(l: LogLineRecord) {
+  return { time: timestampFromDate(new Date(l.time)), replicaId: l.replica_id, stream: l.stream, runId: l.run_id, text: l.text };
 }

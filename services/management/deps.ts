@@ -1,12 +1,28 @@
 // What the management handlers work with; start.ts builds it once per process.
+import type { AppConfig } from "../shared/app-config.js";
 import type { Logger } from "../shared/logger.js";
 import type { TokenSubject } from "../shared/tokens.js";
+import type { PreparedDeployment } from "../runner/types.js";
+import type { AppObserver } from "./app-observe.js";
+import type { AppStore } from "./app-store.js";
 import type { ProjectStore } from "./project-store.js";
 import type { ServiceAccountStore } from "./service-account-store.js";
+
+export interface AppDeps {
+  store: AppStore;
+  observer: AppObserver;
+  /**
+   * Unpacks a bundle with every check, reads its skiff.toml and prepares it
+   * (dependencies, Cortex functions). Throws BundleError, AppConfigError or
+   * PrepareFailed.
+   */
+  prepare(digest: string, bytes: Uint8Array): Promise<{ config: AppConfig; prepared: PreparedDeployment }>;
+}
 
 export interface ManagementDeps {
   projects: ProjectStore;
   serviceAccounts: ServiceAccountStore;
+  apps: AppDeps;
   /** Signs a token with the cluster's current key. */
   issueToken: (subject: TokenSubject) => Promise<string>;
   logger: Logger;

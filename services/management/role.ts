@@ -1,13 +1,19 @@
 // The management role of a process: its stores, the key it signs tokens
 // with, and the bootstrap of the admin and dev tokens.
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
 import type { Auth } from "../shared/auth.js";
 import type { Logger } from "../shared/logger.js";
-import { buckets } from "../shared/nats-layout.js";
+import { buckets, objectStores } from "../shared/nats-layout.js";
+import { prepareBundle, type DeploymentCache } from "../runner/deployment-cache.js";
 import { issueToken } from "../shared/tokens.js";
 import { ensureAdminToken, ensureDevAccount } from "./bootstrap.js";
-import type { ManagementDeps } from "./deps.js";
+import { AppObserver } from "./app-observe.js";
+import { AppStore } from "./app-store.js";
+import type { AppDeps, ManagementDeps } from "./deps.js";
 import { ProjectStore } from "./project-store.js";
 import { routes } from "./routes.js";
 import { ServiceAccountStore } from "./service-account-store.js";
@@ -20,6 +26,13 @@ export interface ManagementRoleOptions {
   signingKey: string | undefined;
   /** SKIFF_ADMIN_TOKEN. */
   adminToken: string | undefined;
+  /** SKIFF_MAX_BUNDLE_BYTES. */
+  maxBundleBytes: number;
+  /**
+   * The runner role's cache when this process runs one: a bundle prepared to
+   * check a deployment is then the one its replicas run, not prepared twice.
+   */
+  deployments?: DeploymentCache;
   logger: Logger;
 }
 
@@ -35,6 +48,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
   const deps: ManagementDeps = {
     projects: new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true })),
     serviceAccounts: new ServiceAccountStore(await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true })),
+    apps: await appDeps(opts),
     issueToken: (subject) => issueToken(key, subject),
     logger: opts.logger,
   };
@@ -45,4 +59,25 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
     `admin token: ${adminToken ?? "from SKIFF_ADMIN_TOKEN"}; dev token (project p-dev): ${devToken}`,
   );
   return { routes: (router) => routes(router, deps), files: { adminToken, devToken } };
+}
+
+async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {
+  const js = opts.nc.jetstream();
+  const store = new AppStore(await js.views.kv(buckets.apps.name, { bindOnly: true }), await js.views.os(objectStores.bundles.name));
+  const check = { maxBytes: opts.maxBundleBytes, logger: opts.logger };
+  const cache = opts.deployments;
+  return {
+    store,
+    observer: await AppObserver.start(opts.nc),
+    async prepare(digest, bytes) {
+      if (cache) return cache.get(digest, async () => bytes);
+      // No runner here: prepare a throwaway copy, only to check the bundle.
+      const dir = await mkdtemp(path.join(tmpdir(), "skiff-check-"));
+      try {
+        return await prepareBundle(bytes, path.join(dir, "app"), check);
+      } finally {
+        await rm(dir, { recursive: true, force: true });
+      }
+    },
+  };
 }

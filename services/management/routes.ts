@@ -3,10 +3,11 @@
 // issues that build them land.
 import type { ConnectRouter } from "@connectrpc/connect";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import { appHandlers } from "./apps.js";
 import type { ManagementDeps } from "./deps.js";
 import { projectHandlers } from "./projects.js";
 import { serviceAccountHandlers } from "./service-accounts.js";
 
 export function routes(router: ConnectRouter, deps: ManagementDeps): void {
-  router.service(ManagementService, { ...projectHandlers(deps), ...serviceAccountHandlers(deps) });
+  router.service(ManagementService, { ...projectHandlers(deps), ...serviceAccountHandlers(deps), ...appHandlers(deps) });
 }

@@ -6,6 +6,7 @@ export const DEFAULT_HOST = "127.0.0.1";
 export const DEFAULT_PORT = 8080;
 export const DEFAULT_DATA_DIR = ".data";
 export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
+export const DEFAULT_MAX_BUNDLE_BYTES = 100 * 1024 * 1024;
 export const DEFAULT_LOG_LEVEL = "info";
 export const DEFAULT_NATS_PROBE_URL = "nats://127.0.0.1:4222";
 export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
@@ -22,6 +23,8 @@ export interface Config {
   /** NATS server to use; undefined means "probe the local default, else start one". */
   natsUrl: string | undefined;
   maxBodyBytes: number;
+  /** Largest app bundle, gzipped and unpacked alike. */
+  maxBundleBytes: number;
   logLevel: string;
   roles: Role[];
   shutdownTimeoutMs: number;
@@ -104,7 +107,7 @@ export function parseRoles(raw: string, variable: string): Role[] {
 export const SETTINGS: Setting<keyof Config>[] = [
   { key: "host", env: "SKIFF_HOST", fallback: DEFAULT_HOST, doc: "Address the HTTP/gRPC port binds to.", parse: nonEmpty },
   { key: "port", env: "SKIFF_PORT", fallback: String(DEFAULT_PORT), doc: "Port for HTTP/1.1 (REST, Connect, gRPC-Web) and cleartext HTTP/2 (gRPC); 0 picks a free one.", parse: integer(0, 65535) },
-  { key: "dataDir", env: "SKIFF_DATA_DIR", fallback: DEFAULT_DATA_DIR, doc: "Folder for local state: the store of a NATS server that skiff starts itself, and the token files `admin-token` and `dev-token`.", parse: nonEmpty },
+  { key: "dataDir", env: "SKIFF_DATA_DIR", fallback: DEFAULT_DATA_DIR, doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).", parse: nonEmpty },
   {
     key: "natsUrl",
     env: "SKIFF_NATS_URL",
@@ -113,6 +116,13 @@ export const SETTINGS: Setting<keyof Config>[] = [
     parse: (raw) => (raw.trim() === "" ? undefined : raw.trim()),
   },
   { key: "maxBodyBytes", env: "SKIFF_MAX_BODY_BYTES", fallback: String(DEFAULT_MAX_BODY_BYTES), doc: "Largest request body accepted (413 above it).", parse: integer(1, 1024 * 1024 * 1024) },
+  {
+    key: "maxBundleBytes",
+    env: "SKIFF_MAX_BUNDLE_BYTES",
+    fallback: String(DEFAULT_MAX_BUNDLE_BYTES),
+    doc: "Largest app bundle, both the gzipped upload and the tar inside it; a larger one is refused and nothing is deployed. An upload over REST is also bounded by `SKIFF_MAX_BODY_BYTES`.",
+    parse: integer(1024, 16 * 1024 * 1024 * 1024),
+  },
   {
     key: "logLevel",
     env: "SKIFF_LOG_LEVEL",

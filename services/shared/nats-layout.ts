@@ -15,6 +15,9 @@ export const subjects = {
   runEvent: (project: string, app: string, status: string) => `skiff.events.runs.${project}.${app}.${status}`,
   runEventsAll: "skiff.events.runs.>",
   eventsAll: "skiff.events.>",
+  /** App log lines (replica stdout/stderr), one subject per app. */
+  appLogs: (project: string, app: string) => `skiff.logs.${project}.${app}`,
+  appLogsAll: "skiff.logs.>",
   /** Control messages between processes (cancel a running run, app changes). */
   control: (topic: string) => `skiff.control.${topic}`,
 } as const;
@@ -27,6 +30,8 @@ export interface StreamSpec {
   maxAgeMs: number;
   /** Window in which a repeated Nats-Msg-Id is dropped. */
   duplicateWindowMs: number;
+  /** Messages kept per subject, oldest dropped first; -1 = no limit. */
+  maxMsgsPerSubject: number;
   description: string;
 }
 
@@ -37,6 +42,7 @@ export const streams = {
     retention: "workqueue",
     maxAgeMs: 0,
     duplicateWindowMs: DAY_MS,
+    maxMsgsPerSubject: -1,
     description: "accepted async runs; Nats-Msg-Id = run id",
   },
   events: {
@@ -45,7 +51,18 @@ export const streams = {
     retention: "limits",
     maxAgeMs: 7 * DAY_MS,
     duplicateWindowMs: 2 * 60 * 1000,
+    maxMsgsPerSubject: -1,
     description: "public run lifecycle events (skiff.events.v1)",
+  },
+  logs: {
+    name: "SKIFF_LOGS",
+    subjects: [subjects.appLogsAll],
+    retention: "limits",
+    maxAgeMs: DAY_MS,
+    duplicateWindowMs: 2 * 60 * 1000,
+    // Per app: one chatty app cannot push the others' lines out.
+    maxMsgsPerSubject: 10_000,
+    description: "app log lines (JSON), one subject per app",
   },
 } as const satisfies Record<string, StreamSpec>;
 
@@ -65,6 +82,7 @@ export const buckets = {
   runs: { name: "skiff-runs", ttlMs: 0, history: 1, description: "run records" },
   secrets: { name: "skiff-secrets", ttlMs: 2 * DAY_MS, history: 1, description: "sealed webhook secrets (short TTL)" },
   idempotency: { name: "skiff-idempotency", ttlMs: DAY_MS, history: 1, description: "Idempotency-Key to run id, 24 h" },
+  replicas: { name: "skiff-replicas", ttlMs: 30_000, history: 1, description: "live replicas of every runner process, refreshed well inside the TTL" },
   webhooks: { name: "skiff-webhooks", ttlMs: 0, history: 1, description: "webhook deliveries and their attempts" },
 } as const satisfies Record<string, BucketSpec>;
 

@@ -56,6 +56,7 @@ function streamTarget(jsm: JetStreamManager, spec: StreamSpec): Target {
     storage: StorageType.File,
     max_age: nanos(spec.maxAgeMs),
     duplicate_window: nanos(spec.duplicateWindowMs),
+    max_msgs_per_subject: spec.maxMsgsPerSubject,
     description: spec.description,
   };
   return { kind: "stream", name: spec.name, want, create: () => jsm.streams.add(want) };

@@ -1,0 +1,107 @@
+// The app methods of ManagementService: deploy, list, get, delete,
+// deployments and logs. A bundle is checked whole (size, paths, links,
+// skiff.toml) and prepared (dependencies installed, Cortex module loaded)
+// before anything is stored, so a bad one is refused with the reason and
+// nothing is deployed. Runners learn of a deployment through KV `skiff-apps`.
+import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
+import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import { PrepareFailed } from "../runner/errors.js";
+import { APP_NAME_PATTERN, AppConfigError } from "../shared/app-config.js";
+import { actorOf, principalOf } from "../shared/auth.js";
+import { BundleError, sha256 } from "../shared/bundle.js";
+import { DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT } from "./app-observe.js";
+import { audit } from "./audit.js";
+import { appMessage, deploymentMessage, logLineMessage } from "./convert.js";
+import type { ManagementDeps } from "./deps.js";
+import * as valid from "./validation.js";
+
+type Impl = ServiceImpl<typeof ManagementService>;
+type AppMethods = "deployApp" | "listApps" | "getApp" | "deleteApp" | "listDeployments" | "listAppLogs" | "tailAppLogs";
+
+/** Why a bundle cannot be deployed, as the caller should read it. */
+function refusal(err: unknown): ConnectError | undefined {
+  if (err instanceof BundleError) return new ConnectError(`bundle refused: ${err.message}`, Code.InvalidArgument);
+  if (err instanceof AppConfigError) return new ConnectError(`invalid skiff.toml:\n${err.message}`, Code.InvalidArgument);
+  if (err instanceof PrepareFailed) return new ConnectError(`the app cannot be prepared: ${err.message}`, Code.FailedPrecondition);
+  return undefined;
+}
+
+export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
+  const { store, observer } = deps.apps;
+
+  async function project(id: string): Promise<string> {
+    const projectId = valid.projectId(id);
+    if (!(await deps.projects.get(projectId))) throw new ConnectError(`project ${projectId} not found`, Code.NotFound);
+    return projectId;
+  }
+
+  /** The app, or 404; a malformed name cannot name an app. */
+  async function app(projectIdRaw: string, appName: string) {
+    const projectId = await project(projectIdRaw);
+    const record = APP_NAME_PATTERN.test(appName) ? await store.get(projectId, appName) : undefined;
+    if (!record) throw new ConnectError(`app ${JSON.stringify(appName.slice(0, 80))} not found in project ${projectId}`, Code.NotFound);
+    return record;
+  }
+
+  return {
+    async deployApp(req, ctx) {
+      const p = principalOf(ctx);
+      const projectId = await project(req.projectId);
+      const bytes = req.bundle?.data ?? new Uint8Array(0);
+      const digest = sha256(bytes);
+      let ready;
+      try {
+        ready = await deps.apps.prepare(digest, bytes);
+      } catch (err) {
+        throw refusal(err) ?? err;
+      }
+      const record = await store.deploy({ projectId, config: ready.config, functions: ready.prepared.functions, bytes, digest, createdBy: actorOf(p) });
+      const d = record.deployment;
+      audit(deps.logger, p, "app.deploy", `${projectId}/${record.app_name}`, { version: d.version, digest: d.digest, bundle_bytes: d.bundle_bytes });
+      return { app: appMessage(record, await observer.replicas(projectId, record.app_name)) };
+    },
+
+    async listApps(req) {
+      const projectId = await project(req.projectId);
+      const records = await store.list(projectId);
+      return { apps: await Promise.all(records.map(async (r) => appMessage(r, await observer.replicas(projectId, r.app_name)))) };
+    },
+
+    async getApp(req) {
+      const record = await app(req.projectId, req.appName);
+      return { app: appMessage(record, await observer.replicas(record.project_id, record.app_name)) };
+    },
+
+    async deleteApp(req, ctx) {
+      const p = principalOf(ctx);
+      const record = await app(req.projectId, req.appName);
+      if (!(await store.delete(record.project_id, record.app_name))) throw new ConnectError(`app ${req.appName} not found in project ${record.project_id}`, Code.NotFound);
+      audit(deps.logger, p, "app.delete", `${record.project_id}/${record.app_name}`, { version: record.deployment.version });
+      return {};
+    },
+
+    async listDeployments(req) {
+      const record = await app(req.projectId, req.appName);
+      return { deployments: [...record.deployments].reverse().map(deploymentMessage) };
+    },
+
+    async listAppLogs(req) {
+      const record = await app(req.projectId, req.appName);
+      if (req.limit > MAX_LOG_LIMIT) throw new ConnectError(`limit must be at most ${MAX_LOG_LIMIT}, got ${req.limit}`, Code.InvalidArgument);
+      const { lines } = await observer.lines(record.project_id, record.app_name, { limit: req.limit || DEFAULT_LOG_LIMIT, runId: req.runId || undefined });
+      return { lines: lines.map((l) => logLineMessage(l.line)) };
+    },
+
+    async *tailAppLogs(req, ctx: HandlerContext) {
+      const record = await app(req.projectId, req.appName);
+      if (req.backlog > MAX_LOG_LIMIT) throw new ConnectError(`backlog must be at most ${MAX_LOG_LIMIT}, got ${req.backlog}`, Code.InvalidArgument);
+      // Lines written from here on are followed; older ones come from the backlog, never twice.
+      const before = await observer.streamLastSeq();
+      const backlog = req.backlog > 0 ? await observer.lines(record.project_id, record.app_name, { limit: req.backlog }) : { lines: [], lastSeq: 0 };
+      for (const l of backlog.lines) yield { line: logLineMessage(l.line) };
+      for await (const line of observer.follow(record.project_id, record.app_name, Math.max(before, backlog.lastSeq), ctx.signal)) {
+        yield { line: logLineMessage(line) };
+      }
+    },
+  };
+}

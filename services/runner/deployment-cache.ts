@@ -1,0 +1,108 @@
+// Unpacked and prepared deployments on this machine, one folder per bundle
+// digest (`<root>/<digest>/`), so a bundle is unpacked and its dependencies
+// installed once per machine however many apps, versions or processes use
+// it. A deployment is prepared in a staging folder and renamed into place
+// only once ready, so a folder under its digest is always complete; what it
+// learned (Cortex functions, the venv) is kept in `.skiff/prepared.json`.
+import { randomBytes } from "node:crypto";
+import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { loadAppConfig, type AppConfig } from "../shared/app-config.js";
+import { BundleError, sha256, unpackBundle } from "../shared/bundle.js";
+import type { Logger } from "../shared/logger.js";
+import { prepareDeployment } from "./prepare.js";
+import type { PreparedDeployment } from "./types.js";
+
+const MARKER = path.join(".skiff", "prepared.json");
+
+export interface PreparedBundle {
+  /** The unpacked, prepared app folder. */
+  dir: string;
+  config: AppConfig;
+  prepared: PreparedDeployment;
+}
+
+interface Marker {
+  functions?: string[];
+  /** The venv's interpreter, relative to the folder: the folder moves after preparing. */
+  python?: string;
+}
+
+/**
+ * Unpacks a bundle into `dir` with every safety check, reads its skiff.toml
+ * and prepares it. Throws BundleError, AppConfigError or PrepareFailed.
+ */
+export async function prepareBundle(bytes: Uint8Array, dir: string, opts: { maxBytes: number; logger: Logger }): Promise<{ config: AppConfig; prepared: PreparedDeployment }> {
+  await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes });
+  const config = await loadAppConfig(dir);
+  const prepared = await prepareDeployment(dir, config, opts.logger);
+  return { config, prepared };
+}
+
+export class DeploymentCache {
+  /** Preparations under way in this process, by digest. */
+  private readonly pending = new Map<string, Promise<PreparedBundle>>();
+
+  constructor(
+    readonly root: string,
+    private readonly opts: { maxBytes: number; logger: Logger },
+  ) {}
+
+  dirOf(digest: string): string {
+    return path.join(this.root, digest);
+  }
+
+  /**
+   * The prepared folder of the bundle with this digest; `bytes` is called
+   * only when it is not prepared yet, and must give the bundle itself.
+   */
+  get(digest: string, bytes: () => Promise<Uint8Array>): Promise<PreparedBundle> {
+    if (!/^[0-9a-f]{64}$/.test(digest)) return Promise.reject(new BundleError("invalid", `not a sha256 digest: ${digest.slice(0, 80)}`));
+    let p = this.pending.get(digest);
+    if (!p) {
+      p = this.load(digest).then((found) => found ?? this.make(digest, bytes));
+      this.pending.set(digest, p);
+      void p.then(
+        () => this.pending.delete(digest),
+        () => this.pending.delete(digest),
+      );
+    }
+    return p;
+  }
+
+  private async load(digest: string): Promise<PreparedBundle | undefined> {
+    const dir = this.dirOf(digest);
+    let marker: Marker;
+    try {
+      marker = JSON.parse(await readFile(path.join(dir, MARKER), "utf8")) as Marker;
+    } catch {
+      return undefined;
+    }
+    const prepared: PreparedDeployment = {};
+    if (marker.functions) prepared.functions = marker.functions;
+    if (marker.python) prepared.python = path.join(dir, marker.python);
+    return { dir, config: await loadAppConfig(dir), prepared };
+  }
+
+  private async make(digest: string, bytes: () => Promise<Uint8Array>): Promise<PreparedBundle> {
+    const data = await bytes();
+    if (sha256(data) !== digest) throw new BundleError("invalid", `the bundle does not match its digest ${digest}`);
+    await mkdir(this.root, { recursive: true });
+    const staging = path.join(this.root, `.staging-${digest.slice(0, 16)}-${randomBytes(4).toString("hex")}`);
+    try {
+      const { prepared } = await prepareBundle(data, staging, this.opts);
+      const marker: Marker = { functions: prepared.functions, python: prepared.python && path.relative(staging, prepared.python) };
+      await mkdir(path.join(staging, ".skiff"), { recursive: true });
+      await writeFile(path.join(staging, MARKER), JSON.stringify(marker));
+      await rename(staging, this.dirOf(digest)).catch(async (err: NodeJS.ErrnoException) => {
+        // Another process on this machine finished the same bundle first: use theirs.
+        if (err.code !== "ENOTEMPTY" && err.code !== "EEXIST") throw err;
+      });
+    } finally {
+      await rm(staging, { recursive: true, force: true });
+    }
+    const done = await this.load(digest);
+    if (!done) throw new Error(`prepared deployment ${digest} vanished from ${this.root}`);
+    return done;
+  }
+}

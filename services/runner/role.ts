@@ -1,0 +1,137 @@
+// The runner role of a process: keeps its Runner in step with the app
+// registry. For each app record it fetches the bundle from object store
+// `skiff-bundles` into `<dataDir>/deployments/<digest>/` (once per machine),
+// deploys it, and removes the app when its record is deleted. Replicas are
+// published to KV `skiff-replicas` and their log lines to SKIFF_LOGS.
+//
+// Each app has its own queue of reconciliations, so two changes to one app
+// apply in order while other apps go on; a reconciliation reads the latest
+// record, so a burst of redeploys ends on the newest version without
+// deploying each one.
+import path from "node:path";
+import type { NatsConnection, ObjectStore } from "nats";
+import { AppRegistry, appKey, type AppRecord } from "../shared/app-registry.js";
+import type { Logger } from "../shared/logger.js";
+import { objectStores } from "../shared/nats-layout.js";
+import { logPublisher } from "./app-logs.js";
+import { DeploymentCache } from "./deployment-cache.js";
+import { DEFAULT_REPLICA_REFRESH_MS, ReplicaPublisher } from "./replica-publisher.js";
+import { Runner, type RunnerOptions } from "./runner.js";
+import type { AppLogLine } from "./types.js";
+
+export interface RunnerRoleOptions {
+  nc: NatsConnection;
+  /** Deployments go to `<dataDir>/deployments`, replica folders to `<dataDir>/replicas`. */
+  dataDir: string;
+  logger: Logger;
+  /** SKIFF_MAX_BUNDLE_BYTES: bundles are checked again when unpacked here. */
+  maxBundleBytes: number;
+  /** The process's registry, when other roles use one too; else the role starts its own. */
+  registry?: AppRegistry;
+  /** The process's deployment cache, when the management role shares it. */
+  deployments?: DeploymentCache;
+  /** Tuning of the Runner (timeouts, queue limits). */
+  runnerOptions?: Omit<RunnerOptions, "workDir" | "logger" | "onLog" | "onReplicaChange">;
+  /** How often replicas are re-published to KV (default a third of the bucket's TTL). */
+  replicaRefreshMs?: number;
+}
+
+export interface RunnerRole {
+  runner: Runner;
+  deployments: DeploymentCache;
+  /** Stops following the registry, stops every replica gracefully, withdraws the published replicas. */
+  close(): Promise<void>;
+}
+
+export const deploymentsDir = (dataDir: string): string => path.join(path.resolve(dataDir), "deployments");
+
+export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRole> {
+  const { nc, logger } = opts;
+  const registry = opts.registry ?? (await AppRegistry.start(nc, logger));
+  const ownRegistry = opts.registry === undefined;
+  const deployments = opts.deployments ?? new DeploymentCache(deploymentsDir(opts.dataDir), { maxBytes: opts.maxBundleBytes, logger });
+  const bundles: ObjectStore = await nc.jetstream().views.os(objectStores.bundles.name);
+  const publisher = await ReplicaPublisher.start(nc, logger);
+  const publishLog = logPublisher(nc);
+  const runner = new Runner({
+    ...opts.runnerOptions,
+    workDir: path.join(path.resolve(opts.dataDir), "replicas"),
+    logger,
+    onLog: publishLog,
+    onReplicaChange: (c) => publisher.changed(c),
+  });
+
+  /** What this runner deployed, by app key: a recreated app starts at version 1 again, so the digest counts too. */
+  const deployed = new Map<string, { projectId: string; appName: string; version: number; digest: string }>();
+  const queues = new Map<string, Promise<void>>();
+  let closed = false;
+
+  publisher.refreshEvery(opts.replicaRefreshMs ?? DEFAULT_REPLICA_REFRESH_MS, () =>
+    [...deployed.values()].flatMap(({ projectId, appName }) => runner.replicas(projectId, appName).map((replica) => ({ projectId, appName, replica }))),
+  );
+
+  /** A line in the app's own log, so `skiff logs` says why a version is not served. */
+  const tellApp = (projectId: string, appName: string, text: string) => {
+    const line: AppLogLine = { projectId, appName, replicaId: "runner", stream: "stderr", text, time: new Date() };
+    publishLog(line);
+  };
+
+  async function fetchBundle(record: AppRecord): Promise<Uint8Array> {
+    const data = await bundles.getBlob(record.deployment.object);
+    if (!data) throw new Error(`bundle ${record.deployment.object} is missing from object store ${objectStores.bundles.name}`);
+    return data;
+  }
+
+  async function reconcile(projectId: string, appName: string): Promise<void> {
+    if (closed) return;
+    const key = appKey(projectId, appName);
+    const record = registry.get(projectId, appName);
+    const have = deployed.get(key);
+    if (!record) {
+      if (!have) return;
+      deployed.delete(key);
+      await runner.remove(projectId, appName);
+      logger.info({ app: key }, "app removed");
+      return;
+    }
+    const want = record.deployment;
+    if (have?.version === want.version && have.digest === want.digest) return;
+    try {
+      const ready = await deployments.get(want.digest, () => fetchBundle(record));
+      // A newer record arrived while preparing: its own turn comes next.
+      if (closed || registry.get(projectId, appName) !== record) return;
+      await runner.deploy({ projectId, appName, version: want.version, dir: ready.dir, config: record.config, prepared: ready.prepared });
+      deployed.set(key, { projectId, appName, version: want.version, digest: want.digest });
+    } catch (err) {
+      if (closed) return;
+      logger.error({ err, app: key, version: want.version }, `cannot deploy ${key} version ${want.version}`);
+      tellApp(projectId, appName, `skiff: version ${want.version} could not be deployed on this runner: ${(err as Error).message}`);
+    }
+  }
+
+  function schedule(projectId: string, appName: string): void {
+    const key = appKey(projectId, appName);
+    const next = (queues.get(key) ?? Promise.resolve()).then(() => reconcile(projectId, appName));
+    queues.set(key, next);
+    void next.finally(() => {
+      if (queues.get(key) === next) queues.delete(key);
+    });
+  }
+
+  const stopWatching = registry.onChange((c) => (c.kind === "put" ? schedule(c.record.project_id, c.record.app_name) : schedule(c.projectId, c.appName)));
+  for (const record of registry.list()) schedule(record.project_id, record.app_name);
+  logger.info({ apps: registry.list().length }, "runner role follows the app registry");
+
+  return {
+    runner,
+    deployments,
+    async close() {
+      closed = true;
+      stopWatching();
+      await Promise.allSettled([...queues.values()]);
+      await runner.close();
+      await publisher.close();
+      if (ownRegistry) registry.close();
+    },
+  };
+}

@@ -1,0 +1,183 @@
+// App bundles: the gzipped tar of an app folder that `skiff deploy` uploads
+// and runners unpack.
+//
+// packApp() takes every file of the folder except what `.gitignore` or
+// `.skiffignore` at its root exclude, and always leaves out `.git`,
+// `node_modules` and `.skiff` (dependencies are installed per deployment).
+// Files are sorted and stamped with one fixed mtime, so the same folder
+// makes the same bytes and the same digest (runners cache by digest).
+//
+// unpackBundle() reads the whole bundle before writing anything and refuses
+// it when any entry is an absolute path, has a `..` segment, is a link that
+// points out of the folder, lies below a link, or is not a plain file,
+// folder or link (devices, FIFOs); when the gzip bytes or the tar inside
+// exceed the limit (SKIFF_MAX_BUNDLE_BYTES); or when `skiff.toml` is not at
+// its root.
+import { createHash } from "node:crypto";
+import { lstat, mkdir, readdir, readFile, readlink } from "node:fs/promises";
+import path from "node:path";
+import { gunzipSync } from "node:zlib";
+import ignore, { type Ignore } from "ignore";
+import { Parser, x as extract, c as create, type ReadEntry } from "tar";
+import { APP_CONFIG_FILE } from "./app-config.js";
+
+/** Never packed, whatever the ignore files say. */
+export const ALWAYS_EXCLUDED = [".git", "node_modules", ".skiff"];
+export const IGNORE_FILES = [".gitignore", ".skiffignore"];
+/** Stamped on every packed entry so that packing is reproducible. */
+const FIXED_MTIME = new Date("2000-01-01T00:00:00Z");
+const GZIP_MAGIC = [0x1f, 0x8b];
+
+export class BundleError extends Error {
+  override name = "BundleError";
+  constructor(
+    /** "too_large": over the byte limit; "invalid": anything else wrong with it. */
+    readonly reason: "too_large" | "invalid",
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+export interface PackedApp {
+  /** The gzipped tar. */
+  bytes: Buffer;
+  /** Paths in the bundle, "/"-separated, sorted. */
+  files: string[];
+}
+
+export const sha256 = (bytes: Uint8Array): string => createHash("sha256").update(bytes).digest("hex");
+
+async function ignoreRules(dir: string): Promise<Ignore> {
+  const rules = ignore().add(ALWAYS_EXCLUDED.map((n) => `/${n}`));
+  for (const name of IGNORE_FILES) {
+    const text = await readFile(path.join(dir, name), "utf8").catch((err: NodeJS.ErrnoException) => {
+      if (err.code === "ENOENT") return "";
+      throw err;
+    });
+    rules.add(text);
+  }
+  return rules;
+}
+
+/** Whether a link's target, seen from the link's folder, stays inside the root. */
+function linkStaysInside(entryPath: string, target: string, hard: boolean): boolean {
+  if (target === "" || path.posix.isAbsolute(target) || /^[A-Za-z]:/.test(target)) return false;
+  const from = hard ? "" : path.posix.dirname(entryPath);
+  const resolved = path.posix.normalize(path.posix.join(from, target));
+  return resolved !== ".." && !resolved.startsWith("../");
+}
+
+/** Packs an app folder (see the header). Throws BundleError for a folder that cannot be deployed. */
+export async function packApp(dir: string): Promise<PackedApp> {
+  const root = path.resolve(dir);
+  const top = await lstat(path.join(root, APP_CONFIG_FILE)).catch(() => undefined);
+  if (!top?.isFile()) throw new BundleError("invalid", `${path.join(dir, APP_CONFIG_FILE)} not found: an app folder has skiff.toml at its root`);
+  const rules = await ignoreRules(root);
+  const files: string[] = [];
+  const walk = async (rel: string): Promise<void> => {
+    for (const e of await readdir(path.join(root, rel), { withFileTypes: true })) {
+      const p = rel === "" ? e.name : `${rel}/${e.name}`;
+      if (rules.ignores(e.isDirectory() ? `${p}/` : p)) continue;
+      if (e.isDirectory()) await walk(p);
+      else if (e.isSymbolicLink()) {
+        const target = await readlink(path.join(root, p));
+        if (!linkStaysInside(p, target, false)) throw new BundleError("invalid", `${p} is a link to ${target}, outside the app folder; copy what it points to into the folder`);
+        files.push(p);
+      } else if (e.isFile()) files.push(p);
+      else throw new BundleError("invalid", `${p} is neither a file, a folder nor a link`);
+    }
+  };
+  await walk("");
+  files.sort();
+  const pack = create({ gzip: true, cwd: root, portable: true, noDirRecurse: true, follow: false, mtime: FIXED_MTIME }, files);
+  const chunks: Buffer[] = [];
+  for await (const chunk of pack) chunks.push(Buffer.from(chunk as Uint8Array));
+  return { bytes: Buffer.concat(chunks), files };
+}
+
+const ALLOWED_TYPES = new Set(["File", "OldFile", "ContiguousFile", "Directory", "SymbolicLink", "Link"]);
+
+/** The checks of one entry; returns its normalized path. */
+function checkEntry(entry: ReadEntry, links: Set<string>): string {
+  const raw = entry.path;
+  const shown = JSON.stringify(raw.slice(0, 200));
+  if (raw.startsWith("/") || raw.startsWith("\\") || /^[A-Za-z]:/.test(raw)) throw new BundleError("invalid", `bundle entry ${shown} is an absolute path`);
+  const segments = raw.split(/[\\/]+/).filter((s) => s !== "" && s !== ".");
+  if (segments.includes("..")) throw new BundleError("invalid", `bundle entry ${shown} has a ".." segment`);
+  if (!ALLOWED_TYPES.has(entry.type)) throw new BundleError("invalid", `bundle entry ${shown} is a ${entry.type}; only files, folders and links are allowed`);
+  const normal = segments.join("/");
+  for (let i = 1; i < segments.length; i++) {
+    if (links.has(segments.slice(0, i).join("/"))) throw new BundleError("invalid", `bundle entry ${shown} lies below a link`);
+  }
+  if (entry.type === "SymbolicLink" || entry.type === "Link") {
+    const target = entry.linkpath ?? "";
+    if (!linkStaysInside(normal, target.replaceAll("\\", "/"), entry.type === "Link")) {
+      throw new BundleError("invalid", `bundle entry ${shown} is a link to ${JSON.stringify(target.slice(0, 200))}, outside the app folder`);
+    }
+    links.add(normal);
+  }
+  return normal;
+}
+
+export interface BundleInfo {
+  /** The tar, uncompressed. */
+  tar: Buffer;
+  /** Paths of the entries, normalized ("/"-separated, no "./"). */
+  entries: string[];
+}
+
+/** Decompresses and checks a bundle without writing anything; throws BundleError. */
+export async function inspectBundle(bytes: Uint8Array, opts: { maxBytes: number }): Promise<BundleInfo> {
+  if (bytes.length === 0) throw new BundleError("invalid", "the bundle is empty: send a gzipped tar of the app folder");
+  if (bytes.length > opts.maxBytes) throw new BundleError("too_large", `the bundle is ${bytes.length} bytes, more than the limit of ${opts.maxBytes} bytes (SKIFF_MAX_BUNDLE_BYTES)`);
+  if (bytes[0] !== GZIP_MAGIC[0] || bytes[1] !== GZIP_MAGIC[1]) throw new BundleError("invalid", "the bundle is not gzip-compressed: send a gzipped tar of the app folder");
+  let tar: Buffer;
+  try {
+    tar = gunzipSync(bytes, { maxOutputLength: opts.maxBytes });
+  } catch (err) {
+    if (err instanceof RangeError || (err as NodeJS.ErrnoException).code === "ERR_BUFFER_TOO_LARGE") {
+      throw new BundleError("too_large", `the bundle unpacks to more than the limit of ${opts.maxBytes} bytes (SKIFF_MAX_BUNDLE_BYTES)`, { cause: err });
+    }
+    throw new BundleError("invalid", `the bundle is not valid gzip: ${(err as Error).message}`, { cause: err });
+  }
+  const entries: string[] = [];
+  const links = new Set<string>();
+  let failure: Error | undefined;
+  const parser = new Parser({
+    strict: true,
+    onReadEntry: (entry) => {
+      try {
+        if (!failure) entries.push(checkEntry(entry, links));
+      } catch (err) {
+        failure = err as Error;
+      }
+      entry.resume();
+    },
+  });
+  await new Promise<void>((resolve) => {
+    parser.on("error", (err: Error) => {
+      failure ??= new BundleError("invalid", `the bundle is not a valid tar: ${err.message}`, { cause: err });
+      resolve();
+    });
+    parser.on("end", () => resolve());
+    parser.end(tar);
+  });
+  if (failure) throw failure;
+  if (!entries.includes(APP_CONFIG_FILE)) throw new BundleError("invalid", `the bundle has no ${APP_CONFIG_FILE} at its root`);
+  return { tar, entries: entries.filter((e) => e !== "") };
+}
+
+/** Checks a bundle (see the header), then writes it into `dest`, which is created. */
+export async function unpackBundle(bytes: Uint8Array, dest: string, opts: { maxBytes: number }): Promise<BundleInfo> {
+  const info = await inspectBundle(bytes, opts);
+  await mkdir(dest, { recursive: true });
+  const unpack = extract({ cwd: dest, strict: true, preserveOwner: false, preservePaths: false });
+  await new Promise<void>((resolve, reject) => {
+    unpack.on("error", (err: Error) => reject(new BundleError("invalid", `cannot unpack the bundle: ${err.message}`, { cause: err })));
+    unpack.on("close", () => resolve());
+    unpack.end(info.tar);
+  });
+  return info;
+}
