@@ -1,0 +1,103 @@
+// Webhook deliveries as the management API shows them, and redelivery: a
+// fresh delivery (new id, a new set of up to 3 attempts) of a run's response,
+// made by publishing the run's terminal event again with the new delivery id,
+// so the webhook role delivers it like any other.
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { NatsError, type NatsConnection } from "nats";
+import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
+import { WebhookAttemptSchema, WebhookDeliverySchema, type WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
+import { buckets, streams, subjects } from "../shared/nats-layout.js";
+import { newDeliveryRecord } from "./deliver.js";
+import { DeliveryStore, type DeliveryRecord } from "./delivery-store.js";
+
+/** JetStream's answer for a sequence the stream no longer holds. */
+const JS_NO_MESSAGE_FOUND = 10037;
+
+export type RedeliveryErrorReason = "no_webhook" | "event_gone";
+
+/** A run whose response cannot be delivered again; the management API answers failed_precondition. */
+export class RedeliveryError extends Error {
+  override name = "RedeliveryError";
+  constructor(
+    readonly reason: RedeliveryErrorReason,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+async function storeOf(nc: NatsConnection): Promise<DeliveryStore> {
+  return new DeliveryStore(await nc.jetstream().views.kv(buckets.webhooks.name, { bindOnly: true }));
+}
+
+export function toWebhookDelivery(r: DeliveryRecord): WebhookDelivery {
+  return create(WebhookDeliverySchema, {
+    deliveryId: r.delivery_id,
+    runId: r.run_id,
+    url: r.url,
+    state: r.state,
+    createdAt: timestampFromDate(new Date(r.created_at)),
+    attempts: r.attempts.map((a) =>
+      create(WebhookAttemptSchema, {
+        attempt: a.attempt,
+        startedAt: timestampFromDate(new Date(a.started_at)),
+        durationMs: a.duration_ms ?? 0,
+        statusCode: a.status_code ?? 0,
+        error: a.error ?? "",
+        // Empty while the attempt is under way.
+        outcome: a.outcome ?? "",
+      }),
+    ),
+  });
+}
+
+/** The webhook deliveries of a run, oldest first; none for a run called without webhookEndpoint. */
+export async function listDeliveries(nc: NatsConnection, runId: string): Promise<WebhookDelivery[]> {
+  return (await (await storeOf(nc)).list(runId)).map(toWebhookDelivery);
+}
+
+/**
+ * Starts a fresh delivery of a finished run's response and returns it
+ * (state pending, no attempts yet). Throws RedeliveryError when the run has
+ * no delivery to repeat or its event has aged out of SKIFF_EVENTS.
+ */
+export async function redeliver(nc: NatsConnection, runId: string): Promise<WebhookDelivery> {
+  const store = await storeOf(nc);
+  const previous = await store.list(runId);
+  const source = previous.at(-1);
+  if (source === undefined) {
+    throw new RedeliveryError("no_webhook", `run ${runId} has no webhook delivery to repeat: it was called without webhookEndpoint, or it has not finished`);
+  }
+  const event = await terminalEvent(nc, source);
+  // Delivery ids count up per run; two concurrent redeliveries get different ones.
+  let n = Math.max(...previous.map((p) => Number(p.delivery_id) || 0)) + 1;
+  let made = await store.create(newDeliveryRecord(event, String(n), source.event_seq));
+  while (!made.created) made = await store.create(newDeliveryRecord(event, String(++n), source.event_seq));
+  event.deliveryId = String(n);
+  try {
+    const js = nc.jetstream();
+    await js.publish(subjects.runEvent(event.projectId, event.appName, event.status), toBinary(RunEventSchema, event), { msgID: `${runId}.webhook.${n}` });
+  } catch (err) {
+    // Without its event nothing would ever work on the delivery: do not leave it pending.
+    await store.remove(runId, String(n));
+    throw err;
+  }
+  return toWebhookDelivery(made.record);
+}
+
+async function terminalEvent(nc: NatsConnection, source: DeliveryRecord) {
+  const jsm = await nc.jetstreamManager();
+  const gone = () =>
+    new RedeliveryError("event_gone", `the response of run ${source.run_id} is no longer kept: its event has aged out of ${streams.events.name} (kept ${streams.events.maxAgeMs / 86_400_000} days)`);
+  let data: Uint8Array;
+  try {
+    data = (await jsm.streams.getMessage(streams.events.name, { seq: source.event_seq })).data;
+  } catch (err) {
+    if (err instanceof NatsError && err.api_error?.err_code === JS_NO_MESSAGE_FOUND) throw gone();
+    throw err;
+  }
+  const event = fromBinary(RunEventSchema, data);
+  if (event.runId !== source.run_id) throw gone();
+  return event;
+}

@@ -1,0 +1,143 @@
+// Webhook deliveries in KV `skiff-webhooks`: one entry per run, under the run
+// id, holding all its deliveries (the first, and one per redelivery). The
+// entry is the truth about them: every change is a compare-and-set on its
+// revision, so two webhook processes holding the same event never both start
+// the same attempt. One entry per run also makes listing one read: nothing
+// has to scan keys.
+import { NatsError, type KV } from "nats";
+import type { AttemptVerdict } from "./retry-policy.js";
+
+export type DeliveryState = "pending" | "delivered" | "failed";
+
+export interface AttemptRecord {
+  /** 1-based. */
+  attempt: number;
+  /** ISO time the attempt was recorded as started, before anything was sent. */
+  started_at: string;
+  /** After this (ISO) an attempt still without outcome is taken as interrupted: its process stopped mid-attempt. */
+  deadline: string;
+  duration_ms?: number;
+  /** The receiver's HTTP status; 0 when none came. */
+  status_code?: number;
+  error?: string;
+  /** What followed the attempt ("failed": no retry); absent while the attempt is in flight. */
+  outcome?: AttemptVerdict;
+}
+
+export interface DeliveryRecord {
+  delivery_id: string;
+  run_id: string;
+  project_id: string;
+  app_name: string;
+  url: string;
+  state: DeliveryState;
+  created_at: string;
+  /** SKIFF_EVENTS sequence of the terminal event whose response this delivery sends; a redelivery re-reads it. */
+  event_seq: number;
+  attempts: AttemptRecord[];
+}
+
+export interface Versioned {
+  record: DeliveryRecord;
+  /** Revision of the run's entry. */
+  revision: number;
+}
+
+interface RunEntry {
+  deliveries: DeliveryRecord[];
+}
+
+/** KV keys and subject tokens: no dots, wildcards or spaces. */
+const TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
+
+export function isKeyToken(s: string): boolean {
+  return TOKEN.test(s);
+}
+
+/** JetStream's answer to a compare-and-set on a stale revision. */
+const JS_WRONG_LAST_SEQUENCE = 10071;
+
+function isConflict(err: unknown): boolean {
+  return err instanceof NatsError && err.api_error?.err_code === JS_WRONG_LAST_SEQUENCE;
+}
+
+/** What the attempts say about the delivery: one 2xx delivers it; an attempt after which no retry follows fails it. */
+export function stateOf(attempts: readonly AttemptRecord[]): DeliveryState {
+  if (attempts.some((a) => a.outcome === "delivered")) return "delivered";
+  return attempts.at(-1)?.outcome === "failed" ? "failed" : "pending";
+}
+
+export class DeliveryStore {
+  constructor(readonly kv: KV) {}
+
+  private async read(runId: string): Promise<{ deliveries: DeliveryRecord[]; revision: number | undefined }> {
+    const entry = await this.kv.get(runId);
+    if (entry?.operation !== "PUT") return { deliveries: [], revision: undefined };
+    return { deliveries: entry.json<RunEntry>().deliveries, revision: entry.revision };
+  }
+
+  /** Compare-and-set of the run's entry; revision undefined: only if there is none. False on a conflict. */
+  private async write(runId: string, deliveries: DeliveryRecord[], revision: number | undefined): Promise<boolean> {
+    const value = JSON.stringify({ deliveries } satisfies RunEntry);
+    try {
+      if (revision === undefined) await this.kv.create(runId, value);
+      else await this.kv.update(runId, value, revision);
+      return true;
+    } catch (err) {
+      if (isConflict(err)) return false;
+      // kv.create reports an existing key with its own error; a fresh read settles it.
+      if (revision === undefined && (await this.read(runId)).revision !== undefined) return false;
+      throw err;
+    }
+  }
+
+  async get(runId: string, deliveryId: string): Promise<Versioned | undefined> {
+    const { deliveries, revision } = await this.read(runId);
+    const record = deliveries.find((d) => d.delivery_id === deliveryId);
+    return record === undefined || revision === undefined ? undefined : { record, revision };
+  }
+
+  /** Adds the delivery unless it exists; either way returns what is stored, and whether this call added it. */
+  async create(record: DeliveryRecord): Promise<Versioned & { created: boolean }> {
+    for (;;) {
+      const { deliveries, revision } = await this.read(record.run_id);
+      const existing = deliveries.find((d) => d.delivery_id === record.delivery_id);
+      if (existing !== undefined && revision !== undefined) return { record: existing, revision, created: false };
+      if (await this.write(record.run_id, [...deliveries, record], revision)) return { ...(await this.get(record.run_id, record.delivery_id))!, created: true };
+    }
+  }
+
+  /** Compare-and-set of one delivery: false when the run's entry changed since `revision`. */
+  async replace(record: DeliveryRecord, revision: number): Promise<boolean> {
+    const cur = await this.read(record.run_id);
+    if (cur.revision !== revision) return false;
+    return this.write(record.run_id, cur.deliveries.map((d) => (d.delivery_id === record.delivery_id ? record : d)), revision);
+  }
+
+  /**
+   * Applies `change` to the current delivery until the compare-and-set holds.
+   * Returns the delivery before and after (equal when `change` returned undefined).
+   */
+  async modify(runId: string, deliveryId: string, change: (r: DeliveryRecord) => DeliveryRecord | undefined): Promise<{ before: DeliveryRecord; after: DeliveryRecord }> {
+    for (;;) {
+      const cur = await this.get(runId, deliveryId);
+      if (cur === undefined) throw new Error(`webhook delivery ${deliveryId} of run ${runId} vanished from KV`);
+      const next = change(structuredClone(cur.record));
+      if (next === undefined) return { before: cur.record, after: cur.record };
+      if (await this.replace(next, cur.revision)) return { before: cur.record, after: next };
+    }
+  }
+
+  async remove(runId: string, deliveryId: string): Promise<void> {
+    for (;;) {
+      const { deliveries, revision } = await this.read(runId);
+      if (revision === undefined || (await this.write(runId, deliveries.filter((d) => d.delivery_id !== deliveryId), revision))) return;
+    }
+  }
+
+  /** Every delivery of a run, oldest first. */
+  async list(runId: string): Promise<DeliveryRecord[]> {
+    if (!isKeyToken(runId)) return [];
+    return (await this.read(runId)).deliveries;
+  }
+}
