@@ -11,6 +11,7 @@ import { DeploymentCache } from "./runner/deployment-cache.js";
 import type { Runner } from "./runner/runner.js";
 import { AppRegistry } from "./shared/app-registry.js";
 import { startAuth, type Auth } from "./shared/auth.js";
+import { startWebhookRole } from "./webhook/role.js";
 import type { Config, Role } from "./shared/config.js";
 import { HealthState, healthRoutes } from "./shared/health.js";
 import type { Logger } from "./shared/logger.js";
@@ -77,13 +78,30 @@ function watchNats(handle: NatsHandle, health: HealthState, logger: Logger): voi
   })();
 }
 
+const LOOPBACK_CIDRS = ["127.0.0.0/8", "::1/128"];
+
+/**
+ * Ranges webhooks may reach despite the SSRF guard. With none configured, a
+ * skiff bound to loopback (the local default of `npm start`) is a developer's
+ * machine: its webhooks may reach loopback receivers, and it says so.
+ */
+export function webhookAllowedCidrs(config: Config, logger: Logger): string[] {
+  if (config.webhookAllowedCidrs !== undefined) return config.webhookAllowedCidrs;
+  const loopbackHost = config.host === "localhost" || config.host === "::1" || config.host.startsWith("127.");
+  if (!loopbackHost) return [];
+  logger.info({ allowedCidrs: LOOPBACK_CIDRS }, "webhooks may reach loopback addresses (SKIFF_HOST is loopback and SKIFF_WEBHOOK_ALLOWED_CIDRS is unset)");
+  return LOOPBACK_CIDRS;
+}
+
 export async function startSkiff(config: Config, logger: Logger): Promise<Skiff> {
   const health = new HealthState();
   const nats = await connectNats({ url: config.natsUrl, dataDir: config.dataDir, logger, name: `skiff ${config.roles.join(",")}` });
   let auth: Auth | undefined;
   let apps: AppRegistry | undefined;
   let runner: RunnerRole | undefined;
+  let webhook: { close(): Promise<void> } | undefined;
   const stopRoles = async () => {
+    await webhook?.close();
     await runner?.close();
     apps?.close();
     auth?.close();
@@ -101,6 +119,16 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       runner = await startRunnerRole({ nc: nats.nc, dataDir: config.dataDir, logger, maxBundleBytes: config.maxBundleBytes, registry: apps, deployments });
     }
 
+    if (config.roles.includes("webhook")) {
+      webhook = await startWebhookRole({
+        nc: nats.nc,
+        logger,
+        allowedCidrs: webhookAllowedCidrs(config, logger),
+        timeoutMs: config.webhookTimeoutMs,
+        secretsKey: config.secretsKey,
+      });
+    }
+
     const starters = config.roles.map((r) => RPC_ROLES[r]).filter((r) => r !== undefined);
     // Every RPC is authenticated; the views behind it are loaded before the port opens.
     const rpc: RpcRole[] = [];
@@ -113,6 +141,8 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       host: config.host,
       port: config.port,
       maxBodyBytes: config.maxBodyBytes,
+      // An app bundle may be larger than an ordinary request body.
+      bodyLimits: new Map([[ManagementService.method.deployApp, Math.max(config.maxBodyBytes, config.maxBundleBytes)]]),
       logger,
       health,
       restServices: rpc.map((r) => r.service),

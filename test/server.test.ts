@@ -149,3 +149,42 @@ describe("graceful stop", () => {
     ).rejects.toMatchObject({ code: "ECONNREFUSED" });
   });
 });
+
+describe("per-method body limits", () => {
+  it("a method given a larger limit takes larger bodies over REST and Connect; the others keep SKIFF_MAX_BODY_BYTES", async () => {
+    const health = new HealthState();
+    health.setNatsConnected(true);
+    health.setProvisioned();
+    const server = await startServer({
+      host: "127.0.0.1",
+      port: 0,
+      maxBodyBytes: 1024,
+      bodyLimits: new Map([[ManagementService.method.deployApp, 4096]]),
+      logger: silentLogger,
+      health,
+      restServices: [ManagementService],
+      routes: (router) =>
+        router.service(ManagementService, {
+          deployApp: (req) => ({ app: { appName: `got ${req.bundle?.data.length}` } }),
+          createProject: (req) => ({ project: { projectId: req.projectId, name: `${req.name.length}` } }),
+        }),
+    });
+    try {
+      const big = new Uint8Array(3000);
+      const deploy = await fetch(`${server.url}/v2/projects/p-x/apps`, { method: "POST", body: big, headers: { "content-type": "application/gzip" } });
+      expect(deploy.status).toBe(200);
+      expect(((await deploy.json()) as { app: { app_name: string } }).app.app_name).toBe("got 3000");
+      const tooBig = await fetch(`${server.url}/v2/projects/p-x/apps`, { method: "POST", body: new Uint8Array(5000), headers: { "content-type": "application/gzip" } });
+      expect(tooBig.status).toBe(413);
+      const project = await fetch(`${server.url}/v2/projects`, { method: "POST", body: JSON.stringify({ project_id: "p-x", name: "n".repeat(1500) }), headers: { "content-type": "application/json" } });
+      expect(project.status).toBe(413);
+
+      const client = createClient(ManagementService, createConnectTransport({ baseUrl: server.url, httpVersion: "1.1" }));
+      expect((await client.deployApp({ projectId: "p-x", bundle: { data: big } })).app?.appName).toBe("got 3000");
+      await expect(client.createProject({ projectId: "p-x", name: "n".repeat(70_000) })).rejects.toMatchObject({ code: Code.ResourceExhausted });
+      expect((await client.createProject({ projectId: "p-x", name: "n".repeat(100) })).project?.name).toBe("100");
+    } finally {
+      await server.close(1000);
+    }
+  });
+});

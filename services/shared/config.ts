@@ -1,5 +1,7 @@
 // Configuration: defaults, overridden by SKIFF_* environment variables,
 // validated once at start with a message that names the variable.
+import { parseCidr } from "../webhook/address-guard.js";
+import { parseSecretsKey } from "./secrets.js";
 import { parsePrivateKey } from "./tokens.js";
 
 export const DEFAULT_HOST = "127.0.0.1";
@@ -10,6 +12,7 @@ export const DEFAULT_MAX_BUNDLE_BYTES = 100 * 1024 * 1024;
 export const DEFAULT_LOG_LEVEL = "info";
 export const DEFAULT_NATS_PROBE_URL = "nats://127.0.0.1:4222";
 export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
+export const DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000;
 /** Longest a run may take (spec section 8: 12 hours). */
 export const MAX_RUN_SECONDS = 12 * 60 * 60;
 
@@ -32,6 +35,12 @@ export interface Config {
   signingKey: string | undefined;
   /** Admin token; undefined: the one in <dataDir>/admin-token, made on first start. */
   adminToken: string | undefined;
+  /** Per-attempt timeout of a webhook delivery. */
+  webhookTimeoutMs: number;
+  /** Address ranges webhooks may reach despite the SSRF guard; undefined: loopback only when SKIFF_HOST is loopback. */
+  webhookAllowedCidrs: string[] | undefined;
+  /** AES-256 key (base64) that seals webhook secrets; undefined: the cluster's key in KV skiff-keys. */
+  secretsKey: string | undefined;
 }
 
 export class ConfigError extends Error {
@@ -115,12 +124,12 @@ export const SETTINGS: Setting<keyof Config>[] = [
     doc: `NATS server(s), comma-separated. Unset: use ${DEFAULT_NATS_PROBE_URL} when a server answers there, else start \`nats-server\` with JetStream in the data folder.`,
     parse: (raw) => (raw.trim() === "" ? undefined : raw.trim()),
   },
-  { key: "maxBodyBytes", env: "SKIFF_MAX_BODY_BYTES", fallback: String(DEFAULT_MAX_BODY_BYTES), doc: "Largest request body accepted (413 above it).", parse: integer(1, 1024 * 1024 * 1024) },
+  { key: "maxBodyBytes", env: "SKIFF_MAX_BODY_BYTES", fallback: String(DEFAULT_MAX_BODY_BYTES), doc: "Largest request body accepted (413 above it); app bundles have their own limit, `SKIFF_MAX_BUNDLE_BYTES`.", parse: integer(1, 1024 * 1024 * 1024) },
   {
     key: "maxBundleBytes",
     env: "SKIFF_MAX_BUNDLE_BYTES",
     fallback: String(DEFAULT_MAX_BUNDLE_BYTES),
-    doc: "Largest app bundle, both the gzipped upload and the tar inside it; a larger one is refused and nothing is deployed. An upload over REST is also bounded by `SKIFF_MAX_BODY_BYTES`.",
+    doc: "Largest app bundle, both the gzipped upload and the tar inside it; a larger one is refused and nothing is deployed.",
     parse: integer(1024, 16 * 1024 * 1024 * 1024),
   },
   {
@@ -148,6 +157,47 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: "",
     doc: "Admin token (32+ printable characters), accepted by every process. Unset: one is made on first start and written to `SKIFF_DATA_DIR/admin-token`.",
     parse: optional(adminToken),
+  },
+  {
+    key: "webhookTimeoutMs",
+    env: "SKIFF_WEBHOOK_TIMEOUT_MS",
+    fallback: String(DEFAULT_WEBHOOK_TIMEOUT_MS),
+    doc: "How long one webhook attempt may take before it counts as a network error (and is retried).",
+    parse: integer(100, 10 * 60_000),
+  },
+  {
+    key: "webhookAllowedCidrs",
+    env: "SKIFF_WEBHOOK_ALLOWED_CIDRS",
+    fallback: "",
+    doc: "Comma-separated address ranges (e.g. `10.0.0.0/8,::1/128`) that webhooks may reach although they are loopback, private, link-local or reserved. Unset: none, except loopback when `SKIFF_HOST` is a loopback address (the local default of `npm start`, said at start).",
+    parse: optional((raw, variable) =>
+      raw
+        .split(",")
+        .map((c) => c.trim())
+        .filter((c) => c !== "")
+        .map((c) => {
+          try {
+            parseCidr(c);
+          } catch (err) {
+            throw new ConfigError(variable, (err as Error).message);
+          }
+          return c;
+        }),
+    ),
+  },
+  {
+    key: "secretsKey",
+    env: "SKIFF_SECRETS_KEY",
+    fallback: "",
+    doc: "32-byte AES-256 key, base64, that seals webhook secrets; every process must have the same. Unset: a key made once and kept in KV `skiff-keys`.",
+    parse: optional((raw, variable) => {
+      try {
+        parseSecretsKey(raw);
+      } catch (err) {
+        throw new ConfigError(variable, (err as Error).message);
+      }
+      return raw.trim();
+    }),
   },
 ];
 

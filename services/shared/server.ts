@@ -4,8 +4,8 @@
 import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
-import type { DescService } from "@bufbuild/protobuf";
-import type { ConnectRouter, Interceptor } from "@connectrpc/connect";
+import type { DescMethod, DescService } from "@bufbuild/protobuf";
+import { createServiceImplSpec, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
 import type { UniversalHandler } from "@connectrpc/connect/protocol";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { MAX_RUN_SECONDS } from "./config.js";
@@ -21,6 +21,8 @@ export interface ServerOptions {
   host: string;
   port: number;
   maxBodyBytes: number;
+  /** Methods that take larger bodies than maxBodyBytes (an app bundle), on every protocol. */
+  bodyLimits?: ReadonlyMap<DescMethod, number>;
   logger: Logger;
   health: HealthState;
   /** Services whose google.api.http rules become REST routes. */
@@ -38,6 +40,39 @@ export interface SkiffServer {
   port: number;
   /** Stops accepting, lets in-flight requests finish for up to graceMs, then closes every connection. */
   close(graceMs: number): Promise<void>;
+}
+
+/** Room for the framing of a request message around its body. */
+const MESSAGE_OVERHEAD_BYTES = 64 * 1024;
+
+/**
+ * The router the roles register on, applying per-method body limits: a
+ * service with such a method is registered method by method, so that only
+ * those methods accept the larger messages.
+ */
+function limitedRouter(router: ConnectRouter, limits: ReadonlyMap<DescMethod, number>): ConnectRouter {
+  const limited: ConnectRouter = {
+    handlers: router.handlers,
+    service(service, implementation, options) {
+      if (!service.methods.some((m) => limits.has(m))) {
+        router.service(service, implementation, options);
+        return limited;
+      }
+      const spec = createServiceImplSpec(service, implementation);
+      for (const method of service.methods) {
+        const limit = limits.get(method);
+        const methodOptions = limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES };
+        router.rpc(method, spec.methods[method.localName].impl as never, methodOptions);
+      }
+      return limited;
+    },
+    rpc(method, impl, options) {
+      const limit = limits.get(method);
+      router.rpc(method, impl, limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES });
+      return limited;
+    },
+  };
+  return limited;
 }
 
 const HTTP2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n");
@@ -77,19 +112,19 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
 
   const adapter = connectNodeAdapter({
     routes: (router) => {
-      opts.routes(router);
+      opts.routes(limitedRouter(router, opts.bodyLimits ?? new Map()));
       handlers = router.handlers;
     },
     fallback,
     interceptors: opts.interceptors,
     // The limit is on the body; an encoded request message adds a few bytes.
-    readMaxBytes: opts.maxBodyBytes + 64 * 1024,
+    readMaxBytes: opts.maxBodyBytes + MESSAGE_OVERHEAD_BYTES,
     writeMaxBytes: 64 * 1024 * 1024,
     // A sync run may last up to 12 hours; Connect's default is unbounded.
     maxTimeoutMs: MAX_RUN_SECONDS * 1000 + 60_000,
     shutdownSignal: shutdown.signal,
   });
-  transcode = createTranscoder({ services: opts.restServices, handlers, maxBodyBytes: opts.maxBodyBytes, logger });
+  transcode = createTranscoder({ services: opts.restServices, handlers, maxBodyBytes: opts.maxBodyBytes, bodyLimits: opts.bodyLimits, logger });
 
   let stopping = false;
   let inFlight = 0;

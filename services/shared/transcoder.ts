@@ -27,7 +27,7 @@
 // an Allow header (the path exists, not with this method), 400
 // invalid_argument (bad parameter, malformed JSON), 413 resource_exhausted
 // (body too large) and 415 invalid_argument (a JSON body that is not JSON).
-import { create, fromBinary, fromJson, toBinary, toJson, type DescField, type DescMessage, type DescService, type JsonValue, type Message } from "@bufbuild/protobuf";
+import { create, fromBinary, fromJson, toBinary, toJson, type DescField, type DescMessage, type DescMethod, type DescService, type JsonValue, type Message } from "@bufbuild/protobuf";
 import { reflect, type ReflectMessage } from "@bufbuild/protobuf/reflect";
 import { Code, createContextValues } from "@connectrpc/connect";
 import type { UniversalHandler, UniversalServerResponse } from "@connectrpc/connect/protocol";
@@ -48,6 +48,8 @@ export interface TranscoderOptions {
   handlers: readonly UniversalHandler[];
   /** Largest request body accepted (SKIFF_MAX_BODY_BYTES); 413 above it. */
   maxBodyBytes: number;
+  /** Methods that take larger bodies than maxBodyBytes (an app bundle), by method. */
+  bodyLimits?: ReadonlyMap<DescMethod, number>;
   logger: Logger;
 }
 
@@ -122,7 +124,7 @@ async function transcode(req: NodeRequest, res: NodeResponse, table: RouteTable<
   const query = new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
   const method = req.method ?? "";
   const match = pickRoute(table.match(path), method, path);
-  const body = await readBody(req, opts.maxBodyBytes);
+  const body = await readBody(req, opts.bodyLimits?.get(match.route.binding.method) ?? opts.maxBodyBytes);
   const route = match.route;
   const input = requestMessage(route, match.segments, query, body, header(req, "content-type"));
   const exchange: HttpExchange = { method, query, status: undefined };
