@@ -16,6 +16,9 @@ describe("config", () => {
       shutdownTimeoutMs: 30_000,
       signingKey: undefined,
       adminToken: undefined,
+      webhookTimeoutMs: 10_000,
+      webhookAllowedCidrs: undefined,
+      secretsKey: undefined,
     });
   });
 
@@ -36,6 +39,9 @@ describe("config", () => {
     ["SKIFF_ROLES", "invocation,cook", /SKIFF_ROLES: unknown role "cook"/],
     ["SKIFF_ROLES", " , ", /SKIFF_ROLES: name at least one role/],
     ["SKIFF_DATA_DIR", "  ", /SKIFF_DATA_DIR: must not be empty/],
+    ["SKIFF_WEBHOOK_ALLOWED_CIDRS", "10.0.0.0/8,banana", /SKIFF_WEBHOOK_ALLOWED_CIDRS: not a CIDR range: "banana"/],
+    ["SKIFF_SECRETS_KEY", "c2hvcnQ=", /SKIFF_SECRETS_KEY: must decode to 32 bytes/],
+    ["SKIFF_WEBHOOK_TIMEOUT_MS", "5", /SKIFF_WEBHOOK_TIMEOUT_MS: must be between/],
     ["SKIFF_SIGNING_KEY", "not a key", /SKIFF_SIGNING_KEY: expected an Ed25519 private key as a JWK \(JSON\) or PKCS#8 PEM/],
     ["SKIFF_SIGNING_KEY", '{"kty":"oct","k":"c2VjcmV0"}', /SKIFF_SIGNING_KEY: expected an Ed25519/],
     ["SKIFF_ADMIN_TOKEN", "too-short", /SKIFF_ADMIN_TOKEN: must be at least 32 printable ASCII characters/],
