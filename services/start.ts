@@ -1,14 +1,16 @@
 // Composes a skiff process from its configuration: NATS, provisioning, the
 // roles it runs and the one port that serves them.
+import path from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter } from "@connectrpc/connect";
 import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
-import * as invocation from "./invocation/routes.js";
+import { startInvocationRole } from "./invocation/role.js";
 import { startManagementRole } from "./management/role.js";
 import { deploymentsDir, startRunnerRole, type RunnerRole } from "./runner/role.js";
 import { DeploymentCache } from "./runner/deployment-cache.js";
 import type { Runner } from "./runner/runner.js";
+import { startRunServices, type RunServices } from "./runner/run-services.js";
 import { AppRegistry } from "./shared/app-registry.js";
 import { startAuth, type Auth } from "./shared/auth.js";
 import { startWebhookRole } from "./webhook/role.js";
@@ -18,6 +20,7 @@ import type { Logger } from "./shared/logger.js";
 import { connectNats, provision, type NatsHandle } from "./shared/nats.js";
 import { openapiDocuments } from "./shared/openapi.js";
 import { startServer } from "./shared/server.js";
+import { createStaticFiles } from "./shared/static-files.js";
 
 export interface Skiff {
   url: string;
@@ -44,11 +47,29 @@ interface RoleContext {
   logger: Logger;
   /** Shared by the management and runner roles of one process. */
   deployments: DeploymentCache | undefined;
+  /** The process's app registry and runner, when the runner role runs here. */
+  apps: AppRegistry | undefined;
+  runner: Runner | undefined;
+  /** Called on close, before NATS closes. */
+  onClose: (close: () => void) => void;
 }
 
 /** Roles that serve RPCs on the port; the others work from NATS alone. */
 const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> = {
-  invocation: async () => ({ service: InvocationService, routes: invocation.routes }),
+  invocation: async ({ config, nats, logger, apps, runner, onClose }) => {
+    const role = await startInvocationRole({
+      nc: nats.nc,
+      logger,
+      registry: apps,
+      runner,
+      resultTtlSeconds: config.resultTtlSeconds,
+      maxQueuedRuns: config.maxQueuedRuns,
+      webhookAllowedCidrs: webhookAllowedCidrs(config, logger),
+      secretsKey: config.secretsKey,
+    });
+    onClose(() => role.close());
+    return { service: InvocationService, routes: role.routes };
+  },
   management: async ({ config, nats, auth, logger, deployments }) => {
     const role = await startManagementRole({
       nc: nats.nc,
@@ -57,12 +78,16 @@ const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> =
       signingKey: config.signingKey,
       adminToken: config.adminToken,
       maxBundleBytes: config.maxBundleBytes,
+      resultTtlSeconds: config.resultTtlSeconds,
       deployments,
       logger,
     });
     return { service: ManagementService, routes: role.routes };
   },
 };
+
+/** The built dashboard (`npm run build:dashboard`, run by `npm start`). */
+const dashboardSite = () => createStaticFiles({ root: path.join(import.meta.dirname, "dashboard", "dist"), buildCommand: "npm run build:dashboard" });
 
 function watchNats(handle: NatsHandle, health: HealthState, logger: Logger): void {
   void (async () => {
@@ -100,8 +125,12 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
   let apps: AppRegistry | undefined;
   let runner: RunnerRole | undefined;
   let webhook: { close(): Promise<void> } | undefined;
+  let runs: RunServices | undefined;
+  const closers: (() => void)[] = [];
   const stopRoles = async () => {
     await webhook?.close();
+    for (const close of closers.splice(0)) close();
+    await runs?.close();
     await runner?.close();
     apps?.close();
     auth?.close();
@@ -117,6 +146,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     if (runsRunner) {
       apps = await AppRegistry.start(nats.nc, logger);
       runner = await startRunnerRole({ nc: nats.nc, dataDir: config.dataDir, logger, maxBundleBytes: config.maxBundleBytes, registry: apps, deployments });
+      runs = await startRunServices({ nc: nats.nc, runner: runner.runner, registry: apps, logger, resultTtlSeconds: config.resultTtlSeconds, ackWaitMs: config.runAckWaitMs });
     }
 
     if (config.roles.includes("webhook")) {
@@ -134,7 +164,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     const rpc: RpcRole[] = [];
     if (starters.length > 0) {
       auth = await startAuth(nats.nc, logger);
-      for (const start of starters) rpc.push(await start({ config, nats, auth, logger, deployments }));
+      for (const start of starters) rpc.push(await start({ config, nats, auth, logger, deployments, apps, runner: runner?.runner, onClose: (c) => closers.push(c) }));
     }
     for (const r of rpc) health.services.add(r.service.typeName);
     const server = await startServer({
@@ -151,6 +181,8 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
         for (const r of rpc) r.routes(router);
       },
       documents: openapiDocuments(),
+      // The dashboard comes with the management role, whose API it uses.
+      site: config.roles.includes("management") ? dashboardSite() : undefined,
       interceptors: auth ? [auth.interceptor] : [],
     });
     logger.info({ url: server.url, roles: config.roles, nats: nats.url }, `skiff serves ${server.url} (REST, Connect, gRPC-Web on HTTP/1.1; gRPC on h2c)`);

@@ -19,6 +19,9 @@ describe("config", () => {
       webhookTimeoutMs: 10_000,
       webhookAllowedCidrs: undefined,
       secretsKey: undefined,
+      resultTtlSeconds: 86_400,
+      maxQueuedRuns: 10_000,
+      runAckWaitMs: 30_000,
     });
   });
 

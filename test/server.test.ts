@@ -83,11 +83,11 @@ describe("skiff server", () => {
 
   it("methods not built yet answer unimplemented (501) over REST and Connect alike", async () => {
     const adminToken = readFileSync(join(dataDir, "admin-token"), "utf8").trim();
-    const res = await fetch(`${skiff.url}/v2/projects/p-dev/apps/hello/runs`, { headers: { authorization: `Bearer ${adminToken}` } });
+    const res = await fetch(`${skiff.url}/v2/projects/p-dev/apps/hello/runs/r1/webhook-deliveries`, { headers: { authorization: `Bearer ${adminToken}` } });
     expect(res.status).toBe(501);
     expect(await res.json()).toMatchObject({ code: "unimplemented" });
     const client = createClient(ManagementService, createConnectTransport({ baseUrl: skiff.url, httpVersion: "1.1" }));
-    await expect(client.listRuns({ projectId: "p-dev", appName: "hello" }, { headers: { authorization: `Bearer ${adminToken}` } })).rejects.toMatchObject({ code: Code.Unimplemented });
+    await expect(client.listWebhookDeliveries({ projectId: "p-dev", appName: "hello", runId: "r1" }, { headers: { authorization: `Bearer ${adminToken}` } })).rejects.toMatchObject({ code: Code.Unimplemented });
   });
 
   it("/healthz turns 503 and Health/Watch NOT_SERVING while NATS is down, and both recover when it returns", async () => {

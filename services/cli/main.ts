@@ -7,6 +7,7 @@ import { ManagementService } from "../../gen/skiff/management/v2/management_pb.j
 import { apps, deploy, logs } from "./app-commands.js";
 import { COMMANDS, DEFAULT_EXPIRES_IN, DEFAULT_PROJECT, UsageError, type Command } from "./commands.js";
 import { DEFAULT_URL, resolveTarget, type Target } from "./defaults.js";
+import { run, runs, runStatus } from "./run-commands.js";
 
 const USAGE = `Usage: skiff <command> [options]
 
@@ -20,6 +21,16 @@ Commands:
       --run <run-id>                     only the lines of one run
       --limit <n>                        at most n lines (default 200; with --follow, 50 first)
       -f, --follow                       keep printing new lines until interrupted
+  run <app>/<function>                   run it and print its answer (a Custom app: <app>/<path>)
+      -d, --data <json>|@<file>          the request body (default {})
+      --async                            queue it and print the run id
+      --webhook <url>                    also POST the answer to this URL
+  runs <app>                             the newest runs of an app
+      --async                            only async runs
+      --status <status>                  only runs in this state (queued, running,
+                                         success, failure, cancelled)
+      --limit <n>                        at most n runs (default 50, max 500)
+  run-status <run-id> --app <app>        a run's state, timings, error and result
   projects list                          list projects (a service account sees its own)
   projects create [<project-id>]         create a project (admin); id "p-…" made when omitted
       --name <name>
@@ -50,12 +61,17 @@ const OPTIONS = {
   run: { type: "string" },
   limit: { type: "string" },
   follow: { type: "boolean", short: "f" },
+  data: { type: "string", short: "d" },
+  async: { type: "boolean" },
+  webhook: { type: "string" },
+  status: { type: "string" },
+  app: { type: "string" },
 } as const;
 const GLOBAL = new Set(["url", "token", "json", "help"]);
 const ALIASES: Record<string, string> = { sa: "service-accounts" };
 const GROUPS: Record<string, Record<string, Command>> = { ...COMMANDS, apps };
 /** Commands of one word, whose first positional is their argument. */
-const SINGLE: Record<string, Command> = { deploy, logs };
+const SINGLE: Record<string, Command> = { deploy, logs, run, runs, "run-status": runStatus };
 
 function explain(err: ConnectError, target: Target): string {
   switch (err.code) {

@@ -1,9 +1,9 @@
 // InvocationService: runs apps synchronously or as queued async runs.
-// Not implemented yet: every method answers `unimplemented` until the
-// invocation issue lands.
 import type { ConnectRouter } from "@connectrpc/connect";
 import { InvocationService } from "../../gen/skiff/invocation/v4/invocation_pb.js";
+import type { InvocationDeps } from "./deps.js";
+import { run } from "./run.js";
 
-export function routes(router: ConnectRouter): void {
-  router.service(InvocationService, {});
+export function routes(router: ConnectRouter, deps: InvocationDeps): void {
+  router.service(InvocationService, { run: (req, ctx) => run(deps, req, ctx) });
 }

@@ -6,6 +6,7 @@ import type { PreparedDeployment } from "../runner/types.js";
 import type { AppObserver } from "./app-observe.js";
 import type { AppStore } from "./app-store.js";
 import type { ProjectStore } from "./project-store.js";
+import type { RunApi } from "./runs.js";
 import type { ServiceAccountStore } from "./service-account-store.js";
 
 export interface AppDeps {
@@ -23,6 +24,8 @@ export interface ManagementDeps {
   projects: ProjectStore;
   serviceAccounts: ServiceAccountStore;
   apps: AppDeps;
+  /** The run methods (runs.ts). */
+  runs: RunApi;
   /** Signs a token with the cluster's current key. */
   issueToken: (subject: TokenSubject) => Promise<string>;
   logger: Logger;

@@ -16,6 +16,7 @@ import { AppStore } from "./app-store.js";
 import type { AppDeps, ManagementDeps } from "./deps.js";
 import { ProjectStore } from "./project-store.js";
 import { routes } from "./routes.js";
+import { startRunApi } from "./runs.js";
 import { ServiceAccountStore } from "./service-account-store.js";
 
 export interface ManagementRoleOptions {
@@ -28,6 +29,8 @@ export interface ManagementRoleOptions {
   adminToken: string | undefined;
   /** SKIFF_MAX_BUNDLE_BYTES. */
   maxBundleBytes: number;
+  /** SKIFF_RESULT_TTL, seconds. */
+  resultTtlSeconds: number;
   /**
    * The runner role's cache when this process runs one: a bundle prepared to
    * check a deployment is then the one its replicas run, not prepared twice.
@@ -49,6 +52,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
     projects: new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true })),
     serviceAccounts: new ServiceAccountStore(await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true })),
     apps: await appDeps(opts),
+    runs: await startRunApi({ nc: opts.nc, logger: opts.logger, resultTtlSeconds: opts.resultTtlSeconds }),
     issueToken: (subject) => issueToken(key, subject),
     logger: opts.logger,
   };

@@ -9,5 +9,5 @@ import { projectHandlers } from "./projects.js";
 import { serviceAccountHandlers } from "./service-accounts.js";
 
 export function routes(router: ConnectRouter, deps: ManagementDeps): void {
-  router.service(ManagementService, { ...projectHandlers(deps), ...serviceAccountHandlers(deps), ...appHandlers(deps) });
+  router.service(ManagementService, { ...projectHandlers(deps), ...serviceAccountHandlers(deps), ...appHandlers(deps), ...deps.runs.handlers });
 }

@@ -41,6 +41,12 @@ export interface Config {
   webhookAllowedCidrs: string[] | undefined;
   /** AES-256 key (base64) that seals webhook secrets; undefined: the cluster's key in KV skiff-keys. */
   secretsKey: string | undefined;
+  /** Seconds an async run's result is kept for GetRun; 0 keeps none. */
+  resultTtlSeconds: number;
+  /** Async runs one app may have queued (running ones included); 429 beyond. */
+  maxQueuedRuns: number;
+  /** Ack deadline of the async run queue's consumers; a lost runner's run is retried after it. */
+  runAckWaitMs: number;
 }
 
 export class ConfigError extends Error {
@@ -198,6 +204,21 @@ export const SETTINGS: Setting<keyof Config>[] = [
       }
       return raw.trim();
     }),
+  },
+  {
+    key: "resultTtlSeconds",
+    env: "SKIFF_RESULT_TTL",
+    fallback: String(24 * 60 * 60),
+    doc: "Seconds an async run's result stays readable through `GET …/runs/{run_id}`; 0 keeps no results.",
+    parse: integer(0, 365 * 24 * 60 * 60),
+  },
+  { key: "maxQueuedRuns", env: "SKIFF_MAX_QUEUED_RUNS", fallback: "10000", doc: "Async runs one app may have waiting or running; a call beyond it gets 429 with Retry-After.", parse: integer(1, 10_000_000) },
+  {
+    key: "runAckWaitMs",
+    env: "SKIFF_RUN_ACK_WAIT_MS",
+    fallback: "30000",
+    doc: "How long a runner may go silent on an async run before the run is given to another runner (runners check in every third of it); at most 3 attempts in all.",
+    parse: integer(1000, 10 * 60_000),
   },
 ];
 

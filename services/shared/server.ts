@@ -11,6 +11,7 @@ import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { MAX_RUN_SECONDS } from "./config.js";
 import type { HealthState } from "./health.js";
 import type { Logger } from "./logger.js";
+import { isApiPath, type StaticHandler } from "./static-files.js";
 import { createTranscoder, type NodeHandler } from "./transcoder.js";
 
 type NodeRequest = Parameters<NodeHandler>[0];
@@ -32,6 +33,8 @@ export interface ServerOptions {
   interceptors?: Interceptor[];
   /** Documents served as JSON by GET, by path (the OpenAPI documents). */
   documents?: Record<string, () => unknown>;
+  /** Answers GET and HEAD requests for paths that are not API paths (the dashboard). */
+  site?: StaticHandler;
 }
 
 export interface SkiffServer {
@@ -106,7 +109,9 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   const fallback = (req: NodeRequest, res: NodeResponse) => {
     const path = (req.url ?? "/").split("?", 1)[0];
     const endpoint = plain.get(path);
-    if (endpoint && (req.method === "GET" || req.method === "HEAD")) return endpoint(res);
+    const read = req.method === "GET" || req.method === "HEAD";
+    if (endpoint && read) return endpoint(res);
+    if (opts.site && read && !isApiPath(path)) return opts.site(req, res);
     transcode!(req, res);
   };
 

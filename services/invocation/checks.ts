@@ -1,0 +1,60 @@
+// What is checked before a run is accepted, so that every refusal comes
+// before any 202: the app and (Cortex) function exist, a Cortex body is a
+// JSON object, the webhook endpoint is usable. Nothing here leaves the
+// process but the DNS lookup of a webhook host.
+import { Code, ConnectError } from "@connectrpc/connect";
+import type { AppRecord } from "../shared/app-registry.js";
+import type { AppRegistry } from "../shared/app-registry.js";
+import type { AddressGuard } from "../webhook/address-guard.js";
+import { InvalidWebhookEndpointError, validateWebhookEndpoint } from "../webhook/endpoint.js";
+
+const EMPTY_OBJECT = new TextEncoder().encode("{}");
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+const quoted = (s: string) => JSON.stringify(s.length > 80 ? `${s.slice(0, 80)}...` : s);
+
+export function findApp(registry: AppRegistry, projectId: string, appName: string): AppRecord {
+  const app = registry.get(projectId, appName);
+  if (!app) throw new ConnectError(`app ${quoted(appName)} not found in project ${projectId}`, Code.NotFound);
+  return app;
+}
+
+/** A Cortex function name from the path: public (no leading "_") and one the deployment exports. */
+export function cortexFunction(app: AppRecord, path: string): string {
+  const fn = path.startsWith("/") ? path.slice(1) : path;
+  const known = app.functions === undefined || app.functions.includes(fn);
+  if (fn === "" || fn.startsWith("_") || !known) {
+    throw new ConnectError(`app ${app.app_name} has no public function ${quoted(fn)}`, Code.NotFound);
+  }
+  return fn;
+}
+
+/** A Custom app's path, segments re-encoded (the route decoded them). */
+export function customPath(path: string): string {
+  return "/" + path.split("/").map(encodeURIComponent).join("/");
+}
+
+/** A Cortex body: a JSON object, or empty for no arguments. */
+export function cortexBody(body: Uint8Array): Uint8Array {
+  if (body.byteLength === 0) return EMPTY_OBJECT;
+  let value: unknown;
+  try {
+    value = JSON.parse(utf8.decode(body));
+  } catch (err) {
+    throw new ConnectError(`malformed JSON body: ${(err as Error).message}`, Code.InvalidArgument);
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    throw new ConnectError("the body must be a JSON object: its fields are the function's arguments", Code.InvalidArgument);
+  }
+  return body;
+}
+
+export async function webhookEndpoint(raw: string, guard: AddressGuard): Promise<string | undefined> {
+  if (raw === "") return undefined;
+  try {
+    return (await validateWebhookEndpoint(raw, guard)).href;
+  } catch (err) {
+    if (err instanceof InvalidWebhookEndpointError) throw new ConnectError(err.message, Code.InvalidArgument);
+    throw err;
+  }
+}

@@ -1,0 +1,93 @@
+// Async runs: the run is durably queued before the caller hears of it.
+// In order: the Idempotency-Key is claimed (a repeat answers the first run
+// id), the app's queue must have room (SKIFF_MAX_QUEUED_RUNS, else 429), the
+// webhook secret is sealed and stored, the record is written `queued` and
+// its event published, and the request is published to JetStream on
+// `skiff.runs.queue.{project}.{app}` with Nats-Msg-Id = run id. Only when
+// JetStream has acknowledged it does the caller get
+// 202 {"run_id":"…"} with X-Request-Id.
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
+import { v7 } from "uuid";
+import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
+import type { InvokeRequest } from "../runner/types.js";
+import type { AppRecord } from "../shared/app-registry.js";
+import { setHttpStatus } from "../shared/http-exchange.js";
+import { streams, subjects } from "../shared/nats-layout.js";
+import { publishRunEvent } from "../shared/run-events.js";
+import type { RunRecord } from "../shared/run-store.js";
+import { encodeRequest } from "../shared/run-wire.js";
+import { storeWebhookSecret } from "../shared/secrets.js";
+import type { InvocationDeps } from "./deps.js";
+import { claimIdempotencyKey, releaseIdempotencyKey } from "./idempotency.js";
+
+const QUEUE_FULL_RETRY_AFTER_SECONDS = 5;
+
+export interface AsyncCall {
+  app: AppRecord;
+  /** The record to write, without run id. */
+  record: RunRecord;
+  invoke: InvokeRequest;
+  secret: string | undefined;
+  idempotencyKey: string | undefined;
+}
+
+function accepted(ctx: HandlerContext, runId: string): RunResponse {
+  ctx.responseHeader.set("x-request-id", runId);
+  setHttpStatus(ctx, 202);
+  const data = new TextEncoder().encode(JSON.stringify({ run_id: runId }));
+  return create(RunResponseSchema, { runId, statusCode: 202, body: { contentType: "application/json", data } });
+}
+
+async function queuedRuns(deps: InvocationDeps, subject: string): Promise<number> {
+  const info = await deps.jsm.streams.info(streams.runs.name, { subjects_filter: subject });
+  return info.state.subjects?.[subject] ?? 0;
+}
+
+export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: HandlerContext): Promise<RunResponse> {
+  const { app, record, invoke } = call;
+  const runId = v7();
+  if (call.idempotencyKey !== undefined) {
+    const first = await claimIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);
+    if (first !== runId) return accepted(ctx, first);
+  }
+  ctx.responseHeader.set("x-request-id", runId);
+  record.run_id = invoke.runId = runId;
+  const subject = subjects.runQueue(app.project_id, app.app_name);
+  let written = false;
+  try {
+    if ((await queuedRuns(deps, subject)) >= deps.maxQueuedRuns) {
+      throw new ConnectError(
+        `app ${app.app_name} has ${deps.maxQueuedRuns} runs queued, the most it may have (SKIFF_MAX_QUEUED_RUNS); try again later`,
+        Code.ResourceExhausted,
+        { "retry-after": String(QUEUE_FULL_RETRY_AFTER_SECONDS) },
+      );
+    }
+    if (call.secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, runId, call.secret);
+    await deps.runs.create(record);
+    written = true;
+    // Before the message: a runner's `running` event must not overtake `queued`.
+    await publishRunEvent(deps.js, record);
+    const { data } = await encodeRequest(deps.transfer, invoke);
+    await deps.js.publish(subject, data, { msgID: runId });
+  } catch (err) {
+    if (call.idempotencyKey !== undefined) await releaseIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);
+    if (written) await markUnqueued(deps, record, err);
+    if (err instanceof ConnectError) throw err;
+    deps.logger.error({ err, runId }, "cannot queue an async run");
+    throw new ConnectError("the run could not be queued; try again", Code.Unavailable);
+  }
+  return accepted(ctx, runId);
+}
+
+/** A record written for a run that never reached the queue: it must not read `queued` forever. */
+async function markUnqueued(deps: InvocationDeps, record: RunRecord, cause: unknown): Promise<void> {
+  try {
+    const final = await deps.runs.update(record.project_id, record.app_name, record.run_id, (r) =>
+      r.status !== "queued" ? undefined : { ...r, status: "failure", finished_at: new Date().toISOString(), error: { type: "not_queued", message: "the run could not be queued" } },
+    );
+    if (final) await publishRunEvent(deps.js, final);
+  } catch (err) {
+    deps.logger.error({ err, cause, runId: record.run_id }, "cannot record that a run was not queued");
+  }
+}

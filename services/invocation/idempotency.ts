@@ -1,0 +1,37 @@
+// Idempotency-Key: the first async call with a key (per project and app)
+// claims it in KV `skiff-idempotency` (24 h TTL) with `create`, which only
+// one writer can win; a repeat, or a call racing the first, reads the
+// winner's run id and answers with it. A claim whose run could not be
+// queued is released, so a retry of that call runs.
+import { createHash } from "node:crypto";
+import type { KV } from "nats";
+import { isWrongRevision } from "../shared/run-store.js";
+
+const MAX_KEY_LENGTH = 255;
+
+/** KV keys allow few characters and the caller's key may hold any: hash it with its scope. */
+function kvKey(projectId: string, appName: string, key: string): string {
+  return createHash("sha256").update(`${projectId}\n${appName}\n${key.slice(0, MAX_KEY_LENGTH)}`).digest("hex");
+}
+
+/** Claims the key for `runId`; returns the run id that owns it (runId when this call won). */
+export async function claimIdempotencyKey(kv: KV, projectId: string, appName: string, key: string, runId: string): Promise<string> {
+  const k = kvKey(projectId, appName, key);
+  for (;;) {
+    try {
+      await kv.create(k, runId);
+      return runId;
+    } catch (err) {
+      if (!isWrongRevision(err)) throw err;
+    }
+    const entry = await kv.get(k);
+    // Released between our create and get: claim again.
+    if (entry?.operation === "PUT") return entry.string();
+  }
+}
+
+export async function releaseIdempotencyKey(kv: KV, projectId: string, appName: string, key: string, runId: string): Promise<void> {
+  const k = kvKey(projectId, appName, key);
+  const entry = await kv.get(k).catch(() => null);
+  if (entry?.operation === "PUT" && entry.string() === runId) await kv.delete(k, { previousSeq: entry.revision }).catch(() => undefined);
+}

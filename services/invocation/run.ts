@@ -1,0 +1,76 @@
+// InvocationService.Run: checks the call, gives it a run id (UUIDv7, also
+// the X-Request-Id of every answer from then on, errors included), then
+// runs it synchronously (sync.ts) or queues it (enqueue.ts).
+import type { HandlerContext } from "@connectrpc/connect";
+import { v7 } from "uuid";
+import type { RunRequest, RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
+import type { InvokeRequest } from "../runner/types.js";
+import { httpExchange } from "../shared/http-exchange.js";
+import type { RunRecord } from "../shared/run-store.js";
+import { cortexBody, cortexFunction, customPath, findApp, webhookEndpoint } from "./checks.js";
+import type { InvocationDeps } from "./deps.js";
+import { enqueue } from "./enqueue.js";
+import { runSync } from "./sync.js";
+
+/** Query parameters that belong to skiff, not to a Custom app. */
+const OWN_PARAMS = ["async", "webhookEndpoint"];
+/** Request headers a Custom app never sees: credentials and skiff's own. */
+const PRIVATE_HEADERS = new Set(["authorization", "x-webhook-secret", "idempotency-key", "host", "content-length", "content-type", "te", "x-request-id"]);
+const NO_HEADERS: Record<string, string> = {};
+
+function forwardedHeaders(h: Headers, contentType: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  h.forEach((value, name) => {
+    if (!PRIVATE_HEADERS.has(name) && !name.startsWith("connect-") && !name.startsWith("grpc-")) out[name] = value;
+  });
+  if (contentType !== "") out["content-type"] = contentType;
+  return out;
+}
+
+function forwardedQuery(ctx: HandlerContext): string {
+  const query = httpExchange(ctx)?.query;
+  if (!query || query.size === 0) return "";
+  const q = new URLSearchParams(query);
+  for (const p of OWN_PARAMS) q.delete(p);
+  return q.toString();
+}
+
+export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerContext): Promise<RunResponse> {
+  const app = findApp(deps.registry, req.projectId, req.appName);
+  const cortex = app.config.runtime.kind === "cortex";
+  const rawBody = req.body?.data ?? new Uint8Array(0);
+  const contentType = req.body?.contentType ?? "";
+  const path = cortex ? cortexFunction(app, req.path) : customPath(req.path);
+  const body = cortex ? cortexBody(rawBody) : rawBody;
+  const webhook = await webhookEndpoint(req.webhookEndpoint, deps.guard);
+  // A secret only signs webhooks: without an endpoint it has nothing to sign.
+  const secret = webhook === undefined ? undefined : (ctx.requestHeader.get("x-webhook-secret") ?? undefined);
+
+  const invoke: InvokeRequest = {
+    runId: "",
+    method: cortex ? "POST" : (httpExchange(ctx)?.method ?? "POST"),
+    path,
+    query: cortex ? "" : forwardedQuery(ctx),
+    headers: cortex ? NO_HEADERS : forwardedHeaders(ctx.requestHeader, contentType),
+    body,
+  };
+  const now = new Date().toISOString();
+  const record: RunRecord = {
+    run_id: "",
+    project_id: app.project_id,
+    app_name: app.app_name,
+    path,
+    async: req.async,
+    status: req.async ? "queued" : "running",
+    queued_at: now,
+    attempts: 0,
+    ...(webhook ? { webhook_endpoint: webhook, webhook_signed: secret !== undefined } : {}),
+  };
+  if (req.async) return enqueue(deps, { app, record, invoke, secret, idempotencyKey: ctx.requestHeader.get("idempotency-key") ?? undefined }, ctx);
+
+  const runId = v7();
+  ctx.responseHeader.set("x-request-id", runId);
+  invoke.runId = record.run_id = runId;
+  Object.assign(record, { started_at: now, attempts: 1, runner: deps.control.id });
+  return runSync(deps, app, record, invoke, secret, ctx);
+}

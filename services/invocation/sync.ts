@@ -1,0 +1,93 @@
+// Sync runs. The caller waits for the app's answer and gets it as it is.
+// When this process's runner hosts the app the call goes to it directly;
+// otherwise it is a NATS request on `skiff.invoke.{project}.{app}`, answered
+// by one runner of the queue group (services/runner/dispatch.ts). The run
+// record and events are written without waiting for them: the caller's
+// latency is the app's, and a failed write is logged.
+import { create } from "@bufbuild/protobuf";
+import { type HandlerContext } from "@connectrpc/connect";
+import { ErrorCode, NatsError } from "nats";
+import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
+import { ReplicaCrashed } from "../runner/errors.js";
+import type { InvokeRequest, InvokeResponse } from "../runner/types.js";
+import type { AppRecord } from "../shared/app-registry.js";
+import { setHttpStatus } from "../shared/http-exchange.js";
+import { subjects } from "../shared/nats-layout.js";
+import { broadcastAbort } from "../shared/run-control.js";
+import { publishRunEvent } from "../shared/run-events.js";
+import { finishSync } from "../shared/run-finish.js";
+import { contentTypeOf, NoRunner, outcomeOfAnswer, outcomeOfError, runFailure } from "../shared/run-outcome.js";
+import type { RunRecord } from "../shared/run-store.js";
+import { decodeReply, encodeRequest } from "../shared/run-wire.js";
+import { storeWebhookSecret } from "../shared/secrets.js";
+import type { InvocationDeps } from "./deps.js";
+
+/** Beyond response_grace_period, how long a gateway waits for a runner's answer (the runner times the run out first). */
+const REPLY_MARGIN_MS = 5_000;
+/** Response headers of an app that a caller gets from skiff instead. */
+const OWN_RESPONSE_HEADERS = new Set(["content-type", "content-length", "x-request-id"]);
+
+export async function runSync(deps: InvocationDeps, app: AppRecord, record: RunRecord, invoke: InvokeRequest, secret: string | undefined, ctx: HandlerContext): Promise<RunResponse> {
+  // The secret must be stored before the terminal event asks the webhook role to sign.
+  if (secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, record.run_id, secret);
+  const log = (what: string) => (err: unknown) => deps.logger.error({ err, runId: record.run_id }, what);
+  deps.runs.put(record).catch(log("cannot write a run record"));
+  publishRunEvent(deps.js, record).catch(log("cannot publish a run event"));
+
+  const controller = new AbortController();
+  const onGone = () => controller.abort(ctx.signal.reason);
+  ctx.signal.addEventListener("abort", onGone, { once: true });
+  const local = deps.runner !== undefined && deps.runner.version(record.project_id, record.app_name) !== undefined;
+  invoke.signal = controller.signal;
+  const started = performance.now();
+  const work = local ? deps.runner!.invoke(record.project_id, record.app_name, invoke) : remote(deps, app, invoke, controller.signal);
+  const finished = work.then(
+    (res) => finishSync(deps, record, outcomeOfAnswer(res)),
+    (err: unknown) => finishSync(deps, record, outcomeOfError(err, Math.round(performance.now() - started))),
+  );
+  deps.control.track(record.run_id, controller, finished);
+  try {
+    return answer(ctx, record, await work, app.config.runtime.kind === "custom");
+  } catch (err) {
+    throw runFailure(err).connect;
+  } finally {
+    ctx.signal.removeEventListener("abort", onGone);
+  }
+}
+
+async function remote(deps: InvocationDeps, app: AppRecord, invoke: InvokeRequest, signal: AbortSignal): Promise<InvokeResponse> {
+  const { data, object } = await encodeRequest(deps.transfer, invoke);
+  // A cancel or a caller gone reaches the runner that has the run.
+  const onAbort = () => broadcastAbort(deps.nc, invoke.runId);
+  signal.addEventListener("abort", onAbort, { once: true });
+  try {
+    const timeout = app.config.scaling.responseGracePeriod * 1000 + REPLY_MARGIN_MS;
+    const reply = await deps.nc.request(subjects.invoke(app.project_id, app.app_name), data, { timeout }).catch((err: unknown) => {
+      if (err instanceof NatsError && err.code === ErrorCode.NoResponders) throw new NoRunner(`no runner hosts app ${app.project_id}/${app.app_name} right now`);
+      if (err instanceof NatsError && err.code === ErrorCode.Timeout) throw new ReplicaCrashed(`the runner of app ${app.app_name} did not answer`, { cause: err });
+      throw err;
+    });
+    return await decodeReply(deps.transfer, reply.data);
+  } catch (err) {
+    await deps.transfer.drop(object);
+    throw err;
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+  }
+}
+
+/** The app's answer, for REST (status, headers, raw body) and for Connect and gRPC (the message). */
+function answer(ctx: HandlerContext, record: RunRecord, res: InvokeResponse, custom: boolean): RunResponse {
+  if (res.status !== 200) setHttpStatus(ctx, res.status);
+  const headers: Record<string, string> = {};
+  if (custom) {
+    for (const name in res.headers) {
+      if (OWN_RESPONSE_HEADERS.has(name) || name.startsWith("grpc-") || name.startsWith("connect-")) continue;
+      const value = res.headers[name];
+      if (Array.isArray(value)) for (const v of value) ctx.responseHeader.append(name, v);
+      else ctx.responseHeader.set(name, value);
+      headers[name] = Array.isArray(value) ? value.join(", ") : value;
+    }
+  }
+  return create(RunResponseSchema, { runId: record.run_id, statusCode: res.status, headers, body: { contentType: contentTypeOf(res.headers), data: res.body } });
+}

@@ -1,0 +1,212 @@
+// The run methods of ManagementService: ListRuns (newest first, from the
+// in-memory RunIndex, so a page costs microseconds however many runs are
+// stored), GetRun (the record itself, with its result while kept, and its
+// webhook deliveries), CancelRun and WatchRuns. It also sweeps expired
+// results from object store `skiff-results` once an hour.
+//
+// CancelRun: a queued run is set `cancelled` (compare-and-set against a
+// runner taking it; the runner then acks its message without running it).
+// A running run's process is asked to abort it (run-control.ts) and records
+// it `cancelled` itself; when that process is gone, the record is set
+// `cancelled` here. A final run cannot be cancelled: failed_precondition.
+import { create, fromJson, type JsonValue } from "@bufbuild/protobuf";
+import { timestampFromDate, ValueSchema } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
+import type { NatsConnection } from "nats";
+import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
+import { RunSchema, WatchRunsResponseSchema, type ManagementService, type Run, type WatchRunsResponse } from "../../gen/skiff/management/v2/management_pb.js";
+import type { Logger } from "../shared/logger.js";
+import { requestCancel } from "../shared/run-control.js";
+import { publishRunEvent } from "../shared/run-events.js";
+import { RunIndex } from "../shared/run-index.js";
+import { RunResults, type Body } from "../shared/run-results.js";
+import { isFinal, RUN_STATUSES, RunStore, type RunRecord, type RunStatus } from "../shared/run-store.js";
+import { listDeliveries } from "../webhook/deliveries.js";
+
+type Impl = ServiceImpl<typeof ManagementService>;
+export type RunMethods = "listRuns" | "getRun" | "cancelRun" | "watchRuns";
+
+export const DEFAULT_PAGE_SIZE = 50;
+export const MAX_PAGE_SIZE = 500;
+/** How long CancelRun waits for an aborted run's final record. */
+const CANCEL_SETTLE_MS = 5_000;
+/** How often objects in `skiff-results` past their keep are removed. */
+const SWEEP_EVERY_MS = 60 * 60 * 1000;
+const NAME = /^[a-z][a-z0-9-]{0,62}$/;
+const RUN_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+
+export interface RunApiOptions {
+  nc: NatsConnection;
+  logger: Logger;
+  /** SKIFF_RESULT_TTL, seconds. */
+  resultTtlSeconds: number;
+}
+
+export interface RunApi {
+  handlers: Pick<Impl, RunMethods>;
+  index: RunIndex;
+  close(): void;
+}
+
+const ts = (iso: string | undefined) => (iso === undefined ? undefined : timestampFromDate(new Date(iso)));
+const decoder = new TextDecoder("utf-8", { fatal: true });
+
+function resultFields(body: Body | undefined): Pick<Run, "result" | "rawResult"> {
+  if (!body) return { result: undefined, rawResult: undefined };
+  if (body.contentType.split(";")[0].trim().toLowerCase() === "application/json") {
+    try {
+      return { result: fromJson(ValueSchema, JSON.parse(decoder.decode(body.data)) as JsonValue), rawResult: undefined };
+    } catch {
+      // not JSON after all: returned raw below
+    }
+  }
+  return { result: undefined, rawResult: create(HttpBodySchema, body) };
+}
+
+export function runMessage(r: RunRecord, result?: Body): Run {
+  return create(RunSchema, {
+    runId: r.run_id,
+    projectId: r.project_id,
+    appName: r.app_name,
+    path: r.path,
+    async: r.async,
+    status: r.status,
+    queuedAt: ts(r.queued_at),
+    startedAt: ts(r.started_at),
+    finishedAt: ts(r.finished_at),
+    runTimeMs: r.run_time_ms ?? 0,
+    statusCode: r.status_code ?? 0,
+    error: r.error,
+    webhookEndpoint: r.webhook_endpoint ?? "",
+    attempts: r.attempts,
+    ...resultFields(result),
+  });
+}
+
+function names(projectId: string, appName: string, runId?: string): void {
+  if (!NAME.test(appName)) throw new ConnectError(`app ${JSON.stringify(appName.slice(0, 80))} not found in project ${projectId}`, Code.NotFound);
+  if (runId !== undefined && !RUN_ID.test(runId)) throw new ConnectError(`run ${JSON.stringify(runId.slice(0, 80))} not found`, Code.NotFound);
+}
+
+const token = {
+  encode: (runId: string) => Buffer.from(runId).toString("base64url"),
+  decode(raw: string): string {
+    const runId = Buffer.from(raw, "base64url").toString("utf8");
+    if (!RUN_ID.test(runId)) throw new ConnectError("page_token is not one this API gave", Code.InvalidArgument);
+    return runId;
+  },
+};
+
+export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
+  const { nc, logger } = opts;
+  const js = nc.jetstream();
+  const runs = await RunStore.open(nc);
+  const results = new RunResults(js, nc, opts.resultTtlSeconds);
+  const index = await RunIndex.start(nc, logger);
+  const sweeper = setInterval(() => {
+    if (!nc.isClosed()) results.sweep(logger).catch((err: unknown) => logger.warn({ err }, "cannot sweep expired results"));
+  }, SWEEP_EVERY_MS);
+  sweeper.unref();
+
+  async function record(projectId: string, appName: string, runId: string): Promise<RunRecord> {
+    names(projectId, appName, runId);
+    const cur = await runs.get(projectId, appName, runId);
+    if (!cur) throw new ConnectError(`run ${runId} not found in app ${appName}`, Code.NotFound);
+    return cur.record;
+  }
+
+  /** Sets a run `cancelled` unless it is final; publishes the event when this call did it. */
+  async function markCancelled(r: RunRecord, from: RunStatus, message: string): Promise<RunRecord | undefined> {
+    const final = await runs.update(r.project_id, r.app_name, r.run_id, (cur) =>
+      cur.status !== from || (from === "running" && cur.attempts !== r.attempts)
+        ? undefined
+        : { ...cur, status: "cancelled", finished_at: new Date().toISOString(), error: { type: "cancelled", message } },
+    );
+    if (final) await publishRunEvent(js, final);
+    return final;
+  }
+
+  async function settled(r: RunRecord): Promise<RunRecord> {
+    const end = Date.now() + CANCEL_SETTLE_MS;
+    for (;;) {
+      const cur = (await runs.get(r.project_id, r.app_name, r.run_id))?.record ?? r;
+      if (isFinal(cur.status) || Date.now() > end) return cur;
+      await new Promise((res) => setTimeout(res, 20));
+    }
+  }
+
+  async function cancel(projectId: string, appName: string, runId: string): Promise<RunRecord> {
+    for (;;) {
+      const r = await record(projectId, appName, runId);
+      if (isFinal(r.status)) throw new ConnectError(`run ${runId} is already ${r.status}`, Code.FailedPrecondition);
+      if (r.status === "queued") {
+        const done = await markCancelled(r, "queued", "cancelled while queued");
+        if (done) return done;
+        continue; // a runner took it meanwhile
+      }
+      const answer = r.runner ? await requestCancel(nc, r.runner, runId) : "gone";
+      if (answer === "aborted") return settled(r);
+      // Its process is gone (or no longer has it): nobody else will finish the record.
+      const done = await markCancelled(r, "running", answer === "gone" ? "cancelled; the process running it was gone" : "cancelled");
+      if (done) return done;
+    }
+  }
+
+  const handlers: Pick<Impl, RunMethods> = {
+    async listRuns(req) {
+      names(req.projectId, req.appName);
+      if (req.status !== "" && !(RUN_STATUSES as readonly string[]).includes(req.status)) {
+        throw new ConnectError(`status must be one of ${RUN_STATUSES.join(", ")}, got ${JSON.stringify(req.status.slice(0, 40))}`, Code.InvalidArgument);
+      }
+      const pageSize = req.pageSize === 0 ? DEFAULT_PAGE_SIZE : Math.min(req.pageSize, MAX_PAGE_SIZE);
+      const page = index.list(req.projectId, req.appName, {
+        pageSize,
+        after: req.pageToken === "" ? undefined : token.decode(req.pageToken),
+        asyncOnly: req.asyncOnly,
+        status: req.status === "" ? undefined : (req.status as RunStatus),
+      });
+      return { runs: page.runs.map((r) => runMessage(r)), nextPageToken: page.next === undefined ? "" : token.encode(page.next) };
+    },
+    async getRun(req) {
+      const r = await record(req.projectId, req.appName, req.runId);
+      const run = runMessage(r, await results.read(r));
+      run.webhookDeliveries = await listDeliveries(nc, r.run_id);
+      return { run };
+    },
+    async cancelRun(req) {
+      const r = await cancel(req.projectId, req.appName, req.runId);
+      logger.info({ runId: r.run_id, app: `${r.project_id}/${r.app_name}`, status: r.status }, "run cancel requested");
+      return { run: runMessage(r) };
+    },
+    async *watchRuns(req, ctx: HandlerContext): AsyncIterable<WatchRunsResponse> {
+      if (req.appName !== "") names(req.projectId, req.appName);
+      const pending: RunRecord[] = [];
+      let wake: (() => void) | undefined;
+      const stop = index.onChange((r) => {
+        if (r.project_id !== req.projectId || (req.appName !== "" && r.app_name !== req.appName)) return;
+        pending.push(r);
+        wake?.();
+      });
+      const onAbort = () => wake?.();
+      ctx.signal.addEventListener("abort", onAbort);
+      try {
+        while (!ctx.signal.aborted) {
+          const r = pending.shift();
+          if (r) yield create(WatchRunsResponseSchema, { run: runMessage(r) });
+          else await new Promise<void>((res) => (wake = res));
+        }
+      } finally {
+        stop();
+        ctx.signal.removeEventListener("abort", onAbort);
+      }
+    },
+  };
+  return {
+    handlers,
+    index,
+    close() {
+      clearInterval(sweeper);
+      index.close();
+    },
+  };
+}

@@ -1,0 +1,62 @@
+// A run whose last delivery's runner also died must not read `running`
+// forever. When a run consumer's message passes max_deliver, JetStream
+// publishes a MAX_DELIVERIES advisory (when it next looks for a message to
+// give a runner, i.e. while any runner pulls). One runner of the queue group
+// takes it, fails the run (`runner_lost`) unless it is final already,
+// publishes the event, and removes the message from the work queue, where
+// it would otherwise stay.
+import type { NatsConnection, Subscription } from "nats";
+import type { Logger } from "../shared/logger.js";
+import { streams, subjects } from "../shared/nats-layout.js";
+import { publishRunEvent } from "../shared/run-events.js";
+import { isFinal, type RunStore } from "../shared/run-store.js";
+import { requestMeta, type BodyTransfer } from "../shared/run-wire.js";
+import { MAX_RUN_ATTEMPTS } from "./run-worker.js";
+
+export const MAX_DELIVERIES_ADVISORY = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${streams.runs.name}.*`;
+
+interface Advisory {
+  stream: string;
+  stream_seq: number;
+}
+
+export function followLostRuns(nc: NatsConnection, runs: RunStore, transfer: BodyTransfer, logger: Logger): Subscription {
+  const js = nc.jetstream();
+  const jsmP = nc.jetstreamManager();
+  const failLost = async (a: Advisory) => {
+    const jsm = await jsmP;
+    const msg = await jsm.streams.getMessage(streams.runs.name, { seq: a.stream_seq });
+    // skiff.runs.queue.{project}.{app}
+    const [, , , projectId, appName] = msg.subject.split(".");
+    const { run_id: runId, body_object: object } = requestMeta(msg.data);
+    const final = await runs.update(projectId, appName, runId, (r) =>
+      isFinal(r.status)
+        ? undefined
+        : {
+            ...r,
+            status: "failure",
+            finished_at: new Date().toISOString(),
+            error: { type: "runner_lost", message: `the runner running it stopped before finishing, ${MAX_RUN_ATTEMPTS} times` },
+          },
+    );
+    if (final) {
+      await publishRunEvent(js, final);
+      logger.warn({ runId, app: `${projectId}/${appName}`, attempts: final.attempts }, "async run failed: its runner was lost on every attempt");
+    }
+    await transfer.drop(object);
+    await jsm.streams.deleteMessage(streams.runs.name, a.stream_seq, false);
+  };
+  return nc.subscribe(MAX_DELIVERIES_ADVISORY, {
+    queue: subjects.invokeQueueGroup,
+    callback: (err, m) => {
+      if (err) return;
+      let advisory: Advisory;
+      try {
+        advisory = JSON.parse(m.string()) as Advisory;
+      } catch {
+        return;
+      }
+      failLost(advisory).catch((e: unknown) => logger.error({ err: e, seq: advisory.stream_seq }, "cannot fail a run whose runner was lost"));
+    },
+  });
+}

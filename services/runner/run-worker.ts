@@ -1,0 +1,223 @@
+// The runner's side of async runs: for each app deployed here, a durable
+// pull consumer `runs-{project}-{app}` on SKIFF_RUNS (shared by every
+// runner of the app, created idempotently), pulled only for free slots
+// (max_replicas × replica_concurrency of the app, less the runs under way).
+//
+// A message is a run: its record goes `running` (attempt = delivery count),
+// the runner invokes the app while the message's ack deadline is pushed
+// back with working() every third of ack_wait, the final record and event
+// are written, and only then is the message acked. A runner killed mid-run
+// never acks: JetStream gives the message to another runner after ack_wait,
+// at most MAX_RUN_ATTEMPTS deliveries in all (run-advisories.ts fails the
+// run after the last). A message whose run is already final (cancelled while
+// queued, or finished by an earlier attempt whose ack was lost) is acked
+// without running.
+import { AckPolicy, DeliverPolicy, nanos, NatsError, type ConsumerMessages, type JetStreamClient, type JetStreamManager, type JsMsg } from "nats";
+import type { AppRegistry } from "../shared/app-registry.js";
+import type { Logger } from "../shared/logger.js";
+import { streams, subjects } from "../shared/nats-layout.js";
+import type { RunControl } from "../shared/run-control.js";
+import { publishRunEvent } from "../shared/run-events.js";
+import { finishAsync, type FinishDeps } from "../shared/run-finish.js";
+import { outcomeOfAnswer, outcomeOfError, type RunOutcome } from "../shared/run-outcome.js";
+import { isFinal, type RunStore } from "../shared/run-store.js";
+import { decodeRequest, requestMeta, type BodyTransfer } from "../shared/run-wire.js";
+import type { AppRef } from "./deployed-apps.js";
+import { AppNotFound, Cancelled, Overloaded } from "./errors.js";
+import type { Runner } from "./runner.js";
+import type { InvokeRequest } from "./types.js";
+
+/** First try and at most two retries after a lost runner. */
+export const MAX_RUN_ATTEMPTS = 3;
+export const DEFAULT_RUN_ACK_WAIT_MS = 30_000;
+/** How long one pull waits for messages before pulling again. */
+const PULL_EXPIRES_MS = 5_000;
+const RETRY_AFTER_ERROR_MS = 2_000;
+const CLOSE_GRACE_MS = 5_000;
+const JS_CONSUMER_NOT_FOUND = 10014;
+
+export const runConsumerName = (projectId: string, appName: string): string => `runs-${projectId}-${appName}`;
+
+export interface WorkerDeps extends FinishDeps {
+  jsm: JetStreamManager;
+  js: JetStreamClient;
+  runner: Runner;
+  registry: AppRegistry;
+  runs: RunStore;
+  transfer: BodyTransfer;
+  control: RunControl;
+  /** Ack deadline of the run consumers; the last runner to start sets it. */
+  ackWaitMs: number;
+}
+
+/** Put back for another runner: this one cannot run it now (shutting down, app gone from here). */
+class Requeue extends Error {
+  override name = "Requeue";
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Creates the app's consumer, or brings an existing one to this ack_wait. */
+export async function ensureRunConsumer(jsm: JetStreamManager, app: AppRef, ackWaitMs: number): Promise<void> {
+  const name = runConsumerName(app.projectId, app.appName);
+  const settings = { ack_wait: nanos(ackWaitMs), max_deliver: MAX_RUN_ATTEMPTS, description: `async runs of ${app.projectId}/${app.appName}` };
+  try {
+    const info = await jsm.consumers.info(streams.runs.name, name);
+    if (info.config.ack_wait !== settings.ack_wait || info.config.max_deliver !== settings.max_deliver) await jsm.consumers.update(streams.runs.name, name, settings);
+    return;
+  } catch (err) {
+    if (!(err instanceof NatsError && err.api_error?.err_code === JS_CONSUMER_NOT_FOUND)) throw err;
+  }
+  // Two runners adding the same config at once both succeed.
+  await jsm.consumers.add(streams.runs.name, {
+    ...settings,
+    durable_name: name,
+    filter_subject: subjects.runQueue(app.projectId, app.appName),
+    ack_policy: AckPolicy.Explicit,
+    deliver_policy: DeliverPolicy.All,
+  });
+}
+
+class AppQueue {
+  stopped = false;
+  private inflight = 0;
+  private freed: (() => void) | undefined;
+  private batch: ConsumerMessages | undefined;
+
+  constructor(
+    private readonly w: RunWorker,
+    readonly app: AppRef,
+  ) {}
+
+  private capacity(): number {
+    const scaling = this.w.d.registry.get(this.app.projectId, this.app.appName)?.config.scaling;
+    return Math.max(1, (scaling?.maxReplicas ?? 1) * (scaling?.replicaConcurrency ?? 1));
+  }
+
+  async loop(): Promise<void> {
+    const { d } = this.w;
+    while (!this.stopped) {
+      try {
+        await ensureRunConsumer(d.jsm, this.app, d.ackWaitMs);
+        const consumer = await d.js.consumers.get(streams.runs.name, runConsumerName(this.app.projectId, this.app.appName));
+        while (!this.stopped) {
+          const free = this.capacity() - this.inflight;
+          if (free <= 0) {
+            await new Promise<void>((r) => (this.freed = r));
+            continue;
+          }
+          this.batch = await consumer.fetch({ max_messages: free, expires: PULL_EXPIRES_MS });
+          for await (const m of this.batch) {
+            this.inflight++;
+            void this.w.handle(this, m).finally(() => {
+              this.inflight--;
+              this.freed?.();
+              this.freed = undefined;
+            });
+          }
+        }
+      } catch (err) {
+        if (this.stopped) return;
+        d.logger.warn({ err, app: `${this.app.projectId}/${this.app.appName}` }, "pulling async runs failed; pulling again");
+        await sleep(RETRY_AFTER_ERROR_MS);
+      }
+    }
+  }
+
+  stop(): void {
+    this.stopped = true;
+    this.batch?.stop();
+    this.freed?.();
+  }
+}
+
+export class RunWorker {
+  private readonly queues = new Map<string, AppQueue>();
+  private readonly handling = new Set<Promise<void>>();
+
+  constructor(readonly d: WorkerDeps) {}
+
+  add(app: AppRef): void {
+    const key = `${app.projectId}.${app.appName}`;
+    if (this.queues.has(key)) return;
+    const q = new AppQueue(this, app);
+    this.queues.set(key, q);
+    void q.loop();
+  }
+
+  remove(app: AppRef): void {
+    const key = `${app.projectId}.${app.appName}`;
+    this.queues.get(key)?.stop();
+    this.queues.delete(key);
+  }
+
+  /**
+   * Stops pulling and gives the runs under way a moment to finish; one still
+   * running when the runner closes goes back to the queue (or, if this
+   * process dies, is delivered again after ack_wait).
+   */
+  async close(): Promise<void> {
+    for (const q of this.queues.values()) q.stop();
+    this.queues.clear();
+    const grace = new Promise((r) => setTimeout(r, CLOSE_GRACE_MS).unref());
+    await Promise.race([Promise.allSettled([...this.handling]), grace]);
+  }
+
+  handle(q: AppQueue, m: JsMsg): Promise<void> {
+    const p = this.run(q, m);
+    this.handling.add(p);
+    return p.finally(() => this.handling.delete(p));
+  }
+
+  private async run(q: AppQueue, m: JsMsg): Promise<void> {
+    const { d } = this;
+    const { projectId, appName } = q.app;
+    const heartbeat = setInterval(() => m.working(), d.ackWaitMs / 3);
+    let runId = "";
+    try {
+      const req = await decodeRequest(d.transfer, m.data, true);
+      runId = req.runId;
+      const cur = await d.runs.get(projectId, appName, runId);
+      if (!cur) {
+        d.logger.warn({ runId, app: `${projectId}/${appName}` }, "queued run without a record; dropped");
+        return m.term();
+      }
+      if (isFinal(cur.record.status)) return m.ack();
+      const attempt = m.info.redeliveryCount;
+      const running = await d.runs.update(projectId, appName, runId, (r) =>
+        isFinal(r.status) ? undefined : { ...r, status: "running", started_at: new Date().toISOString(), attempts: attempt, runner: d.control.id },
+      );
+      if (!running) return m.ack();
+      await publishRunEvent(d.js, running);
+      const controller = new AbortController();
+      const done = this.invoke(q, req, controller.signal).then((o) => finishAsync(d, running, o));
+      d.control.track(runId, controller, done);
+      await done;
+      await d.transfer.drop(requestMeta(m.data).body_object);
+      m.ack();
+    } catch (err) {
+      if (!(err instanceof Requeue)) d.logger.warn({ err, runId, app: `${projectId}/${appName}` }, "async run step failed; the run goes back to the queue");
+      m.nak(RETRY_AFTER_ERROR_MS);
+    } finally {
+      clearInterval(heartbeat);
+    }
+  }
+
+  /** The run's outcome; a full app is waited for (the message stays ours through working()). */
+  private async invoke(q: AppQueue, req: InvokeRequest, signal: AbortSignal): Promise<RunOutcome> {
+    const started = performance.now();
+    for (;;) {
+      try {
+        if (signal.aborted) throw new Cancelled();
+        return outcomeOfAnswer(await this.d.runner.invoke(q.app.projectId, q.app.appName, { ...req, signal }));
+      } catch (err) {
+        if (err instanceof Overloaded && !q.stopped) {
+          await sleep(err.retryAfterSeconds * 1000);
+          continue;
+        }
+        if (err instanceof Overloaded || err instanceof AppNotFound) throw new Requeue(err.message, { cause: err });
+        return outcomeOfError(err, Math.round(performance.now() - started));
+      }
+    }
+  }
+}

@@ -1,0 +1,152 @@
+// The runs of every app, in memory, for listing: fed by a watch on KV
+// `skiff-runs` in the processes that serve the run API, so ListRuns never
+// scans the bucket. Run ids are UUIDv7, whose text order is their time order,
+// so each app keeps a sorted array of ids (new runs append) and a page is a
+// walk backwards from the newest, or from just below the page token.
+//
+// The index follows the bucket a few milliseconds behind a write; GetRun
+// reads the bucket itself.
+import type { KV, KvEntry, NatsConnection, QueuedIterator } from "nats";
+import type { Logger } from "./logger.js";
+import { buckets } from "./nats-layout.js";
+import { decodeRunRecord, type RunRecord, type RunStatus } from "./run-store.js";
+
+export const DEFAULT_INDEX_INIT_TIMEOUT_MS = 30_000;
+const RETRY_MS = 500;
+
+interface AppRuns {
+  /** Run ids, ascending. */
+  ids: string[];
+  byId: Map<string, RunRecord>;
+}
+
+export interface ListQuery {
+  pageSize: number;
+  /** Run id the previous page ended with; the page starts below it. */
+  after?: string;
+  asyncOnly?: boolean;
+  status?: RunStatus;
+}
+
+/** Index of the first id >= `id` in an ascending array. */
+function lowerBound(ids: string[], id: string): number {
+  let lo = 0;
+  let hi = ids.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if (ids[mid] < id) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+export class RunIndex {
+  private readonly apps = new Map<string, AppRuns>();
+  private readonly listeners = new Set<(r: RunRecord) => void>();
+  private watcher: QueuedIterator<KvEntry> | undefined;
+  private closed = false;
+
+  private constructor(
+    private readonly kv: KV,
+    private readonly nc: NatsConnection,
+    private readonly logger: Logger,
+  ) {}
+
+  /** Resolves once the stored runs are loaded (or the wait timed out; the watch keeps filling the index). */
+  static async start(nc: NatsConnection, logger: Logger, timeoutMs = DEFAULT_INDEX_INIT_TIMEOUT_MS): Promise<RunIndex> {
+    const index = new RunIndex(await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true }), nc, logger);
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(() => {
+        logger.warn("run index not loaded in time; going on while the watch fills it");
+        resolve();
+      }, timeoutMs);
+      timer.unref();
+      void index.run(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+    return index;
+  }
+
+  /** Runs of one app, newest first, and the id to continue after when there are more. */
+  list(projectId: string, appName: string, q: ListQuery): { runs: RunRecord[]; next: string | undefined } {
+    const app = this.apps.get(`${projectId}.${appName}`);
+    if (!app) return { runs: [], next: undefined };
+    const { ids, byId } = app;
+    let i = q.after === undefined ? ids.length - 1 : lowerBound(ids, q.after) - 1;
+    const runs: RunRecord[] = [];
+    for (; i >= 0 && runs.length < q.pageSize; i--) {
+      const r = byId.get(ids[i])!;
+      if ((q.asyncOnly && !r.async) || (q.status !== undefined && r.status !== q.status)) continue;
+      runs.push(r);
+    }
+    // More may follow only if the walk stopped early; an exact end gives no token.
+    return { runs, next: i >= 0 && runs.length > 0 ? runs[runs.length - 1].run_id : undefined };
+  }
+
+  /** How many runs the index holds. */
+  get size(): number {
+    let n = 0;
+    for (const a of this.apps.values()) n += a.ids.length;
+    return n;
+  }
+
+  /** Calls `listener` with every record written from now on; returns a function that stops it. */
+  onChange(listener: (r: RunRecord) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  close(): void {
+    this.closed = true;
+    this.listeners.clear();
+    this.watcher?.stop();
+  }
+
+  private async run(initialized: () => void): Promise<void> {
+    // A closed connection ends the watch for good (the process is stopping).
+    while (!this.closed && !this.nc.isClosed()) {
+      try {
+        this.watcher = await this.kv.watch({ initializedFn: initialized });
+        if (this.closed) this.watcher.stop();
+        for await (const entry of this.watcher) this.apply(entry);
+      } catch (err) {
+        if (!this.closed && !this.nc.isClosed()) this.logger.warn({ err }, "run index watch failed; watching again");
+      }
+      if (!this.closed && !this.nc.isClosed()) await new Promise((r) => setTimeout(r, RETRY_MS));
+    }
+  }
+
+  private apply(entry: KvEntry): void {
+    // Keys are {project}.{app}.{run_id}; neither part contains a dot.
+    const cut = entry.key.lastIndexOf(".");
+    if (cut < 0) return;
+    const appKey = entry.key.slice(0, cut);
+    const runId = entry.key.slice(cut + 1);
+    const record = decodeRunRecord(entry);
+    let app = this.apps.get(appKey);
+    if (!record) {
+      if (!app?.byId.delete(runId)) return;
+      const at = lowerBound(app.ids, runId);
+      if (app.ids[at] === runId) app.ids.splice(at, 1);
+      return;
+    }
+    if (!app) this.apps.set(appKey, (app = { ids: [], byId: new Map() }));
+    // The listing never shows results: keep their bytes out of memory.
+    const slim = record.result ? { ...record, result: undefined } : record;
+    if (!app.byId.has(runId)) {
+      const { ids } = app;
+      if (ids.length === 0 || ids[ids.length - 1] < runId) ids.push(runId);
+      else ids.splice(lowerBound(ids, runId), 0, runId);
+    }
+    app.byId.set(runId, slim);
+    for (const listener of this.listeners) {
+      try {
+        listener(slim);
+      } catch (err) {
+        this.logger.error({ err, key: entry.key }, "run change listener failed");
+      }
+    }
+  }
+}

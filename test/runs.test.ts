@@ -1,0 +1,204 @@
+// The run API and the life of async runs: events for each state change,
+// cancel (queued and running), idempotency, the queue cap, listing.
+import { execFile } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fromBinary } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RunEventSchema, type RunEvent } from "../gen/skiff/events/v1/events_pb.js";
+import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
+import { cortexApp, deploy, P, post, until } from "./helpers/run-apps.js";
+
+let t: TestSkiff;
+let tmp: string;
+const v4 = (app: string, rest: string) => `${t.url}/v4/${P}/${app}/${rest}`;
+const getRun = async (app: string, runId: string) => (await t.management().getRun({ projectId: P, appName: app, runId })).run!;
+const reaches = (app: string, runId: string, status: string) => until(`${runId} ${status}`, async () => ((await getRun(app, runId)).status === status ? getRun(app, runId) : undefined));
+const sleepAsync = async (app: string, ms: number, headers: Record<string, string> = {}) => (await post(`${v4(app, "sleep")}?async=true`, t.devToken, JSON.stringify({ ms }), headers)).json.run_id as string;
+
+beforeAll(async () => {
+  tmp = await mkdtemp(path.join(tmpdir(), "skiff-runs-"));
+  t = await startTestSkiff({ env: { SKIFF_MAX_QUEUED_RUNS: "3" } });
+  await deploy(tmp, t.management(), cortexApp("one", "max_replicas = 1\nreplica_concurrency = 1\nmin_replicas = 1\nresponse_grace_period = 30"));
+  await deploy(tmp, t.management(), cortexApp("many", "max_replicas = 2\nreplica_concurrency = 8\nresponse_grace_period = 30"));
+  await until("apps on the runner", () => t.skiff.runner!.version(P, "one") === 1 && t.skiff.runner!.version(P, "many") === 1, 30_000);
+}, 60_000);
+afterAll(async () => {
+  await t?.close();
+  await rm(tmp, { recursive: true, force: true });
+});
+
+describe("runs - events", () => {
+  it("every state change publishes a RunEvent; the terminal one carries the response body byte for byte", async () => {
+    const events: RunEvent[] = [];
+    const sub = t.skiff.nats.nc.subscribe(`skiff.events.runs.${P}.many.>`, { callback: (_e, m) => events.push(fromBinary(RunEventSchema, m.data)) });
+    try {
+      const runId = await sleepAsync("many", 50);
+      await reaches("many", runId, "success");
+      const mine = await until("three events", () => {
+        const e = events.filter((x) => x.runId === runId);
+        return e.length >= 3 ? e : undefined;
+      });
+      expect(mine.map((e) => [e.status, e.attempt, e.async])).toEqual([["queued", 1, true], ["running", 1, true], ["success", 1, true]]);
+      const body = new TextDecoder().decode(mine[2].response!.data);
+      expect(JSON.parse(body)).toMatchObject({ run_id: runId, result: { slept: 50 } });
+      const sync = await post(v4("many", "add"), t.devToken, '{"a":1,"b":2}', {});
+      const syncEvents = await until("sync events", () => {
+        const e = events.filter((x) => x.runId === sync.json.run_id);
+        return e.length >= 2 ? e : undefined;
+      });
+      expect(syncEvents.map((e) => e.status)).toEqual(["running", "success"]);
+      expect(new TextDecoder().decode(syncEvents[1].response!.data)).toBe(sync.text);
+    } finally {
+      sub.unsubscribe();
+    }
+  });
+});
+
+describe("runs - cancel, idempotency, queue cap", () => {
+  it("cancel: a queued run never runs; a running one is aborted and its replica keeps serving; a final one is refused", async () => {
+    const running = await sleepAsync("one", 20_000);
+    await reaches("one", running, "running");
+    const replica = t.skiff.runner!.replicas(P, "one").find((r) => r.state === "ready")!;
+    const queued = await sleepAsync("one", 10);
+    expect((await getRun("one", queued)).status).toBe("queued");
+
+    const q = await t.management().cancelRun({ projectId: P, appName: "one", runId: queued });
+    expect(q.run).toMatchObject({ status: "cancelled", attempts: 0 });
+    const r = await t.management().cancelRun({ projectId: P, appName: "one", runId: running });
+    expect(r.run).toMatchObject({ status: "cancelled", error: { type: "cancelled" } });
+
+    // The same replica answers the next run; the cancelled queued run was never started.
+    const next = await post(v4("one", "add"), t.devToken, '{"a":1,"b":1}');
+    expect(next.status).toBe(200);
+    expect(t.skiff.runner!.replicas(P, "one").map((x) => x.replicaId)).toContain(replica.replicaId);
+    const later = await sleepAsync("one", 10);
+    await reaches("one", later, "success");
+    expect(await getRun("one", queued)).toMatchObject({ status: "cancelled", attempts: 0 });
+
+    const err = await t.management().cancelRun({ projectId: P, appName: "one", runId: later }).catch((e: unknown) => ConnectError.from(e));
+    expect(err).toMatchObject({ code: Code.FailedPrecondition });
+  });
+
+  it("Idempotency-Key: repeats, even concurrent ones, get the first run id and make no second run", async () => {
+    const key = { "idempotency-key": `k-${Date.now()}` };
+    const answers = await Promise.all([1, 2, 3].map(() => post(`${v4("many", "add")}?async=true`, t.devToken, '{"a":1,"b":2}', key)));
+    const ids = new Set(answers.map((a) => a.json.run_id));
+    expect(ids.size).toBe(1);
+    for (const a of answers) {
+      expect(a.status).toBe(202);
+      expect(a.text).toBe(answers[0].text);
+      expect(a.headers.get("x-request-id")).toBe(answers[0].json.run_id);
+    }
+    await reaches("many", answers[0].json.run_id, "success");
+    const again = await post(`${v4("many", "add")}?async=true`, t.devToken, '{"a":1,"b":2}', key);
+    expect(again.text).toBe(answers[0].text);
+    const other = await post(`${v4("many", "add")}?async=true`, t.devToken, '{"a":1,"b":2}', { "idempotency-key": `${key["idempotency-key"]}-b` });
+    expect(other.json.run_id).not.toBe(answers[0].json.run_id);
+    const listed = await until("runs listed", async () => {
+      const l = await t.management().listRuns({ projectId: P, appName: "many", asyncOnly: true, pageSize: 500 });
+      return l.runs.some((x) => x.runId === other.json.run_id) ? l : undefined;
+    });
+    expect(listed.runs.filter((x) => x.runId === answers[0].json.run_id)).toHaveLength(1);
+  });
+
+  it("a full queue answers 429 with Retry-After before accepting", async () => {
+    const ids = [await sleepAsync("one", 3000)];
+    await reaches("one", ids[0], "running");
+    ids.push(await sleepAsync("one", 10), await sleepAsync("one", 10));
+    const full = await post(`${v4("one", "sleep")}?async=true`, t.devToken, '{"ms":1}');
+    expect(full.status).toBe(429);
+    expect(full.json).toMatchObject({ code: "resource_exhausted" });
+    expect(Number(full.headers.get("retry-after"))).toBeGreaterThan(0);
+    for (const id of ids.reverse()) await t.management().cancelRun({ projectId: P, appName: "one", runId: id });
+  });
+});
+
+describe("runs - listing", () => {
+  it("newest first, paginated with an opaque token, filtered by async and status", async () => {
+    const sync = await post(v4("many", "fail"), t.devToken, "{}");
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) ids.push(await sleepAsync("many", 1));
+    for (const id of ids) await reaches("many", id, "success");
+    await until("the index", async () => (await t.management().listRuns({ projectId: P, appName: "many", pageSize: 1 })).runs[0]?.runId === ids[2]);
+    const first = await t.management().listRuns({ projectId: P, appName: "many", pageSize: 2, asyncOnly: true });
+    expect(first.runs.map((r) => r.runId)).toEqual([ids[2], ids[1]]);
+    expect(first.nextPageToken).not.toBe("");
+    const second = await t.management().listRuns({ projectId: P, appName: "many", pageSize: 2, asyncOnly: true, pageToken: first.nextPageToken });
+    expect(second.runs[0].runId).toBe(ids[0]);
+    const failures = await t.management().listRuns({ projectId: P, appName: "many", status: "failure" });
+    expect(failures.runs.map((r) => r.runId)).toContain(sync.json.run_id);
+    expect(failures.runs.every((r) => r.status === "failure")).toBe(true);
+    const rest = await fetch(`${t.url}/v2/projects/${P}/apps/many/runs?page_size=1&status=success`, { headers: { authorization: `Bearer ${t.devToken}` } });
+    const body = (await rest.json()) as { runs: { status: string; async: boolean }[]; next_page_token: string };
+    expect(body.runs).toEqual([expect.objectContaining({ status: "success", async: true })]);
+    const bad = await fetch(`${t.url}/v2/projects/${P}/apps/many/runs?status=done`, { headers: { authorization: `Bearer ${t.devToken}` } });
+    expect(bad.status).toBe(400);
+  });
+
+  it("WatchRuns streams the changes of a project's runs", async () => {
+    const controller = new AbortController();
+    const seen: string[] = [];
+    const watching = (async () => {
+      for await (const m of t.management().watchRuns({ projectId: P, appName: "many" }, { signal: controller.signal })) seen.push(`${m.run!.runId}:${m.run!.status}`);
+    })().catch(() => undefined);
+    await new Promise((r) => setTimeout(r, 200));
+    const id = await sleepAsync("many", 1);
+    await until("watched success", () => seen.includes(`${id}:success`));
+    expect(seen.filter((s) => s.startsWith(id))).toEqual([`${id}:queued`, `${id}:running`, `${id}:success`]);
+    controller.abort();
+    await watching;
+  });
+});
+
+describe("runs - CLI", () => {
+  const cli = (args: string[]) =>
+    new Promise<{ code: number; stdout: string; stderr: string }>((resolve) => {
+      execFile(process.execPath, [path.resolve(import.meta.dirname, "..", "bin", "skiff.js"), ...args], { env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken } }, (err, stdout, stderr) =>
+        resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
+      );
+    });
+
+  it("skiff run (sync and --async), skiff runs, skiff run-status", async () => {
+    const sync = await cli(["run", "many/add", "--data", '{"a":40,"b":2}']);
+    expect(sync.code).toBe(0);
+    expect(JSON.parse(sync.stdout)).toMatchObject({ result: 42 });
+    const queued = await cli(["run", "many/add", "-d", '{"a":1,"b":2}', "--async"]);
+    const runId = queued.stdout.trim();
+    expect(runId).toMatch(/^[0-9a-f-]{36}$/);
+    await reaches("many", runId, "success");
+    const status = await cli(["run-status", runId, "--app", "many"]);
+    expect(status.stdout).toMatch(/status: +success/);
+    expect(status.stdout).toContain('"result":3');
+    const list = await until("the run listed", async () => {
+      const r = await cli(["runs", "many", "--async", "--status", "success"]);
+      return r.stdout.includes(runId) ? r : undefined;
+    });
+    expect(list.stdout).toMatch(new RegExp(`${runId}\\s+success\\s+async\\s+add`));
+    const failed = await cli(["run", "many/fail"]);
+    expect(failed.code).toBe(1);
+    expect(failed.stderr).toMatch(/answered 500/);
+  });
+});
+
+describe("runs - results retention", () => {
+  it("a kept result is readable until SKIFF_RESULT_TTL passes, inline or in the object store, then reads as gone", async () => {
+    const { RunResults } = await import("../services/shared/run-results.js");
+    const { RunStore } = await import("../services/shared/run-store.js");
+    const nc = t.skiff.nats.nc;
+    const small = (await post(`${v4("many", "big")}?async=true`, t.devToken, '{"n":10}')).json.run_id as string;
+    const large = (await post(`${v4("many", "big")}?async=true`, t.devToken, '{"n":100000}')).json.run_id as string;
+    for (const id of [small, large]) await reaches("many", id, "success");
+    const results = new RunResults(nc.jetstream(), nc, 86_400);
+    const store = await RunStore.open(nc);
+    for (const [id, n] of [[small, 10], [large, 100_000]] as const) {
+      const record = (await store.get(P, "many", id))!.record;
+      expect(record.result?.object === undefined).toBe(n === 10);
+      const body = await results.read(record);
+      expect(JSON.parse(new TextDecoder().decode(body!.data)).result).toHaveLength(n);
+      expect(await results.read(record, new Date(Date.now() + 86_401_000))).toBeUndefined();
+    }
+  });
+});
