@@ -53,7 +53,7 @@ const runningOn = (runId: string, attempt: number) =>
   until(`${runId} running attempt ${attempt}`, async () => {
     const r = await getRun(runId);
     return r.status === "running" && r.attempts === attempt ? r : undefined;
-  }, 20_000);
+  }, 45_000);
 
 beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-redeliver-"));
@@ -108,5 +108,5 @@ describe("async - runners that die", () => {
     }
     const failed = await until("failure", async () => ((await getRun(runId)).status === "failure" ? getRun(runId) : undefined), 30_000);
     expect(failed).toMatchObject({ attempts: 3, error: { type: "runner_lost" } });
-  }, 90_000);
+  }, 180_000);
 });

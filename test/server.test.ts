@@ -81,15 +81,6 @@ describe("skiff server", () => {
     expect(Object.keys(v4.paths)).toContain("/v4/{project_id}/{app_name}/{path}");
   });
 
-  it("methods not built yet answer unimplemented (501) over REST and Connect alike", async () => {
-    const adminToken = readFileSync(join(dataDir, "admin-token"), "utf8").trim();
-    const res = await fetch(`${skiff.url}/v2/projects/p-dev/apps/hello/runs/r1/webhook-deliveries`, { headers: { authorization: `Bearer ${adminToken}` } });
-    expect(res.status).toBe(501);
-    expect(await res.json()).toMatchObject({ code: "unimplemented" });
-    const client = createClient(ManagementService, createConnectTransport({ baseUrl: skiff.url, httpVersion: "1.1" }));
-    await expect(client.listWebhookDeliveries({ projectId: "p-dev", appName: "hello", runId: "r1" }, { headers: { authorization: `Bearer ${adminToken}` } })).rejects.toMatchObject({ code: Code.Unimplemented });
-  });
-
   it("/healthz turns 503 and Health/Watch NOT_SERVING while NATS is down, and both recover when it returns", async () => {
     const client = createClient(Health, createGrpcTransport({ baseUrl: skiff.url }));
     const abort = new AbortController();
@@ -147,6 +138,30 @@ describe("graceful stop", () => {
     await expect(
       new Promise((resolve, reject) => http.get(`${server.url}/healthz`, resolve).on("error", reject)),
     ).rejects.toMatchObject({ code: "ECONNREFUSED" });
+  });
+});
+
+describe("unimplemented methods", () => {
+  it("a method without a handler answers unimplemented (501) over REST and Connect alike", async () => {
+    const health = new HealthState();
+    const server = await startServer({
+      host: "127.0.0.1",
+      port: 0,
+      maxBodyBytes: 1024,
+      logger: silentLogger,
+      health,
+      restServices: [ManagementService],
+      routes: (router) => router.service(ManagementService, {}),
+    });
+    try {
+      const res = await fetch(`${server.url}/v2/projects/p-dev/apps/hello/stats`);
+      expect(res.status).toBe(501);
+      expect(await res.json()).toMatchObject({ code: "unimplemented" });
+      const client = createClient(ManagementService, createConnectTransport({ baseUrl: server.url, httpVersion: "1.1" }));
+      await expect(client.getAppStats({ projectId: "p-dev", appName: "hello" })).rejects.toMatchObject({ code: Code.Unimplemented });
+    } finally {
+      await server.close(1000);
+    }
   });
 });
 

@@ -22,6 +22,33 @@ import { decodeReply, encodeRequest } from "../shared/run-wire.js";
 import { storeWebhookSecret } from "../shared/secrets.js";
 import type { InvocationDeps } from "./deps.js";
 
+/** How long after a deploy a sync call waits for a runner to have the app, rather than answering 503. */
+const FRESH_DEPLOY_MS = 2 * 60_000;
+const FRESH_DEPLOY_WAIT_MS = 30_000;
+
+/**
+ * Right after a deploy, this process's runner is still fetching and preparing
+ * the new app: a call then waits for it instead of failing at once. (A
+ * gateway without a runner of its own cannot know whether one is coming.)
+ */
+function freshDeployWait(app: AppRecord): number {
+  const age = Date.now() - Date.parse(app.deployment.created_at);
+  return age < FRESH_DEPLOY_MS ? FRESH_DEPLOY_WAIT_MS : 0;
+}
+
+/** Whether this process's runner has the app: waiting (bounded) for a deployment it is still preparing. */
+async function localRunnerHas(deps: InvocationDeps, app: AppRecord, signal: AbortSignal): Promise<boolean> {
+  const runner = deps.runner;
+  if (runner === undefined) return false;
+  const end = Date.now() + freshDeployWait(app);
+  for (;;) {
+    const version = runner.version(app.project_id, app.app_name);
+    if ((version ?? 0) >= app.deployment.version) return true;
+    if (signal.aborted || Date.now() >= end) return version !== undefined;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
 /** Beyond response_grace_period, how long a gateway waits for a runner's answer (the runner times the run out first). */
 const REPLY_MARGIN_MS = 5_000;
 /** Response headers of an app that a caller gets from skiff instead. */
@@ -37,7 +64,7 @@ export async function runSync(deps: InvocationDeps, app: AppRecord, record: RunR
   const controller = new AbortController();
   const onGone = () => controller.abort(ctx.signal.reason);
   ctx.signal.addEventListener("abort", onGone, { once: true });
-  const local = deps.runner !== undefined && deps.runner.version(record.project_id, record.app_name) !== undefined;
+  const local = await localRunnerHas(deps, app, ctx.signal);
   invoke.signal = controller.signal;
   const started = performance.now();
   const work = local ? deps.runner!.invoke(record.project_id, record.app_name, invoke) : remote(deps, app, invoke, controller.signal);

@@ -21,10 +21,10 @@ import { publishRunEvent } from "../shared/run-events.js";
 import { RunIndex } from "../shared/run-index.js";
 import { RunResults, type Body } from "../shared/run-results.js";
 import { isFinal, RUN_STATUSES, RunStore, type RunRecord, type RunStatus } from "../shared/run-store.js";
-import { listDeliveries } from "../webhook/deliveries.js";
+import { listDeliveries, redeliver, RedeliveryError } from "../webhook/deliveries.js";
 
 type Impl = ServiceImpl<typeof ManagementService>;
-export type RunMethods = "listRuns" | "getRun" | "cancelRun" | "watchRuns";
+export type RunMethods = "listRuns" | "getRun" | "cancelRun" | "watchRuns" | "listWebhookDeliveries" | "redeliverWebhook";
 
 export const DEFAULT_PAGE_SIZE = 50;
 export const MAX_PAGE_SIZE = 500;
@@ -172,6 +172,22 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       const run = runMessage(r, await results.read(r));
       run.webhookDeliveries = await listDeliveries(nc, r.run_id);
       return { run };
+    },
+    async listWebhookDeliveries(req) {
+      const r = await record(req.projectId, req.appName, req.runId);
+      return { deliveries: await listDeliveries(nc, r.run_id) };
+    },
+    async redeliverWebhook(req) {
+      const r = await record(req.projectId, req.appName, req.runId);
+      if (!isFinal(r.status)) throw new ConnectError(`run ${r.run_id} is ${r.status}: there is no result to deliver yet`, Code.FailedPrecondition);
+      try {
+        const delivery = await redeliver(nc, r.run_id);
+        logger.info({ runId: r.run_id, deliveryId: delivery.deliveryId }, "webhook redelivery requested");
+        return { delivery };
+      } catch (err) {
+        if (err instanceof RedeliveryError) throw new ConnectError(err.message, Code.FailedPrecondition);
+        throw err;
+      }
     },
     async cancelRun(req) {
       const r = await cancel(req.projectId, req.appName, req.runId);
