@@ -109,6 +109,10 @@ describe("invocation - refusals come before any 202", () => {
     const res = await post(`${v4(app, fn)}?${q}`, t.devToken, body);
     expect(res.status).toBe(status);
     expect(res.json).toMatchObject({ code });
+    // The refused call has an id for support and logs, but no run is recorded under it.
+    const id = res.headers.get("x-request-id")!;
+    expect(id).toMatch(UUID_V7);
+    if (app === "calc") await expect(t.management().getRun({ projectId: P, appName: app, runId: id })).rejects.toMatchObject({ code: Code.NotFound });
   });
 
   it("a body over the limit: 413", async () => {

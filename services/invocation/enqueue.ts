@@ -8,7 +8,6 @@
 // 202 {"run_id":"…"} with X-Request-Id.
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
-import { v7 } from "uuid";
 import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
 import type { InvokeRequest } from "../runner/types.js";
 import type { AppRecord } from "../shared/app-registry.js";
@@ -24,6 +23,8 @@ import { claimIdempotencyKey, releaseIdempotencyKey } from "./idempotency.js";
 const QUEUE_FULL_RETRY_AFTER_SECONDS = 5;
 
 export interface AsyncCall {
+  /** The id the run gets when accepted (already the call's X-Request-Id). */
+  runId: string;
   app: AppRecord;
   /** The record to write, without run id. */
   record: RunRecord;
@@ -45,13 +46,11 @@ async function queuedRuns(deps: InvocationDeps, subject: string): Promise<number
 }
 
 export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: HandlerContext): Promise<RunResponse> {
-  const { app, record, invoke } = call;
-  const runId = v7();
+  const { app, record, invoke, runId } = call;
   if (call.idempotencyKey !== undefined) {
     const first = await claimIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);
     if (first !== runId) return accepted(ctx, first);
   }
-  ctx.responseHeader.set("x-request-id", runId);
   record.run_id = invoke.runId = runId;
   const subject = subjects.runQueue(app.project_id, app.app_name);
   let written = false;

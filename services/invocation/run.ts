@@ -1,6 +1,6 @@
-// InvocationService.Run: checks the call, gives it a run id (UUIDv7, also
-// the X-Request-Id of every answer from then on, errors included), then
-// runs it synchronously (sync.ts) or queues it (enqueue.ts).
+// InvocationService.Run: gives the call its id (UUIDv7, the X-Request-Id of
+// every answer, errors included, and the run id once it is accepted),
+// checks it, then runs it synchronously (sync.ts) or queues it (enqueue.ts).
 import type { HandlerContext } from "@connectrpc/connect";
 import { v7 } from "uuid";
 import type { RunRequest, RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
@@ -36,6 +36,9 @@ function forwardedQuery(ctx: HandlerContext): string {
 }
 
 export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerContext): Promise<RunResponse> {
+  // Refused calls get an id too, for the caller's and the logs' sake; no run is recorded under it.
+  const runId = v7();
+  ctx.responseHeader.set("x-request-id", runId);
   const app = findApp(deps.registry, req.projectId, req.appName);
   const cortex = app.config.runtime.kind === "cortex";
   const rawBody = req.body?.data ?? new Uint8Array(0);
@@ -66,10 +69,8 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
     attempts: 0,
     ...(webhook ? { webhook_endpoint: webhook, webhook_signed: secret !== undefined } : {}),
   };
-  if (req.async) return enqueue(deps, { app, record, invoke, secret, idempotencyKey: ctx.requestHeader.get("idempotency-key") ?? undefined }, ctx);
+  if (req.async) return enqueue(deps, { runId, app, record, invoke, secret, idempotencyKey: ctx.requestHeader.get("idempotency-key") ?? undefined }, ctx);
 
-  const runId = v7();
-  ctx.responseHeader.set("x-request-id", runId);
   invoke.runId = record.run_id = runId;
   Object.assign(record, { started_at: now, attempts: 1, runner: deps.control.id });
   return runSync(deps, app, record, invoke, secret, ctx);
