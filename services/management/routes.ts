@@ -1,13 +1,13 @@
-// ManagementService: projects, service accounts, apps, runs and webhook
-// deliveries. Methods without a handler here answer `unimplemented` until the
-// issues that build them land.
+// ManagementService: projects, service accounts, apps, runs, webhook
+// deliveries and app statistics.
 import type { ConnectRouter } from "@connectrpc/connect";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { appHandlers } from "./apps.js";
 import type { ManagementDeps } from "./deps.js";
 import { projectHandlers } from "./projects.js";
 import { serviceAccountHandlers } from "./service-accounts.js";
+import { statsHandlers } from "./stats.js";
 
 export function routes(router: ConnectRouter, deps: ManagementDeps): void {
-  router.service(ManagementService, { ...projectHandlers(deps), ...serviceAccountHandlers(deps), ...appHandlers(deps), ...deps.runs.handlers });
+  router.service(ManagementService, { ...projectHandlers(deps), ...serviceAccountHandlers(deps), ...appHandlers(deps), ...deps.runs.handlers, ...statsHandlers(deps) });
 }

@@ -1,0 +1,2 @@
+// Vite's types for what the bundle imports besides code (the stylesheet).
+/// <reference types="vite/client" />

@@ -1,0 +1,68 @@
+// Sign in by pasting a token: an admin token or a service account's token.
+// GetIdentity checks it before anything is kept.
+import { useState, type FormEvent } from "react";
+import { describeError } from "./api.js";
+
+export function SignInPage({ signIn, notice }: { signIn: (token: string) => Promise<void>; notice: string | undefined }) {
+  const [token, setToken] = useState("");
+  const [error, setError] = useState<string>();
+  const [busy, setBusy] = useState(false);
+
+  const submit = async (e: FormEvent) => {
+    e.preventDefault();
+    const t = token.trim().replace(/^Bearer\s+/i, "");
+    if (t === "") {
+      setError("Paste a token first.");
+      return;
+    }
+    setBusy(true);
+    setError(undefined);
+    try {
+      await signIn(t);
+    } catch (err) {
+      setError(describeError(err));
+      setBusy(false);
+    }
+  };
+
+  return (
+    <main className="sign-in">
+      <h1>
+        <span className="brand-mark" aria-hidden="true" /> skiff
+      </h1>
+      <form onSubmit={submit} className="card" aria-labelledby="sign-in-title">
+        <h2 id="sign-in-title">Sign in</h2>
+        {notice && (
+          <p className="notice warn" role="status">
+            {notice}
+          </p>
+        )}
+        <label htmlFor="token">API token</label>
+        <input
+          id="token"
+          name="token"
+          type="password"
+          autoComplete="off"
+          spellCheck={false}
+          value={token}
+          onChange={(e) => setToken(e.target.value)}
+          aria-describedby="token-help"
+          aria-invalid={error !== undefined}
+          autoFocus
+        />
+        <p id="token-help" className="help">
+          The admin token (in <code>.data/admin-token</code> where skiff runs) or a service account's token. It is kept in this browser tab only,
+          until you sign out or close the tab.
+        </p>
+        {error && (
+          <p className="notice error" role="alert">
+            {error}
+          </p>
+        )}
+        <button type="submit" className="primary" disabled={busy}>
+          {busy ? "Checking…" : "Sign in"}
+        </button>
+      </form>
+    </main>
+  );
+}
