@@ -2,7 +2,7 @@
 // `skiff-replicas`, written by every runner process) and its log lines
 // (stream SKIFF_LOGS, subject `skiff.logs.{project}.{app}`).
 import { consumerOpts, type JetStreamClient, type JetStreamManager, type JetStreamSubscription, type KV, type NatsConnection } from "nats";
-import { jsonOf } from "../shared/auth-watch.js";
+import { jsonOf } from "../shared/kv-view.js";
 import { buckets, streams, subjects } from "../shared/nats-layout.js";
 import { decodeLogLine, type LogLineRecord } from "../runner/app-logs.js";
 import type { ReplicaRecord } from "../runner/replica-publisher.js";

@@ -6,7 +6,7 @@
 import type { KV, ObjectStore } from "nats";
 import type { AppConfig } from "../shared/app-config.js";
 import { appKey, decodeAppRecord, type AppRecord, type DeploymentRecord } from "../shared/app-registry.js";
-import { jsonOf } from "../shared/auth-watch.js";
+import { jsonOf } from "../shared/kv-view.js";
 
 /** Deployments (and their bundles) kept per app, the current one included. */
 export const KEPT_DEPLOYMENTS = 10;

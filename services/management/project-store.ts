@@ -1,6 +1,6 @@
 // Projects in KV `skiff-projects`, one key per project id.
 import type { KV } from "nats";
-import { jsonOf } from "../shared/auth-watch.js";
+import { jsonOf } from "../shared/kv-view.js";
 
 export interface ProjectRecord {
   project_id: string;

@@ -4,15 +4,14 @@
 // function without a network hop. Writes go through the management role
 // (compare-and-set on the KV entry); this module only defines the record
 // and reads it.
-import type { KV, KvEntry, NatsConnection, QueuedIterator } from "nats";
+import type { KvEntry, NatsConnection } from "nats";
 import type { AppConfig } from "./app-config.js";
-import { jsonOf } from "./auth-watch.js";
+import { followKv, jsonOf, type KvFollower } from "./kv-view.js";
 import type { Logger } from "./logger.js";
 import { buckets } from "./nats-layout.js";
 
 /** How long start() waits for the current apps before going on (the watch keeps filling the view). */
 export const DEFAULT_REGISTRY_INIT_TIMEOUT_MS = 5_000;
-const RETRY_MS = 500;
 
 /** One deployment of an app. Times are RFC 3339. */
 export interface DeploymentRecord {
@@ -58,29 +57,16 @@ export type AppChange = { kind: "put"; record: AppRecord } | { kind: "delete"; p
 export class AppRegistry {
   private readonly apps = new Map<string, AppRecord>();
   private readonly listeners = new Set<(change: AppChange) => void>();
-  private watcher: QueuedIterator<KvEntry> | undefined;
-  private closed = false;
+  private follower: KvFollower | undefined;
 
-  private constructor(
-    private readonly kv: KV,
-    private readonly logger: Logger,
-  ) {}
+  private constructor(private readonly logger: Logger) {}
 
   /** Binds KV `skiff-apps` and resolves once the current apps are loaded (or the wait timed out). */
   static async start(nc: NatsConnection, logger: Logger, timeoutMs = DEFAULT_REGISTRY_INIT_TIMEOUT_MS): Promise<AppRegistry> {
     const kv = await nc.jetstream().views.kv(buckets.apps.name, { bindOnly: true });
-    const registry = new AppRegistry(kv, logger);
-    await new Promise<void>((resolve) => {
-      const timer = setTimeout(() => {
-        logger.warn("app registry not loaded in time; going on while the watch fills it");
-        resolve();
-      }, timeoutMs);
-      timer.unref();
-      void registry.run(() => {
-        clearTimeout(timer);
-        resolve();
-      });
-    });
+    const registry = new AppRegistry(logger);
+    registry.follower = followKv({ kv, name: "apps", logger, initTimeoutMs: timeoutMs, onEntry: (e) => registry.apply(e) });
+    await registry.follower.ready;
     return registry;
   }
 
@@ -101,24 +87,8 @@ export class AppRegistry {
   }
 
   close(): void {
-    this.closed = true;
     this.listeners.clear();
-    this.watcher?.stop();
-  }
-
-  private async run(initialized: () => void): Promise<void> {
-    while (!this.closed) {
-      try {
-        // A new watch replays the last value (or delete marker) of every key,
-        // so a watch that ended and restarts catches up on what it missed.
-        this.watcher = await this.kv.watch({ initializedFn: initialized });
-        if (this.closed) this.watcher.stop();
-        for await (const entry of this.watcher) this.apply(entry);
-      } catch (err) {
-        if (!this.closed) this.logger.warn({ err }, "app registry watch failed; watching again");
-      }
-      if (!this.closed) await new Promise((r) => setTimeout(r, RETRY_MS));
-    }
+    this.follower?.stop();
   }
 
   private apply(entry: KvEntry): void {

@@ -4,7 +4,7 @@
 import { randomBytes } from "node:crypto";
 import type { KV, KvEntry } from "nats";
 import type { Logger } from "./logger.js";
-import { KvView, jsonOf } from "./auth-watch.js";
+import { KvView, jsonOf } from "./kv-view.js";
 
 /** "p-" then lowercase letters and digits. */
 export const PROJECT_ID = /^p-[a-z0-9]{1,40}$/;

@@ -6,7 +6,7 @@
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import type { KV } from "nats";
 import type { Logger } from "./logger.js";
-import { KvView } from "./auth-watch.js";
+import { KvView } from "./kv-view.js";
 
 const ADMIN_PREFIX = "admin.";
 /** Prefix of generated admin tokens, so that secret scanners and people can recognise one. */

@@ -1,14 +1,75 @@
-// An in-memory view of (part of) a KV bucket, fed by a watch: what every
-// process consults on the hot path of authentication instead of asking NATS.
-// Deletions arrive as DEL/PURGE entries and remove the key, which is how a
-// deleted service account stops working in every process.
+// In-memory views of KV buckets, fed by watches: what processes consult on
+// hot paths (authentication, app lookups, run listings) instead of asking
+// NATS. Deletions arrive as DEL/PURGE entries and remove the key, which is
+// how a deleted service account stops working in every process.
 import type { KV, KvEntry, QueuedIterator } from "nats";
 import type { Logger } from "./logger.js";
 
-/** How long start() waits for the initial values before serving anyway (misses fall back to a KV get). */
+/** How long a view waits for the initial values before serving anyway (misses fall back to a KV get). */
 export const DEFAULT_VIEW_INIT_TIMEOUT_MS = 5_000;
 /** Pause before a watch that ended (server restart, stream reset) is established again. */
 export const DEFAULT_VIEW_RETRY_MS = 500;
+
+export interface FollowOptions {
+  kv: KV;
+  /** Keys to watch, NATS subject syntax (`verify.>`); default all. */
+  key?: string;
+  /** What the view holds, for log lines. */
+  name: string;
+  logger: Logger;
+  /** Every entry, the current values first, then each change. */
+  onEntry: (entry: KvEntry) => void;
+  initTimeoutMs?: number;
+  /** Ends the watch for good, e.g. when the connection is closed (the process is stopping). */
+  shouldStop?: () => boolean;
+}
+
+export interface KvFollower {
+  /** Resolves once the current values were delivered (or the wait timed out; the watch goes on). */
+  ready: Promise<void>;
+  stop(): void;
+}
+
+/**
+ * Watches a bucket until stopped, watching again after a failure: a new watch
+ * replays the last value (or delete marker) of every key, so it catches up
+ * on what it missed.
+ */
+export function followKv(opts: FollowOptions): KvFollower {
+  let watcher: QueuedIterator<KvEntry> | undefined;
+  let stopped = false;
+  const done = () => stopped || (opts.shouldStop?.() ?? false);
+  const ready = new Promise<void>((resolve) => {
+    const timer = setTimeout(() => {
+      opts.logger.warn({ view: opts.name }, "KV view not loaded in time; going on while the watch fills it");
+      resolve();
+    }, opts.initTimeoutMs ?? DEFAULT_VIEW_INIT_TIMEOUT_MS);
+    timer.unref();
+    const initialized = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    void (async () => {
+      while (!done()) {
+        try {
+          watcher = await opts.kv.watch({ key: opts.key, initializedFn: initialized });
+          if (done()) watcher.stop();
+          for await (const entry of watcher) opts.onEntry(entry);
+        } catch (err) {
+          if (!done()) opts.logger.warn({ err, view: opts.name }, "KV watch failed; watching again");
+        }
+        if (!done()) await new Promise((r) => setTimeout(r, DEFAULT_VIEW_RETRY_MS));
+      }
+    })();
+  });
+  return {
+    ready,
+    stop() {
+      stopped = true;
+      watcher?.stop();
+    },
+  };
+}
 
 export interface KvViewOptions<T> {
   kv: KV;
@@ -21,10 +82,10 @@ export interface KvViewOptions<T> {
   name: string;
 }
 
+/** A map of a bucket's (or a key range's) decoded values. */
 export class KvView<T> {
   private readonly entries = new Map<string, T>();
-  private watcher: QueuedIterator<KvEntry> | undefined;
-  private closed = false;
+  private follower: KvFollower | undefined;
 
   constructor(private readonly opts: KvViewOptions<T>) {}
 
@@ -47,35 +108,12 @@ export class KvView<T> {
 
   /** Starts watching; resolves once the current values are loaded (or the wait timed out). */
   start(timeoutMs = DEFAULT_VIEW_INIT_TIMEOUT_MS): Promise<void> {
-    return new Promise((resolve) => {
-      const timer = setTimeout(() => {
-        this.opts.logger.warn({ view: this.opts.name }, "KV view not loaded in time; serving with KV lookups until it is");
-        resolve();
-      }, timeoutMs);
-      timer.unref();
-      void this.run(() => {
-        clearTimeout(timer);
-        resolve();
-      });
-    });
+    this.follower = followKv({ ...this.opts, initTimeoutMs: timeoutMs, onEntry: (e) => this.apply(e) });
+    return this.follower.ready;
   }
 
   close(): void {
-    this.closed = true;
-    this.watcher?.stop();
-  }
-
-  private async run(initialized: () => void): Promise<void> {
-    while (!this.closed) {
-      try {
-        this.watcher = await this.opts.kv.watch({ key: this.opts.key, initializedFn: initialized });
-        if (this.closed) this.watcher.stop();
-        for await (const entry of this.watcher) this.apply(entry);
-      } catch (err) {
-        if (!this.closed) this.opts.logger.warn({ err, view: this.opts.name }, "KV watch failed; watching again");
-      }
-      if (!this.closed) await new Promise((r) => setTimeout(r, DEFAULT_VIEW_RETRY_MS));
-    }
+    this.follower?.stop();
   }
 
   private apply(entry: KvEntry): void {

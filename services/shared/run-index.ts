@@ -6,13 +6,13 @@
 //
 // The index follows the bucket a few milliseconds behind a write; GetRun
 // reads the bucket itself.
-import type { KV, KvEntry, NatsConnection, QueuedIterator } from "nats";
+import type { KvEntry, NatsConnection } from "nats";
+import { followKv, type KvFollower } from "./kv-view.js";
 import type { Logger } from "./logger.js";
 import { buckets } from "./nats-layout.js";
 import { decodeRunRecord, type RunRecord, type RunStatus } from "./run-store.js";
 
 export const DEFAULT_INDEX_INIT_TIMEOUT_MS = 30_000;
-const RETRY_MS = 500;
 
 interface AppRuns {
   /** Run ids, ascending. */
@@ -43,29 +43,17 @@ function lowerBound(ids: string[], id: string): number {
 export class RunIndex {
   private readonly apps = new Map<string, AppRuns>();
   private readonly listeners = new Set<(r: RunRecord) => void>();
-  private watcher: QueuedIterator<KvEntry> | undefined;
-  private closed = false;
+  private follower: KvFollower | undefined;
 
-  private constructor(
-    private readonly kv: KV,
-    private readonly nc: NatsConnection,
-    private readonly logger: Logger,
-  ) {}
+  private constructor(private readonly logger: Logger) {}
 
   /** Resolves once the stored runs are loaded (or the wait timed out; the watch keeps filling the index). */
   static async start(nc: NatsConnection, logger: Logger, timeoutMs = DEFAULT_INDEX_INIT_TIMEOUT_MS): Promise<RunIndex> {
-    const index = new RunIndex(await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true }), nc, logger);
-    await new Promise<void>((resolve) => {
-      const timer = setTimeout(() => {
-        logger.warn("run index not loaded in time; going on while the watch fills it");
-        resolve();
-      }, timeoutMs);
-      timer.unref();
-      void index.run(() => {
-        clearTimeout(timer);
-        resolve();
-      });
-    });
+    const kv = await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true });
+    const index = new RunIndex(logger);
+    // A closed connection ends the watch for good (the process is stopping).
+    index.follower = followKv({ kv, name: "runs", logger, initTimeoutMs: timeoutMs, shouldStop: () => nc.isClosed(), onEntry: (e) => index.apply(e) });
+    await index.follower.ready;
     return index;
   }
 
@@ -99,23 +87,8 @@ export class RunIndex {
   }
 
   close(): void {
-    this.closed = true;
     this.listeners.clear();
-    this.watcher?.stop();
-  }
-
-  private async run(initialized: () => void): Promise<void> {
-    // A closed connection ends the watch for good (the process is stopping).
-    while (!this.closed && !this.nc.isClosed()) {
-      try {
-        this.watcher = await this.kv.watch({ initializedFn: initialized });
-        if (this.closed) this.watcher.stop();
-        for await (const entry of this.watcher) this.apply(entry);
-      } catch (err) {
-        if (!this.closed && !this.nc.isClosed()) this.logger.warn({ err }, "run index watch failed; watching again");
-      }
-      if (!this.closed && !this.nc.isClosed()) await new Promise((r) => setTimeout(r, RETRY_MS));
-    }
+    this.follower?.stop();
   }
 
   private apply(entry: KvEntry): void {

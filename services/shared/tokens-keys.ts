@@ -10,7 +10,7 @@
 import { createPublicKey, generateKeyPairSync, type JsonWebKey, type KeyObject } from "node:crypto";
 import type { KV } from "nats";
 import type { Logger } from "./logger.js";
-import { KvView, jsonOf } from "./auth-watch.js";
+import { KvView, jsonOf } from "./kv-view.js";
 import { KID, parsePrivateKey, publicJwk, signingKeyFrom, type SigningKey } from "./tokens.js";
 
 const VERIFY_PREFIX = "verify.";
