@@ -52,11 +52,13 @@ interface RoleContext {
   runner: Runner | undefined;
   /** Called on close, before NATS closes. */
   onClose: (close: () => void) => void;
+  /** Address ranges webhooks may reach despite the SSRF guard (resolved once). */
+  webhookAllowedCidrs: string[];
 }
 
 /** Roles that serve RPCs on the port; the others work from NATS alone. */
 const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> = {
-  invocation: async ({ config, nats, logger, apps, runner, onClose }) => {
+  invocation: async ({ config, nats, logger, apps, runner, onClose, webhookAllowedCidrs }) => {
     const role = await startInvocationRole({
       nc: nats.nc,
       logger,
@@ -64,7 +66,7 @@ const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> =
       runner,
       resultTtlSeconds: config.resultTtlSeconds,
       maxQueuedRuns: config.maxQueuedRuns,
-      webhookAllowedCidrs: webhookAllowedCidrs(config, logger),
+      webhookAllowedCidrs,
       secretsKey: config.secretsKey,
     });
     onClose(() => role.close());
@@ -149,11 +151,12 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       runs = await startRunServices({ nc: nats.nc, runner: runner.runner, registry: apps, logger, resultTtlSeconds: config.resultTtlSeconds, ackWaitMs: config.runAckWaitMs });
     }
 
+    const allowedCidrs = webhookAllowedCidrs(config, logger);
     if (config.roles.includes("webhook")) {
       webhook = await startWebhookRole({
         nc: nats.nc,
         logger,
-        allowedCidrs: webhookAllowedCidrs(config, logger),
+        allowedCidrs,
         timeoutMs: config.webhookTimeoutMs,
         secretsKey: config.secretsKey,
       });
@@ -164,7 +167,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     const rpc: RpcRole[] = [];
     if (starters.length > 0) {
       auth = await startAuth(nats.nc, logger);
-      for (const start of starters) rpc.push(await start({ config, nats, auth, logger, deployments, apps, runner: runner?.runner, onClose: (c) => closers.push(c) }));
+      for (const start of starters) rpc.push(await start({ config, nats, auth, logger, deployments, apps, runner: runner?.runner, onClose: (c) => closers.push(c), webhookAllowedCidrs: allowedCidrs }));
     }
     for (const r of rpc) health.services.add(r.service.typeName);
     const server = await startServer({
