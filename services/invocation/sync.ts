@@ -14,7 +14,7 @@ import type { AppRecord } from "../shared/app-registry.js";
 import { setHttpStatus } from "../shared/http-exchange.js";
 import { subjects } from "../shared/nats-layout.js";
 import { broadcastAbort } from "../shared/run-control.js";
-import { publishRunEvent } from "../shared/run-events.js";
+import { publishRunEventUnacked } from "../shared/run-events.js";
 import { finishSync } from "../shared/run-finish.js";
 import { contentTypeOf, NoRunner, outcomeOfAnswer, outcomeOfError, runFailure } from "../shared/run-outcome.js";
 import type { RunRecord } from "../shared/run-store.js";
@@ -58,8 +58,9 @@ export async function runSync(deps: InvocationDeps, app: AppRecord, record: RunR
   // The secret must be stored before the terminal event asks the webhook role to sign.
   if (secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, record.run_id, secret);
   const log = (what: string) => (err: unknown) => deps.logger.error({ err, runId: record.run_id }, what);
-  deps.runs.put(record).catch(log("cannot write a run record"));
-  publishRunEvent(deps.js, record).catch(log("cannot publish a run event"));
+  // Bookkeeping of a sync run is not awaited, nor acknowledged (see finishSync).
+  deps.runs.putUnacked(record);
+  publishRunEventUnacked(deps.nc, record);
 
   const controller = new AbortController();
   const onGone = () => controller.abort(ctx.signal.reason);

@@ -77,6 +77,8 @@ function dial(url: string, name: string, timeout: number): Promise<NatsConnectio
     timeout,
     maxReconnectAttempts: -1,
     reconnectTimeWait: DEFAULT_NATS_RECONNECT_WAIT_MS,
+    // A stack trace captured per request costs ~8% of a sync call's CPU; errors still say what failed.
+    noAsyncTraces: true,
   });
 }
 

@@ -4,7 +4,7 @@
 // so a publisher that repeats itself (a retried completion) is deduplicated.
 import { create, toBinary } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import type { JetStreamClient, NatsConnection } from "nats";
+import { headers, type JetStreamClient, type NatsConnection } from "nats";
 import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import { subjects } from "./nats-layout.js";
@@ -45,8 +45,20 @@ export function runEventBytes(r: RunRecord, response: EventResponse): Uint8Array
 }
 
 /** Publishes the event of the record's current state; resolves once JetStream stored it. */
+const eventId = (r: RunRecord) => `${r.run_id}.${r.status}.${Math.max(1, r.attempts)}`;
+
 export async function publishRunEvent(js: JetStreamClient, r: RunRecord, response?: EventResponse): Promise<void> {
-  await js.publish(subjects.runEvent(r.project_id, r.app_name, r.status), runEventBytes(r, response), {
-    msgID: `${r.run_id}.${r.status}.${Math.max(1, r.attempts)}`,
-  });
+  await js.publish(subjects.runEvent(r.project_id, r.app_name, r.status), runEventBytes(r, response), { msgID: eventId(r) });
+}
+
+/**
+ * The same event as a plain NATS publish, no acknowledgement awaited: for
+ * the events of sync runs that ask for no webhook, whose callers already
+ * have their answer. An event that a webhook depends on is always published
+ * with publishRunEvent.
+ */
+export function publishRunEventUnacked(nc: NatsConnection, r: RunRecord, response?: EventResponse): void {
+  const h = headers();
+  h.set("Nats-Msg-Id", eventId(r));
+  nc.publish(subjects.runEvent(r.project_id, r.app_name, r.status), runEventBytes(r, response), { headers: h });
 }

@@ -1,9 +1,9 @@
 // Recording how a run ended: the final record and the terminal event, whose
 // `response` is the body the sync caller got (or would have got), byte for
 // byte, for the webhook role.
-import type { JetStreamClient } from "nats";
+import type { JetStreamClient, NatsConnection } from "nats";
 import type { Logger } from "./logger.js";
-import { publishRunEvent } from "./run-events.js";
+import { publishRunEvent, publishRunEventUnacked } from "./run-events.js";
 import type { RunOutcome } from "./run-outcome.js";
 import type { RunResults } from "./run-results.js";
 import { isFinal, type RunRecord, type RunStore } from "./run-store.js";
@@ -28,17 +28,20 @@ function finalRecord(r: RunRecord, o: RunOutcome, now: Date): RunRecord {
 
 /**
  * A sync run: only its gateway writes its record, in order on one
- * connection, so a plain put does. Never awaited on the request path;
- * failures are logged.
+ * connection, so a plain unacknowledged publish does; its caller has the
+ * answer already. Only a terminal event that a webhook depends on is
+ * published with an acknowledgement (and logged when that fails). Never
+ * awaited on the request path.
  */
-export function finishSync(d: FinishDeps, running: RunRecord, o: RunOutcome): void {
+export function finishSync(d: FinishDeps & { nc: NatsConnection }, running: RunRecord, o: RunOutcome): void {
   const now = new Date();
   const final = finalRecord(running, o, now);
   void (async () => {
     // Results of sync runs are not kept (the caller has them); the event carries the body.
     const { event } = await d.results.keep(running.run_id, o.body, now, false);
-    d.runs.put(final).catch((err: unknown) => d.logger.error({ err, runId: final.run_id }, "cannot write a run record"));
-    await publishRunEvent(d.js, final, event);
+    d.runs.putUnacked(final);
+    if (final.webhook_endpoint) await publishRunEvent(d.js, final, event);
+    else publishRunEventUnacked(d.nc, final, event);
   })().catch((err: unknown) => d.logger.error({ err, runId: final.run_id }, "cannot publish a run's final event"));
 }
 

@@ -75,10 +75,13 @@ const encode = (r: RunRecord) => encoder.encode(JSON.stringify(r));
 const MAX_CAS_TRIES = 20;
 
 export class RunStore {
-  constructor(readonly kv: KV) {}
+  constructor(
+    readonly kv: KV,
+    private readonly nc: NatsConnection,
+  ) {}
 
   static async open(nc: NatsConnection): Promise<RunStore> {
-    return new RunStore(await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true }));
+    return new RunStore(await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true }), nc);
   }
 
   async get(projectId: string, appName: string, runId: string): Promise<{ record: RunRecord; revision: number } | undefined> {
@@ -95,6 +98,16 @@ export class RunStore {
   /** Unconditional write, for sync runs whose records only their own gateway writes, in order. */
   put(r: RunRecord): Promise<number> {
     return this.kv.put(runKey(r.project_id, r.app_name, r.run_id), encode(r));
+  }
+
+  /**
+   * The same write as a plain NATS publish to the bucket's subject: no
+   * acknowledgement is awaited, which is most of what a write costs the
+   * gateway. For the bookkeeping of sync runs, whose callers already have
+   * their answer; the connection keeps the order of a run's writes.
+   */
+  putUnacked(r: RunRecord): void {
+    this.nc.publish(`$KV.${buckets.runs.name}.${runKey(r.project_id, r.app_name, r.run_id)}`, encode(r));
   }
 
   /**

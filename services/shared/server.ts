@@ -1,6 +1,7 @@
 // One port for everything: HTTP/1.1 (REST, Connect, gRPC-Web) and cleartext
 // HTTP/2 with prior knowledge (gRPC, Connect). A net.Server peeks at the first
 // bytes of each connection and hands the socket to the http or http2 server.
+import { setMaxListeners } from "node:events";
 import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
@@ -89,6 +90,8 @@ function sendJson(res: NodeResponse, status: number, body: unknown): void {
 export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   const { logger, health } = opts;
   const shutdown = new AbortController();
+  // Every call in flight listens to it: not a leak, so no listener-count warning.
+  setMaxListeners(0, shutdown.signal);
   let handlers: readonly UniversalHandler[] = [];
   let transcode: ReturnType<typeof createTranscoder> | undefined;
 
