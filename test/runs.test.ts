@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RunEventSchema, type RunEvent } from "../gen/skiff/events/v1/events_pb.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 import { cortexApp, deploy, P, post, until } from "./helpers/run-apps.js";
+import { silentLogger } from "../services/shared/logger.js";
 
 let t: TestSkiff;
 let tmp: string;
@@ -199,6 +200,35 @@ describe("runs - results retention", () => {
       const body = await results.read(record);
       expect(JSON.parse(new TextDecoder().decode(body!.data)).result).toHaveLength(n);
       expect(await results.read(record, new Date(Date.now() + 86_401_000))).toBeUndefined();
+    }
+  });
+});
+
+describe("runs - record retention", () => {
+  it("run and delivery records expire after RUN_RETENTION_MS, and the index forgets runs of that age", async () => {
+    const { RunIndex } = await import("../services/shared/run-index.js");
+    const { RunStore } = await import("../services/shared/run-store.js");
+    const { buckets, RUN_RETENTION_MS } = await import("../services/shared/nats-layout.js");
+    const { v7 } = await import("uuid");
+    const nc = t.skiff.nats.nc;
+    const jsm = await nc.jetstreamManager();
+    for (const b of [buckets.runs, buckets.webhooks]) {
+      expect((await jsm.streams.info(`KV_${b.name}`)).config.max_age).toBe(RUN_RETENTION_MS * 1_000_000);
+    }
+    const store = await RunStore.open(nc);
+    const now = Date.now();
+    const old = v7({ msecs: now - RUN_RETENTION_MS - 60_000 });
+    const recent = v7({ msecs: now - RUN_RETENTION_MS + 60_000 });
+    for (const id of [old, recent]) {
+      await store.put({ run_id: id, project_id: P, app_name: "aged", path: "run", async: true, status: "success", queued_at: new Date().toISOString(), attempts: 1 });
+    }
+    const index = await RunIndex.start(nc, silentLogger);
+    try {
+      await until("both runs indexed", () => index.list(P, "aged", { pageSize: 10 }).runs.length === 2);
+      expect(index.prune(now)).toBe(1);
+      expect(index.list(P, "aged", { pageSize: 10 }).runs.map((r) => r.run_id)).toEqual([recent]);
+    } finally {
+      index.close();
     }
   });
 });

@@ -66,6 +66,12 @@ export const streams = {
   },
 } as const satisfies Record<string, StreamSpec>;
 
+/**
+ * How long run records and webhook delivery records are kept after their
+ * last change; the run index forgets runs of that age too.
+ */
+export const RUN_RETENTION_MS = 30 * DAY_MS;
+
 export interface BucketSpec {
   name: string;
   /** 0 = values never expire. */
@@ -79,11 +85,11 @@ export const buckets = {
   serviceAccounts: { name: "skiff-service-accounts", ttlMs: 0, history: 1, description: "service accounts; deletions revoke tokens through watches" },
   keys: { name: "skiff-keys", ttlMs: 0, history: 1, description: "token signing keys" },
   apps: { name: "skiff-apps", ttlMs: 0, history: 5, description: "apps, their config and deployments" },
-  runs: { name: "skiff-runs", ttlMs: 0, history: 1, description: "run records" },
+  runs: { name: "skiff-runs", ttlMs: RUN_RETENTION_MS, history: 1, description: "run records" },
   secrets: { name: "skiff-secrets", ttlMs: 2 * DAY_MS, history: 1, description: "sealed webhook secrets (short TTL)" },
   idempotency: { name: "skiff-idempotency", ttlMs: DAY_MS, history: 1, description: "Idempotency-Key to run id, 24 h" },
   replicas: { name: "skiff-replicas", ttlMs: 30_000, history: 1, description: "live replicas of every runner process, refreshed well inside the TTL" },
-  webhooks: { name: "skiff-webhooks", ttlMs: 0, history: 1, description: "webhook deliveries and their attempts" },
+  webhooks: { name: "skiff-webhooks", ttlMs: RUN_RETENTION_MS, history: 1, description: "webhook deliveries and their attempts" },
 } as const satisfies Record<string, BucketSpec>;
 
 export interface ObjectStoreSpec {

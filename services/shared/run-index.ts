@@ -5,14 +5,23 @@
 // walk backwards from the newest, or from just below the page token.
 //
 // The index follows the bucket a few milliseconds behind a write; GetRun
-// reads the bucket itself.
+// reads the bucket itself. Records expire from the bucket RUN_RETENTION_MS
+// after their last write without a delete marker, so the index forgets runs
+// of that age by itself (hourly, by the time inside their ids).
 import type { KvEntry, NatsConnection } from "nats";
 import { followKv, type KvFollower } from "./kv-view.js";
 import type { Logger } from "./logger.js";
-import { buckets } from "./nats-layout.js";
+import { buckets, RUN_RETENTION_MS } from "./nats-layout.js";
 import { decodeRunRecord, type RunRecord, type RunStatus } from "./run-store.js";
 
 export const DEFAULT_INDEX_INIT_TIMEOUT_MS = 30_000;
+const PRUNE_EVERY_MS = 60 * 60 * 1000;
+
+/** The smallest UUIDv7 text of a given time: ids below it are older. */
+function idAt(ms: number): string {
+  const hex = Math.max(0, Math.floor(ms)).toString(16).padStart(12, "0");
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}`;
+}
 
 interface AppRuns {
   /** Run ids, ascending. */
@@ -44,6 +53,7 @@ export class RunIndex {
   private readonly apps = new Map<string, AppRuns>();
   private readonly listeners = new Set<(r: RunRecord) => void>();
   private follower: KvFollower | undefined;
+  private readonly pruner = setInterval(() => this.prune(), PRUNE_EVERY_MS).unref();
 
   private constructor(private readonly logger: Logger) {}
 
@@ -87,8 +97,23 @@ export class RunIndex {
   }
 
   close(): void {
+    clearInterval(this.pruner);
     this.listeners.clear();
     this.follower?.stop();
+  }
+
+  /** Forgets runs queued more than RUN_RETENTION_MS before `now`; returns how many. */
+  prune(now = Date.now()): number {
+    const cutoff = idAt(now - RUN_RETENTION_MS);
+    let dropped = 0;
+    for (const [key, app] of this.apps) {
+      const n = lowerBound(app.ids, cutoff);
+      if (n === 0) continue;
+      for (const id of app.ids.splice(0, n)) app.byId.delete(id);
+      dropped += n;
+      if (app.ids.length === 0) this.apps.delete(key);
+    }
+    return dropped;
   }
 
   private apply(entry: KvEntry): void {
