@@ -5,7 +5,7 @@
 // only once ready, so a folder under its digest is always complete; what it
 // learned (Cortex functions, the venv) is kept in `.skiff/prepared.json`.
 import { randomBytes } from "node:crypto";
-import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { loadAppConfig, type AppConfig } from "../shared/app-config.js";
 import { BundleError, sha256, unpackBundle } from "../shared/bundle.js";
@@ -14,6 +14,8 @@ import { prepareDeployment } from "./prepare.js";
 import type { PreparedDeployment } from "./types.js";
 
 const MARKER = path.join(".skiff", "prepared.json");
+/** A folder younger than this is never pruned: a deploy may be preparing it before its record exists. */
+export const PRUNE_MIN_AGE_MS = 60 * 60 * 1000;
 
 export interface PreparedBundle {
   /** The unpacked, prepared app folder. */
@@ -68,6 +70,27 @@ export class DeploymentCache {
       );
     }
     return p;
+  }
+
+  /**
+   * Removes the prepared folders (and leftover staging folders) of bundles
+   * that no app keeps any more, once they are older than PRUNE_MIN_AGE_MS.
+   * `keep`: the digests of every deployment the app records still list.
+   * Returns the digests removed.
+   */
+  async prune(keep: ReadonlySet<string>, now = Date.now()): Promise<string[]> {
+    const names = await readdir(this.root).catch(() => [] as string[]);
+    const removed: string[] = [];
+    for (const name of names) {
+      const digest = /^[0-9a-f]{64}$/.test(name) ? name : undefined;
+      if ((digest && (keep.has(digest) || this.pending.has(digest))) || (!digest && !name.startsWith(".staging-"))) continue;
+      const dir = path.join(this.root, name);
+      const info = await stat(dir).catch(() => undefined);
+      if (!info || now - info.mtimeMs < PRUNE_MIN_AGE_MS) continue;
+      await rm(dir, { recursive: true, force: true });
+      if (digest) removed.push(digest);
+    }
+    return removed;
   }
 
   private async load(digest: string): Promise<PreparedBundle | undefined> {

@@ -43,6 +43,8 @@ export interface RunnerRole {
   close(): Promise<void>;
 }
 
+const PRUNE_EVERY_MS = 60 * 60 * 1000;
+
 export const deploymentsDir = (dataDir: string): string => path.join(path.resolve(dataDir), "deployments");
 
 export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRole> {
@@ -118,6 +120,15 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     });
   }
 
+  /** Prepared folders of bundles no app lists any more go, now and then, so the disk does not fill. */
+  const prune = () =>
+    deployments
+      .prune(new Set(registry.list().flatMap((r) => r.deployments.map((d) => d.digest))))
+      .then((gone) => gone.length > 0 && logger.info({ digests: gone }, "removed prepared deployments no app uses"))
+      .catch((err: unknown) => logger.warn({ err }, "cannot prune prepared deployments"));
+  const pruner = setInterval(() => void prune(), PRUNE_EVERY_MS).unref();
+  void prune();
+
   const stopWatching = registry.onChange((c) => (c.kind === "put" ? schedule(c.record.project_id, c.record.app_name) : schedule(c.projectId, c.appName)));
   for (const record of registry.list()) schedule(record.project_id, record.app_name);
   logger.info({ apps: registry.list().length }, "runner role follows the app registry");
@@ -127,6 +138,7 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     deployments,
     async close() {
       closed = true;
+      clearInterval(pruner);
       stopWatching();
       await Promise.allSettled([...queues.values()]);
       await runner.close();
