@@ -70,7 +70,9 @@ describe("runner - runtimes", () => {
     expect(failed.status).toBe(500);
     expect(json(failed.body)).toEqual({ run_id: "run-py-2", error: { type: "ValueError", message: "numbers must not be empty" } });
     expect(Buffer.from(failed.body).toString()).not.toContain("Traceback");
-    const stderr = logs.filter((l) => l.runId === "run-py-2" && l.stream === "stderr").map((l) => l.text);
+    const stderrOf = () => logs.filter((l) => l.runId === "run-py-2" && l.stream === "stderr").map((l) => l.text);
+    await expect.poll(() => stderrOf().join("\n")).toContain('raise ValueError("numbers must not be empty")');
+    const stderr = stderrOf();
     expect(stderr).toContain("Traceback (most recent call last):");
     expect(stderr.join("\n")).toContain('raise ValueError("numbers must not be empty")');
     expect(logs.find((l) => l.text === "greeting Ada")).toMatchObject({ projectId: "p-test", appName: name, stream: "stdout", runId: "run-py-1", replicaId: ok.replicaId });
@@ -84,7 +86,8 @@ describe("runner - runtimes", () => {
     const failed = await runner.invoke("p-test", name, request("/reverse", { text: 1 }, { runId: "run-n-2" }));
     expect(failed.status).toBe(500);
     expect(json(failed.body)).toEqual({ run_id: "run-n-2", error: { type: "TypeError", message: "text must be a string" } });
-    expect(logs.some((l) => l.runId === "run-n-2" && l.stream === "stderr" && l.text.includes("at reverse"))).toBe(true);
+    // The trace and the answer travel on different pipes: the trace may come second.
+    await expect.poll(() => logs.some((l) => l.runId === "run-n-2" && l.stream === "stderr" && l.text.includes("at reverse"))).toBe(true);
     await expect(runner.invoke("p-test", name, request("/_greeting"))).rejects.toBeInstanceOf(FunctionNotFound);
   });
 

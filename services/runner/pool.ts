@@ -185,7 +185,7 @@ export class AppPool {
       request?.destroy(failure);
     };
     req.signal?.addEventListener("abort", onAbort, { once: true });
-    r.runs.add(req.runId);
+    r.startRun(req.runId);
     const started = performance.now();
     try {
       const ex = fn === undefined
@@ -204,7 +204,7 @@ export class AppPool {
     } finally {
       clearTimeout(timer);
       req.signal?.removeEventListener("abort", onAbort);
-      r.runs.delete(req.runId);
+      r.endRun(req.runId);
       this.release(r);
     }
   }

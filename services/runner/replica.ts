@@ -11,6 +11,9 @@ import { readLines } from "./log-lines.js";
 import { makeWorkDir, replicaEnv } from "./replica-env.js";
 import type { AppLogLine, ReplicaInfo, ReplicaState } from "./types.js";
 
+/** How long after a run's answer a line of the replica still counts as that run's. */
+const LATE_LINE_MS = 250;
+
 export interface ReplicaSpec {
   projectId: string;
   appName: string;
@@ -66,7 +69,9 @@ export class Replica {
   /** Gives back a fixed port when the process has ended. */
   releasePort: (() => void) | undefined;
   /** Run ids in flight, so a log line can name its run when there is one. */
-  readonly runs = new Set<string>();
+  private readonly runs = new Set<string>();
+  /** The run that ended last while no other ran, and when: its last lines may come after its answer. */
+  private lastRun: { id: string; endedAt: number } | undefined;
   private child: ChildProcess | undefined;
   private closed = false;
   private readonly stderrTail: string[] = [];
@@ -155,10 +160,26 @@ export class Replica {
     return this.stderrTail.length > 0 ? `; its stderr ends with:\n${this.stderrTail.join("\n")}` : "";
   }
 
+  startRun(runId: string): void {
+    this.runs.add(runId);
+    this.lastRun = undefined;
+  }
+
+  endRun(runId: string): void {
+    this.runs.delete(runId);
+    this.lastRun = this.runs.size === 0 ? { id: runId, endedAt: performance.now() } : undefined;
+  }
+
+  /** The run a line belongs to: the only one in flight, or the one that just ended (its output and its answer travel on different pipes). */
+  private runOfLine(): string | undefined {
+    if (this.runs.size === 1) for (const id of this.runs) return id;
+    if (this.runs.size === 0 && this.lastRun && performance.now() - this.lastRun.endedAt < LATE_LINE_MS) return this.lastRun.id;
+    return undefined;
+  }
+
   private log(stream: "stdout" | "stderr", text: string): void {
     const s = this.spec;
-    let runId: string | undefined;
-    if (this.runs.size === 1) for (const id of this.runs) runId = id;
+    const runId = this.runOfLine();
     this.hooks.logger.debug({ app: `${s.projectId}/${s.appName}`, replica: s.replicaId, stream, runId }, text);
     this.hooks.onLog?.({ projectId: s.projectId, appName: s.appName, replicaId: s.replicaId, stream, runId, text, time: new Date() });
   }
