@@ -75,7 +75,7 @@ describe("runner - runtimes", () => {
     const stderr = stderrOf();
     expect(stderr).toContain("Traceback (most recent call last):");
     expect(stderr.join("\n")).toContain('raise ValueError("numbers must not be empty")');
-    expect(logs.find((l) => l.text === "greeting Ada")).toMatchObject({ projectId: "p-test", appName: name, stream: "stdout", runId: "run-py-1", replicaId: ok.replicaId });
+    await expect.poll(() => logs.find((l) => l.text === "greeting Ada")).toMatchObject({ projectId: "p-test", appName: name, stream: "stdout", runId: "run-py-1", replicaId: ok.replicaId });
   });
 
   it("cortex node (example): an async export, a sync export, a thrown error as 500", async () => {
