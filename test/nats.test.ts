@@ -132,6 +132,23 @@ describe("nats - provision", () => {
     expect(lines.filter((l) => /created|updated|differs/.test(l.msg))).toEqual([]);
   });
 
+  test("first provisioning by eight processes at once never fails, round after round on fresh servers", async () => {
+    // Concurrent creates of one KV bucket may be refused with "subjects overlap" rather than
+    // "name in use"; both mean another process got there first.
+    for (let round = 0; round < 8; round++) {
+      const fresh = await startNatsServer();
+      const conns = await Promise.all(Array.from({ length: 8 }, () => connect({ servers: fresh.url })));
+      try {
+        const results = await Promise.allSettled(conns.map((nc) => provision(nc, silentLogger)));
+        expect(results.filter((r) => r.status === "rejected")).toEqual([]);
+        expect(await streamNames(conns[0])).toEqual(layoutStreamNames);
+      } finally {
+        await Promise.all(conns.map((nc) => nc.close()));
+        await fresh.stop();
+      }
+    }
+  });
+
   test("provision brings changed settings back to the layout and reports those JetStream cannot change", async () => {
     const nc = await client(nats.url);
     const jsm = await nc.jetstreamManager();

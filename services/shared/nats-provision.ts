@@ -21,6 +21,8 @@ import { buckets, objectStores, streams, type BucketSpec, type ObjectStoreSpec, 
 /** JetStream API error codes (nats-server errors.json). */
 const JS_STREAM_NOT_FOUND = 10059;
 const JS_STREAM_NAME_IN_USE = 10058;
+/** A create racing another process's create of the same stream may be refused with this instead. */
+const JS_STREAM_SUBJECT_OVERLAP = 10065;
 
 /** Settings JetStream can change on an existing stream (they are part of StreamUpdateConfig). */
 const UPDATABLE = ["subjects", "description", "max_age", "duplicate_window", "max_msgs_per_subject"] as const satisfies readonly (keyof StreamUpdateConfig)[];
@@ -92,8 +94,10 @@ async function ensure(jsm: JetStreamManager, target: Target, logger: Logger): Pr
       logger.info({ kind: target.kind, name: target.name }, `created ${target.kind} ${target.name}`);
     } catch (err) {
       // Another process created it between our look and our create, with other
-      // settings (an identical create succeeds). Settle it like an existing one.
-      if (jsErrCode(err) !== JS_STREAM_NAME_IN_USE) throw err;
+      // settings (an identical create succeeds), or while ours was under way
+      // (the server then may say the subjects overlap). Settle it like an existing one.
+      const code = jsErrCode(err);
+      if (code !== JS_STREAM_NAME_IN_USE && code !== JS_STREAM_SUBJECT_OVERLAP) throw err;
       const winner = await streamInfo(jsm, target.want.name);
       if (winner === undefined) throw err;
       await reconcile(jsm, target, winner, logger);
