@@ -7,7 +7,7 @@ import type { ServiceAccount } from "../../gen/skiff/management/v2/management_pb
 import { describeError } from "./api.js";
 import { ConfirmDialog } from "./confirm-dialog.js";
 import { dateOf, formatDate, formatRelative, formatTime } from "./format.js";
-import { Empty, ErrorNotice, Loading } from "./notices.js";
+import { Empty, ErrorNotice, FormError, Loading } from "./notices.js";
 import { useSession } from "./session-context.js";
 import { TokenOnce } from "./token-once.js";
 import { useLoad } from "./use-load.js";
@@ -81,11 +81,7 @@ function CreateForm({ project, onCreated }: { project: string; onCreated: (sa: S
       <p id={ids.help} className="help">
         The token stops working at the end of that day; at most a year ahead.
       </p>
-      {error && (
-        <p className="notice error" role="alert">
-          {error}
-        </p>
-      )}
+      <FormError message={error} />
       <button type="submit" className="primary" disabled={busy}>
         {busy ? "Creating…" : "Create service account"}
       </button>
@@ -209,11 +205,7 @@ export function KeysPage({ project }: { project: string }) {
           {identity.kind === "service_account" && identity.serviceAccountId === deleting.serviceAccountId && (
             <p className="notice warn">This is the account you are signed in with: you will be signed out.</p>
           )}
-          {deleteError && (
-            <p className="notice error" role="alert">
-              {deleteError}
-            </p>
-          )}
+          <FormError message={deleteError} />
         </ConfirmDialog>
       )}
     </main>

@@ -35,3 +35,13 @@ export function Empty({ title, children }: { title: string; children?: ReactNode
     </div>
   );
 }
+
+/** A form's own error (a refused value, a failed submit), announced to screen readers. */
+export function FormError({ message }: { message: string | undefined }) {
+  if (!message) return null;
+  return (
+    <p className="notice error" role="alert">
+      {message}
+    </p>
+  );
+}

@@ -2,6 +2,7 @@
 // GetIdentity checks it before anything is kept.
 import { useState, type FormEvent } from "react";
 import { describeError } from "./api.js";
+import { FormError } from "./notices.js";
 
 export function SignInPage({ signIn, notice }: { signIn: (token: string) => Promise<void>; notice: string | undefined }) {
   const [token, setToken] = useState("");
@@ -54,11 +55,7 @@ export function SignInPage({ signIn, notice }: { signIn: (token: string) => Prom
           The admin token (in <code>.data/admin-token</code> where skiff runs) or a service account's token. It is kept in this browser tab only,
           until you sign out or close the tab.
         </p>
-        {error && (
-          <p className="notice error" role="alert">
-            {error}
-          </p>
-        )}
+        <FormError message={error} />
         <button type="submit" className="primary" disabled={busy}>
           {busy ? "Checking…" : "Sign in"}
         </button>
