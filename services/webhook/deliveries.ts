@@ -27,8 +27,17 @@ export class RedeliveryError extends Error {
   }
 }
 
-async function storeOf(nc: NatsConnection): Promise<DeliveryStore> {
-  return new DeliveryStore(await nc.jetstream().views.kv(buckets.webhooks.name, { bindOnly: true }));
+/** One bound store per connection: GetRun and the run list ask for deliveries often. */
+const stores = new WeakMap<NatsConnection, Promise<DeliveryStore>>();
+
+function storeOf(nc: NatsConnection): Promise<DeliveryStore> {
+  let store = stores.get(nc);
+  if (!store) {
+    store = nc.jetstream().views.kv(buckets.webhooks.name, { bindOnly: true }).then((kv) => new DeliveryStore(kv));
+    stores.set(nc, store);
+    store.catch(() => stores.delete(nc)); // bind again next time rather than keep the failure
+  }
+  return store;
 }
 
 export function toWebhookDelivery(r: DeliveryRecord): WebhookDelivery {
