@@ -1,9 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { connect, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { silentLogger } from "../services/shared/logger.js";
 import { buckets } from "../services/shared/nats-layout.js";
-import { provision } from "../services/shared/nats.js";
 import {
   createSecretBox,
   loadWebhookSecret,
@@ -15,7 +13,7 @@ import {
   storeWebhookSecret,
   UnsealError,
 } from "../services/shared/secrets.js";
-import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
+import { startProvisionedNats } from "./helpers/nats-server.js";
 
 describe("secret box", () => {
   const box = secretBox(randomBytes(32));
@@ -48,20 +46,18 @@ describe("secret box", () => {
 });
 
 describe("secret box on NATS", () => {
-  let nats: TestNats;
+  let server: Awaited<ReturnType<typeof startProvisionedNats>>;
   let nc: NatsConnection;
   beforeAll(async () => {
-    nats = await startNatsServer();
-    nc = await connect({ servers: nats.url });
-    await provision(nc, silentLogger);
+    server = await startProvisionedNats();
+    nc = server.nc;
   });
   afterAll(async () => {
-    await nc?.close();
-    await nats?.stop();
+    await server?.stop();
   });
 
   test("concurrent starts agree on one cluster key, made once in KV skiff-keys", async () => {
-    const others = await Promise.all(Array.from({ length: 4 }, () => connect({ servers: nats.url })));
+    const others = await Promise.all(Array.from({ length: 4 }, () => connect({ servers: server.nats.url })));
     try {
       const boxes = await Promise.all([nc, ...others].map((c) => createSecretBox(c)));
       const sealed = boxes[0].seal("shared", "ctx");

@@ -1,26 +1,22 @@
 import { execFile } from "node:child_process";
 import { readFile } from "node:fs/promises";
 import { promisify } from "node:util";
-import { connect, type NatsConnection } from "nats";
+import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { silentLogger } from "../services/shared/logger.js";
-import { provision } from "../services/shared/nats.js";
 import { publishRunEvent, terminalEvent } from "./helpers/webhook-events.js";
-import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
+import { startProvisionedNats } from "./helpers/nats-server.js";
 
 const run = promisify(execFile);
 
 describe("public run events", () => {
-  let nats: TestNats;
+  let server: Awaited<ReturnType<typeof startProvisionedNats>>;
   let nc: NatsConnection;
   beforeAll(async () => {
-    nats = await startNatsServer();
-    nc = await connect({ servers: nats.url });
-    await provision(nc, silentLogger);
+    server = await startProvisionedNats();
+    nc = server.nc;
   });
   afterAll(async () => {
-    await nc?.close();
-    await nats?.stop();
+    await server?.stop();
   });
 
   test("events - the example consumer decodes a published RunEvent and prints its run id and status", async () => {
@@ -29,7 +25,7 @@ describe("public run events", () => {
     await publishRunEvent(nc, other);
     await publishRunEvent(nc, event);
     const { stdout } = await run(process.execPath, ["--import", "tsx", "examples/event-consumer/consume.ts", "--subject", "skiff.events.runs.p-dev.>", "--from-start", "--max", "1"], {
-      env: { ...process.env, SKIFF_NATS_URL: nats.url },
+      env: { ...process.env, SKIFF_NATS_URL: server.nats.url },
       timeout: 20_000,
     });
     const lines = stdout.trim().split("\n");

@@ -4,6 +4,9 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
+import { connect, type NatsConnection } from "nats";
+import { silentLogger } from "../../services/shared/logger.js";
+import { provision } from "../../services/shared/nats.js";
 import { NATS_SERVER_BINARY, spawnNatsServer, type NatsServerProcess } from "../../services/shared/nats-server-process.js";
 
 export interface TestNatsOptions {
@@ -60,6 +63,21 @@ export async function startNatsServer(opts: TestNatsOptions = {}): Promise<TestN
     restart: async () => {
       await server.stop();
       server = await launch(port);
+    },
+  };
+}
+
+/** A test server provisioned as skiff provisions it, and a client of it; stop() closes both. */
+export async function startProvisionedNats(): Promise<{ nats: TestNats; nc: NatsConnection; stop(): Promise<void> }> {
+  const nats = await startNatsServer();
+  const nc = await connect({ servers: nats.url });
+  await provision(nc, silentLogger);
+  return {
+    nats,
+    nc,
+    async stop() {
+      await nc.close();
+      await nats.stop();
     },
   };
 }
