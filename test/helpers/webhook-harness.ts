@@ -1,14 +1,12 @@
 // What the webhook tests share: a real nats-server, provisioned as skiff
 // provisions it, a client, webhook roles whose log lines are kept for
 // inspection, and cleanup of all of it.
-import { connect, type NatsConnection } from "nats";
+import type { NatsConnection } from "nats";
 import { pino } from "pino";
-import { silentLogger } from "../../services/shared/logger.js";
-import { provision } from "../../services/shared/nats.js";
 import { listDeliveries } from "../../services/webhook/deliveries.js";
 import { startWebhookRole, type WebhookRole, type WebhookRoleOptions } from "../../services/webhook/role.js";
 import type { WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
-import { startNatsServer, type TestNats } from "./nats-server.js";
+import { startProvisionedNats, type TestNats } from "./nats-server.js";
 
 export interface WebhookHarness {
   nats: TestNats;
@@ -24,9 +22,8 @@ export interface WebhookHarness {
 export const LOCAL = ["127.0.0.0/8"];
 
 export async function startWebhookHarness(): Promise<WebhookHarness> {
-  const nats = await startNatsServer();
-  const nc = await connect({ servers: nats.url });
-  await provision(nc, silentLogger);
+  const server = await startProvisionedNats();
+  const { nats, nc } = server;
   const logs: string[] = [];
   const roles: WebhookRole[] = [];
   return {
@@ -50,8 +47,7 @@ export async function startWebhookHarness(): Promise<WebhookHarness> {
     },
     async close() {
       for (const r of roles) await r.close();
-      await nc.close();
-      await nats.stop();
+      await server.stop();
     },
   };
 }
