@@ -4,7 +4,7 @@
 // and ratios; a ratio, not a time, is the result.
 import { performance } from "node:perf_hooks";
 import { v7 } from "uuid";
-import { RunStore, type RunRecord } from "../services/shared/run-store.js";
+import { RunStore, type RunRecord } from "../services/runs/store.js";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { startTestSkiff } from "../test/helpers/skiff.js";
 

@@ -1,8 +1,7 @@
 // The skiff process: `npm start` runs every role; `--roles a,b` picks some.
 import { parseArgs } from "node:util";
-import { ConfigError, loadConfig, parseRoles } from "./shared/config.js";
-import { createLogger } from "./shared/logger.js";
-import { deployExamples } from "./management/examples.js";
+import { ConfigError, loadConfig, parseRoles, createLogger } from "./config/index.js";
+import { deployExamples } from "./management/index.js";
 import { startSkiff } from "./start.js";
 
 async function main(): Promise<void> {

@@ -13,7 +13,7 @@ import {
   loadAppConfig,
   parseAppConfig,
   type AppConfig,
-} from "../services/shared/app-config.js";
+} from "../services/apps/app-config.js";
 
 const CORTEX = `[app]\nname = "hello"\n\n[runtime]\nkind = "cortex"\nlanguage = "python"\nentry = "main.py"\n`;
 const CUSTOM = `[app]\nname = "web"\n\n[runtime]\nkind = "custom"\ncommand = ["node", "server.js"]\n`;

@@ -7,7 +7,7 @@ import { Writable } from "node:stream";
 import { connect } from "nats";
 import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { buckets } from "../services/shared/nats-layout.js";
+import { buckets } from "../services/nats/layout.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 import { startTestSkiff } from "./helpers/skiff.js";
 

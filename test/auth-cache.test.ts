@@ -2,10 +2,10 @@
 // checks cost microseconds, and the cache still honours deletion and expiry.
 import { generateKeyPairSync } from "node:crypto";
 import { describe, expect, it } from "vitest";
-import type { ServiceAccountRecord } from "../services/shared/auth-accounts.js";
-import { Authenticator } from "../services/shared/auth-verify.js";
-import { silentLogger } from "../services/shared/logger.js";
-import { issueToken, signingKeyFrom } from "../services/shared/tokens.js";
+import type { ServiceAccountRecord } from "../services/auth/accounts.js";
+import { Authenticator } from "../services/auth/authenticator.js";
+import { silentLogger } from "../services/config/logger.js";
+import { issueToken, signingKeyFrom } from "../services/auth/tokens.js";
 
 async function setup(cacheSize?: number) {
   const key = await signingKeyFrom(generateKeyPairSync("ed25519").privateKey);

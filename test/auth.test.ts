@@ -8,7 +8,7 @@ import fc from "fast-check";
 import { SignJWT, base64url, decodeJwt, decodeProtectedHeader } from "jose";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
-import { issueToken, publicJwk, signingKeyFrom, type SigningKey } from "../services/shared/tokens.js";
+import { issueToken, publicJwk, signingKeyFrom, type SigningKey } from "../services/auth/tokens.js";
 import { bearer, startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
 const DAY_MS = 86_400_000;

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { gzipSync } from "node:zlib";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { BundleError, packApp, sha256, unpackBundle } from "../services/shared/bundle.js";
+import { BundleError, packApp, sha256, unpackBundle } from "../services/apps/bundle.js";
 import { rawTar, TOML, type RawEntry } from "./helpers/raw-tar.js";
 
 let tmp: string;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ConfigError, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUNDLE_BYTES, DEFAULT_PORT, loadConfig, ROLES, settingsTable } from "../services/shared/config.js";
+import { ConfigError, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUNDLE_BYTES, DEFAULT_PORT, loadConfig, ROLES, settingsTable } from "../services/config/config.js";
 
 describe("config", () => {
   it("defaults apply when no SKIFF_* variable is set", () => {

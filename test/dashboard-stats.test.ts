@@ -2,7 +2,7 @@
 // hour, counted by queue time, with nearest-rank percentiles of finished runs.
 import { describe, expect, it } from "vitest";
 import { bucketRuns, percentile, STATS_MINUTES } from "../services/management/stats.js";
-import type { RunRecord } from "../services/shared/run-store.js";
+import type { RunRecord } from "../services/runs/store.js";
 
 const MINUTE = 60_000;
 const NOW = Date.parse("2030-01-01T12:30:20Z");

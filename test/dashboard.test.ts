@@ -9,7 +9,7 @@ import path from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { packApp } from "../services/shared/bundle.js";
+import { packApp } from "../services/apps/bundle.js";
 import { collectProblems, ensureDashboardBuilt, launchChromium, screenshot } from "./helpers/browser.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 import { startReceiver, type Receiver } from "./helpers/webhook-receiver.js";

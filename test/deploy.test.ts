@@ -8,7 +8,7 @@ import path from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Runner } from "../services/runner/runner.js";
-import type { InvokeRequest } from "../services/runner/types.js";
+import type { InvokeRequest } from "../services/runs/invoke.js";
 import { rawTar, TOML } from "./helpers/raw-tar.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { DeploymentCache, PRUNE_MIN_AGE_MS } from "../services/runner/deployment-cache.js";
-import { silentLogger } from "../services/shared/logger.js";
+import { silentLogger } from "../services/config/logger.js";
 
 describe("deployment cache", () => {
   const dirs: string[] = [];

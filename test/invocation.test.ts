@@ -19,7 +19,7 @@ beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-invoke-"));
   t = await startTestSkiff({ env: { SKIFF_MAX_BODY_BYTES: String(64 * 1024) } });
   await deploy(tmp, t.management(), cortexApp("calc", "max_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 2"));
-  const { packApp } = await import("../services/shared/bundle.js");
+  const { packApp } = await import("../services/apps/bundle.js");
   await t.management().deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(path.join(ROOT, "examples", "custom-http"))).bytes } });
   await until("apps on the runner", () => t.skiff.runner!.version(P, "calc") === 1 && t.skiff.runner!.version(P, "custom-http") === 1, 30_000);
 }, 60_000);

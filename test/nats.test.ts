@@ -5,9 +5,9 @@ import path from "node:path";
 import { connect, nanos, RetentionPolicy, StorageType, StringCodec, type NatsConnection } from "nats";
 import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, test } from "vitest";
-import { silentLogger } from "../services/shared/logger.js";
-import { buckets, objectStores, streams } from "../services/shared/nats-layout.js";
-import { connectNats, JetStreamDisabledError, NatsConnectError, NatsStartError, provision, STARTED_SERVER_MAX_PAYLOAD_BYTES, type NatsHandle } from "../services/shared/nats.js";
+import { silentLogger } from "../services/config/logger.js";
+import { buckets, objectStores, streams } from "../services/nats/layout.js";
+import { connectNats, JetStreamDisabledError, NatsConnectError, NatsStartError, provision, STARTED_SERVER_MAX_PAYLOAD_BYTES, type NatsHandle } from "../services/nats/connect.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 
 const sc = StringCodec();

@@ -4,9 +4,9 @@ import { createRegistry, type DescFile } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
 import { file_skiff_invocation_v4_invocation } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { file_skiff_management_v2_management } from "../gen/skiff/management/v2/management_pb.js";
-import { openapiDocument, openapiPath, SKIFF_APIS, type OpenApiDocument, type OperationObject } from "../services/shared/openapi.js";
-import { parseTemplate } from "../services/shared/http-rules.js";
-import { openapiFiles } from "../services/shared/write-openapi.js";
+import { openapiDocument, openapiPath, SKIFF_APIS, type OpenApiDocument, type OperationObject } from "../services/server/rest/openapi.js";
+import { parseTemplate } from "../services/server/rest/http-rules.js";
+import { openapiFiles } from "../scripts/write-openapi.js";
 
 const root = join(import.meta.dirname, "..");
 

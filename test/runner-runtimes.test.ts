@@ -4,12 +4,13 @@ import { cp, mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { parseAppConfig } from "../services/shared/app-config.js";
-import { silentLogger } from "../services/shared/logger.js";
-import { FunctionNotFound, PrepareFailed, StartFailed } from "../services/runner/errors.js";
+import { parseAppConfig } from "../services/apps/app-config.js";
+import { silentLogger } from "../services/config/logger.js";
+import { FunctionNotFound, PrepareFailed, StartFailed } from "../services/runs/errors.js";
 import { prepareDeployment } from "../services/runner/prepare.js";
 import { Runner } from "../services/runner/runner.js";
-import type { AppLogLine, InvokeRequest } from "../services/runner/types.js";
+import type { InvokeRequest } from "../services/runs/invoke.js";
+import type { AppLogLine } from "../services/runner/types.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
 let tmp: string;

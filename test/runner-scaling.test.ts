@@ -4,12 +4,13 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { parseAppConfig } from "../services/shared/app-config.js";
-import { silentLogger } from "../services/shared/logger.js";
-import { Cancelled, Overloaded, ReplicaCrashed, RunTimeout } from "../services/runner/errors.js";
+import { parseAppConfig } from "../services/apps/app-config.js";
+import { silentLogger } from "../services/config/logger.js";
+import { Cancelled, Overloaded, ReplicaCrashed, RunTimeout } from "../services/runs/errors.js";
 import { freePort } from "../services/runner/ports.js";
 import { Runner, type RunnerOptions } from "../services/runner/runner.js";
-import type { InvokeRequest, InvokeResponse, ReplicaChange } from "../services/runner/types.js";
+import type { InvokeRequest, InvokeResponse } from "../services/runs/invoke.js";
+import type { ReplicaChange } from "../services/runner/types.js";
 
 const BEHAVE = path.resolve(import.meta.dirname, "fixtures/apps/behave");
 let tmp: string;

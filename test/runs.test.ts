@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RunEventSchema, type RunEvent } from "../gen/skiff/events/v1/events_pb.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 import { cortexApp, deploy, P, post, until } from "./helpers/run-apps.js";
-import { silentLogger } from "../services/shared/logger.js";
+import { silentLogger } from "../services/config/logger.js";
 
 let t: TestSkiff;
 let tmp: string;
@@ -186,8 +186,8 @@ describe("runs - CLI", () => {
 
 describe("runs - results retention", () => {
   it("a kept result is readable until SKIFF_RESULT_TTL passes, inline or in the object store, then reads as gone", async () => {
-    const { RunResults } = await import("../services/shared/run-results.js");
-    const { RunStore } = await import("../services/shared/run-store.js");
+    const { RunResults } = await import("../services/runs/results.js");
+    const { RunStore } = await import("../services/runs/store.js");
     const nc = t.skiff.nats.nc;
     const small = (await post(`${v4("many", "big")}?async=true`, t.devToken, '{"n":10}')).json.run_id as string;
     const large = (await post(`${v4("many", "big")}?async=true`, t.devToken, '{"n":100000}')).json.run_id as string;
@@ -206,9 +206,9 @@ describe("runs - results retention", () => {
 
 describe("runs - record retention", () => {
   it("run and delivery records expire after RUN_RETENTION_MS, and the index forgets runs of that age", async () => {
-    const { RunIndex } = await import("../services/shared/run-index.js");
-    const { RunStore } = await import("../services/shared/run-store.js");
-    const { buckets, RUN_RETENTION_MS } = await import("../services/shared/nats-layout.js");
+    const { RunIndex } = await import("../services/management/run-index.js");
+    const { RunStore } = await import("../services/runs/store.js");
+    const { buckets, RUN_RETENTION_MS } = await import("../services/nats/layout.js");
     const { v7 } = await import("uuid");
     const nc = t.skiff.nats.nc;
     const jsm = await nc.jetstreamManager();

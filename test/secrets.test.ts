@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { connect, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { buckets } from "../services/shared/nats-layout.js";
+import { buckets } from "../services/nats/layout.js";
 import {
   createSecretBox,
   loadWebhookSecret,
@@ -12,7 +12,7 @@ import {
   SecretsKeyError,
   storeWebhookSecret,
   UnsealError,
-} from "../services/shared/secrets.js";
+} from "../services/webhook/secrets.js";
 import { startProvisionedNats } from "./helpers/nats-server.js";
 
 describe("secret box", () => {

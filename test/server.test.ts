@@ -11,10 +11,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../gen/grpc/health/v1/health_pb.js";
 import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
-import { loadConfig } from "../services/shared/config.js";
-import { HealthState } from "../services/shared/health.js";
-import { silentLogger } from "../services/shared/logger.js";
-import { startServer } from "../services/shared/server.js";
+import { loadConfig } from "../services/config/config.js";
+import { HealthState } from "../services/server/health.js";
+import { silentLogger } from "../services/config/logger.js";
+import { startServer } from "../services/server/server.js";
 import { startSkiff, type Skiff } from "../services/start.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 

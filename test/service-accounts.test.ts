@@ -8,7 +8,7 @@ import { promisify } from "node:util";
 import { connect, type NatsConnection } from "nats";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { buckets } from "../services/shared/nats-layout.js";
+import { buckets } from "../services/nats/layout.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
 const run = promisify(execFile);

@@ -7,7 +7,7 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createStaticFiles, isApiPath, resolveInside } from "../services/shared/static-files.js";
+import { createStaticFiles, isApiPath, resolveInside } from "../services/server/static-files.js";
 
 let dir: string;
 let site: string;

@@ -12,7 +12,7 @@ import { AppSchema, StatsBucketSchema } from "../gen/skiff/management/v2/managem
 import { HttpBodySchema } from "../gen/google/api/httpbody_pb.js";
 import type { RunRequest } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import type { ListRunsRequest } from "../gen/skiff/management/v2/management_pb.js";
-import { resolveDotted, setFromText } from "../services/shared/transcoder-fields.js";
+import { resolveDotted, setFromText } from "../services/server/rest/fields.js";
 import { rest, rest2, startRestFixture, type RestFixture, type RestResponse } from "./helpers/rest-fixture.js";
 
 const LIMIT = 1024;

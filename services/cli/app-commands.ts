@@ -2,7 +2,7 @@
 import { toJson } from "@bufbuild/protobuf";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { AppSchema, ListAppsResponseSchema, ListAppLogsResponseSchema, type App, type LogLine } from "../../gen/skiff/management/v2/management_pb.js";
-import { BundleError, packApp } from "../shared/bundle.js";
+import { BundleError, packApp } from "../apps/index.js";
 import { projectOf, UsageError, type Command, type CommandContext } from "./commands.js";
 import { table } from "./table.js";
 import { progressBar, uploadBundle } from "./upload.js";

@@ -5,7 +5,7 @@
 import http from "node:http";
 import https from "node:https";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { codeFromString } from "../shared/transcoder-errors.js";
+import { codeFromString } from "../server/index.js";
 
 const CHUNK_BYTES = 64 * 1024;
 

@@ -11,7 +11,7 @@ import { dateOf, formatDuration, formatTime } from "./format.js";
 import { ErrorNotice, Loading } from "./notices.js";
 import { href, Link } from "./router.js";
 import { useSession } from "./session-context.js";
-import { isFinal } from "./run-status.js";
+import { isFinal } from "../runs/status.js";
 import { useLoad } from "./use-load.js";
 import { WebhookDeliveries } from "./webhook-deliveries.js";
 

@@ -6,7 +6,7 @@ import { AsyncBadge, OutcomeBadge, StatusBadge } from "./badges.js";
 import { dateOf, formatDuration, formatTime } from "./format.js";
 import { Empty, ErrorNotice, Loading } from "./notices.js";
 import { href, Link, navigate } from "./router.js";
-import { isFinal, RUN_STATUSES } from "./run-status.js";
+import { isFinal, RUN_STATUSES } from "../runs/status.js";
 import { useSession } from "./session-context.js";
 import { useLiveRuns, POLL_MS, type Liveness, type RunFilter } from "./use-live-runs.js";
 import { useLoad } from "./use-load.js";

@@ -7,7 +7,7 @@ import { describeError } from "./api.js";
 import { OutcomeBadge } from "./badges.js";
 import { dateOf, formatDuration, formatTime } from "./format.js";
 import { ErrorNotice, Loading } from "./notices.js";
-import { isFinal } from "./run-status.js";
+import { isFinal } from "../runs/status.js";
 import { useSession } from "./session-context.js";
 import { useLoad } from "./use-load.js";
 

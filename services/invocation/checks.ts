@@ -3,10 +3,8 @@
 // JSON object, the webhook endpoint is usable. Nothing here leaves the
 // process but the DNS lookup of a webhook host.
 import { Code, ConnectError } from "@connectrpc/connect";
-import type { AppRecord } from "../shared/app-registry.js";
-import type { AppRegistry } from "../shared/app-registry.js";
-import type { AddressGuard } from "../webhook/address-guard.js";
-import { InvalidWebhookEndpointError, validateWebhookEndpoint } from "../webhook/endpoint.js";
+import type { AppRecord, AppRegistry } from "../apps/index.js";
+import { type AddressGuard, InvalidWebhookEndpointError, validateWebhookEndpoint } from "../webhook/index.js";
 
 const EMPTY_OBJECT = new TextEncoder().encode("{}");
 const utf8 = new TextDecoder("utf-8", { fatal: true });

@@ -1,14 +1,10 @@
 // What the invocation handlers work with; role.ts builds it once per process.
 import type { JetStreamClient, JetStreamManager, KV, NatsConnection } from "nats";
-import type { Runner } from "../runner/runner.js";
-import type { AppRegistry } from "../shared/app-registry.js";
-import type { Logger } from "../shared/logger.js";
-import type { RunControl } from "../shared/run-control.js";
-import type { RunResults } from "../shared/run-results.js";
-import type { RunStore } from "../shared/run-store.js";
-import type { BodyTransfer } from "../shared/run-wire.js";
-import type { SecretBox } from "../shared/secrets.js";
-import type { AddressGuard } from "../webhook/address-guard.js";
+import type { Runner } from "../runner/index.js";
+import type { AppRegistry } from "../apps/index.js";
+import type { Logger } from "../config/index.js";
+import type { RunControl, RunResults, RunStore, BodyTransfer } from "../runs/index.js";
+import type { SecretBox, AddressGuard } from "../webhook/index.js";
 
 export interface InvocationDeps {
   nc: NatsConnection;

@@ -9,14 +9,11 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
 import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
-import type { InvokeRequest } from "../runner/types.js";
-import type { AppRecord } from "../shared/app-registry.js";
-import { setHttpStatus } from "../shared/http-exchange.js";
-import { streams, subjects } from "../shared/nats-layout.js";
-import { publishRunEvent } from "../shared/run-events.js";
-import type { RunRecord } from "../shared/run-store.js";
-import { encodeRequest } from "../shared/run-wire.js";
-import { storeWebhookSecret } from "../shared/secrets.js";
+import { type InvokeRequest, publishRunEvent, type RunRecord, encodeRequest } from "../runs/index.js";
+import type { AppRecord } from "../apps/index.js";
+import { setHttpStatus } from "../server/index.js";
+import { streams, subjects } from "../nats/index.js";
+import { storeWebhookSecret } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { claimIdempotencyKey, releaseIdempotencyKey } from "./idempotency.js";
 

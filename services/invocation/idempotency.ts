@@ -5,7 +5,7 @@
 // queued is released, so a retry of that call runs.
 import { createHash } from "node:crypto";
 import type { KV } from "nats";
-import { isWrongRevision } from "../shared/run-store.js";
+import { isWrongRevision } from "../runs/index.js";
 
 const MAX_KEY_LENGTH = 255;
 

@@ -4,16 +4,12 @@
 // runner directly for sync runs.
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
-import type { Runner } from "../runner/runner.js";
-import { AppRegistry } from "../shared/app-registry.js";
-import type { Logger } from "../shared/logger.js";
-import { buckets } from "../shared/nats-layout.js";
-import { RunControl } from "../shared/run-control.js";
-import { RunResults } from "../shared/run-results.js";
-import { RunStore } from "../shared/run-store.js";
-import { BodyTransfer } from "../shared/run-wire.js";
-import { createSecretBox, secretsBucket } from "../shared/secrets.js";
-import { AddressGuard } from "../webhook/address-guard.js";
+import type { Runner } from "../runner/index.js";
+import { AppRegistry } from "../apps/index.js";
+import type { Logger } from "../config/index.js";
+import { buckets } from "../nats/index.js";
+import { RunControl, RunResults, RunStore, BodyTransfer } from "../runs/index.js";
+import { createSecretBox, secretsBucket, AddressGuard } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { routes } from "./routes.js";
 

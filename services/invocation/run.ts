@@ -4,9 +4,8 @@
 import type { HandlerContext } from "@connectrpc/connect";
 import { v7 } from "uuid";
 import type { RunRequest, RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
-import type { InvokeRequest } from "../runner/types.js";
-import { httpExchange } from "../shared/http-exchange.js";
-import type { RunRecord } from "../shared/run-store.js";
+import type { InvokeRequest, RunRecord } from "../runs/index.js";
+import { httpExchange } from "../server/index.js";
 import { cortexBody, cortexFunction, customPath, findApp, webhookEndpoint } from "./checks.js";
 import type { InvocationDeps } from "./deps.js";
 import { enqueue } from "./enqueue.js";

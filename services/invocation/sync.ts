@@ -8,18 +8,11 @@ import { create } from "@bufbuild/protobuf";
 import { type HandlerContext } from "@connectrpc/connect";
 import { ErrorCode, NatsError } from "nats";
 import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
-import { ReplicaCrashed } from "../runner/errors.js";
-import type { InvokeRequest, InvokeResponse } from "../runner/types.js";
-import type { AppRecord } from "../shared/app-registry.js";
-import { setHttpStatus } from "../shared/http-exchange.js";
-import { subjects } from "../shared/nats-layout.js";
-import { broadcastAbort } from "../shared/run-control.js";
-import { publishRunEventUnacked } from "../shared/run-events.js";
-import { finishSync } from "../shared/run-finish.js";
-import { contentTypeOf, NoRunner, outcomeOfAnswer, outcomeOfError, runFailure } from "../shared/run-outcome.js";
-import type { RunRecord } from "../shared/run-store.js";
-import { decodeReply, encodeRequest } from "../shared/run-wire.js";
-import { storeWebhookSecret } from "../shared/secrets.js";
+import { ReplicaCrashed, type InvokeRequest, type InvokeResponse, broadcastAbort, publishRunEventUnacked, finishSync, contentTypeOf, NoRunner, outcomeOfAnswer, outcomeOfError, runFailure, type RunRecord, decodeReply, encodeRequest } from "../runs/index.js";
+import type { AppRecord } from "../apps/index.js";
+import { setHttpStatus } from "../server/index.js";
+import { subjects } from "../nats/index.js";
+import { storeWebhookSecret } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
 
 /** How long after a deploy a sync call waits for a runner to have the app, rather than answering 503. */

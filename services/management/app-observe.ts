@@ -2,10 +2,8 @@
 // `skiff-replicas`, written by every runner process) and its log lines
 // (stream SKIFF_LOGS, subject `skiff.logs.{project}.{app}`).
 import { consumerOpts, type JetStreamClient, type JetStreamManager, type JetStreamSubscription, type KV, type NatsConnection } from "nats";
-import { jsonOf } from "../shared/kv-view.js";
-import { buckets, streams, subjects } from "../shared/nats-layout.js";
-import { decodeLogLine, type LogLineRecord } from "../runner/app-logs.js";
-import type { ReplicaRecord } from "../runner/replica-publisher.js";
+import { jsonOf, buckets, streams, subjects } from "../nats/index.js";
+import { decodeLogLine, type LogLineRecord, type ReplicaRecord } from "../runner/index.js";
 
 export const DEFAULT_LOG_LIMIT = 200;
 export const MAX_LOG_LIMIT = 5000;

@@ -4,9 +4,8 @@
 // each other's bundle). A new version is recorded with compare-and-set on
 // the app's entry and retried on a lost race, so versions never repeat.
 import type { KV, ObjectStore } from "nats";
-import type { AppConfig } from "../shared/app-config.js";
-import { appKey, decodeAppRecord, type AppRecord, type DeploymentRecord } from "../shared/app-registry.js";
-import { jsonOf } from "../shared/kv-view.js";
+import { type AppConfig, appKey, decodeAppRecord, type AppRecord, type DeploymentRecord } from "../apps/index.js";
+import { jsonOf } from "../nats/index.js";
 
 /** Deployments (and their bundles) kept per app, the current one included. */
 export const KEPT_DEPLOYMENTS = 10;

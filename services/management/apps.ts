@@ -5,10 +5,9 @@
 // nothing is deployed. Runners learn of a deployment through KV `skiff-apps`.
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { PrepareFailed } from "../runner/errors.js";
-import { APP_NAME_PATTERN, AppConfigError } from "../shared/app-config.js";
-import { actorOf, principalOf } from "../shared/auth.js";
-import { BundleError, sha256 } from "../shared/bundle.js";
+import { PrepareFailed } from "../runs/index.js";
+import { APP_NAME_PATTERN, AppConfigError, BundleError, sha256 } from "../apps/index.js";
+import { actorOf, principalOf } from "../auth/index.js";
 import { DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT } from "./app-observe.js";
 import { audit } from "./audit.js";
 import { appMessage, deploymentMessage, logLineMessage } from "./convert.js";

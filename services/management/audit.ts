@@ -1,8 +1,8 @@
 // Audit lines: one JSON log line per change to projects, service accounts and apps,
 // marked `audit: true` so they can be filtered out of the stream. They say
 // who, what, on which target and when; never a token.
-import { actorOf, type Principal } from "../shared/auth.js";
-import type { Logger } from "../shared/logger.js";
+import { actorOf, type Principal } from "../auth/index.js";
+import type { Logger } from "../config/index.js";
 
 export type AuditAction = "project.create" | "service_account.create" | "service_account.delete" | "service_account.renew" | "app.deploy" | "app.delete";
 

@@ -12,10 +12,8 @@
 import { randomBytes } from "node:crypto";
 import { link, mkdir, readFile, rename, unlink, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { newAdminToken, type AdminTokens } from "../shared/auth-admin.js";
-import type { ServiceAccountRecord } from "../shared/auth-accounts.js";
-import type { Authenticator } from "../shared/auth-verify.js";
-import type { Logger } from "../shared/logger.js";
+import { newAdminToken, type AdminTokens, type ServiceAccountRecord, type Authenticator } from "../auth/index.js";
+import type { Logger } from "../config/index.js";
 import { audit } from "./audit.js";
 import type { ManagementDeps } from "./deps.js";
 

@@ -1,10 +1,8 @@
 // Stored records to the messages of management.proto.
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import type { LogLineRecord } from "../runner/app-logs.js";
-import type { ReplicaRecord } from "../runner/replica-publisher.js";
-import type { AppConfig } from "../shared/app-config.js";
-import type { AppRecord, DeploymentRecord } from "../shared/app-registry.js";
-import type { ServiceAccountRecord } from "../shared/auth-accounts.js";
+import type { LogLineRecord, ReplicaRecord } from "../runner/index.js";
+import type { AppConfig, AppRecord, DeploymentRecord } from "../apps/index.js";
+import type { ServiceAccountRecord } from "../auth/index.js";
 import type { ProjectRecord } from "./project-store.js";
 
 export function projectMessage(r: ProjectRecord) {

@@ -1,8 +1,8 @@
 // What the management handlers work with; start.ts builds it once per process.
-import type { AppConfig } from "../shared/app-config.js";
-import type { Logger } from "../shared/logger.js";
-import type { TokenSubject } from "../shared/tokens.js";
-import type { PreparedDeployment } from "../runner/types.js";
+import type { AppConfig } from "../apps/index.js";
+import type { Logger } from "../config/index.js";
+import type { TokenSubject } from "../auth/index.js";
+import type { PreparedDeployment } from "../runner/index.js";
 import type { AppObserver } from "./app-observe.js";
 import type { AppStore } from "./app-store.js";
 import type { ProjectStore } from "./project-store.js";

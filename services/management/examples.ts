@@ -8,8 +8,8 @@ import { fileURLToPath } from "node:url";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { packApp } from "../shared/bundle.js";
-import type { Logger } from "../shared/logger.js";
+import { packApp } from "../apps/index.js";
+import type { Logger } from "../config/index.js";
 import { DEV_PROJECT_ID, devTokenFile } from "./bootstrap.js";
 
 export const EXAMPLES_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../examples");

@@ -1,6 +1,6 @@
 // Projects in KV `skiff-projects`, one key per project id.
 import type { KV } from "nats";
-import { jsonOf } from "../shared/kv-view.js";
+import { jsonOf } from "../nats/index.js";
 
 export interface ProjectRecord {
   project_id: string;

@@ -2,8 +2,7 @@
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { newProjectId } from "../shared/auth-accounts.js";
-import { actorOf, principalOf } from "../shared/auth.js";
+import { newProjectId, actorOf, principalOf } from "../auth/index.js";
 import { audit } from "./audit.js";
 import { projectMessage } from "./convert.js";
 import type { ManagementDeps } from "./deps.js";

@@ -15,13 +15,10 @@ import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@conn
 import type { NatsConnection } from "nats";
 import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
 import { RunSchema, WatchRunsResponseSchema, type ManagementService, type Run, type WatchRunsResponse } from "../../gen/skiff/management/v2/management_pb.js";
-import type { Logger } from "../shared/logger.js";
-import { requestCancel } from "../shared/run-control.js";
-import { publishRunEvent } from "../shared/run-events.js";
-import { RunIndex } from "../shared/run-index.js";
-import { RunResults, type Body } from "../shared/run-results.js";
-import { isFinal, RUN_STATUSES, RunStore, type RunRecord, type RunStatus } from "../shared/run-store.js";
-import { listDeliveries, redeliver, RedeliveryError } from "../webhook/deliveries.js";
+import type { Logger } from "../config/index.js";
+import { requestCancel, publishRunEvent, RunResults, type Body, isFinal, RUN_STATUSES, RunStore, type RunRecord, type RunStatus } from "../runs/index.js";
+import { RunIndex } from "./run-index.js";
+import { listDeliveries, redeliver, RedeliveryError } from "../webhook/index.js";
 
 type Impl = ServiceImpl<typeof ManagementService>;
 export type RunMethods = "listRuns" | "getRun" | "cancelRun" | "watchRuns" | "listWebhookDeliveries" | "redeliverWebhook";

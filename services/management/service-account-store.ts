@@ -2,7 +2,7 @@
 // Deletes leave a DEL marker: the watches of every process see it and stop
 // accepting the account's tokens.
 import type { KV } from "nats";
-import { accountKey, decodeAccount, type ServiceAccountRecord } from "../shared/auth-accounts.js";
+import { accountKey, decodeAccount, type ServiceAccountRecord } from "../auth/index.js";
 
 export class ServiceAccountStore {
   constructor(private readonly kv: KV) {}

@@ -3,8 +3,7 @@
 // the token is neither stored nor logged.
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { newServiceAccountId, type ServiceAccountRecord } from "../shared/auth-accounts.js";
-import { actorOf, principalOf } from "../shared/auth.js";
+import { newServiceAccountId, type ServiceAccountRecord, actorOf, principalOf } from "../auth/index.js";
 import { audit } from "./audit.js";
 import { serviceAccountMessage } from "./convert.js";
 import type { ManagementDeps } from "./deps.js";

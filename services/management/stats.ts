@@ -11,9 +11,9 @@
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import type { ManagementService, StatsBucket } from "../../gen/skiff/management/v2/management_pb.js";
-import { APP_NAME_PATTERN } from "../shared/app-config.js";
-import type { RunIndex } from "../shared/run-index.js";
-import type { RunRecord } from "../shared/run-store.js";
+import { APP_NAME_PATTERN } from "../apps/index.js";
+import type { RunIndex } from "./run-index.js";
+import type { RunRecord } from "../runs/index.js";
 import type { ManagementDeps } from "./deps.js";
 import * as valid from "./validation.js";
 

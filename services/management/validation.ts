@@ -2,7 +2,7 @@
 // with a message that names the field and says what is accepted.
 import { Code, ConnectError } from "@connectrpc/connect";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { PROJECT_ID, SERVICE_ACCOUNT_ID } from "../shared/auth-accounts.js";
+import { PROJECT_ID, SERVICE_ACCOUNT_ID } from "../auth/index.js";
 
 export const MAX_NAME_LENGTH = 64;
 /** Longest a service account may live: one year, a leap year included. */

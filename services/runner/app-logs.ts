@@ -4,7 +4,7 @@
 // never slow a replica down, and a line lost while NATS is away is a
 // lesser harm than a stalled app.
 import type { NatsConnection } from "nats";
-import { subjects } from "../shared/nats-layout.js";
+import { subjects } from "../nats/index.js";
 import type { AppLogLine } from "./types.js";
 
 /** The message body, with the field names of the LogLine message. */

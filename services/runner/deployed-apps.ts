@@ -4,7 +4,7 @@
 // deploys in the background after a registry change, so the set is
 // re-read on every change and on a short period.
 import type { Runner } from "./runner.js";
-import type { AppRegistry } from "../shared/app-registry.js";
+import type { AppRegistry } from "../apps/index.js";
 
 const CHECK_EVERY_MS = 250;
 

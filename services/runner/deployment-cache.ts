@@ -7,9 +7,8 @@
 import { randomBytes } from "node:crypto";
 import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { loadAppConfig, type AppConfig } from "../shared/app-config.js";
-import { BundleError, sha256, unpackBundle } from "../shared/bundle.js";
-import type { Logger } from "../shared/logger.js";
+import { loadAppConfig, type AppConfig, BundleError, sha256, unpackBundle } from "../apps/index.js";
+import type { Logger } from "../config/index.js";
 import { prepareDeployment } from "./prepare.js";
 import type { PreparedDeployment } from "./types.js";
 

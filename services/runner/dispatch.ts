@@ -4,12 +4,10 @@
 // is the runner's InvokeResponse or its typed error (run-wire.ts); the
 // gateway that asked writes the run record.
 import type { Msg, NatsConnection, Subscription } from "nats";
-import type { Logger } from "../shared/logger.js";
-import { subjects } from "../shared/nats-layout.js";
-import type { RunControl } from "../shared/run-control.js";
-import { decodeRequest, encodeErrorReply, encodeReply, type BodyTransfer } from "../shared/run-wire.js";
+import type { Logger } from "../config/index.js";
+import { subjects } from "../nats/index.js";
+import { type RunControl, decodeRequest, encodeErrorReply, encodeReply, type BodyTransfer, RunnerError, StartFailed } from "../runs/index.js";
 import type { AppRef } from "./deployed-apps.js";
-import { RunnerError, StartFailed } from "./errors.js";
 import type { Runner } from "./runner.js";
 
 export interface DispatchDeps {

@@ -13,13 +13,13 @@
 import { randomBytes } from "node:crypto";
 import type http from "node:http";
 import path from "node:path";
-import type { Logger } from "../shared/logger.js";
-import { AppNotFound, Cancelled, FunctionNotFound, Overloaded, ReplicaCrashed, RunTimeout, StartFailed } from "./errors.js";
+import type { Logger } from "../config/index.js";
+import { AppNotFound, Cancelled, FunctionNotFound, Overloaded, ReplicaCrashed, RunTimeout, StartFailed, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
 import { NODE_SHIM, PYTHON_SHIM, SYSTEM_PYTHON } from "./prepare.js";
 import { freePort, type PortLeases } from "./ports.js";
 import { Replica } from "./replica.js";
 import { cortexEnvelope, cortexHeaders, forwardHeaders, passHeaders } from "./responses.js";
-import type { AppDeployment, AppLogLine, InvokeRequest, InvokeResponse, PreparedDeployment, ReplicaChange } from "./types.js";
+import type { AppDeployment, AppLogLine, PreparedDeployment, ReplicaChange } from "./types.js";
 
 export interface PoolOptions {
   workDir: string;

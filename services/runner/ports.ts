@@ -2,7 +2,7 @@
 // PORT, or a lease on the fixed `port` of an app that cannot, which one
 // replica of one app holds at a time on this machine.
 import net from "node:net";
-import { StartFailed } from "./errors.js";
+import { StartFailed } from "../runs/index.js";
 
 /** A port the system reports free now; the replica binds it moments later. */
 export function freePort(): Promise<number> {

@@ -16,9 +16,9 @@ import { spawn } from "node:child_process";
 import { readFile, rm } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import type { AppConfig } from "../shared/app-config.js";
-import type { Logger } from "../shared/logger.js";
-import { PrepareFailed } from "./errors.js";
+import type { AppConfig } from "../apps/index.js";
+import type { Logger } from "../config/index.js";
+import { PrepareFailed } from "../runs/index.js";
 import { installEnv, replicaEnv } from "./replica-env.js";
 import type { PreparedDeployment } from "./types.js";
 

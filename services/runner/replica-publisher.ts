@@ -5,8 +5,8 @@
 // replicas of a runner that died without saying goodbye.
 import { hostname } from "node:os";
 import type { KV, NatsConnection } from "nats";
-import type { Logger } from "../shared/logger.js";
-import { buckets } from "../shared/nats-layout.js";
+import type { Logger } from "../config/index.js";
+import { buckets } from "../nats/index.js";
 import type { ReplicaChange, ReplicaInfo } from "./types.js";
 
 /** A third of the bucket's TTL: two refreshes can be lost before a live replica disappears. */

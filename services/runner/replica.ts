@@ -5,8 +5,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import http from "node:http";
 import { rm } from "node:fs/promises";
-import type { Logger } from "../shared/logger.js";
-import { StartFailed } from "./errors.js";
+import type { Logger } from "../config/index.js";
+import { StartFailed } from "../runs/index.js";
 import { readLines } from "./log-lines.js";
 import { makeWorkDir, replicaEnv } from "./replica-env.js";
 import type { AppLogLine, ReplicaInfo, ReplicaState } from "./types.js";

@@ -10,9 +10,9 @@
 // deploying each one.
 import path from "node:path";
 import type { NatsConnection, ObjectStore } from "nats";
-import { AppRegistry, appKey, type AppRecord } from "../shared/app-registry.js";
-import type { Logger } from "../shared/logger.js";
-import { objectStores } from "../shared/nats-layout.js";
+import { AppRegistry, appKey, type AppRecord } from "../apps/index.js";
+import type { Logger } from "../config/index.js";
+import { objectStores } from "../nats/index.js";
 import { logPublisher } from "./app-logs.js";
 import { DeploymentCache } from "./deployment-cache.js";
 import { DEFAULT_REPLICA_REFRESH_MS, ReplicaPublisher } from "./replica-publisher.js";

@@ -6,11 +6,9 @@
 // publishes the event, and removes the message from the work queue, where
 // it would otherwise stay.
 import type { NatsConnection, Subscription } from "nats";
-import type { Logger } from "../shared/logger.js";
-import { streams, subjects } from "../shared/nats-layout.js";
-import { publishRunEvent } from "../shared/run-events.js";
-import { isFinal, type RunStore } from "../shared/run-store.js";
-import { requestMeta, type BodyTransfer } from "../shared/run-wire.js";
+import type { Logger } from "../config/index.js";
+import { streams, subjects } from "../nats/index.js";
+import { publishRunEvent, isFinal, type RunStore, requestMeta, type BodyTransfer } from "../runs/index.js";
 import { MAX_RUN_ATTEMPTS } from "./run-worker.js";
 
 export const MAX_DELIVERIES_ADVISORY = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${streams.runs.name}.*`;

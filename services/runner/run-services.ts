@@ -4,12 +4,9 @@
 // answers cancel requests for the runs it holds (run-control.ts), for the
 // apps its runner has deployed.
 import type { NatsConnection } from "nats";
-import type { AppRegistry } from "../shared/app-registry.js";
-import type { Logger } from "../shared/logger.js";
-import { RunControl } from "../shared/run-control.js";
-import { RunResults } from "../shared/run-results.js";
-import { RunStore } from "../shared/run-store.js";
-import { BodyTransfer } from "../shared/run-wire.js";
+import type { AppRegistry } from "../apps/index.js";
+import type { Logger } from "../config/index.js";
+import { RunControl, RunResults, RunStore, BodyTransfer } from "../runs/index.js";
 import { followDeployedApps } from "./deployed-apps.js";
 import { SyncDispatch } from "./dispatch.js";
 import { followLostRuns } from "./run-advisories.js";

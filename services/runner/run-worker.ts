@@ -13,19 +13,12 @@
 // queued, or finished by an earlier attempt whose ack was lost) is acked
 // without running.
 import { AckPolicy, DeliverPolicy, nanos, NatsError, type ConsumerMessages, type JetStreamClient, type JetStreamManager, type JsMsg } from "nats";
-import type { AppRegistry } from "../shared/app-registry.js";
-import type { Logger } from "../shared/logger.js";
-import { streams, subjects } from "../shared/nats-layout.js";
-import type { RunControl } from "../shared/run-control.js";
-import { publishRunEvent } from "../shared/run-events.js";
-import { finishAsync, type FinishDeps } from "../shared/run-finish.js";
-import { outcomeOfAnswer, outcomeOfError, type RunOutcome } from "../shared/run-outcome.js";
-import { isFinal, type RunStore } from "../shared/run-store.js";
-import { decodeRequest, requestMeta, type BodyTransfer } from "../shared/run-wire.js";
+import type { AppRegistry } from "../apps/index.js";
+import type { Logger } from "../config/index.js";
+import { streams, subjects } from "../nats/index.js";
+import { type RunControl, publishRunEvent, finishAsync, type FinishDeps, outcomeOfAnswer, outcomeOfError, type RunOutcome, isFinal, type RunStore, decodeRequest, requestMeta, type BodyTransfer, AppNotFound, Cancelled, Overloaded, type InvokeRequest } from "../runs/index.js";
 import type { AppRef } from "./deployed-apps.js";
-import { AppNotFound, Cancelled, Overloaded } from "./errors.js";
 import type { Runner } from "./runner.js";
-import type { InvokeRequest } from "./types.js";
 
 /** First try and at most two retries after a lost runner. */
 export const MAX_RUN_ATTEMPTS = 3;

@@ -27,12 +27,12 @@
 // Replicas see only PATH=/usr/local/bin:/usr/bin:/bin, HOME (their own
 // folder), LANG=C.UTF-8, the app's [env] and PORT (see replica-env.ts).
 import http from "node:http";
-import type { Logger } from "../shared/logger.js";
-import { AppNotFound, Overloaded } from "./errors.js";
+import type { Logger } from "../config/index.js";
+import { AppNotFound, Overloaded, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
 import { AppPool, type PoolOptions } from "./pool.js";
 import { PortLeases } from "./ports.js";
 import { prepareDeployment } from "./prepare.js";
-import type { AppDeployment, AppLogLine, InvokeRequest, InvokeResponse, ReplicaChange, ReplicaInfo } from "./types.js";
+import type { AppDeployment, AppLogLine, ReplicaChange, ReplicaInfo } from "./types.js";
 
 export const DEFAULT_QUEUE_LIMIT = 100;
 export const DEFAULT_QUEUE_WAIT_MS = 30_000;

@@ -1,6 +1,6 @@
-// The runner's public shapes, free of NATS so that the runner role and the
-// in-process gateway path can both call a Runner directly.
-import type { AppConfig } from "../shared/app-config.js";
+// The runner's own shapes: deployments, replicas and their log lines. What
+// a run asks of a runner and gets back is the runs domain's (runs/invoke.ts).
+import type { AppConfig } from "../apps/index.js";
 
 export interface AppDeployment {
   projectId: string;
@@ -21,29 +21,6 @@ export interface PreparedDeployment {
   functions?: string[];
   /** Cortex Python with a requirements.txt: the interpreter of its venv. */
   python?: string;
-}
-
-export interface InvokeRequest {
-  runId: string;
-  method: string;
-  /** After the app name: "/fn" (or "fn") for a Cortex app, any path for a Custom one. */
-  path: string;
-  /** Without the leading "?"; "" for none. */
-  query: string;
-  /** Lower-case names. Hop-by-hop headers and Host are not forwarded. */
-  headers: Record<string, string>;
-  body: Uint8Array;
-  signal?: AbortSignal;
-}
-
-export interface InvokeResponse {
-  status: number;
-  /** As the replica sent them, but for hop-by-hop headers; set-cookie may repeat. */
-  headers: Record<string, string | string[]>;
-  body: Uint8Array;
-  /** From handing the request to a replica to the end of its response. */
-  runTimeMs: number;
-  replicaId: string;
 }
 
 export type ReplicaState = "starting" | "ready" | "draining" | "stopped";

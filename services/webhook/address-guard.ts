@@ -5,6 +5,9 @@
 // so a name that resolves differently later (DNS rebinding) cannot pass.
 import dns from "node:dns";
 import net from "node:net";
+import { parseCidr } from "../config/index.js";
+
+export { parseCidr };
 
 const BLOCKED_V4 = [
   ["0.0.0.0", 8], // "this" network
@@ -98,12 +101,3 @@ function mappedV4(address: string): string | undefined {
   return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
 }
 
-export function parseCidr(cidr: string): { address: string; prefix: number; family: "ipv4" | "ipv6" } {
-  const [address, bits, extra] = cidr.trim().split("/");
-  const kind = net.isIP(address ?? "");
-  if (kind === 0 || extra !== undefined) throw new Error(`not a CIDR range: "${cidr}"`);
-  const max = kind === 4 ? 32 : 128;
-  const prefix = bits === undefined ? max : Number(bits);
-  if (!/^\d+$/.test(bits ?? String(max)) || prefix > max) throw new Error(`bad prefix length in "${cidr}"`);
-  return { address, prefix, family: kind === 4 ? "ipv4" : "ipv6" };
-}

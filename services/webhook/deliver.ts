@@ -7,9 +7,9 @@
 // carries on from the entry: attempts already made, or started, still count.
 import type { KV, ObjectStore } from "nats";
 import type { RunEvent } from "../../gen/skiff/events/v1/events_pb.js";
-import type { Logger } from "../shared/logger.js";
-import { objectStores } from "../shared/nats-layout.js";
-import { loadWebhookSecret, UnsealError, type SecretBox } from "../shared/secrets.js";
+import type { Logger } from "../config/index.js";
+import { objectStores } from "../nats/index.js";
+import { loadWebhookSecret, UnsealError, type SecretBox } from "./secrets.js";
 import type { AddressGuard } from "./address-guard.js";
 import { isKeyToken, stateOf, type AttemptRecord, type DeliveryRecord, type DeliveryStore } from "./delivery-store.js";
 import { postWebhook, type AttemptResult } from "./post.js";

@@ -7,7 +7,7 @@ import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { NatsError, type NatsConnection } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import { WebhookAttemptSchema, WebhookDeliverySchema, type WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
-import { buckets, streams, subjects } from "../shared/nats-layout.js";
+import { buckets, streams, subjects } from "../nats/index.js";
 import { newDeliveryRecord } from "./deliver.js";
 import { DeliveryStore, type DeliveryRecord } from "./delivery-store.js";
 

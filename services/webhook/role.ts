@@ -7,9 +7,9 @@
 import { fromBinary } from "@bufbuild/protobuf";
 import { AckPolicy, DeliverPolicy, nanos, NatsError, type JetStreamManager, type JsMsg, type NatsConnection, type ObjectStore } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
-import type { Logger } from "../shared/logger.js";
-import { buckets, objectStores, streams, subjects } from "../shared/nats-layout.js";
-import { createSecretBox } from "../shared/secrets.js";
+import type { Logger } from "../config/index.js";
+import { buckets, objectStores, streams, subjects } from "../nats/index.js";
+import { createSecretBox } from "./secrets.js";
 import { AddressGuard } from "./address-guard.js";
 import { advanceDelivery, type DeliveryDeps } from "./deliver.js";
 import { DeliveryStore } from "./delivery-store.js";

@@ -5,9 +5,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { connect, type NatsConnection } from "nats";
-import { silentLogger } from "../../services/shared/logger.js";
-import { provision } from "../../services/shared/nats.js";
-import { NATS_SERVER_BINARY, spawnNatsServer, type NatsServerProcess } from "../../services/shared/nats-server-process.js";
+import { silentLogger } from "../../services/config/logger.js";
+import { provision } from "../../services/nats/connect.js";
+import { NATS_SERVER_BINARY, spawnNatsServer, type NatsServerProcess } from "../../services/nats/server-process.js";
 
 export interface TestNatsOptions {
   /** Default true; false starts a server without JetStream. */

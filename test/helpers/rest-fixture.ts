@@ -12,9 +12,9 @@ import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
 import { InvocationService, type RunRequest } from "../../gen/skiff/invocation/v4/invocation_pb.js";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { httpExchange, setHttpStatus } from "../../services/shared/http-exchange.js";
-import { silentLogger, type Logger } from "../../services/shared/logger.js";
-import { createTranscoder } from "../../services/shared/transcoder.js";
+import { httpExchange, setHttpStatus } from "../../services/server/rest/http-exchange.js";
+import { silentLogger, type Logger } from "../../services/config/logger.js";
+import { createTranscoder } from "../../services/server/rest/transcoder.js";
 
 /** What a handler saw: the decoded request, its headers and the REST exchange. */
 export interface Call {

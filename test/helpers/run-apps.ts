@@ -4,7 +4,7 @@ import { mkdtemp, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Client } from "@connectrpc/connect";
 import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { packApp } from "../../services/shared/bundle.js";
+import { packApp } from "../../services/apps/bundle.js";
 
 export const P = "p-dev";
 

@@ -7,8 +7,8 @@ import path from "node:path";
 import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { loadConfig } from "../../services/shared/config.js";
-import { silentLogger, type Logger } from "../../services/shared/logger.js";
+import { loadConfig } from "../../services/config/config.js";
+import { silentLogger, type Logger } from "../../services/config/logger.js";
 import { startSkiff, type Skiff } from "../../services/start.js";
 import { startNatsServer, type TestNats } from "./nats-server.js";
 

@@ -6,7 +6,7 @@ import { create, toBinary } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import type { NatsConnection } from "nats";
 import { RunEventSchema, type RunEvent } from "../../gen/skiff/events/v1/events_pb.js";
-import { subjects } from "../../services/shared/nats-layout.js";
+import { subjects } from "../../services/nats/layout.js";
 
 export function newRunId(): string {
   return randomUUID();

@@ -1,0 +1,349 @@
+// An app's skiff.toml: parsed with smol-toml, then validated key by key so
+// that every problem is reported at once, each with the key and its line
+// ("skiff.toml:12: scaling.response_grace_period must be between 1 and
+// 43200, got 50000"). The result has every default applied; its runtime and
+// scaling fields mirror the Runtime and Scaling messages of the management
+// API so they convert one to one.
+import { readFile, stat } from "node:fs/promises";
+import path from "node:path";
+import { parse, TomlError } from "smol-toml";
+import { MAX_RUN_SECONDS } from "../config/index.js";
+
+export const APP_CONFIG_FILE = "skiff.toml";
+export const DEFAULT_HEALTHCHECK = "/health";
+export const DEFAULT_MIN_REPLICAS = 0;
+export const DEFAULT_MAX_REPLICAS = 2;
+export const DEFAULT_REPLICA_CONCURRENCY = 1;
+/** Seconds a replica may sit idle before it stops. */
+export const DEFAULT_COOLDOWN = 30;
+/** Seconds a run may take (spec section 2: 15 minutes). */
+export const DEFAULT_RESPONSE_GRACE_PERIOD = 900;
+/** Upper bounds that keep one app from taking a machine by a typo. */
+export const MAX_REPLICAS_LIMIT = 100;
+export const MAX_REPLICA_CONCURRENCY = 1000;
+export const MAX_COOLDOWN = 86_400;
+
+export interface CortexRuntime {
+  kind: "cortex";
+  language: "python" | "node";
+  /** Path of the module inside the app folder, with forward slashes. */
+  entry: string;
+}
+
+export interface CustomRuntime {
+  kind: "custom";
+  command: string[];
+  healthcheck: string;
+  readycheck?: string;
+  /** A fixed port for an app that cannot read PORT: one replica per machine. */
+  port?: number;
+}
+
+export interface Scaling {
+  minReplicas: number;
+  maxReplicas: number;
+  replicaConcurrency: number;
+  /** Seconds. */
+  cooldown: number;
+  /** Seconds, 1 to 43200. */
+  responseGracePeriod: number;
+}
+
+export interface AppConfig {
+  app: { name: string };
+  runtime: CortexRuntime | CustomRuntime;
+  /** The app's own environment, given to its replicas as it is. */
+  env: Record<string, string>;
+  scaling: Scaling;
+}
+
+export interface AppConfigIssue {
+  /** Dotted key ("scaling.cooldown"), or "" for a TOML syntax error. */
+  key: string;
+  line: number;
+  message: string;
+}
+
+export class AppConfigError extends Error {
+  override name = "AppConfigError";
+  constructor(
+    readonly file: string,
+    readonly issues: AppConfigIssue[],
+    options?: ErrorOptions,
+  ) {
+    super(issues.map((i) => `${file}:${i.line}: ${i.message}`).join("\n"), options);
+  }
+}
+
+export const APP_NAME_PATTERN = /^[a-z][a-z0-9-]{0,62}$/;
+const ENV_NAME_PATTERN = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+const KEYS: Record<string, readonly string[]> = {
+  app: ["name"],
+  runtime: ["kind", "language", "entry", "command", "healthcheck", "readycheck", "port"],
+  scaling: ["min_replicas", "max_replicas", "replica_concurrency", "cooldown", "response_grace_period"],
+};
+const CORTEX_KEYS = ["kind", "language", "entry"];
+const CUSTOM_KEYS = ["kind", "command", "healthcheck", "readycheck", "port"];
+
+type Table = Record<string, unknown>;
+
+function isTable(v: unknown): v is Table {
+  return typeof v === "object" && v !== null && !Array.isArray(v) && !(v instanceof Date) && Object.getPrototypeOf(v) === null;
+}
+
+function describe(v: unknown): string {
+  if (Array.isArray(v)) return "an array";
+  if (isTable(v)) return "a table";
+  if (typeof v === "string") return `a string (${JSON.stringify(v)})`;
+  if (typeof v === "number") return Number.isInteger(v) ? `an integer (${v})` : `a number (${v})`;
+  if (typeof v === "boolean") return `a boolean (${v})`;
+  return "a date";
+}
+
+/**
+ * Where each key is written: "table" and "table.key" to 1-based lines. A
+ * small scanner rather than a second parser, good enough to point at a line;
+ * a key it cannot place points at its table's line, else line 1.
+ */
+function keyLines(text: string): Map<string, number> {
+  const lines = new Map<string, number>();
+  const clean = (k: string) =>
+    k
+      .split(".")
+      .map((p) => p.trim().replace(/^["']|["']$/g, ""))
+      .join(".");
+  let table = "";
+  let depth = 0; // open brackets of a multi-line array
+  let inString = false; // inside a ''' or """ string
+  text.split(/\r?\n/).forEach((raw, i) => {
+    const line = raw.trim();
+    const quotes = (line.match(/"""|'''/g) ?? []).length;
+    if (inString) {
+      if (quotes % 2 === 1) inString = false;
+      return;
+    }
+    if (depth > 0) {
+      depth += (line.match(/\[/g) ?? []).length - (line.match(/]/g) ?? []).length;
+      return;
+    }
+    const header = /^\[\[?([^\]]+)]]?/.exec(line);
+    if (header) {
+      table = clean(header[1]);
+      if (!lines.has(table)) lines.set(table, i + 1);
+      return;
+    }
+    const assign = /^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=(.*)$/.exec(line);
+    if (!assign) return;
+    const key = table === "" ? clean(assign[1]) : `${table}.${clean(assign[1])}`;
+    if (!lines.has(key)) lines.set(key, i + 1);
+    const value = assign[2].replace(/#.*$/, "");
+    if (quotes % 2 === 1) inString = true;
+    else depth = Math.max(0, (value.match(/\[/g) ?? []).length - (value.match(/]/g) ?? []).length);
+  });
+  return lines;
+}
+
+class Checker {
+  readonly issues: AppConfigIssue[] = [];
+  constructor(private readonly lines: Map<string, number>) {}
+
+  lineOf(key: string): number {
+    for (let k = key; k !== ""; k = k.includes(".") ? k.slice(0, k.lastIndexOf(".")) : "") {
+      const line = this.lines.get(k);
+      if (line !== undefined) return line;
+    }
+    return 1;
+  }
+
+  fail(key: string, message: string): undefined {
+    this.issues.push({ key, line: this.lineOf(key), message: `${key} ${message}` });
+    return undefined;
+  }
+
+  string(t: Table, table: string, name: string): string | undefined {
+    const v = t[name];
+    if (v === undefined) return undefined;
+    if (typeof v !== "string") return this.fail(`${table}.${name}`, `must be a string, got ${describe(v)}`);
+    return v;
+  }
+
+  integer(t: Table, table: string, name: string, fallback: number, min: number, max: number): number | undefined {
+    const v = t[name];
+    if (v === undefined) return fallback;
+    if (typeof v !== "number" || !Number.isInteger(v)) return this.fail(`${table}.${name}`, `must be an integer, got ${describe(v)}`);
+    if (v < min || v > max) return this.fail(`${table}.${name}`, `must be between ${min} and ${max}, got ${v}`);
+    return v;
+  }
+
+  oneOf<T extends string>(t: Table, table: string, name: string, choices: readonly T[]): T | undefined {
+    const v = this.string(t, table, name);
+    if (v === undefined) {
+      if (t[name] === undefined) this.fail(`${table}.${name}`, `is required: one of ${choices.map((c) => `"${c}"`).join(", ")}`);
+      return undefined;
+    }
+    if (!(choices as readonly string[]).includes(v)) return this.fail(`${table}.${name}`, `must be one of ${choices.map((c) => `"${c}"`).join(", ")}, got "${v}"`);
+    return v as T;
+  }
+
+  table(doc: Table, name: string): Table {
+    const v = doc[name];
+    if (v === undefined) return Object.create(null) as Table;
+    if (!isTable(v)) {
+      this.fail(name, `must be a table, got ${describe(v)}`);
+      return Object.create(null) as Table;
+    }
+    return v;
+  }
+
+  unknownKeys(t: Table, table: string, allowed: readonly string[]): void {
+    for (const k of Object.keys(t)) if (!allowed.includes(k)) this.fail(`${table}.${k}`, `is not a known key; keys of [${table}] are ${allowed.join(", ")}`);
+  }
+
+  /** Known [runtime] keys that belong to the other kind. */
+  misplaced(t: Table, allowed: readonly string[], otherKind: string): void {
+    for (const k of Object.keys(t)) if (KEYS.runtime.includes(k) && !allowed.includes(k)) this.fail(`runtime.${k}`, `is only for kind = "${otherKind}"`);
+  }
+}
+
+function checkApp(c: Checker, t: Table): string | undefined {
+  c.unknownKeys(t, "app", KEYS.app);
+  const name = c.string(t, "app", "name");
+  if (name === undefined) {
+    if (t.name === undefined) c.fail("app.name", "is required");
+    return undefined;
+  }
+  if (!APP_NAME_PATTERN.test(name)) {
+    return c.fail("app.name", `must be 1 to 63 lowercase letters, digits or "-", starting with a letter, got "${name}"`);
+  }
+  return name;
+}
+
+function checkPath(c: Checker, t: Table, name: string): string | undefined {
+  const v = c.string(t, "runtime", name);
+  if (v !== undefined && !/^\/[\x21-\x7e]*$/.test(v)) return c.fail(`runtime.${name}`, `must be a URL path starting with "/", got "${v}"`);
+  return v;
+}
+
+/** A relative path that stays inside the app folder, with forward slashes. */
+function checkEntry(c: Checker, entry: string, language: "python" | "node"): string | undefined {
+  const normal = path.posix.normalize(entry.replaceAll("\\", "/"));
+  if (entry === "" || path.posix.isAbsolute(normal) || normal === ".." || normal.startsWith("../")) {
+    return c.fail("runtime.entry", `must be a relative path inside the app folder, got "${entry}"`);
+  }
+  const ext = language === "python" ? [".py"] : [".js", ".mjs", ".cjs"];
+  if (!ext.includes(path.posix.extname(normal))) return c.fail("runtime.entry", `must be a ${ext.join(", ")} file for language "${language}", got "${entry}"`);
+  return normal;
+}
+
+function checkRuntime(c: Checker, t: Table): AppConfig["runtime"] | undefined {
+  c.unknownKeys(t, "runtime", KEYS.runtime);
+  const kind = c.oneOf(t, "runtime", "kind", ["cortex", "custom"] as const);
+  if (kind === "cortex") {
+    c.misplaced(t, CORTEX_KEYS, "custom");
+    const language = c.oneOf(t, "runtime", "language", ["python", "node"] as const);
+    const raw = c.string(t, "runtime", "entry");
+    if (raw === undefined && t.entry === undefined) c.fail("runtime.entry", "is required for a cortex app");
+    const entry = raw !== undefined && language ? checkEntry(c, raw, language) : undefined;
+    return language && entry ? { kind, language, entry } : undefined;
+  }
+  if (kind === "custom") {
+    c.misplaced(t, CUSTOM_KEYS, "cortex");
+    let command: string[] | undefined;
+    const raw = t.command;
+    if (raw === undefined) c.fail("runtime.command", 'is required for a custom app, e.g. ["node", "server.js"]');
+    else if (!Array.isArray(raw) || raw.length === 0 || !raw.every((a) => typeof a === "string") || raw[0] === "") {
+      c.fail("runtime.command", `must be a non-empty array of strings whose first item names the program, got ${describe(raw)}`);
+    } else command = raw as string[];
+    const healthcheck = checkPath(c, t, "healthcheck") ?? DEFAULT_HEALTHCHECK;
+    const readycheck = checkPath(c, t, "readycheck");
+    const port = t.port === undefined ? undefined : c.integer(t, "runtime", "port", 0, 1, 65535);
+    if (!command) return undefined;
+    const runtime: CustomRuntime = { kind, command, healthcheck };
+    if (readycheck !== undefined) runtime.readycheck = readycheck;
+    if (port !== undefined) runtime.port = port;
+    return runtime;
+  }
+  return undefined;
+}
+
+function checkEnv(c: Checker, t: Table): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const [name, value] of Object.entries(t)) {
+    if (!ENV_NAME_PATTERN.test(name)) c.fail(`env.${name}`, "is not a valid variable name: letters, digits and _, not starting with a digit");
+    else if (name === "PORT") c.fail("env.PORT", "is reserved: the runner sets PORT for each replica");
+    else if (typeof value !== "string") c.fail(`env.${name}`, `must be a string, got ${describe(value)}`);
+    else env[name] = value;
+  }
+  return env;
+}
+
+function checkScaling(c: Checker, t: Table): Scaling | undefined {
+  c.unknownKeys(t, "scaling", KEYS.scaling);
+  const minReplicas = c.integer(t, "scaling", "min_replicas", DEFAULT_MIN_REPLICAS, 0, MAX_REPLICAS_LIMIT);
+  const maxReplicas = c.integer(t, "scaling", "max_replicas", DEFAULT_MAX_REPLICAS, 1, MAX_REPLICAS_LIMIT);
+  const replicaConcurrency = c.integer(t, "scaling", "replica_concurrency", DEFAULT_REPLICA_CONCURRENCY, 1, MAX_REPLICA_CONCURRENCY);
+  const cooldown = c.integer(t, "scaling", "cooldown", DEFAULT_COOLDOWN, 1, MAX_COOLDOWN);
+  const responseGracePeriod = c.integer(t, "scaling", "response_grace_period", DEFAULT_RESPONSE_GRACE_PERIOD, 1, MAX_RUN_SECONDS);
+  if (minReplicas !== undefined && maxReplicas !== undefined && minReplicas > maxReplicas) {
+    c.fail("scaling.min_replicas", `must not be more than scaling.max_replicas (${maxReplicas}), got ${minReplicas}`);
+    return undefined;
+  }
+  if (minReplicas === undefined || maxReplicas === undefined || replicaConcurrency === undefined || cooldown === undefined || responseGracePeriod === undefined) {
+    return undefined;
+  }
+  return { minReplicas, maxReplicas, replicaConcurrency, cooldown, responseGracePeriod };
+}
+
+/**
+ * Parses and validates a skiff.toml. Throws AppConfigError listing every
+ * problem. `file` names the file in messages.
+ */
+export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig {
+  let doc: Table;
+  try {
+    doc = parse(text) as Table;
+  } catch (err) {
+    if (!(err instanceof TomlError)) throw err;
+    const first = err.message.split("\n")[0].replace(/^Invalid TOML document: /, "");
+    throw new AppConfigError(file, [{ key: "", line: err.line, message: `invalid TOML at line ${err.line}, column ${err.column}: ${first}` }], { cause: err });
+  }
+  const c = new Checker(keyLines(text));
+  for (const k of Object.keys(doc)) if (!(k in KEYS) && k !== "env") c.fail(k, "is not a known table; tables are [app], [runtime], [env], [scaling]");
+  const name = doc.app === undefined ? c.fail("app", 'is required: [app] with name = "..."') : checkApp(c, c.table(doc, "app"));
+  const runtime =
+    doc.runtime === undefined ? c.fail("runtime", 'is required: [runtime] with kind = "cortex" or "custom"') : checkRuntime(c, c.table(doc, "runtime"));
+  const env = checkEnv(c, c.table(doc, "env"));
+  const scaling = checkScaling(c, c.table(doc, "scaling"));
+  if (c.issues.length > 0 || name === undefined || runtime === undefined || scaling === undefined) {
+    throw new AppConfigError(file, c.issues.sort((a, b) => a.line - b.line));
+  }
+  return { app: { name }, runtime, env, scaling };
+}
+
+/**
+ * Reads `dir/skiff.toml` and validates it, and checks that a Cortex entry
+ * exists in the folder.
+ */
+export async function loadAppConfig(dir: string): Promise<AppConfig> {
+  const file = path.join(dir, APP_CONFIG_FILE);
+  let text: string;
+  try {
+    text = await readFile(file, "utf8");
+  } catch (err) {
+    throw new AppConfigError(APP_CONFIG_FILE, [{ key: "", line: 1, message: `cannot read ${file}: ${(err as Error).message}` }], { cause: err });
+  }
+  const config = parseAppConfig(text);
+  if (config.runtime.kind === "cortex") {
+    const entry = path.join(dir, config.runtime.entry);
+    const found = await stat(entry).then(
+      (s) => s.isFile(),
+      () => false,
+    );
+    if (!found) {
+      const line = keyLines(text).get("runtime.entry") ?? 1;
+      throw new AppConfigError(APP_CONFIG_FILE, [{ key: "runtime.entry", line, message: `runtime.entry names a file that is not in the app folder: "${config.runtime.entry}"` }]);
+    }
+  }
+  return config;
+}

@@ -1,0 +1,129 @@
+// Authentication of every RPC by one Connect interceptor, so Connect, gRPC,
+// gRPC-Web and REST (the transcoder calls the same handlers with the same
+// interceptors) are checked alike. Only grpc.health.v1.Health stays open,
+// for probes.
+//
+// 401 `unauthenticated`: no token, or a token refused for any reason (the
+// message does not say which). 403 `permission_denied`: a service account's
+// token used on another project, judged by the request message's project_id.
+import type { DescMethod } from "@bufbuild/protobuf";
+import { Code, ConnectError, createContextKey, type HandlerContext, type Interceptor } from "@connectrpc/connect";
+import type { NatsConnection } from "nats";
+import { Health } from "../../gen/grpc/health/v1/health_pb.js";
+import { AccountDirectory } from "./accounts.js";
+import { AdminTokens } from "./admin-tokens.js";
+import { Authenticator, type Principal, type ServiceAccountPrincipal } from "./authenticator.js";
+import type { Logger } from "../config/index.js";
+import { buckets } from "../nats/index.js";
+import { Keyring } from "./keyring.js";
+
+export type { Principal, ServiceAccountPrincipal } from "./authenticator.js";
+
+export const kPrincipal = createContextKey<Principal | undefined>(undefined, { description: "skiff authenticated principal" });
+
+/** Services callable without a token. */
+const OPEN_SERVICES = new Set([Health.typeName]);
+
+const CHALLENGE = { "www-authenticate": 'Bearer realm="skiff"' };
+
+/** The principal the interceptor put in the context; a handler reached without one refuses the call. */
+export function principalOf(ctx: HandlerContext): Principal {
+  const p = ctx.values.get(kPrincipal);
+  if (!p) throw new ConnectError("missing bearer token", Code.Unauthenticated);
+  return p;
+}
+
+/** Who did it, for audit lines and `created_by`: "admin" or the service account id. */
+export function actorOf(p: Principal): string {
+  return p.kind === "admin" ? "admin" : p.serviceAccountId;
+}
+
+function bearerToken(header: string | null): string | undefined {
+  const m = header === null ? null : /^Bearer +(\S+) *$/i.exec(header);
+  return m ? m[1] : undefined;
+}
+
+/** The localName of a method's `project_id` input field, if it has one (computed once per method). */
+const projectFields = new WeakMap<DescMethod, string | null>();
+function projectField(method: DescMethod): string | null {
+  let f = projectFields.get(method);
+  if (f === undefined) {
+    f = method.input.fields.find((x) => x.name === "project_id")?.localName ?? null;
+    projectFields.set(method, f);
+  }
+  return f;
+}
+
+function checkScope(p: ServiceAccountPrincipal, field: string, message: unknown): void {
+  const projectId = (message as Record<string, unknown>)[field];
+  if (projectId !== p.projectId) throw new ConnectError("this token does not grant access to that project", Code.PermissionDenied);
+}
+
+async function* scoped<T>(messages: AsyncIterable<T>, p: ServiceAccountPrincipal, field: string): AsyncIterable<T> {
+  for await (const m of messages) {
+    checkScope(p, field, m);
+    yield m;
+  }
+}
+
+export function authInterceptor(auth: Pick<Authenticator, "authenticate">, logger: Logger): Interceptor {
+  return (next) => async (req) => {
+    if (OPEN_SERVICES.has(req.service.typeName)) return next(req);
+    const token = bearerToken(req.header.get("authorization"));
+    if (token === undefined) throw new ConnectError("missing bearer token: send Authorization: Bearer <token>", Code.Unauthenticated, CHALLENGE);
+    let principal: Principal | undefined;
+    try {
+      principal = await auth.authenticate(token);
+    } catch (err) {
+      logger.warn({ err }, "cannot check a token");
+      throw new ConnectError("cannot check the token right now; try again", Code.Unavailable);
+    }
+    if (!principal) throw new ConnectError("invalid bearer token", Code.Unauthenticated, CHALLENGE);
+    req.contextValues.set(kPrincipal, principal);
+    const field = principal.kind === "service_account" ? projectField(req.method) : null;
+    if (principal.kind === "admin" || field === null) return next(req);
+    if (!req.stream) {
+      checkScope(principal, field, req.message);
+      return next(req);
+    }
+    return next({ ...req, message: scoped(req.message, principal, field) });
+  };
+}
+
+/** Everything a process needs to check tokens, fed by KV watches. */
+export interface Auth {
+  keyring: Keyring;
+  accounts: AccountDirectory;
+  admins: AdminTokens;
+  authenticator: Authenticator;
+  interceptor: Interceptor;
+  close(): void;
+}
+
+export async function startAuth(nc: NatsConnection, logger: Logger): Promise<Auth> {
+  const js = nc.jetstream();
+  const keysKv = await js.views.kv(buckets.keys.name, { bindOnly: true });
+  const accountsKv = await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true });
+  const keyring = new Keyring(keysKv, logger);
+  const accounts = new AccountDirectory(accountsKv, logger);
+  const admins = new AdminTokens(keysKv, logger);
+  await Promise.all([keyring.start(), accounts.start(), admins.start()]);
+  const authenticator = new Authenticator({
+    publicKey: keyring.publicKey,
+    findAccount: (project, id) => accounts.find(project, id),
+    isAdmin: (token) => admins.accepts(token),
+    logger,
+  });
+  return {
+    keyring,
+    accounts,
+    admins,
+    authenticator,
+    interceptor: authInterceptor(authenticator, logger),
+    close() {
+      keyring.close();
+      accounts.close();
+      admins.close();
+    },
+  };
+}

@@ -1,0 +1,11 @@
+// Who is calling: projects' service accounts, bearer tokens (EdDSA JWTs),
+// admin tokens, signing keys, and the interceptor that checks every RPC.
+export { PROJECT_ID, SERVICE_ACCOUNT_ID, accountKey, decodeAccount, newProjectId, newServiceAccountId } from "./accounts.js";
+export type { ServiceAccountRecord } from "./accounts.js";
+export { newAdminToken } from "./admin-tokens.js";
+export type { AdminTokens } from "./admin-tokens.js";
+export { actorOf, principalOf, startAuth } from "./auth.js";
+export type { Auth, Principal } from "./auth.js";
+export type { Authenticator } from "./authenticator.js";
+export { issueToken } from "./tokens.js";
+export type { TokenSubject } from "./tokens.js";

@@ -1,0 +1,102 @@
+// Service account tokens: JWTs signed with Ed25519 (JWS alg "EdDSA"), the
+// signing key named by the `kid` header so that keys can rotate while tokens
+// signed with an older key keep verifying. Claims: iss, sub (service account
+// id), project_id, iat, exp (the expiry chosen for the account), jti.
+import { createPublicKey, randomUUID, type KeyObject } from "node:crypto";
+import { SignJWT, calculateJwkThumbprint, jwtVerify, type JWK } from "jose";
+import { parsePrivateKey } from "../config/index.js";
+import { PROJECT_ID, SERVICE_ACCOUNT_ID } from "./accounts.js";
+
+export { parsePrivateKey };
+
+export const TOKEN_ISSUER = "skiff";
+export const TOKEN_ALGORITHM = "EdDSA";
+/** Key ids are JWK thumbprints (base64url SHA-256): anything else is not one of ours. */
+export const KID = /^[A-Za-z0-9_-]{43}$/;
+
+export interface SigningKey {
+  kid: string;
+  privateKey: KeyObject;
+  publicKey: KeyObject;
+}
+
+/** Why a token was refused; for debug logs only, never for the caller. */
+export class TokenError extends Error {
+  override name = "TokenError";
+}
+
+/** The public half of a key, as the JWK stored for verifiers. */
+export function publicJwk(key: KeyObject): JWK {
+  return (key.type === "public" ? key : createPublicKey(key)).export({ format: "jwk" }) as JWK;
+}
+
+export async function signingKeyFrom(privateKey: KeyObject): Promise<SigningKey> {
+  const publicKey = createPublicKey(privateKey);
+  return { kid: await calculateJwkThumbprint(publicJwk(publicKey)), privateKey, publicKey };
+}
+
+export interface TokenSubject {
+  projectId: string;
+  serviceAccountId: string;
+  /** Becomes `exp`, in whole seconds. */
+  expiresAt: Date;
+}
+
+export async function issueToken(key: SigningKey, subject: TokenSubject): Promise<string> {
+  return new SignJWT({ project_id: subject.projectId })
+    .setProtectedHeader({ alg: TOKEN_ALGORITHM, kid: key.kid, typ: "JWT" })
+    .setIssuer(TOKEN_ISSUER)
+    .setSubject(subject.serviceAccountId)
+    .setIssuedAt()
+    .setExpirationTime(Math.floor(subject.expiresAt.getTime() / 1000))
+    .setJti(randomUUID())
+    .sign(key.privateKey);
+}
+
+export interface VerifiedToken {
+  projectId: string;
+  serviceAccountId: string;
+  /** Seconds since the epoch. */
+  issuedAt: number;
+  expiresAt: number;
+  tokenId: string;
+}
+
+/** Finds the public key of a kid; undefined when there is none. */
+export type KeyLookup = (kid: string) => KeyObject | undefined | Promise<KeyObject | undefined>;
+
+/**
+ * Checks signature, algorithm, issuer, expiry and claim shapes. Throws
+ * TokenError for a token that is refused; an error of the key lookup itself
+ * (NATS unreachable) is thrown as it is, since it says nothing of the token.
+ */
+export async function verifyToken(token: string, lookup: KeyLookup): Promise<VerifiedToken> {
+  let lookupError: unknown;
+  let payload;
+  try {
+    ({ payload } = await jwtVerify(
+      token,
+      async (header) => {
+        if (typeof header.kid !== "string" || !KID.test(header.kid)) throw new TokenError("no kid of ours");
+        let key;
+        try {
+          key = await lookup(header.kid);
+        } catch (err) {
+          lookupError = err;
+          throw err;
+        }
+        if (!key) throw new TokenError("unknown kid");
+        return key;
+      },
+      { algorithms: [TOKEN_ALGORITHM], issuer: TOKEN_ISSUER, requiredClaims: ["sub", "iat", "exp", "jti"] },
+    ));
+  } catch (err) {
+    if (lookupError !== undefined) throw lookupError;
+    throw err instanceof TokenError ? err : new TokenError(err instanceof Error ? err.message : String(err));
+  }
+  const { sub, project_id, iat, exp, jti } = payload;
+  if (typeof sub !== "string" || !SERVICE_ACCOUNT_ID.test(sub)) throw new TokenError("bad sub");
+  if (typeof project_id !== "string" || !PROJECT_ID.test(project_id)) throw new TokenError("bad project_id");
+  if (typeof iat !== "number" || typeof exp !== "number" || typeof jti !== "string") throw new TokenError("bad claims");
+  return { projectId: project_id, serviceAccountId: sub, issuedAt: iat, expiresAt: exp, tokenId: jti };
+}

@@ -1,0 +1,237 @@
+// Configuration: defaults, overridden by SKIFF_* environment variables,
+// validated once at start with a message that names the variable.
+import { parseCidr, parsePrivateKey, parseSecretsKey } from "./parse.js";
+
+export const DEFAULT_HOST = "127.0.0.1";
+export const DEFAULT_PORT = 8080;
+export const DEFAULT_DATA_DIR = ".data";
+export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
+export const DEFAULT_MAX_BUNDLE_BYTES = 100 * 1024 * 1024;
+export const DEFAULT_LOG_LEVEL = "info";
+export const DEFAULT_NATS_PROBE_URL = "nats://127.0.0.1:4222";
+export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
+export const DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000;
+/** Longest a run may take (spec section 8: 12 hours). */
+export const MAX_RUN_SECONDS = 12 * 60 * 60;
+
+export const ROLES = ["invocation", "management", "webhook", "runner"] as const;
+export type Role = (typeof ROLES)[number];
+
+export interface Config {
+  host: string;
+  port: number;
+  dataDir: string;
+  /** NATS server to use; undefined means "probe the local default, else start one". */
+  natsUrl: string | undefined;
+  maxBodyBytes: number;
+  /** Largest app bundle, gzipped and unpacked alike. */
+  maxBundleBytes: number;
+  logLevel: string;
+  roles: Role[];
+  shutdownTimeoutMs: number;
+  /** Ed25519 private key that signs tokens; undefined: the cluster's key in KV skiff-keys. */
+  signingKey: string | undefined;
+  /** Admin token; undefined: the one in <dataDir>/admin-token, made on first start. */
+  adminToken: string | undefined;
+  /** Per-attempt timeout of a webhook delivery. */
+  webhookTimeoutMs: number;
+  /** Address ranges webhooks may reach despite the SSRF guard; undefined: loopback only when SKIFF_HOST is loopback. */
+  webhookAllowedCidrs: string[] | undefined;
+  /** AES-256 key (base64) that seals webhook secrets; undefined: the cluster's key in KV skiff-keys. */
+  secretsKey: string | undefined;
+  /** Seconds an async run's result is kept for GetRun; 0 keeps none. */
+  resultTtlSeconds: number;
+  /** Async runs one app may have queued (running ones included); 429 beyond. */
+  maxQueuedRuns: number;
+  /** Ack deadline of the async run queue's consumers; a lost runner's run is retried after it. */
+  runAckWaitMs: number;
+}
+
+export class ConfigError extends Error {
+  override name = "ConfigError";
+  constructor(
+    readonly variable: string,
+    message: string,
+  ) {
+    super(`${variable}: ${message}`);
+  }
+}
+
+type Env = Record<string, string | undefined>;
+
+interface Setting<K extends keyof Config> {
+  key: K;
+  env: string;
+  doc: string;
+  fallback: string;
+  parse: (raw: string, variable: string) => Config[K];
+}
+
+function integer(min: number, max: number) {
+  return (raw: string, variable: string): number => {
+    if (!/^\d+$/.test(raw.trim())) throw new ConfigError(variable, `expected a whole number, got "${raw}"`);
+    const n = Number(raw);
+    if (n < min || n > max) throw new ConfigError(variable, `must be between ${min} and ${max}, got ${n}`);
+    return n;
+  };
+}
+
+function nonEmpty(raw: string, variable: string): string {
+  if (raw.trim() === "") throw new ConfigError(variable, "must not be empty");
+  return raw.trim();
+}
+
+function optional<T>(parse: (raw: string, variable: string) => T) {
+  return (raw: string, variable: string): T | undefined => (raw.trim() === "" ? undefined : parse(raw.trim(), variable));
+}
+
+function signingKey(raw: string, variable: string): string {
+  try {
+    parsePrivateKey(raw);
+  } catch (err) {
+    throw new ConfigError(variable, (err as Error).message);
+  }
+  return raw;
+}
+
+/** Long enough that it cannot be guessed, and sendable in an Authorization header as it is. */
+function adminToken(raw: string, variable: string): string {
+  if (raw.length < 32 || !/^[\x21-\x7e]+$/.test(raw)) throw new ConfigError(variable, "must be at least 32 printable ASCII characters without spaces");
+  return raw;
+}
+
+const LOG_LEVELS = ["trace", "debug", "info", "warn", "error", "fatal", "silent"];
+
+export function parseRoles(raw: string, variable: string): Role[] {
+  const names = raw
+    .split(",")
+    .map((s) => s.trim())
+    .filter((s) => s !== "");
+  if (names.length === 0) throw new ConfigError(variable, `name at least one role of ${ROLES.join(", ")}`);
+  for (const n of names) {
+    if (!(ROLES as readonly string[]).includes(n)) {
+      throw new ConfigError(variable, `unknown role "${n}"; roles are ${ROLES.join(", ")}`);
+    }
+  }
+  return [...new Set(names)] as Role[];
+}
+
+/** Every setting, in the order README's configuration table lists them. */
+export const SETTINGS: Setting<keyof Config>[] = [
+  { key: "host", env: "SKIFF_HOST", fallback: DEFAULT_HOST, doc: "Address the HTTP/gRPC port binds to.", parse: nonEmpty },
+  { key: "port", env: "SKIFF_PORT", fallback: String(DEFAULT_PORT), doc: "Port for HTTP/1.1 (REST, Connect, gRPC-Web) and cleartext HTTP/2 (gRPC); 0 picks a free one.", parse: integer(0, 65535) },
+  { key: "dataDir", env: "SKIFF_DATA_DIR", fallback: DEFAULT_DATA_DIR, doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).", parse: nonEmpty },
+  {
+    key: "natsUrl",
+    env: "SKIFF_NATS_URL",
+    fallback: "",
+    doc: `NATS server(s), comma-separated. Unset: use ${DEFAULT_NATS_PROBE_URL} when a server answers there, else start \`nats-server\` with JetStream in the data folder.`,
+    parse: (raw) => (raw.trim() === "" ? undefined : raw.trim()),
+  },
+  { key: "maxBodyBytes", env: "SKIFF_MAX_BODY_BYTES", fallback: String(DEFAULT_MAX_BODY_BYTES), doc: "Largest request body accepted (413 above it); app bundles have their own limit, `SKIFF_MAX_BUNDLE_BYTES`.", parse: integer(1, 1024 * 1024 * 1024) },
+  {
+    key: "maxBundleBytes",
+    env: "SKIFF_MAX_BUNDLE_BYTES",
+    fallback: String(DEFAULT_MAX_BUNDLE_BYTES),
+    doc: "Largest app bundle, both the gzipped upload and the tar inside it; a larger one is refused and nothing is deployed.",
+    parse: integer(1024, 16 * 1024 * 1024 * 1024),
+  },
+  {
+    key: "logLevel",
+    env: "SKIFF_LOG_LEVEL",
+    fallback: DEFAULT_LOG_LEVEL,
+    doc: `Log level: ${LOG_LEVELS.join(", ")}.`,
+    parse: (raw, variable) => {
+      if (!LOG_LEVELS.includes(raw.trim())) throw new ConfigError(variable, `must be one of ${LOG_LEVELS.join(", ")}, got "${raw}"`);
+      return raw.trim();
+    },
+  },
+  { key: "roles", env: "SKIFF_ROLES", fallback: ROLES.join(","), doc: "Roles this process runs (also `--roles`).", parse: parseRoles },
+  { key: "shutdownTimeoutMs", env: "SKIFF_SHUTDOWN_TIMEOUT_MS", fallback: String(DEFAULT_SHUTDOWN_TIMEOUT_MS), doc: "On SIGTERM, how long in-flight requests may finish before connections are closed.", parse: integer(0, MAX_RUN_SECONDS * 1000) },
+  {
+    key: "signingKey",
+    env: "SKIFF_SIGNING_KEY",
+    fallback: "",
+    doc: "Ed25519 private key that signs service account tokens: a JWK as JSON (`{\"kty\":\"OKP\",\"crv\":\"Ed25519\",\"d\":…,\"x\":…}`) or PKCS#8 PEM (newlines may be written `\\n`). Unset: a key made once and kept in KV `skiff-keys`.",
+    parse: optional(signingKey),
+  },
+  {
+    key: "adminToken",
+    env: "SKIFF_ADMIN_TOKEN",
+    fallback: "",
+    doc: "Admin token (32+ printable characters), accepted by every process. Unset: one is made on first start and written to `SKIFF_DATA_DIR/admin-token`.",
+    parse: optional(adminToken),
+  },
+  {
+    key: "webhookTimeoutMs",
+    env: "SKIFF_WEBHOOK_TIMEOUT_MS",
+    fallback: String(DEFAULT_WEBHOOK_TIMEOUT_MS),
+    doc: "How long one webhook attempt may take before it counts as a network error (and is retried).",
+    parse: integer(100, 10 * 60_000),
+  },
+  {
+    key: "webhookAllowedCidrs",
+    env: "SKIFF_WEBHOOK_ALLOWED_CIDRS",
+    fallback: "",
+    doc: "Comma-separated address ranges (e.g. `10.0.0.0/8,::1/128`) that webhooks may reach although they are loopback, private, link-local or reserved. Unset: none, except loopback when `SKIFF_HOST` is a loopback address (the local default of `npm start`, said at start).",
+    parse: optional((raw, variable) =>
+      raw
+        .split(",")
+        .map((c) => c.trim())
+        .filter((c) => c !== "")
+        .map((c) => {
+          try {
+            parseCidr(c);
+          } catch (err) {
+            throw new ConfigError(variable, (err as Error).message);
+          }
+          return c;
+        }),
+    ),
+  },
+  {
+    key: "secretsKey",
+    env: "SKIFF_SECRETS_KEY",
+    fallback: "",
+    doc: "32-byte AES-256 key, base64, that seals webhook secrets; every process must have the same. Unset: a key made once and kept in KV `skiff-keys`.",
+    parse: optional((raw, variable) => {
+      try {
+        parseSecretsKey(raw);
+      } catch (err) {
+        throw new ConfigError(variable, (err as Error).message);
+      }
+      return raw.trim();
+    }),
+  },
+  {
+    key: "resultTtlSeconds",
+    env: "SKIFF_RESULT_TTL",
+    fallback: String(24 * 60 * 60),
+    doc: "Seconds an async run's result stays readable through `GET …/runs/{run_id}`; 0 keeps no results.",
+    parse: integer(0, 365 * 24 * 60 * 60),
+  },
+  { key: "maxQueuedRuns", env: "SKIFF_MAX_QUEUED_RUNS", fallback: "10000", doc: "Async runs one app may have waiting or running; a call beyond it gets 429 with Retry-After.", parse: integer(1, 10_000_000) },
+  {
+    key: "runAckWaitMs",
+    env: "SKIFF_RUN_ACK_WAIT_MS",
+    fallback: "30000",
+    doc: "How long a runner may go silent on an async run before the run is given to another runner (runners check in every third of it); at most 3 attempts in all.",
+    parse: integer(1000, 10 * 60_000),
+  },
+];
+
+/** Reads and validates the configuration. Throws ConfigError naming the variable at fault. */
+export function loadConfig(env: Env = process.env, overrides: Partial<Config> = {}): Config {
+  const out: Record<string, unknown> = {};
+  for (const s of SETTINGS) {
+    const raw = env[s.env];
+    out[s.key] = s.parse(raw === undefined ? s.fallback : raw, s.env);
+  }
+  return { ...(out as unknown as Config), ...overrides };
+}
+
+/** The configuration table README shows, made from SETTINGS so it cannot drift. */
+export function settingsTable(): string {
+  const rows = SETTINGS.map((s) => `| \`${s.env}\` | ${s.fallback === "" ? "(unset)" : `\`${s.fallback}\``} | ${s.doc} |`);
+  return ["| variable | default | meaning |", "| --- | --- | --- |", ...rows].join("\n");
+}

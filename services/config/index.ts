@@ -1,0 +1,7 @@
+// The bottom layer: settings (defaults, SKIFF_* variables, validation) and
+// logging. Imports nothing of skiff's own.
+export { ConfigError, DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_NATS_PROBE_URL, DEFAULT_PORT, MAX_RUN_SECONDS, loadConfig, parseRoles } from "./config.js";
+export type { Config, Role } from "./config.js";
+export { createLogger } from "./logger.js";
+export type { Logger } from "./logger.js";
+export { SECRETS_KEY_BYTES, SecretsKeyError, parseCidr, parsePrivateKey, parseSecretsKey } from "./parse.js";

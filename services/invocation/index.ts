@@ -1,0 +1,2 @@
+// The invocation role: InvocationService (sync and async runs).
+export { startInvocationRole } from "./role.js";

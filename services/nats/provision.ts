@@ -1,0 +1,153 @@
+// Creates every stream, KV bucket and object store of nats-layout.ts, and
+// brings existing ones back to the layout's settings. Every process runs it at
+// start, several at once when a cluster boots, so a lost race is normal:
+// whoever loses re-reads what the winner made and carries on.
+import {
+  NatsError,
+  RetentionPolicy,
+  StorageType,
+  nanos,
+  type JetStreamClient,
+  type JetStreamManager,
+  type NatsConnection,
+  type StreamConfig,
+  type StreamInfo,
+  type StreamUpdateConfig,
+} from "nats";
+import type { Logger } from "../config/index.js";
+import { NatsProvisionError, messageOf } from "./errors.js";
+import { buckets, objectStores, streams, type BucketSpec, type ObjectStoreSpec, type StreamSpec } from "./layout.js";
+
+/** JetStream API error codes (nats-server errors.json). */
+const JS_STREAM_NOT_FOUND = 10059;
+const JS_STREAM_NAME_IN_USE = 10058;
+/** A create racing another process's create of the same stream may be refused with this instead. */
+const JS_STREAM_SUBJECT_OVERLAP = 10065;
+
+/** Settings JetStream can change on an existing stream (they are part of StreamUpdateConfig). */
+const UPDATABLE = ["subjects", "description", "max_age", "duplicate_window", "max_msgs_per_subject"] as const satisfies readonly (keyof StreamUpdateConfig)[];
+/** Settings fixed at creation: a difference is reported, never "fixed" by deleting data. */
+const FIXED = ["retention", "storage"] as const satisfies readonly (keyof StreamConfig)[];
+
+type Wanted = Pick<StreamConfig, "name" | (typeof FIXED)[number]> & Partial<Pick<StreamConfig, (typeof UPDATABLE)[number]>>;
+
+/** One thing to provision: the stream behind it, its settings, and how to create it. */
+interface Target {
+  kind: "stream" | "KV bucket" | "object store";
+  name: string;
+  want: Wanted;
+  create: () => Promise<unknown>;
+}
+
+export async function provision(nc: NatsConnection, logger: Logger): Promise<void> {
+  const jsm = await nc.jetstreamManager();
+  const js = nc.jetstream();
+  const targets = [
+    ...Object.values(streams).map((s) => streamTarget(jsm, s)),
+    ...Object.values(buckets).map((b) => bucketTarget(js, b)),
+    ...Object.values(objectStores).map((o) => objectStoreTarget(js, o)),
+  ];
+  await Promise.all(targets.map((t) => ensure(jsm, t, logger)));
+}
+
+function streamTarget(jsm: JetStreamManager, spec: StreamSpec): Target {
+  const want: Wanted = {
+    name: spec.name,
+    subjects: [...spec.subjects],
+    retention: spec.retention === "workqueue" ? RetentionPolicy.Workqueue : RetentionPolicy.Limits,
+    storage: StorageType.File,
+    max_age: nanos(spec.maxAgeMs),
+    duplicate_window: nanos(spec.duplicateWindowMs),
+    max_msgs_per_subject: spec.maxMsgsPerSubject,
+    description: spec.description,
+  };
+  return { kind: "stream", name: spec.name, want, create: () => jsm.streams.add(want) };
+}
+
+// KV buckets and object stores are created through nats.js so that their
+// streams get exactly the subjects and flags the client expects to find.
+function bucketTarget(js: JetStreamClient, spec: BucketSpec): Target {
+  const want: Wanted = {
+    name: `KV_${spec.name}`,
+    retention: RetentionPolicy.Limits,
+    storage: StorageType.File,
+    max_msgs_per_subject: spec.history,
+    max_age: nanos(spec.ttlMs),
+    description: spec.description,
+  };
+  const create = () => js.views.kv(spec.name, { history: spec.history, ttl: spec.ttlMs, storage: StorageType.File, description: spec.description });
+  return { kind: "KV bucket", name: spec.name, want, create };
+}
+
+function objectStoreTarget(js: JetStreamClient, spec: ObjectStoreSpec): Target {
+  const want: Wanted = { name: `OBJ_${spec.name}`, retention: RetentionPolicy.Limits, storage: StorageType.File, description: spec.description };
+  const create = () => js.views.os(spec.name, { storage: StorageType.File, description: spec.description });
+  return { kind: "object store", name: spec.name, want, create };
+}
+
+async function ensure(jsm: JetStreamManager, target: Target, logger: Logger): Promise<void> {
+  try {
+    const existing = await streamInfo(jsm, target.want.name);
+    if (existing !== undefined) return await reconcile(jsm, target, existing, logger);
+    try {
+      await target.create();
+      logger.info({ kind: target.kind, name: target.name }, `created ${target.kind} ${target.name}`);
+    } catch (err) {
+      // Another process created it between our look and our create, with other
+      // settings (an identical create succeeds), or while ours was under way
+      // (the server then may say the subjects overlap). Settle it like an existing one.
+      const code = jsErrCode(err);
+      if (code !== JS_STREAM_NAME_IN_USE && code !== JS_STREAM_SUBJECT_OVERLAP) throw err;
+      const winner = await streamInfo(jsm, target.want.name);
+      if (winner === undefined) throw err;
+      await reconcile(jsm, target, winner, logger);
+    }
+  } catch (err) {
+    if (err instanceof NatsProvisionError) throw err;
+    throw new NatsProvisionError(`cannot provision ${target.kind} ${target.name}: ${messageOf(err)}`, { cause: err });
+  }
+}
+
+async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamInfo | undefined> {
+  try {
+    return await jsm.streams.info(name);
+  } catch (err) {
+    if (jsErrCode(err) === JS_STREAM_NOT_FOUND) return undefined;
+    throw err;
+  }
+}
+
+/** Updates what JetStream lets us update; reports what it does not. */
+async function reconcile(jsm: JetStreamManager, target: Target, info: StreamInfo, logger: Logger): Promise<void> {
+  const fixed = FIXED.filter((k) => info.config[k] !== target.want[k]);
+  if (fixed.length > 0) {
+    logger.warn(
+      { kind: target.kind, name: target.name, have: pick(info.config, fixed), want: pick(target.want, fixed) },
+      `${target.kind} ${target.name} differs from the layout in settings JetStream cannot change (${fixed.join(", ")}); using it as it is`,
+    );
+  }
+  const changed = UPDATABLE.filter((k) => target.want[k] !== undefined && !sameValue(info.config[k], target.want[k]));
+  if (changed.length === 0) return;
+  const update = pick(target.want, changed) as Partial<StreamUpdateConfig>;
+  try {
+    await jsm.streams.update(target.want.name, update);
+  } catch (err) {
+    throw new NatsProvisionError(`cannot update ${changed.join(", ")} of ${target.kind} ${target.name}: ${messageOf(err)}`, { cause: err });
+  }
+  logger.info({ kind: target.kind, name: target.name, was: pick(info.config, changed), now: update }, `updated ${target.kind} ${target.name}`);
+}
+
+function sameValue(have: unknown, want: unknown): boolean {
+  if (Array.isArray(have) && Array.isArray(want)) {
+    return have.length === want.length && [...have].sort().join("\n") === [...want].sort().join("\n");
+  }
+  return have === want;
+}
+
+function pick<T extends object, K extends keyof T>(obj: T, keys: readonly K[]): Partial<Pick<T, K>> {
+  return Object.fromEntries(keys.map((k) => [k, obj[k]])) as Partial<Pick<T, K>>;
+}
+
+function jsErrCode(err: unknown): number | undefined {
+  return err instanceof NatsError ? err.api_error?.err_code : undefined;
+}

@@ -1,0 +1,80 @@
+// Cancelling a running run from any process. Every process that executes
+// runs (a gateway dispatching in-process or waiting on a runner, a runner
+// answering sync requests or working the async queue) tracks its runs here
+// under a process id, which the run record names (`runner`). CancelRun asks
+// that process on `skiff.control.cancel.{id}`: it aborts the run's request
+// (the runner destroys the HTTP exchange with the replica, which keeps
+// serving), waits until the run is recorded as cancelled, and answers. A
+// gateway whose run is on a remote runner passes the abort on through the
+// broadcast `skiff.control.abort`, heard by every runner.
+import { randomBytes } from "node:crypto";
+import { hostname } from "node:os";
+import { ErrorCode, NatsError, type NatsConnection, type Subscription } from "nats";
+import { subjects } from "../nats/index.js";
+
+export const ABORT_SUBJECT = subjects.control("abort");
+export const cancelSubject = (processId: string): string => subjects.control(`cancel.${processId}`);
+/** How long a cancel waits for the run's final record after aborting it. */
+const SETTLE_TIMEOUT_MS = 10_000;
+
+export type CancelAnswer = "aborted" | "unknown" | "gone";
+
+interface InFlight {
+  controller: AbortController;
+  done: Promise<void>;
+}
+
+const encoder = new TextEncoder();
+
+export class RunControl {
+  /** Names this process in run records; subject-token safe. */
+  readonly id = `${hostname().replace(/[^A-Za-z0-9-]/g, "-").slice(0, 40)}-${process.pid}-${randomBytes(3).toString("hex")}`;
+  private readonly runs = new Map<string, InFlight>();
+  private readonly subs: Subscription[] = [];
+
+  /** Answers cancel requests for the runs tracked here and hears broadcast aborts. */
+  listen(nc: NatsConnection): void {
+    this.subs.push(
+      nc.subscribe(cancelSubject(this.id), {
+        callback: (err, msg) => {
+          if (err) return;
+          const run = this.runs.get(msg.string());
+          if (!run) return void msg.respond(encoder.encode("unknown"));
+          run.controller.abort();
+          const settled = new Promise<void>((r) => setTimeout(r, SETTLE_TIMEOUT_MS).unref());
+          void Promise.race([run.done, settled]).then(() => msg.respond(encoder.encode("aborted")));
+        },
+      }),
+      nc.subscribe(ABORT_SUBJECT, { callback: (err, msg) => err || this.runs.get(msg.string())?.controller.abort() }),
+    );
+  }
+
+  /** Tracks a run until `done` settles (its final record is written); cancel aborts `controller`. */
+  track(runId: string, controller: AbortController, done: Promise<unknown>): void {
+    const entry: InFlight = { controller, done: done.then(() => undefined, () => undefined) };
+    this.runs.set(runId, entry);
+    void entry.done.then(() => {
+      if (this.runs.get(runId) === entry) this.runs.delete(runId);
+    });
+  }
+
+  close(): void {
+    for (const s of this.subs.splice(0)) s.unsubscribe();
+  }
+}
+
+/** Asks process `processId` to abort `runId`: "aborted" once it did, "unknown" if it does not hold the run, "gone" if the process is not there. */
+export async function requestCancel(nc: NatsConnection, processId: string, runId: string): Promise<CancelAnswer> {
+  try {
+    const reply = await nc.request(cancelSubject(processId), encoder.encode(runId), { timeout: SETTLE_TIMEOUT_MS + 2_000 });
+    return reply.string() === "aborted" ? "aborted" : "unknown";
+  } catch (err) {
+    if (err instanceof NatsError && (err.code === ErrorCode.NoResponders || err.code === ErrorCode.Timeout)) return "gone";
+    throw err;
+  }
+}
+
+/** Tells every runner to abort `runId` if it runs it (a gateway's sync run dispatched over NATS). */
+export function broadcastAbort(nc: NatsConnection, runId: string): void {
+  nc.publish(ABORT_SUBJECT, encoder.encode(runId));
+}

@@ -1,0 +1,94 @@
+// Where a finished run's response body goes.
+//
+//   - For GetRun, for async runs, while SKIFF_RESULT_TTL lasts (0: not kept): inline in the
+//     run record when small, else in object store `skiff-results` under the
+//     run id. Expiry is checked on read: a record past `expires_at` shows no
+//     result, and sweepResults() removes objects older than the TTL.
+//   - For the terminal event (and so the webhook): inline when it fits an
+//     event, else the same `skiff-results` object, named by `response_object`.
+//     Such an object is kept at least as long as SKIFF_EVENTS keeps events,
+//     so a webhook redelivery can still read it.
+import type { JetStreamClient, NatsConnection, ObjectStore } from "nats";
+import { eventResponseLimit, type EventResponse } from "./events.js";
+import type { Logger } from "../config/index.js";
+import { objectStores, streams } from "../nats/index.js";
+import type { RunRecord, StoredResult } from "./store.js";
+
+/** Largest result kept inside the run record; larger ones go to the object store. */
+export const MAX_INLINE_RESULT_BYTES = 16 * 1024;
+export const DEFAULT_RESULT_TTL_SECONDS = 24 * 60 * 60;
+
+export interface Body {
+  contentType: string;
+  data: Uint8Array;
+}
+
+export class RunResults {
+  private store: Promise<ObjectStore> | undefined;
+  private readonly eventLimit: number;
+
+  constructor(
+    private readonly js: JetStreamClient,
+    nc: NatsConnection,
+    /** SKIFF_RESULT_TTL in seconds; 0 keeps no results. */
+    readonly ttlSeconds: number,
+  ) {
+    this.eventLimit = eventResponseLimit(nc);
+  }
+
+  objects(): Promise<ObjectStore> {
+    return (this.store ??= this.js.views.os(objectStores.results.name).catch((err: unknown) => {
+      this.store = undefined;
+      throw err;
+    }));
+  }
+
+  /**
+   * Stores what must outlive the run and says how the record and the event
+   * refer to it. `forGetRun`: keep the result for GetRun (async runs).
+   */
+  async keep(runId: string, body: Body, now: Date, forGetRun: boolean): Promise<{ result: StoredResult | undefined; event: EventResponse }> {
+    const size = body.data.byteLength;
+    const keepResult = forGetRun && this.ttlSeconds > 0;
+    const needObject = size > this.eventLimit || (keepResult && size > MAX_INLINE_RESULT_BYTES);
+    if (needObject) await (await this.objects()).putBlob({ name: runId, description: body.contentType }, body.data);
+    const expires_at = new Date(now.getTime() + this.ttlSeconds * 1000).toISOString();
+    const result: StoredResult | undefined = !keepResult
+      ? undefined
+      : size > MAX_INLINE_RESULT_BYTES
+        ? { content_type: body.contentType, object: runId, expires_at }
+        : { content_type: body.contentType, data: Buffer.from(body.data).toString("base64"), expires_at };
+    const event: EventResponse = size > this.eventLimit ? { object: runId } : body;
+    return { result, event };
+  }
+
+  /** The run's result while it is kept; undefined once expired or when none was kept. */
+  async read(r: RunRecord, now = new Date()): Promise<Body | undefined> {
+    const kept = r.result;
+    if (!kept || Date.parse(kept.expires_at) <= now.getTime()) return undefined;
+    if (kept.data !== undefined) return { contentType: kept.content_type, data: Buffer.from(kept.data, "base64") };
+    const data = kept.object ? await (await this.objects()).getBlob(kept.object) : null;
+    return data ? { contentType: kept.content_type, data } : undefined;
+  }
+
+  /**
+   * Removes objects older than both the result TTL and the events' age
+   * limit (a webhook redelivery may still need them until then). Returns
+   * how many were removed.
+   */
+  async sweep(logger: Logger, now = Date.now()): Promise<number> {
+    const keepMs = Math.max(this.ttlSeconds * 1000, streams.events.maxAgeMs);
+    const os = await this.objects();
+    let removed = 0;
+    for (const info of await os.list()) {
+      if (now - Date.parse(info.mtime) <= keepMs) continue;
+      try {
+        await os.delete(info.name);
+        removed++;
+      } catch (err) {
+        logger.warn({ err, object: info.name }, "cannot remove an expired result");
+      }
+    }
+    return removed;
+  }
+}

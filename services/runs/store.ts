@@ -1,0 +1,140 @@
+// Run records in KV `skiff-runs`, one entry per run under
+// `{project}.{app}.{run_id}`, so GetRun is a single get and a watch on
+// `{project}.>` or `{project}.{app}.>` follows one project or app.
+//
+// Every state change after the first write is a compare-and-set on the
+// entry's revision, and a final record (success, failure, cancelled) is
+// never changed again: a runner that finishes late, a redelivered message
+// and a cancel racing a completion all end in one final state, decided by
+// whichever write lands first.
+import type { KV, KvEntry, NatsConnection } from "nats";
+import { buckets } from "../nats/index.js";
+
+import type { RunStatus } from "./status.js";
+
+export { RUN_STATUSES, isFinal, type RunStatus } from "./status.js";
+
+export interface RunErrorInfo {
+  /** Exception type of a Cortex function, or a platform reason: timeout, replica_crashed, cancelled, runner_lost... */
+  type: string;
+  message: string;
+}
+
+/** A result kept for GetRun (SKIFF_RESULT_TTL): inline when small, else an object in `skiff-results`. */
+export interface StoredResult {
+  content_type: string;
+  /** base64 of the body, when it is inline. */
+  data?: string;
+  /** Name in object store `skiff-results`, when it is not. */
+  object?: string;
+  /** RFC 3339; after it the result reads as gone. */
+  expires_at: string;
+}
+
+/** A run as stored. Times are RFC 3339. The webhook secret is never here. */
+export interface RunRecord {
+  run_id: string;
+  project_id: string;
+  app_name: string;
+  /** Function of a Cortex app, or path of a Custom app. */
+  path: string;
+  async: boolean;
+  status: RunStatus;
+  queued_at: string;
+  started_at?: string;
+  finished_at?: string;
+  run_time_ms?: number;
+  status_code?: number;
+  error?: RunErrorInfo;
+  webhook_endpoint?: string;
+  webhook_signed?: boolean;
+  /** Times the run was started (a redelivery after a lost runner counts again). */
+  attempts: number;
+  /** Process running it now, for cancel and diagnosis. */
+  runner?: string;
+  result?: StoredResult;
+}
+
+export const runKey = (projectId: string, appName: string, runId: string): string => `${projectId}.${appName}.${runId}`;
+
+export function decodeRunRecord(entry: KvEntry): RunRecord | undefined {
+  if (entry.operation !== "PUT") return undefined;
+  try {
+    const r = entry.json<RunRecord>();
+    return r && typeof r.run_id === "string" && typeof r.status === "string" ? r : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+const encoder = new TextEncoder();
+const encode = (r: RunRecord) => encoder.encode(JSON.stringify(r));
+
+/** How many times an update re-reads after losing a compare-and-set before giving up. */
+const MAX_CAS_TRIES = 20;
+
+export class RunStore {
+  constructor(
+    readonly kv: KV,
+    private readonly nc: NatsConnection,
+  ) {}
+
+  static async open(nc: NatsConnection): Promise<RunStore> {
+    return new RunStore(await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true }), nc);
+  }
+
+  async get(projectId: string, appName: string, runId: string): Promise<{ record: RunRecord; revision: number } | undefined> {
+    const entry = await this.kv.get(runKey(projectId, appName, runId));
+    const record = entry ? decodeRunRecord(entry) : undefined;
+    return record && entry ? { record, revision: entry.revision } : undefined;
+  }
+
+  /** Writes the first record of a run; fails if the run id exists. */
+  async create(r: RunRecord): Promise<void> {
+    await this.kv.create(runKey(r.project_id, r.app_name, r.run_id), encode(r));
+  }
+
+  /** Unconditional write, for sync runs whose records only their own gateway writes, in order. */
+  put(r: RunRecord): Promise<number> {
+    return this.kv.put(runKey(r.project_id, r.app_name, r.run_id), encode(r));
+  }
+
+  /**
+   * The same write as a plain NATS publish to the bucket's subject: no
+   * acknowledgement is awaited, which is most of what a write costs the
+   * gateway. For the bookkeeping of sync runs, whose callers already have
+   * their answer; the connection keeps the order of a run's writes.
+   */
+  putUnacked(r: RunRecord): void {
+    this.nc.publish(`$KV.${buckets.runs.name}.${runKey(r.project_id, r.app_name, r.run_id)}`, encode(r));
+  }
+
+  /**
+   * Applies `change` to the current record with compare-and-set, re-reading
+   * after a lost race. `change` returns the new record, or undefined to leave
+   * it (e.g. it is already final). Resolves with the record written, or
+   * undefined when nothing was written (no record, or change declined).
+   */
+  async update(projectId: string, appName: string, runId: string, change: (r: RunRecord) => RunRecord | undefined): Promise<RunRecord | undefined> {
+    const key = runKey(projectId, appName, runId);
+    for (let i = 0; i < MAX_CAS_TRIES; i++) {
+      const cur = await this.get(projectId, appName, runId);
+      if (!cur) return undefined;
+      const next = change(cur.record);
+      if (!next) return undefined;
+      try {
+        await this.kv.update(key, encode(next), cur.revision);
+        return next;
+      } catch (err) {
+        if (!isWrongRevision(err)) throw err;
+      }
+    }
+    throw new Error(`run ${runId}: record kept changing under ${MAX_CAS_TRIES} updates`);
+  }
+}
+
+/** JetStream's "wrong last sequence" answer to a compare-and-set that lost. */
+export function isWrongRevision(err: unknown): boolean {
+  const e = err as { api_error?: { err_code?: number }; message?: string };
+  return e?.api_error?.err_code === 10071 || /wrong last sequence/i.test(e?.message ?? "");
+}

@@ -1,0 +1,140 @@
+// The bytes of a run request and of its answer on NATS: the sync request
+// and reply on `skiff.invoke.{project}.{app}` and the async message on
+// `skiff.runs.queue.{project}.{app}`. A frame is a 4-byte big-endian length,
+// that many bytes of JSON metadata, then the body as it is (no base64).
+//
+// A body too large for the server's max_payload travels through object
+// store `skiff-results` under `transfer.{id}`: the frame names it, and
+// the receiver reads and removes it.
+import type { NatsConnection, ObjectStore } from "nats";
+import { AppNotFound, Cancelled, FunctionNotFound, Overloaded, ReplicaCrashed, RunnerError, RunTimeout, StartFailed } from "./errors.js";
+import type { InvokeRequest, InvokeResponse } from "./invoke.js";
+
+/** Room for the metadata and NATS headers within max_payload. */
+const FRAME_HEADROOM_BYTES = 64 * 1024;
+
+export interface RequestMeta {
+  run_id: string;
+  method: string;
+  path: string;
+  query: string;
+  headers: Record<string, string>;
+  body_object?: string;
+}
+
+export type ReplyMeta =
+  | { status: number; headers: Record<string, string | string[]>; run_time_ms: number; replica_id: string; body_object?: string }
+  | { error: string; message: string; retry_after?: number; seconds?: number; app?: string; function?: string };
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+function frame(meta: object, body: Uint8Array): Uint8Array {
+  const json = encoder.encode(JSON.stringify(meta));
+  const out = new Uint8Array(4 + json.byteLength + body.byteLength);
+  new DataView(out.buffer).setUint32(0, json.byteLength);
+  out.set(json, 4);
+  out.set(body, 4 + json.byteLength);
+  return out;
+}
+
+function unframe<T>(data: Uint8Array): { meta: T; body: Uint8Array } {
+  if (data.byteLength < 4) throw new Error("not a run frame");
+  const n = new DataView(data.buffer, data.byteOffset, data.byteLength).getUint32(0);
+  if (4 + n > data.byteLength) throw new Error("truncated run frame");
+  return { meta: JSON.parse(decoder.decode(data.subarray(4, 4 + n))) as T, body: data.subarray(4 + n) };
+}
+
+/** Moves large bodies through the object store. */
+export class BodyTransfer {
+  readonly limit: number;
+  constructor(
+    nc: NatsConnection,
+    private readonly objects: () => Promise<ObjectStore>,
+  ) {
+    this.limit = nc.info!.max_payload - FRAME_HEADROOM_BYTES;
+  }
+
+  /** The body to put in the frame, and the object name when it went to the store instead. */
+  async out(id: string, body: Uint8Array): Promise<{ body: Uint8Array; object?: string }> {
+    if (body.byteLength <= this.limit) return { body };
+    const name = `transfer.${id}`;
+    await (await this.objects()).putBlob({ name }, body);
+    return { body: new Uint8Array(0), object: name };
+  }
+
+  /** The body a frame carried, read back from the store when it was there, and removed unless `keep`. */
+  async in(body: Uint8Array, object: string | undefined, keep = false): Promise<Uint8Array> {
+    if (object === undefined) return body;
+    const os = await this.objects();
+    const data = await os.getBlob(object);
+    if (data === null) throw new Error(`run body ${object} is missing from the object store`);
+    if (!keep) await os.delete(object).catch(() => undefined);
+    return data;
+  }
+
+  /** Removes a stored body nobody will read (the request failed). */
+  async drop(object: string | undefined): Promise<void> {
+    if (object !== undefined) await (await this.objects()).delete(object).catch(() => undefined);
+  }
+}
+
+export async function encodeRequest(t: BodyTransfer, req: InvokeRequest, transferId = req.runId): Promise<{ data: Uint8Array; object?: string }> {
+  const { body, object } = await t.out(`${transferId}.request`, req.body);
+  const meta: RequestMeta = { run_id: req.runId, method: req.method, path: req.path, query: req.query, headers: req.headers, ...(object ? { body_object: object } : {}) };
+  return { data: frame(meta, body), object };
+}
+
+/** The request a frame carries; with `keepObject` a stored body stays (an async message may be delivered again). */
+export async function decodeRequest(t: BodyTransfer, data: Uint8Array, keepObject = false): Promise<InvokeRequest> {
+  const { meta, body } = unframe<RequestMeta>(data);
+  const full = await t.in(body, meta.body_object, keepObject);
+  return { runId: meta.run_id, method: meta.method, path: meta.path, query: meta.query, headers: meta.headers, body: full };
+}
+
+/** A request frame's metadata: the run id, and the object holding its body, if any (to remove once the run is final). */
+export function requestMeta(data: Uint8Array): RequestMeta {
+  return unframe<RequestMeta>(data).meta;
+}
+
+export async function encodeReply(t: BodyTransfer, runId: string, res: InvokeResponse): Promise<Uint8Array> {
+  const { body, object } = await t.out(`${runId}.reply`, res.body);
+  return frame({ status: res.status, headers: res.headers, run_time_ms: res.runTimeMs, replica_id: res.replicaId, ...(object ? { body_object: object } : {}) }, body);
+}
+
+export function encodeErrorReply(err: RunnerError): Uint8Array {
+  const meta: ReplyMeta = { error: err.name, message: err.message };
+  if (err instanceof Overloaded) meta.retry_after = err.retryAfterSeconds;
+  if (err instanceof RunTimeout) meta.seconds = err.seconds;
+  if (err instanceof AppNotFound) meta.app = `${err.projectId}/${err.appName}`;
+  if (err instanceof FunctionNotFound) [meta.app, meta.function] = [err.appName, err.functionName];
+  return frame(meta, new Uint8Array(0));
+}
+
+/** The runner's answer, or throws the runner error it reported. */
+export async function decodeReply(t: BodyTransfer, data: Uint8Array): Promise<InvokeResponse> {
+  const { meta, body } = unframe<ReplyMeta>(data);
+  if ("error" in meta) throw runnerError(meta);
+  return { status: meta.status, headers: meta.headers, runTimeMs: meta.run_time_ms, replicaId: meta.replica_id, body: await t.in(body, meta.body_object) };
+}
+
+function runnerError(m: Extract<ReplyMeta, { error: string }>): Error {
+  switch (m.error) {
+    case "Overloaded":
+      return new Overloaded(m.message, m.retry_after ?? 1);
+    case "RunTimeout":
+      return new RunTimeout(m.seconds ?? 0);
+    case "Cancelled":
+      return new Cancelled();
+    case "ReplicaCrashed":
+      return new ReplicaCrashed(m.message);
+    case "FunctionNotFound":
+      return new FunctionNotFound(m.app ?? "", m.function ?? "");
+    case "AppNotFound": {
+      const [p = "", a = ""] = (m.app ?? "").split("/");
+      return new AppNotFound(p, a);
+    }
+    default:
+      return new StartFailed(m.message);
+  }
+}

@@ -1,0 +1,9 @@
+// The one port: HTTP/1.1 and h2c for Connect, gRPC, gRPC-Web and REST (the
+// HTTP/JSON transcoder in rest/), health probes, OpenAPI documents and the
+// dashboard's static files.
+export { HealthState, healthRoutes } from "./health.js";
+export { codeFromString, codeHttpStatus, errorBody } from "./rest/errors.js";
+export { httpExchange, setHttpStatus } from "./rest/http-exchange.js";
+export { SKIFF_APIS, openapiDocument, openapiDocuments } from "./rest/openapi.js";
+export { startServer } from "./server.js";
+export { createStaticFiles } from "./static-files.js";

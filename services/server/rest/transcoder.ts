@@ -1,0 +1,412 @@
+// The generic HTTP/JSON transcoder: serves every google.api.http rule of the
+// given services by calling the very UniversalHandler that serves the
+// method over Connect, with a Connect unary request in the binary format.
+// Interceptors, readMaxBytes, handler context and error mapping are thus
+// those of a Connect call; the transcoder only maps HTTP to a request
+// message and a response message (or Connect error) back to HTTP.
+//
+// Mapping, after google/api/http.proto:
+//   - path variables set the fields they name (percent-decoded);
+//   - query parameters set the fields that neither the path nor the body
+//     binds, by proto name or JSON name, nested with dots, repeated by
+//     repeating the key. Unknown parameters are ignored on purpose: the
+//     handler sees the full query in HttpExchange.query, and a Custom app
+//     behind `/v4/...` gets its own parameters through it;
+//   - body "*": the JSON body (empty = `{}`) sets every other field, unknown
+//     JSON fields are an error; body "<field>": the JSON body is that field,
+//     or, for a google.api.HttpBody field, the raw bytes and their
+//     Content-Type; no body rule: a body is read (under the size limit) and
+//     ignored. Path variables win over a body that sets the same field.
+//   - the response is JSON with proto field names and implicit fields
+//     emitted, or only its `response_body` field; an HttpBody is written
+//     raw with its content type. The status is the one the handler chose
+//     with setHttpStatus() (http-exchange.ts), else 200.
+//
+// Errors are `{"code", "message"}` with the status of the Connect code;
+// the transcoder's own are 404 not_found (no route), 405 unimplemented with
+// an Allow header (the path exists, not with this method), 400
+// invalid_argument (bad parameter, malformed JSON), 413 resource_exhausted
+// (body too large) and 415 invalid_argument (a JSON body that is not JSON).
+import { create, fromBinary, fromJson, toBinary, toJson, type DescField, type DescMessage, type DescMethod, type DescService, type JsonValue, type Message } from "@bufbuild/protobuf";
+import { reflect, type ReflectMessage } from "@bufbuild/protobuf/reflect";
+import { Code, createContextValues } from "@connectrpc/connect";
+import type { UniversalHandler, UniversalServerResponse } from "@connectrpc/connect/protocol";
+import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
+import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
+import { kHttpExchange, type HttpExchange } from "./http-exchange.js";
+import { httpBindings, type HttpBinding, type Variable } from "./http-rules.js";
+import type { Logger } from "../../config/index.js";
+import { ClientGoneError, discardRequest, readBody, type NodeRequest, type NodeResponse } from "./body.js";
+import { codeFromString, codeString, errorBody, invalidArgument, TranscodeError } from "./errors.js";
+import { resolveDotted, setFromText } from "./fields.js";
+import { RouteTable, variableValue, type RouteMatch } from "./routes.js";
+
+export interface TranscoderOptions {
+  /** Services whose google.api.http rules become REST routes. */
+  services: readonly DescService[];
+  /** The Connect router's handlers (`createConnectRouter(...).handlers`); every bound method needs one. */
+  handlers: readonly UniversalHandler[];
+  /** Largest request body accepted (SKIFF_MAX_BODY_BYTES); 413 above it. */
+  maxBodyBytes: number;
+  /** Methods that take larger bodies than maxBodyBytes (an app bundle), by method. */
+  bodyLimits?: ReadonlyMap<DescMethod, number>;
+  logger: Logger;
+}
+
+const HTTP_BODY = "google.api.HttpBody";
+const JSON_WRITE = { useProtoFieldName: true, alwaysEmitImplicit: true } as const;
+
+type BodyMode = "none" | "json-all" | "raw-all" | "json-field" | "raw-field";
+
+interface Route {
+  binding: HttpBinding;
+  handler: UniversalHandler;
+  body: BodyMode;
+  bodyField: DescField | undefined;
+  /** Path variables and the fields they set. */
+  variables: { variable: Variable; path: DescField[] }[];
+  /** Proto names of fields bound by the path or the body: query parameters never set them. */
+  bound: string[][];
+}
+
+/**
+ * The type of connectNodeAdapter's `fallback`: a request listener for both
+ * node:http and node:http2 (connect-node only reconciles the two write()
+ * signatures of their response types).
+ */
+export type NodeHandler = NonNullable<ConnectNodeAdapterOptions["fallback"]>;
+
+export function createTranscoder(opts: TranscoderOptions): NodeHandler {
+  const table = new RouteTable(compileRoutes(opts.services, opts.handlers));
+  return (req, nodeRes) => {
+    const res = nodeRes as NodeResponse;
+    // An aborted request emits "error"; without a listener that would be an uncaught exception.
+    req.on("error", () => {});
+    transcode(req, res, table, opts).catch((e: unknown) => answerError(req, res, e, opts));
+  };
+}
+
+function compileRoutes(services: readonly DescService[], handlers: readonly UniversalHandler[]): Route[] {
+  return httpBindings(services).map((binding) => {
+    const handler = handlers.find((h) => h.method === binding.method);
+    if (!handler) throw new Error(`no Connect handler for ${binding.service.typeName}.${binding.method.name}: register the service on the router`);
+    const input = binding.method.input;
+    const bodyField = binding.body === "" || binding.body === "*" ? undefined : input.fields.find((f) => f.name === binding.body);
+    const variables = binding.template.variables.map((variable) => ({ variable, path: protoPath(input, variable.fieldPath) }));
+    const bound = binding.template.variables.map((v) => v.fieldPath);
+    if (bodyField) bound.push([bodyField.name]);
+    return { binding, handler, body: bodyMode(binding, bodyField), bodyField, variables, bound };
+  });
+}
+
+function bodyMode(binding: HttpBinding, bodyField: DescField | undefined): BodyMode {
+  if (binding.body === "") return "none";
+  if (binding.body === "*") return binding.method.input.typeName === HTTP_BODY ? "raw-all" : "json-all";
+  return bodyField?.fieldKind === "message" && bodyField.message.typeName === HTTP_BODY ? "raw-field" : "json-field";
+}
+
+function protoPath(message: DescMessage, names: readonly string[]): DescField[] {
+  const out: DescField[] = [];
+  let at: DescMessage | undefined = message;
+  for (const name of names) {
+    const field: DescField | undefined = at?.fields.find((f) => f.name === name);
+    if (!field) throw new Error(`${message.typeName} has no field ${names.join(".")}`);
+    out.push(field);
+    at = field.fieldKind === "message" ? field.message : undefined;
+  }
+  return out;
+}
+
+async function transcode(req: NodeRequest, res: NodeResponse, table: RouteTable<Route>, opts: TranscoderOptions): Promise<void> {
+  const url = req.url ?? "";
+  const q = url.indexOf("?");
+  const path = q < 0 ? url : url.slice(0, q);
+  const query = new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
+  const method = req.method ?? "";
+  const match = pickRoute(table.match(path), method, path);
+  const body = await readBody(req, opts.bodyLimits?.get(match.route.binding.method) ?? opts.maxBodyBytes);
+  const route = match.route;
+  const input = requestMessage(route, match.segments, query, body, header(req, "content-type"));
+  const exchange: HttpExchange = { method, query, status: undefined };
+  const uRes = await callHandler(req, res, route, toBinary(route.binding.method.input, input), exchange);
+  copyResponseHeaders(uRes.header, res);
+  const bytes = await readAll(uRes.body);
+  if (uRes.status !== 200) throw handlerError(bytes, route, opts.logger);
+  const output = fromBinary(route.binding.method.output, bytes);
+  writeSuccess(res, exchange.status ?? 200, responsePayload(route.binding, output));
+}
+
+function pickRoute(matches: RouteMatch<Route>[], method: string, path: string): RouteMatch<Route> {
+  const found = matches.find((m) => m.route.binding.httpMethod === method);
+  if (found) return found;
+  if (matches.length === 0) throw new TranscodeError(Code.NotFound, `no route for ${truncate(path)}`);
+  const allow = [...new Set(matches.map((m) => m.route.binding.httpMethod))].join(", ");
+  throw new TranscodeError(Code.Unimplemented, `method ${truncate(method)} not allowed; allowed: ${allow}`, { status: 405, headers: { allow } });
+}
+
+// --- request ----------------------------------------------------------------
+
+function requestMessage(route: Route, segments: readonly string[], query: URLSearchParams, body: Uint8Array, contentType: string | undefined): Message {
+  const input = route.binding.method.input;
+  const msg = bodyMessage(route, body, contentType);
+  const r = reflect(input, msg);
+  if (route.body !== "json-all" && route.body !== "raw-all") applyQuery(r, route, query);
+  for (const { variable, path } of route.variables) {
+    setFromText(r, path, variableValue(variable, segments), `path variable "${variable.fieldPath.join(".")}"`);
+  }
+  return msg;
+}
+
+function applyQuery(r: ReflectMessage, route: Route, query: URLSearchParams): void {
+  for (const [key, value] of query) {
+    const path = resolveDotted(r.desc, key);
+    if (!path || isBound(route, path)) continue;
+    setFromText(r, path, value, `query parameter "${truncate(key)}"`);
+  }
+}
+
+/** Whether a field path is, contains or lies inside a field bound by the path or the body. */
+function isBound(route: Route, path: readonly DescField[]): boolean {
+  return route.bound.some((b) => b.every((name, i) => i >= path.length || path[i].name === name));
+}
+
+function bodyMessage(route: Route, body: Uint8Array, contentType: string | undefined): Message {
+  const input = route.binding.method.input;
+  switch (route.body) {
+    case "none":
+      return create(input);
+    case "raw-all":
+      return httpBody(input, body, contentType);
+    case "raw-field": {
+      const msg = create(input);
+      const field = route.bodyField!;
+      if (field.fieldKind === "message") reflect(input, msg).set(field, reflect(field.message, httpBody(field.message, body, contentType)));
+      return msg;
+    }
+    case "json-all":
+      return decodeJson(input, parseJson(body, contentType) ?? {});
+    case "json-field": {
+      const json = parseJson(body, contentType);
+      return json === undefined ? create(input) : decodeJson(input, { [route.bodyField!.jsonName]: json });
+    }
+  }
+}
+
+function httpBody(desc: DescMessage, data: Uint8Array, contentType: string | undefined): Message {
+  const msg = create(desc) as unknown as HttpBody;
+  msg.data = data;
+  msg.contentType = contentType ?? "";
+  return msg as unknown as Message;
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/** The JSON value of the body; undefined when empty. */
+function parseJson(body: Uint8Array, contentType: string | undefined): JsonValue | undefined {
+  if (body.length === 0) return undefined;
+  if (contentType && !isJsonMediaType(contentType)) {
+    throw new TranscodeError(Code.InvalidArgument, `unsupported media type ${JSON.stringify(truncate(contentType))}: the body must be JSON`, { status: 415 });
+  }
+  try {
+    return JSON.parse(utf8.decode(body)) as JsonValue;
+  } catch (e) {
+    throw invalidArgument(`malformed JSON body: ${e instanceof Error ? e.message : String(e)}`);
+  }
+}
+
+function isJsonMediaType(contentType: string): boolean {
+  const type = contentType.split(";", 1)[0].trim().toLowerCase();
+  return type === "application/json" || (type.startsWith("application/") && type.endsWith("+json"));
+}
+
+function decodeJson(desc: DescMessage, json: JsonValue): Message {
+  try {
+    return fromJson(desc, json, { ignoreUnknownFields: false });
+  } catch (e) {
+    throw invalidArgument(`invalid JSON body: ${e instanceof Error ? e.message : String(e)}`);
+  }
+}
+
+// --- the call ---------------------------------------------------------------
+
+/** Request headers that describe the REST exchange itself, not the call: never passed to the handler. */
+const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "http2-settings", "accept-encoding"]);
+
+function isProtocolHeader(name: string): boolean {
+  return HOP_BY_HOP.has(name) || name.startsWith("content-") || name.startsWith("connect-") || name.startsWith("grpc-");
+}
+
+async function callHandler(req: NodeRequest, res: NodeResponse, route: Route, message: Uint8Array, exchange: HttpExchange): Promise<UniversalServerResponse> {
+  const contextValues = createContextValues().set(kHttpExchange, exchange);
+  return route.handler({
+    httpVersion: req.httpVersion,
+    method: "POST",
+    url: `http://${authority(req)}${route.handler.requestPath}`,
+    header: handlerHeaders(req),
+    body: oneChunk(message),
+    signal: requestSignal(res),
+    contextValues,
+  });
+}
+
+function handlerHeaders(req: NodeRequest): Headers {
+  const out = new Headers();
+  for (const [name, value] of Object.entries(req.headers)) {
+    if (value === undefined || name.startsWith(":") || isProtocolHeader(name)) continue;
+    for (const v of Array.isArray(value) ? value : [value]) {
+      try {
+        out.append(name, v);
+      } catch {
+        throw invalidArgument(`invalid value for header ${truncate(name)}`);
+      }
+    }
+  }
+  out.set("content-type", "application/proto");
+  out.set("connect-protocol-version", "1");
+  return out;
+}
+
+const AUTHORITY = /^[A-Za-z0-9.\-_~:[\]]+$/;
+
+/** The caller's host for the handler's URL; a host that would not make a URL is replaced. */
+function authority(req: NodeRequest): string {
+  const host = "authority" in req ? req.authority : req.headers.host;
+  return host && AUTHORITY.test(host) ? host : "localhost";
+}
+
+/** Aborted when the client goes away before the answer is written. */
+function requestSignal(res: NodeResponse): AbortSignal {
+  const controller = new AbortController();
+  res.once("close", () => {
+    if (!res.writableFinished) controller.abort(new ClientGoneError("client closed the request"));
+  });
+  return controller.signal;
+}
+
+async function* oneChunk(bytes: Uint8Array): AsyncIterable<Uint8Array> {
+  yield bytes;
+}
+
+async function readAll(body: AsyncIterable<Uint8Array> | undefined): Promise<Uint8Array> {
+  if (!body) return new Uint8Array(0);
+  const chunks: Uint8Array[] = [];
+  for await (const chunk of body) chunks.push(chunk);
+  return Buffer.concat(chunks);
+}
+
+/** The Connect error a handler answered (`{"code", "message"}` JSON), as a transcoder error. */
+function handlerError(bytes: Uint8Array, route: Route, logger: Logger): TranscodeError {
+  let parsed: { code?: unknown; message?: unknown } | undefined;
+  try {
+    parsed = JSON.parse(new TextDecoder().decode(bytes)) as typeof parsed;
+  } catch {
+    parsed = undefined;
+  }
+  const code = typeof parsed?.code === "string" ? codeFromString(parsed.code) : undefined;
+  if (code === undefined) throw new Error(`${route.handler.requestPath} answered a non-Connect error`);
+  const message = typeof parsed?.message === "string" ? parsed.message : "";
+  if (code === Code.Internal || code === Code.Unknown || code === Code.DataLoss) {
+    logger.error({ procedure: route.handler.requestPath, code: codeString(code), message }, "handler failed");
+  }
+  return new TranscodeError(code, message);
+}
+
+// --- response ---------------------------------------------------------------
+
+interface Payload {
+  contentType: string;
+  bytes: Uint8Array;
+}
+
+function responsePayload(binding: HttpBinding, output: Message): Payload {
+  const desc = binding.method.output;
+  if (binding.responseBody === "") return desc.typeName === HTTP_BODY ? rawPayload(output) : jsonPayload(toJson(desc, output, JSON_WRITE));
+  const field = desc.fields.find((f) => f.name === binding.responseBody)!;
+  if (field.fieldKind === "message") {
+    // An unset message field reads as an empty message.
+    const value = (reflect(desc, output).get(field) as ReflectMessage).message;
+    return field.message.typeName === HTTP_BODY ? rawPayload(value) : jsonPayload(toJson(field.message, value, JSON_WRITE));
+  }
+  const json = toJson(desc, output, JSON_WRITE) as Record<string, JsonValue>;
+  return jsonPayload(json[field.name] ?? null);
+}
+
+function rawPayload(message: Message): Payload {
+  const body = message as unknown as HttpBody;
+  return { contentType: body.contentType || "application/octet-stream", bytes: body.data };
+}
+
+function jsonPayload(json: JsonValue): Payload {
+  return { contentType: "application/json", bytes: Buffer.from(JSON.stringify(json)) };
+}
+
+/** Response headers of the handler that belong to the Connect exchange, not to the REST caller. */
+function isProtocolResponseHeader(name: string): boolean {
+  return isProtocolHeader(name) || name.startsWith("trailer-") || name === "set-cookie";
+}
+
+function copyResponseHeaders(from: Headers | undefined, res: NodeResponse): void {
+  if (!from) return;
+  from.forEach((value, name) => {
+    if (!isProtocolResponseHeader(name)) res.setHeader(name, value);
+  });
+  const cookies = from.getSetCookie();
+  if (cookies.length > 0) res.setHeader("set-cookie", cookies);
+}
+
+/** Statuses that never carry a body. */
+const NO_BODY = new Set([204, 205, 304]);
+
+function writeSuccess(res: NodeResponse, status: number, payload: Payload): void {
+  if (isGone(res)) return;
+  if (NO_BODY.has(status)) {
+    res.writeHead(status);
+    res.end();
+    return;
+  }
+  res.writeHead(status, { "content-type": payload.contentType, "content-length": String(payload.bytes.byteLength) });
+  res.end(payload.bytes);
+}
+
+function writeError(res: NodeResponse, error: TranscodeError): void {
+  if (isGone(res)) return;
+  const body = errorBody(error.code, error.message);
+  res.writeHead(error.status, { ...error.headers, "content-type": "application/json", "content-length": String(Buffer.byteLength(body)) });
+  res.end(body);
+}
+
+function isGone(res: NodeResponse): boolean {
+  return res.writableEnded || ("stream" in res ? res.stream.destroyed : res.destroyed);
+}
+
+/** Answers a failed transcode; anything but a TranscodeError is a bug, logged and answered 500. */
+function answerError(req: NodeRequest, res: NodeResponse, e: unknown, opts: TranscoderOptions): void {
+  if (e instanceof ClientGoneError) return;
+  let error: TranscodeError;
+  if (e instanceof TranscodeError) {
+    error = e;
+  } else {
+    opts.logger.error({ err: e, method: req.method, url: truncate(req.url ?? "") }, "transcoder failed");
+    error = new TranscodeError(Code.Internal, "internal error");
+  }
+  try {
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    writeError(res, error);
+    discardRequest(req);
+  } catch (writeFailure) {
+    opts.logger.error({ err: writeFailure }, "transcoder could not answer");
+    res.destroy();
+  }
+}
+
+function header(req: NodeRequest, name: string): string | undefined {
+  const value = req.headers[name];
+  return Array.isArray(value) ? value.join(", ") : value;
+}
+
+function truncate(text: string): string {
+  return text.length > 200 ? `${text.slice(0, 200)}...` : text;
+}

@@ -1,0 +1,220 @@
+// One port for everything: HTTP/1.1 (REST, Connect, gRPC-Web) and cleartext
+// HTTP/2 with prior knowledge (gRPC, Connect). A net.Server peeks at the first
+// bytes of each connection and hands the socket to the http or http2 server.
+import { setMaxListeners } from "node:events";
+import http from "node:http";
+import http2 from "node:http2";
+import net from "node:net";
+import type { DescMethod, DescService } from "@bufbuild/protobuf";
+import { createServiceImplSpec, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
+import type { UniversalHandler } from "@connectrpc/connect/protocol";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { MAX_RUN_SECONDS, type Logger } from "../config/index.js";
+import type { HealthState } from "./health.js";
+import { isApiPath, type StaticHandler } from "./static-files.js";
+import { createTranscoder, type NodeHandler } from "./rest/transcoder.js";
+
+type NodeRequest = Parameters<NodeHandler>[0];
+type NodeResponse = Parameters<NodeHandler>[1];
+
+
+export interface ServerOptions {
+  host: string;
+  port: number;
+  maxBodyBytes: number;
+  /** Methods that take larger bodies than maxBodyBytes (an app bundle), on every protocol. */
+  bodyLimits?: ReadonlyMap<DescMethod, number>;
+  logger: Logger;
+  health: HealthState;
+  /** Services whose google.api.http rules become REST routes. */
+  restServices: readonly DescService[];
+  /** Registers every service implementation on the router. */
+  routes: (router: ConnectRouter) => void;
+  interceptors?: Interceptor[];
+  /** Documents served as JSON by GET, by path (the OpenAPI documents). */
+  documents?: Record<string, () => unknown>;
+  /** Answers GET and HEAD requests for paths that are not API paths (the dashboard). */
+  site?: StaticHandler;
+}
+
+export interface SkiffServer {
+  /** Base URL, e.g. http://127.0.0.1:8080 */
+  url: string;
+  port: number;
+  /** Stops accepting, lets in-flight requests finish for up to graceMs, then closes every connection. */
+  close(graceMs: number): Promise<void>;
+}
+
+/** Room for the framing of a request message around its body. */
+const MESSAGE_OVERHEAD_BYTES = 64 * 1024;
+
+/**
+ * The router the roles register on, applying per-method body limits: a
+ * service with such a method is registered method by method, so that only
+ * those methods accept the larger messages.
+ */
+function limitedRouter(router: ConnectRouter, limits: ReadonlyMap<DescMethod, number>): ConnectRouter {
+  const limited: ConnectRouter = {
+    handlers: router.handlers,
+    service(service, implementation, options) {
+      if (!service.methods.some((m) => limits.has(m))) {
+        router.service(service, implementation, options);
+        return limited;
+      }
+      const spec = createServiceImplSpec(service, implementation);
+      for (const method of service.methods) {
+        const limit = limits.get(method);
+        const methodOptions = limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES };
+        router.rpc(method, spec.methods[method.localName].impl as never, methodOptions);
+      }
+      return limited;
+    },
+    rpc(method, impl, options) {
+      const limit = limits.get(method);
+      router.rpc(method, impl, limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES });
+      return limited;
+    },
+  };
+  return limited;
+}
+
+const HTTP2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n");
+
+function sendJson(res: NodeResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
+  res.end(text);
+}
+
+export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
+  const { logger, health } = opts;
+  const shutdown = new AbortController();
+  // Every call in flight listens to it: not a leak, so no listener-count warning.
+  setMaxListeners(0, shutdown.signal);
+  let handlers: readonly UniversalHandler[] = [];
+  let transcode: ReturnType<typeof createTranscoder> | undefined;
+
+  // Plain HTTP endpoints that are not RPCs: probes and documents.
+  const plain = new Map<string, (res: NodeResponse) => void>([
+    ["/healthz", (res) => sendJson(res, health.live ? 200 : 503, { status: health.live ? "ok" : "nats disconnected" })],
+    ["/readyz", (res) => sendJson(res, health.ready ? 200 : 503, { status: health.ready ? "ready" : "not ready" })],
+  ]);
+  for (const [path, make] of Object.entries(opts.documents ?? {})) {
+    let cached: string | undefined;
+    plain.set(path, (res) => {
+      cached ??= JSON.stringify(make(), null, 2);
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(cached);
+    });
+  }
+
+  const fallback = (req: NodeRequest, res: NodeResponse) => {
+    const path = (req.url ?? "/").split("?", 1)[0];
+    const endpoint = plain.get(path);
+    const read = req.method === "GET" || req.method === "HEAD";
+    if (endpoint && read) return endpoint(res);
+    if (opts.site && read && !isApiPath(path)) return opts.site(req, res);
+    transcode!(req, res);
+  };
+
+  const adapter = connectNodeAdapter({
+    routes: (router) => {
+      opts.routes(limitedRouter(router, opts.bodyLimits ?? new Map()));
+      handlers = router.handlers;
+    },
+    fallback,
+    interceptors: opts.interceptors,
+    // The limit is on the body; an encoded request message adds a few bytes.
+    readMaxBytes: opts.maxBodyBytes + MESSAGE_OVERHEAD_BYTES,
+    writeMaxBytes: 64 * 1024 * 1024,
+    // A sync run may last up to 12 hours; Connect's default is unbounded.
+    maxTimeoutMs: MAX_RUN_SECONDS * 1000 + 60_000,
+    shutdownSignal: shutdown.signal,
+  });
+  transcode = createTranscoder({ services: opts.restServices, handlers, maxBodyBytes: opts.maxBodyBytes, bodyLimits: opts.bodyLimits, logger });
+
+  let stopping = false;
+  let inFlight = 0;
+  let drained: (() => void) | undefined;
+  const track = (req: NodeRequest, res: NodeResponse) => {
+    inFlight++;
+    res.once("close", () => {
+      inFlight--;
+      if (inFlight === 0) drained?.();
+    });
+    // While stopping, HTTP/1.1 keep-alive connections close after their answer.
+    if (stopping && req.httpVersionMajor === 1) res.setHeader("connection", "close");
+    adapter(req, res);
+  };
+
+  const h1 = http.createServer(
+    {
+      // Long synchronous runs are legitimate: no whole-request timeout.
+      requestTimeout: 0,
+      headersTimeout: 60_000,
+      keepAliveTimeout: 5_000,
+    },
+    track,
+  );
+  const h2 = http2.createServer({}, track);
+  const sessions = new Set<http2.ServerHttp2Session>();
+  h2.on("session", (s) => {
+    sessions.add(s);
+    s.once("close", () => sessions.delete(s));
+  });
+
+  const sockets = new Set<net.Socket>();
+  const tcp = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.once("close", () => sockets.delete(socket));
+    socket.on("error", () => socket.destroy());
+    let head = Buffer.alloc(0);
+    const peek = (chunk: Buffer) => {
+      head = Buffer.concat([head, chunk]);
+      const n = Math.min(head.length, HTTP2_PREFACE.length);
+      const isH2 = head.subarray(0, n).equals(HTTP2_PREFACE.subarray(0, n));
+      if (isH2 && head.length < HTTP2_PREFACE.length) return; // need more bytes to decide
+      socket.off("data", peek);
+      socket.pause();
+      socket.unshift(head);
+      // Both servers read what was unshifted; http2 drains it on the next
+      // tick, so the socket must stay paused for it (flowing would lose it).
+      (isH2 ? h2 : h1).emit("connection", socket);
+      if (!isH2) socket.resume();
+    };
+    socket.on("data", peek);
+  });
+
+  await new Promise<void>((resolve, reject) => {
+    tcp.once("error", reject);
+    tcp.listen(opts.port, opts.host, () => {
+      tcp.off("error", reject);
+      resolve();
+    });
+  });
+  const port = (tcp.address() as net.AddressInfo).port;
+  const host = opts.host.includes(":") ? `[${opts.host}]` : opts.host;
+
+  return {
+    url: `http://${host}:${port}`,
+    port,
+    async close(graceMs: number) {
+      stopping = true;
+      health.setStopping();
+      tcp.close();
+      h1.closeIdleConnections();
+      for (const s of sessions) s.close(); // GOAWAY: finish open streams, accept no new ones
+      if (inFlight > 0) {
+        logger.info({ inFlight, graceMs }, "waiting for in-flight requests");
+        await new Promise<void>((resolve) => {
+          drained = resolve;
+          setTimeout(resolve, graceMs).unref();
+        });
+      }
+      shutdown.abort();
+      h1.closeAllConnections();
+      for (const s of sessions) s.destroy();
+      for (const s of sockets) s.destroy();
+    },
+  };
+}
