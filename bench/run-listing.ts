@@ -43,7 +43,19 @@ export async function benchRunListing(): Promise<void> {
       const batch: Promise<unknown>[] = [];
       for (let j = i; j < Math.min(RUNS, i + 1000); j++) {
         const now = new Date().toISOString();
-        const r: RunRecord = { run_id: (last = v7()), project_id: P, app_name: APP, path: "run", async: j % 2 === 0, status: statuses[j % 4], queued_at: now, finished_at: now, attempts: 1, run_time_ms: 3, status_code: 200 };
+        const r: RunRecord = {
+          run_id: (last = v7()),
+          project_id: P,
+          app_name: APP,
+          path: "run",
+          async: j % 2 === 0,
+          status: statuses[j % 4],
+          queued_at: now,
+          finished_at: now,
+          attempts: 1,
+          run_time_ms: 3,
+          status_code: 200,
+        };
         batch.push(runs.put(r));
       }
       await Promise.all(batch);
@@ -56,17 +68,30 @@ export async function benchRunListing(): Promise<void> {
     const client = t.management();
     const store = await RunStore.open(t.skiff.nats.nc);
     const first = await client.listRuns({ projectId: P, appName: APP });
-    if (first.runs.length !== 50 || first.runs[0].runId !== last) throw new Error(`the index is not loaded: first page has ${first.runs.length} runs`);
+    if (first.runs.length !== 50 || first.runs[0].runId !== last)
+      throw new Error(`the index is not loaded: first page has ${first.runs.length} runs`);
 
     const kvGet = await sample(() => store.get(P, APP, last));
     const page = await sample(() => client.listRuns({ projectId: P, appName: APP }));
-    const filtered = await sample(() => client.listRuns({ projectId: P, appName: APP, status: "cancelled", asyncOnly: false, pageSize: 500 }));
-    const deep = await sample(() => client.listRuns({ projectId: P, appName: APP, pageToken: first.nextPageToken, pageSize: 500 }));
-    console.log(`run listing: ${RUNS} runs stored in ${writeS.toFixed(1)} s; a process loads them at start in ${loadS.toFixed(1)} s`);
+    const filtered = await sample(() =>
+      client.listRuns({ projectId: P, appName: APP, status: "cancelled", asyncOnly: false, pageSize: 500 }),
+    );
+    const deep = await sample(() =>
+      client.listRuns({ projectId: P, appName: APP, pageToken: first.nextPageToken, pageSize: 500 }),
+    );
+    console.log(
+      `run listing: ${RUNS} runs stored in ${writeS.toFixed(1)} s; a process loads them at start in ${loadS.toFixed(1)} s`,
+    );
     console.log(`  baseline, one KV get of a run record:      ${kvGet.toFixed(3)} ms`);
-    console.log(`  ListRuns first page (50), over HTTP:        ${page.toFixed(3)} ms  = ${(page / kvGet).toFixed(2)} x baseline`);
-    console.log(`  ListRuns status=cancelled, 500 a page:      ${filtered.toFixed(3)} ms  = ${(filtered / kvGet).toFixed(2)} x baseline`);
-    console.log(`  ListRuns second page, 500 a page:           ${deep.toFixed(3)} ms  = ${(deep / kvGet).toFixed(2)} x baseline`);
+    console.log(
+      `  ListRuns first page (50), over HTTP:        ${page.toFixed(3)} ms  = ${(page / kvGet).toFixed(2)} x baseline`,
+    );
+    console.log(
+      `  ListRuns status=cancelled, 500 a page:      ${filtered.toFixed(3)} ms  = ${(filtered / kvGet).toFixed(2)} x baseline`,
+    );
+    console.log(
+      `  ListRuns second page, 500 a page:           ${deep.toFixed(3)} ms  = ${(deep / kvGet).toFixed(2)} x baseline`,
+    );
   } finally {
     await t?.close();
     await nats.stop();

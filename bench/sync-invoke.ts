@@ -120,7 +120,10 @@ interface Job {
 }
 
 function node(code: string, args: string[], env: Record<string, string> = {}): ChildProcess {
-  return spawn(process.execPath, ["--input-type=module", "-e", code, ...args], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "inherit"] });
+  return spawn(process.execPath, ["--input-type=module", "-e", code, ...args], {
+    env: { ...process.env, ...env },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
 }
 
 /** Starts a server script that prints "port N" once listening. */
@@ -138,11 +141,15 @@ function serve(code: string, env: Record<string, string>): Promise<{ port: numbe
 }
 
 function load(job: Job): Promise<LoadResult> {
-  const child = node(LOAD, [JSON.stringify({ ...job, concurrency: CONCURRENCY, warmupMs: WARMUP_SECONDS * 1000, durationMs: SECONDS * 1000 })]);
+  const child = node(LOAD, [
+    JSON.stringify({ ...job, concurrency: CONCURRENCY, warmupMs: WARMUP_SECONDS * 1000, durationMs: SECONDS * 1000 }),
+  ]);
   let out = "";
   child.stdout!.on("data", (d: Buffer) => (out += d.toString()));
   return new Promise((resolve, reject) => {
-    child.once("exit", (code) => (code === 0 ? resolve(JSON.parse(out) as LoadResult) : reject(new Error(`the load generator exited ${code}`))));
+    child.once("exit", (code) =>
+      code === 0 ? resolve(JSON.parse(out) as LoadResult) : reject(new Error(`the load generator exited ${code}`)),
+    );
   });
 }
 
@@ -183,23 +190,35 @@ export async function benchSyncInvoke(): Promise<void> {
     const addBody = JSON.stringify({ a: 1, b: 2 });
     // Each app answers once (the first call waits for the fresh deployment) before any load.
     const first = await post(`${t.url}/v4/${P}/${CUSTOM}/echo`, t.devToken, echoBody);
-    if (first.status !== 200 || first.json?.ok !== true) throw new Error(`${CUSTOM} answered ${first.status} ${first.text}`);
+    if (first.status !== 200 || first.json?.ok !== true)
+      throw new Error(`${CUSTOM} answered ${first.status} ${first.text}`);
     const sum = await post(`${t.url}/v4/${P}/${CORTEX}/add`, t.devToken, addBody);
     if (sum.status !== 200 || sum.json?.result !== 3) throw new Error(`${CORTEX} answered ${sum.status} ${sum.text}`);
     for (let i = 0; i < 200; i++) {
       await post(`${t.url}/v4/${P}/${CUSTOM}/echo`, t.devToken, echoBody);
       await post(`${t.url}/v4/${P}/${CORTEX}/add`, t.devToken, addBody);
     }
-    const replicas = [CUSTOM, CORTEX].map((a) => t!.skiff.runner!.replicas(P, a).filter((r) => r.state === "ready").length);
+    const replicas = [CUSTOM, CORTEX].map(
+      (a) => t!.skiff.runner!.replicas(P, a).filter((r) => r.state === "ready").length,
+    );
 
     const before = process.memoryUsage();
     const rssBefore = before.rss;
     const cases: [string, Job][] = [
-      ["(a) app server, direct", { url: `http://127.0.0.1:${direct.port}/echo`, body: echoBody, headers: {}, status: 200 }],
+      [
+        "(a) app server, direct",
+        { url: `http://127.0.0.1:${direct.port}/echo`, body: echoBody, headers: {}, status: 200 },
+      ],
       ["(b) bare Node proxy", { url: `http://127.0.0.1:${proxy.port}/echo`, body: echoBody, headers: {}, status: 200 }],
-      ["(c) skiff sync, Custom", { url: `${t.url}/v4/${P}/${CUSTOM}/echo`, body: echoBody, headers: auth, status: 200 }],
+      [
+        "(c) skiff sync, Custom",
+        { url: `${t.url}/v4/${P}/${CUSTOM}/echo`, body: echoBody, headers: auth, status: 200 },
+      ],
       ["(d) skiff sync, Cortex", { url: `${t.url}/v4/${P}/${CORTEX}/add`, body: addBody, headers: auth, status: 200 }],
-      ["(e) skiff async (202)", { url: `${t.url}/v4/${P}/${CORTEX}/add?async=true`, body: addBody, headers: auth, status: 202 }],
+      [
+        "(e) skiff async (202)",
+        { url: `${t.url}/v4/${P}/${CORTEX}/add?async=true`, body: addBody, headers: auth, status: 202 },
+      ],
     ];
     const results: [string, LoadResult][] = [];
     let rssPeak = rssBefore;
@@ -216,14 +235,20 @@ export async function benchSyncInvoke(): Promise<void> {
 
     const base = results[0][1].rps;
     const ref = results[1][1].rps;
-    console.log(`sync invoke: ${CONCURRENCY} requests in flight, ${SECONDS} s a case (after ${WARMUP_SECONDS} s of warm-up), keep-alive; ready replicas: ${CUSTOM} ${replicas[0]}, ${CORTEX} ${replicas[1]}`);
-    console.log(`  ${"case".padEnd(26)} ${"req/s".padStart(8)} ${"p50 ms".padStart(8)} ${"p99 ms".padStart(8)} ${"errors".padStart(7)} ${"x direct".padStart(9)} ${"x proxy".padStart(8)}`);
+    console.log(
+      `sync invoke: ${CONCURRENCY} requests in flight, ${SECONDS} s a case (after ${WARMUP_SECONDS} s of warm-up), keep-alive; ready replicas: ${CUSTOM} ${replicas[0]}, ${CORTEX} ${replicas[1]}`,
+    );
+    console.log(
+      `  ${"case".padEnd(26)} ${"req/s".padStart(8)} ${"p50 ms".padStart(8)} ${"p99 ms".padStart(8)} ${"errors".padStart(7)} ${"x direct".padStart(9)} ${"x proxy".padStart(8)}`,
+    );
     for (const [name, r] of results) {
       console.log(
         `  ${name.padEnd(26)} ${r.rps.toFixed(0).padStart(8)} ${r.p50.toFixed(2).padStart(8)} ${r.p99.toFixed(2).padStart(8)} ${String(r.errors).padStart(7)} ${(r.rps / base).toFixed(2).padStart(9)} ${(r.rps / ref).toFixed(2).padStart(8)}`,
       );
     }
-    console.log(`  skiff RSS: ${mb(rssBefore)} before the load, ${mb(rssAfter)} after (peak ${mb(rssPeak)}) = ${(rssAfter / rssBefore).toFixed(2)} x before; JS heap used ${mb(before.heapUsed)} -> ${mb(after.heapUsed)}`);
+    console.log(
+      `  skiff RSS: ${mb(rssBefore)} before the load, ${mb(rssAfter)} after (peak ${mb(rssPeak)}) = ${(rssAfter / rssBefore).toFixed(2)} x before; JS heap used ${mb(before.heapUsed)} -> ${mb(after.heapUsed)}`,
+    );
     for (const [name, r] of results) {
       if (r.errors > 0) console.log(`  errors in ${name}:\n    ${r.samples.join("\n    ")}`);
     }

@@ -22,7 +22,8 @@ async function main(): Promise<void> {
     process.exit(1);
   }
   // In the background once the port is open: the server must answer the deploys.
-  if (config.roles.includes("management") && config.roles.includes("runner")) void deployExamples({ url: skiff.url, dataDir: config.dataDir, logger });
+  if (config.roles.includes("management") && config.roles.includes("runner"))
+    void deployExamples({ url: skiff.url, dataDir: config.dataDir, logger });
   let stopping = false;
   const stop = (signal: string) => {
     if (stopping) return;

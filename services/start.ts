@@ -7,7 +7,15 @@ import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { startInvocationRole } from "./invocation/index.js";
 import { startManagementRole } from "./management/index.js";
-import { deploymentsDir, startRunnerRole, type RunnerRole, DeploymentCache, type Runner, startRunServices, type RunServices } from "./runner/index.js";
+import {
+  deploymentsDir,
+  startRunnerRole,
+  type RunnerRole,
+  DeploymentCache,
+  type Runner,
+  startRunServices,
+  type RunServices,
+} from "./runner/index.js";
 import { AppRegistry } from "./apps/index.js";
 import { startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
@@ -82,7 +90,11 @@ const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> =
 };
 
 /** The built dashboard (`npm run build:dashboard`, run by `npm start`). */
-const dashboardSite = () => createStaticFiles({ root: path.join(import.meta.dirname, "dashboard", "dist"), buildCommand: "npm run build:dashboard" });
+const dashboardSite = () =>
+  createStaticFiles({
+    root: path.join(import.meta.dirname, "dashboard", "dist"),
+    buildCommand: "npm run build:dashboard",
+  });
 
 function watchNats(handle: NatsHandle, health: HealthState, logger: Logger): void {
   void (async () => {
@@ -109,13 +121,21 @@ export function webhookAllowedCidrs(config: Config, logger: Logger): string[] {
   if (config.webhookAllowedCidrs !== undefined) return config.webhookAllowedCidrs;
   const loopbackHost = config.host === "localhost" || config.host === "::1" || config.host.startsWith("127.");
   if (!loopbackHost) return [];
-  logger.info({ allowedCidrs: LOOPBACK_CIDRS }, "webhooks may reach loopback addresses (SKIFF_HOST is loopback and SKIFF_WEBHOOK_ALLOWED_CIDRS is unset)");
+  logger.info(
+    { allowedCidrs: LOOPBACK_CIDRS },
+    "webhooks may reach loopback addresses (SKIFF_HOST is loopback and SKIFF_WEBHOOK_ALLOWED_CIDRS is unset)",
+  );
   return LOOPBACK_CIDRS;
 }
 
 export async function startSkiff(config: Config, logger: Logger): Promise<Skiff> {
   const health = new HealthState();
-  const nats = await connectNats({ url: config.natsUrl, dataDir: config.dataDir, logger, name: `skiff ${config.roles.join(",")}` });
+  const nats = await connectNats({
+    url: config.natsUrl,
+    dataDir: config.dataDir,
+    logger,
+    name: `skiff ${config.roles.join(",")}`,
+  });
   let auth: Auth | undefined;
   let apps: AppRegistry | undefined;
   let runner: RunnerRole | undefined;
@@ -137,11 +157,27 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     health.setProvisioned();
 
     const runsRunner = config.roles.includes("runner");
-    const deployments = runsRunner ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger }) : undefined;
+    const deployments = runsRunner
+      ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger })
+      : undefined;
     if (runsRunner) {
       apps = await AppRegistry.start(nats.nc, logger);
-      runner = await startRunnerRole({ nc: nats.nc, dataDir: config.dataDir, logger, maxBundleBytes: config.maxBundleBytes, registry: apps, deployments });
-      runs = await startRunServices({ nc: nats.nc, runner: runner.runner, registry: apps, logger, resultTtlSeconds: config.resultTtlSeconds, ackWaitMs: config.runAckWaitMs });
+      runner = await startRunnerRole({
+        nc: nats.nc,
+        dataDir: config.dataDir,
+        logger,
+        maxBundleBytes: config.maxBundleBytes,
+        registry: apps,
+        deployments,
+      });
+      runs = await startRunServices({
+        nc: nats.nc,
+        runner: runner.runner,
+        registry: apps,
+        logger,
+        resultTtlSeconds: config.resultTtlSeconds,
+        ackWaitMs: config.runAckWaitMs,
+      });
     }
 
     const allowedCidrs = webhookAllowedCidrs(config, logger);
@@ -160,7 +196,20 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     const rpc: RpcRole[] = [];
     if (starters.length > 0) {
       auth = await startAuth(nats.nc, logger);
-      for (const start of starters) rpc.push(await start({ config, nats, auth, logger, deployments, apps, runner: runner?.runner, onClose: (c) => closers.push(c), webhookAllowedCidrs: allowedCidrs }));
+      for (const start of starters)
+        rpc.push(
+          await start({
+            config,
+            nats,
+            auth,
+            logger,
+            deployments,
+            apps,
+            runner: runner?.runner,
+            onClose: (c) => closers.push(c),
+            webhookAllowedCidrs: allowedCidrs,
+          }),
+        );
     }
     for (const r of rpc) health.services.add(r.service.typeName);
     const server = await startServer({
@@ -181,7 +230,10 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       site: config.roles.includes("management") ? dashboardSite() : undefined,
       interceptors: auth ? [auth.interceptor] : [],
     });
-    logger.info({ url: server.url, roles: config.roles, nats: nats.url }, `skiff serves ${server.url} (REST, Connect, gRPC-Web on HTTP/1.1; gRPC on h2c)`);
+    logger.info(
+      { url: server.url, roles: config.roles, nats: nats.url },
+      `skiff serves ${server.url} (REST, Connect, gRPC-Web on HTTP/1.1; gRPC on h2c)`,
+    );
     return {
       url: server.url,
       port: server.port,

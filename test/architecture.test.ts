@@ -27,7 +27,8 @@ function layerOf(folder: string): number {
 function sourceFiles(dir: string): string[] {
   return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
     const p = path.join(dir, e.name);
-    if (e.isDirectory()) return e.name === "node_modules" || e.name === "dist" || e.name === "shims" ? [] : sourceFiles(p);
+    if (e.isDirectory())
+      return e.name === "node_modules" || e.name === "dist" || e.name === "shims" ? [] : sourceFiles(p);
     return /\.tsx?$/.test(e.name) && !e.name.endsWith(".d.ts") ? [p] : [];
   });
 }
@@ -46,7 +47,9 @@ interface Edge {
 
 function importsOf(file: string): Edge[] {
   const text = readFileSync(file, "utf8");
-  const specs = [...text.matchAll(/(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s*["']([^"']+)["']|import\(\s*["']([^"']+)["']\s*\)/g)].map((m) => m[1] ?? m[2]);
+  const specs = [
+    ...text.matchAll(/(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s*["']([^"']+)["']|import\(\s*["']([^"']+)["']\s*\)/g),
+  ].map((m) => m[1] ?? m[2]);
   return specs
     .filter((s) => s.startsWith("."))
     .map((spec) => ({ from: file, to: path.resolve(path.dirname(file), spec).replace(/\.js$/, ".ts"), spec }));
@@ -66,7 +69,10 @@ describe("architecture - the import graph of services/", () => {
   });
 
   it("every folder but the dashboard is entered through its index.ts", () => {
-    const bad = crossing.filter((e) => folderOf(e.from) !== "dashboard" && path.relative(path.join(SERVICES, folderOf(e.to)), e.to) !== "index.ts");
+    const bad = crossing.filter(
+      (e) =>
+        folderOf(e.from) !== "dashboard" && path.relative(path.join(SERVICES, folderOf(e.to)), e.to) !== "index.ts",
+    );
     expect(bad.map(show)).toEqual([]);
   });
 
@@ -101,7 +107,12 @@ describe("architecture - the import graph of services/", () => {
   });
 
   it("the dashboard (browser code) imports only generated code and import-free modules", () => {
-    const bad = edges.filter((e) => folderOf(e.from) === "dashboard" && folderOf(e.to) !== "dashboard" && !DASHBOARD_MAY_IMPORT.includes(path.relative(SERVICES, e.to)));
+    const bad = edges.filter(
+      (e) =>
+        folderOf(e.from) === "dashboard" &&
+        folderOf(e.to) !== "dashboard" &&
+        !DASHBOARD_MAY_IMPORT.includes(path.relative(SERVICES, e.to)),
+    );
     expect(bad.map(show)).toEqual([]);
     for (const allowed of DASHBOARD_MAY_IMPORT) expect(importsOf(path.join(SERVICES, allowed))).toEqual([]);
   });

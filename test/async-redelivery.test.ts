@@ -20,11 +20,23 @@ const getRun = async (runId: string) => (await t.management().getRun({ projectId
 
 async function startRunner(): Promise<{ child: ChildProcess; dataDir: string }> {
   const dataDir = await mkdtemp(path.join(tmp, "runner-"));
-  const child = spawn(process.execPath, ["--import", "tsx", path.join(ROOT, "services", "main.ts"), "--roles", "runner"], {
-    cwd: ROOT,
-    env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_NATS_URL: t.nats.url, SKIFF_DATA_DIR: dataDir, SKIFF_RUN_ACK_WAIT_MS: String(ACK_WAIT_MS), SKIFF_RESULT_TTL: "0", SKIFF_LOG_LEVEL: "error" },
-    stdio: ["ignore", "ignore", "inherit"],
-  });
+  const child = spawn(
+    process.execPath,
+    ["--import", "tsx", path.join(ROOT, "services", "main.ts"), "--roles", "runner"],
+    {
+      cwd: ROOT,
+      env: {
+        PATH: process.env.PATH,
+        HOME: process.env.HOME,
+        SKIFF_NATS_URL: t.nats.url,
+        SKIFF_DATA_DIR: dataDir,
+        SKIFF_RUN_ACK_WAIT_MS: String(ACK_WAIT_MS),
+        SKIFF_RESULT_TTL: "0",
+        SKIFF_LOG_LEVEL: "error",
+      },
+      stdio: ["ignore", "ignore", "inherit"],
+    },
+  );
   const r = { child, dataDir };
   runners.add(r);
   return r;
@@ -50,15 +62,25 @@ async function kill(r: { child: ChildProcess; dataDir: string }): Promise<void> 
 }
 
 const runningOn = (runId: string, attempt: number) =>
-  until(`${runId} running attempt ${attempt}`, async () => {
-    const r = await getRun(runId);
-    return r.status === "running" && r.attempts === attempt ? r : undefined;
-  }, 45_000);
+  until(
+    `${runId} running attempt ${attempt}`,
+    async () => {
+      const r = await getRun(runId);
+      return r.status === "running" && r.attempts === attempt ? r : undefined;
+    },
+    45_000,
+  );
 
 beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-redeliver-"));
-  t = await startTestSkiff({ env: { SKIFF_ROLES: "invocation,management", SKIFF_RESULT_TTL: "0", SKIFF_RUN_ACK_WAIT_MS: String(ACK_WAIT_MS) } });
-  await deploy(tmp, t.management(), cortexApp("slow", "max_replicas = 2\nreplica_concurrency = 2\nresponse_grace_period = 60"));
+  t = await startTestSkiff({
+    env: { SKIFF_ROLES: "invocation,management", SKIFF_RESULT_TTL: "0", SKIFF_RUN_ACK_WAIT_MS: String(ACK_WAIT_MS) },
+  });
+  await deploy(
+    tmp,
+    t.management(),
+    cortexApp("slow", "max_replicas = 2\nreplica_concurrency = 2\nresponse_grace_period = 60"),
+  );
 }, 60_000);
 afterAll(async () => {
   for (const r of [...runners]) await kill(r);
@@ -75,7 +97,11 @@ describe("async - runners that die", () => {
     const queued = await post(`${v4("add")}?async=true`, t.devToken, '{"a":2,"b":2}');
     expect(queued.status).toBe(202);
     await startRunner();
-    const done = await until("the queued run", async () => ((await getRun(queued.json.run_id)).status === "success" ? getRun(queued.json.run_id) : undefined), 30_000);
+    const done = await until(
+      "the queued run",
+      async () => ((await getRun(queued.json.run_id)).status === "success" ? getRun(queued.json.run_id) : undefined),
+      30_000,
+    );
     expect(done).toMatchObject({ attempts: 1, statusCode: 200 });
     expect(done.result).toBeUndefined();
     expect(done.rawResult).toBeUndefined();
@@ -93,7 +119,11 @@ describe("async - runners that die", () => {
     const before = await runningOn(runId, 1);
     await kill(first);
     await startRunner();
-    const done = await until("success after redelivery", async () => ((await getRun(runId)).status === "success" ? getRun(runId) : undefined), 30_000);
+    const done = await until(
+      "success after redelivery",
+      async () => ((await getRun(runId)).status === "success" ? getRun(runId) : undefined),
+      30_000,
+    );
     expect(done).toMatchObject({ attempts: 2, statusCode: 200 });
     expect(before.attempts).toBe(1);
   }, 40_000);
@@ -106,7 +136,11 @@ describe("async - runners that die", () => {
       await kill([...runners][0]);
       await startRunner();
     }
-    const failed = await until("failure", async () => ((await getRun(runId)).status === "failure" ? getRun(runId) : undefined), 30_000);
+    const failed = await until(
+      "failure",
+      async () => ((await getRun(runId)).status === "failure" ? getRun(runId) : undefined),
+      30_000,
+    );
     expect(failed).toMatchObject({ attempts: 3, error: { type: "runner_lost" } });
   }, 180_000);
 });

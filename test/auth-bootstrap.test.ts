@@ -35,16 +35,27 @@ describe("bootstrap", () => {
     const sink = new Writable({ write: (c, _e, done) => ((log += c.toString()), done()) });
     const t = await startTestSkiff({ nats, dataDir, logger: pino({ level: "info" }, sink) });
     try {
-      for (const file of ["admin-token", "dev-token"]) expect((await stat(path.join(dataDir, file))).mode & 0o777, file).toBe(0o600);
+      for (const file of ["admin-token", "dev-token"])
+        expect((await stat(path.join(dataDir, file))).mode & 0o777, file).toBe(0o600);
       expect(t.adminToken).toMatch(/^skiff_admin_[A-Za-z0-9_-]{43}$/);
       expect(await identity(t.url, t.adminToken)).toMatchObject({ status: 200, body: { kind: "admin" } });
       const dev = await identity(t.url, t.devToken);
-      expect(dev).toMatchObject({ status: 200, body: { kind: "service_account", project_id: "p-dev", service_account_id: "sa-dev" } });
+      expect(dev).toMatchObject({
+        status: 200,
+        body: { kind: "service_account", project_id: "p-dev", service_account_id: "sa-dev" },
+      });
       const left = Date.parse(dev.body.expires_at) - Date.now();
       expect(left).toBeGreaterThan(29 * DAY_MS);
       expect(left).toBeLessThanOrEqual(30 * DAY_MS);
-      const started = log.split("\n").filter(Boolean).map((l) => JSON.parse(l)).find((l) => l.adminTokenFile);
-      expect(started).toMatchObject({ adminTokenFile: path.join(dataDir, "admin-token"), devTokenFile: path.join(dataDir, "dev-token") });
+      const started = log
+        .split("\n")
+        .filter(Boolean)
+        .map((l) => JSON.parse(l))
+        .find((l) => l.adminTokenFile);
+      expect(started).toMatchObject({
+        adminTokenFile: path.join(dataDir, "admin-token"),
+        devTokenFile: path.join(dataDir, "dev-token"),
+      });
       expect(log).not.toContain(t.adminToken);
       expect(log).not.toContain(t.devToken);
     } finally {
@@ -100,7 +111,10 @@ describe("bootstrap", () => {
     try {
       const kv = await nc.jetstream().views.kv(buckets.serviceAccounts.name, { bindOnly: true });
       const record = (await kv.get("p-dev.sa-dev"))!.json<Record<string, string>>();
-      await kv.put("p-dev.sa-dev", JSON.stringify({ ...record, expires_at: new Date(Date.now() + 3 * DAY_MS).toISOString() }));
+      await kv.put(
+        "p-dev.sa-dev",
+        JSON.stringify({ ...record, expires_at: new Date(Date.now() + 3 * DAY_MS).toISOString() }),
+      );
     } finally {
       await nc.close();
     }

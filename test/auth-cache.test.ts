@@ -11,7 +11,14 @@ async function setup(cacheSize?: number) {
   const key = await signingKeyFrom(generateKeyPairSync("ed25519").privateKey);
   const accounts = new Map<string, ServiceAccountRecord>();
   const add = (id: string) =>
-    accounts.set(`p-a.${id}`, { service_account_id: id, project_id: "p-a", name: id, created_at: new Date(Date.now() - 60_000).toISOString(), expires_at: "", created_by: "admin" });
+    accounts.set(`p-a.${id}`, {
+      service_account_id: id,
+      project_id: "p-a",
+      name: id,
+      created_at: new Date(Date.now() - 60_000).toISOString(),
+      expires_at: "",
+      created_by: "admin",
+    });
   let keyLookups = 0;
   const auth = new Authenticator({
     publicKey: (kid) => (keyLookups++, kid === key.kid ? key.publicKey : undefined),
@@ -20,7 +27,8 @@ async function setup(cacheSize?: number) {
     logger: silentLogger,
     cacheSize,
   });
-  const token = (id: string, expiresAt = new Date(Date.now() + 3_600_000)) => issueToken(key, { projectId: "p-a", serviceAccountId: id, expiresAt });
+  const token = (id: string, expiresAt = new Date(Date.now() + 3_600_000)) =>
+    issueToken(key, { projectId: "p-a", serviceAccountId: id, expiresAt });
   return { auth, accounts, add, token, lookups: () => keyLookups };
 }
 

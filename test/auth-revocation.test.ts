@@ -36,7 +36,14 @@ describe("revocation across processes", () => {
     secondData = await mkdtemp(path.join(tmpdir(), "skiff-second-"));
     child = spawn(process.execPath, ["--import", "tsx", "services/main.ts", "--roles", "management"], {
       cwd: root,
-      env: { PATH: process.env.PATH, HOME: process.env.HOME, CI: "1", SKIFF_NATS_URL: t.nats.url, SKIFF_PORT: "0", SKIFF_DATA_DIR: secondData },
+      env: {
+        PATH: process.env.PATH,
+        HOME: process.env.HOME,
+        CI: "1",
+        SKIFF_NATS_URL: t.nats.url,
+        SKIFF_PORT: "0",
+        SKIFF_DATA_DIR: secondData,
+      },
       stdio: ["ignore", "pipe", "inherit"],
     });
     secondUrl = await serveUrl(child);
@@ -52,11 +59,16 @@ describe("revocation across processes", () => {
   });
 
   const status = async (url: string, token: string) =>
-    (await fetch(`${url}/v2/projects/p-dev/service-accounts`, { headers: { authorization: `Bearer ${token}` } })).status;
+    (await fetch(`${url}/v2/projects/p-dev/service-accounts`, { headers: { authorization: `Bearer ${token}` } }))
+      .status;
 
   it("a token created in one process works in the other at once (KV fallback), and is refused there within 100 ms of its DELETE", async () => {
     const admin = t.management();
-    const created = await admin.createServiceAccount({ projectId: "p-dev", name: "two-process", expiresAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 3600) } });
+    const created = await admin.createServiceAccount({
+      projectId: "p-dev",
+      name: "two-process",
+      expiresAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 3600) },
+    });
     // Right after creation: the second process may not have seen the watch update yet.
     expect(await status(secondUrl, created.token)).toBe(200);
     // Warm: the second process now holds the token verified in its cache.

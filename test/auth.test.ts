@@ -30,7 +30,9 @@ describe("authentication", () => {
 
   /** A token signed by the cluster's key with claims changed from a valid one. */
   const resign = (claims: Record<string, unknown>, signWith: SigningKey = key) =>
-    new SignJWT({ ...decodeJwt(tokenA), ...claims }).setProtectedHeader({ alg: "EdDSA", kid: signWith.kid, typ: "JWT" }).sign(signWith.privateKey);
+    new SignJWT({ ...decodeJwt(tokenA), ...claims })
+      .setProtectedHeader({ alg: "EdDSA", kid: signWith.kid, typ: "JWT" })
+      .sign(signWith.privateKey);
 
   beforeAll(async () => {
     const privateKey = generateKeyPairSync("ed25519").privateKey;
@@ -69,25 +71,44 @@ describe("authentication", () => {
     ["Bearer with nothing", async () => "Bearer "],
     ["another scheme", async () => `Basic ${tokenA}`],
     ["garbage", async () => "Bearer not-a-token"],
-    ["tampered payload (another account's sub)", async () => {
-      const [h, , s] = tokenA.split(".");
-      return `Bearer ${h}.${enc({ ...decodeJwt(tokenA), sub: "sa-dev", project_id: "p-dev" })}.${s}`;
-    }],
-    ["tampered signature", async () => {
-      const [h, p, s] = tokenA.split(".");
-      return `Bearer ${h}.${p}.${s.slice(0, 10)}${s[10] === "A" ? "B" : "A"}${s.slice(11)}`;
-    }],
+    [
+      "tampered payload (another account's sub)",
+      async () => {
+        const [h, , s] = tokenA.split(".");
+        return `Bearer ${h}.${enc({ ...decodeJwt(tokenA), sub: "sa-dev", project_id: "p-dev" })}.${s}`;
+      },
+    ],
+    [
+      "tampered signature",
+      async () => {
+        const [h, p, s] = tokenA.split(".");
+        return `Bearer ${h}.${p}.${s.slice(0, 10)}${s[10] === "A" ? "B" : "A"}${s.slice(11)}`;
+      },
+    ],
     ["alg none", async () => `Bearer ${enc({ alg: "none", kid: key.kid, typ: "JWT" })}.${enc(decodeJwt(tokenA))}.`],
-    ["HS256 keyed with the public key", async () => {
-      const secret = base64url.decode(publicJwk(key.publicKey).x!);
-      return `Bearer ${await new SignJWT(decodeJwt(tokenA)).setProtectedHeader({ alg: "HS256", kid: key.kid }).sign(secret)}`;
-    }],
+    [
+      "HS256 keyed with the public key",
+      async () => {
+        const secret = base64url.decode(publicJwk(key.publicKey).x!);
+        return `Bearer ${await new SignJWT(decodeJwt(tokenA)).setProtectedHeader({ alg: "HS256", kid: key.kid }).sign(secret)}`;
+      },
+    ],
     ["wrong issuer", async () => `Bearer ${await resign({ iss: "someone-else" })}`],
     ["expired", async () => `Bearer ${await resign({ exp: Math.floor(Date.now() / 1000) - 60 })}`],
-    ["no kid", async () => `Bearer ${await new SignJWT(decodeJwt(tokenA)).setProtectedHeader({ alg: "EdDSA" }).sign(key.privateKey)}`],
-    ["signed by an unknown key", async () => `Bearer ${await resign({}, await signingKeyFrom(generateKeyPairSync("ed25519").privateKey))}`],
+    [
+      "no kid",
+      async () =>
+        `Bearer ${await new SignJWT(decodeJwt(tokenA)).setProtectedHeader({ alg: "EdDSA" }).sign(key.privateKey)}`,
+    ],
+    [
+      "signed by an unknown key",
+      async () => `Bearer ${await resign({}, await signingKeyFrom(generateKeyPairSync("ed25519").privateKey))}`,
+    ],
     ["deleted service account", async () => `Bearer ${deletedToken}`],
-    ["admin token with one character changed", async () => `Bearer ${t.adminToken.slice(0, -1)}${t.adminToken.endsWith("A") ? "B" : "A"}`],
+    [
+      "admin token with one character changed",
+      async () => `Bearer ${t.adminToken.slice(0, -1)}${t.adminToken.endsWith("A") ? "B" : "A"}`,
+    ],
   ];
 
   it.each(cases)("REST: %s → 401 unauthenticated, saying nothing of which check failed", async (_name, header) => {
@@ -106,21 +127,42 @@ describe("authentication", () => {
 
   it("gRPC and Connect: no token and a tampered token are unauthenticated, another project's is permission_denied", async () => {
     const clients = {
-      grpc: (token?: string) => createClient(ManagementService, createGrpcTransport({ baseUrl: t.url, interceptors: token ? [bearer(token)] : [] })),
-      connect: (token?: string) => createClient(ManagementService, createConnectTransport({ baseUrl: t.url, httpVersion: "1.1", interceptors: token ? [bearer(token)] : [] })),
+      grpc: (token?: string) =>
+        createClient(
+          ManagementService,
+          createGrpcTransport({ baseUrl: t.url, interceptors: token ? [bearer(token)] : [] }),
+        ),
+      connect: (token?: string) =>
+        createClient(
+          ManagementService,
+          createConnectTransport({ baseUrl: t.url, httpVersion: "1.1", interceptors: token ? [bearer(token)] : [] }),
+        ),
     };
     const tampered = `${tokenA.slice(0, -4)}AAAA`;
     for (const [name, client] of Object.entries(clients)) {
-      await expect(client().listServiceAccounts({ projectId: "p-a" }), name).rejects.toMatchObject({ code: Code.Unauthenticated });
-      await expect(client(tampered).listServiceAccounts({ projectId: "p-a" }), name).rejects.toMatchObject({ code: Code.Unauthenticated });
-      await expect(client(deletedToken).listServiceAccounts({ projectId: "p-a" }), name).rejects.toMatchObject({ code: Code.Unauthenticated });
-      await expect(client(tokenA).listServiceAccounts({ projectId: "p-b" }), name).rejects.toMatchObject({ code: Code.PermissionDenied });
-      expect((await client(tokenA).listServiceAccounts({ projectId: "p-a" })).serviceAccounts.length, name).toBeGreaterThan(0);
+      await expect(client().listServiceAccounts({ projectId: "p-a" }), name).rejects.toMatchObject({
+        code: Code.Unauthenticated,
+      });
+      await expect(client(tampered).listServiceAccounts({ projectId: "p-a" }), name).rejects.toMatchObject({
+        code: Code.Unauthenticated,
+      });
+      await expect(client(deletedToken).listServiceAccounts({ projectId: "p-a" }), name).rejects.toMatchObject({
+        code: Code.Unauthenticated,
+      });
+      await expect(client(tokenA).listServiceAccounts({ projectId: "p-b" }), name).rejects.toMatchObject({
+        code: Code.PermissionDenied,
+      });
+      expect(
+        (await client(tokenA).listServiceAccounts({ projectId: "p-a" })).serviceAccounts.length,
+        name,
+      ).toBeGreaterThan(0);
     }
   });
 
   it("a service account token cannot create projects, and lists only its own project", async () => {
-    await expect(t.management(tokenA).createProject({ projectId: "p-c" })).rejects.toMatchObject({ code: Code.PermissionDenied });
+    await expect(t.management(tokenA).createProject({ projectId: "p-c" })).rejects.toMatchObject({
+      code: Code.PermissionDenied,
+    });
     const own = await t.management(tokenA).listProjects({});
     expect(own.projects.map((p) => p.projectId)).toEqual(["p-a"]);
     const all = await t.management().listProjects({});
@@ -129,7 +171,11 @@ describe("authentication", () => {
 
   it("GetIdentity tells admin from a service account", async () => {
     expect(await t.management().getIdentity({})).toMatchObject({ kind: "admin", projectId: "" });
-    expect(await t.management(tokenA).getIdentity({})).toMatchObject({ kind: "service_account", projectId: "p-a", serviceAccountId: accountA });
+    expect(await t.management(tokenA).getIdentity({})).toMatchObject({
+      kind: "service_account",
+      projectId: "p-a",
+      serviceAccountId: accountA,
+    });
   });
 
   it("a token whose exp passes is refused, although it was accepted (and cached) before", async () => {
@@ -142,7 +188,11 @@ describe("authentication", () => {
 
   it("deleting a service account revokes its token at once in the same process, cached or not", async () => {
     const admin = t.management();
-    const sa = await admin.createServiceAccount({ projectId: "p-a", name: "short", expiresAt: timestampFromDate(new Date(Date.now() + DAY_MS)) });
+    const sa = await admin.createServiceAccount({
+      projectId: "p-a",
+      name: "short",
+      expiresAt: timestampFromDate(new Date(Date.now() + DAY_MS)),
+    });
     expect((await restStatus(`Bearer ${sa.token}`)).status).toBe(200);
     await admin.deleteServiceAccount({ projectId: "p-a", serviceAccountId: sa.serviceAccount!.serviceAccountId });
     expect((await restStatus(`Bearer ${sa.token}`)).status).toBe(401);
@@ -164,13 +214,24 @@ describe("authentication", () => {
   });
 
   it("property: random bearer strings never get anything but 401", async () => {
-    const b64 = fc.string({ unit: fc.constantFrom(..."ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"), minLength: 0, maxLength: 60 });
-    const printable = fc.string({ unit: fc.integer({ min: 0x21, max: 0x7e }).map((c) => String.fromCharCode(c)), minLength: 1, maxLength: 200 });
+    const b64 = fc.string({
+      unit: fc.constantFrom(..."ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
+      minLength: 0,
+      maxLength: 60,
+    });
+    const printable = fc.string({
+      unit: fc.integer({ min: 0x21, max: 0x7e }).map((c) => String.fromCharCode(c)),
+      minLength: 1,
+      maxLength: 200,
+    });
     const jwtShaped = fc.tuple(b64, b64, b64).map((parts) => `eyJ${parts.join(".")}`);
     // The last character of a base64url segment carries padding bits: changing only those keeps the same bytes.
     const lastOfSegment = (i: number) => i === tokenA.length - 1 || tokenA[i + 1] === ".";
     const mutated = fc
-      .tuple(fc.nat(tokenA.length - 1).filter((i) => !lastOfSegment(i)), fc.constantFrom(..."ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_."))
+      .tuple(
+        fc.nat(tokenA.length - 1).filter((i) => !lastOfSegment(i)),
+        fc.constantFrom(..."ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_."),
+      )
       .map(([i, c]) => tokenA.slice(0, i) + c + tokenA.slice(i + 1))
       .filter((s) => s !== tokenA);
     await fc.assert(

@@ -53,7 +53,14 @@ describe("bundle - pack", () => {
       ".skiff/venv/bin/python": "",
     });
     const packed = await packApp(dir);
-    expect(packed.files).toEqual([".gitignore", ".skiffignore", "server.mjs", "skiff.toml", "src/keep.js", "src/node_modules/x.js"]);
+    expect(packed.files).toEqual([
+      ".gitignore",
+      ".skiffignore",
+      "server.mjs",
+      "skiff.toml",
+      "src/keep.js",
+      "src/node_modules/x.js",
+    ]);
     const dest = path.join(tmp, "round-trip");
     const info = await unpackBundle(packed.bytes, dest, { maxBytes: 1024 * 1024 });
     expect(info.entries.sort()).toEqual(packed.files);
@@ -71,7 +78,9 @@ describe("bundle - pack", () => {
     expect((await packApp(inside)).files).toContain("link.txt");
     const outside = await folder({ "skiff.toml": TOML });
     await symlink("../../etc/passwd", path.join(outside, "passwd"));
-    await expect(packApp(outside)).rejects.toThrow(/passwd is a link to \.\.\/\.\.\/etc\/passwd, outside the app folder/);
+    await expect(packApp(outside)).rejects.toThrow(
+      /passwd is a link to \.\.\/\.\.\/etc\/passwd, outside the app folder/,
+    );
     await expect(packApp(await folder({ "main.py": "" }))).rejects.toThrow(/skiff\.toml not found/);
   });
 });
@@ -81,11 +90,31 @@ describe("bundle - unpack refuses", () => {
   it.each<[string, RawEntry[], RegExp]>([
     ["an absolute path", [toml, { path: "/etc/cron.d/x", body: "x" }], /"\/etc\/cron\.d\/x" is an absolute path/],
     ["a .. segment", [toml, { path: "a/../../x", body: "x" }], /"a\/\.\.\/\.\.\/x" has a "\.\." segment/],
-    ["a symlink out of the folder", [toml, { path: "sub/l", type: "SymbolicLink", linkpath: "../../outside" }], /"sub\/l" is a link to "\.\.\/\.\.\/outside", outside the app folder/],
-    ["an absolute symlink", [toml, { path: "l", type: "SymbolicLink", linkpath: "/etc/passwd" }], /is a link to "\/etc\/passwd", outside/],
-    ["a hard link out of the folder", [toml, { path: "h", type: "Link", linkpath: "../x" }], /"h" is a link to "\.\.\/x", outside/],
-    ["an entry below a link", [toml, { path: "d", type: "SymbolicLink", linkpath: "." }, { path: "d/x", body: "x" }], /"d\/x" lies below a link/],
-    ["a device file", [toml, { path: "dev", type: "CharacterDevice" }], /"dev" is a CharacterDevice; only files, folders and links/],
+    [
+      "a symlink out of the folder",
+      [toml, { path: "sub/l", type: "SymbolicLink", linkpath: "../../outside" }],
+      /"sub\/l" is a link to "\.\.\/\.\.\/outside", outside the app folder/,
+    ],
+    [
+      "an absolute symlink",
+      [toml, { path: "l", type: "SymbolicLink", linkpath: "/etc/passwd" }],
+      /is a link to "\/etc\/passwd", outside/,
+    ],
+    [
+      "a hard link out of the folder",
+      [toml, { path: "h", type: "Link", linkpath: "../x" }],
+      /"h" is a link to "\.\.\/x", outside/,
+    ],
+    [
+      "an entry below a link",
+      [toml, { path: "d", type: "SymbolicLink", linkpath: "." }, { path: "d/x", body: "x" }],
+      /"d\/x" lies below a link/,
+    ],
+    [
+      "a device file",
+      [toml, { path: "dev", type: "CharacterDevice" }],
+      /"dev" is a CharacterDevice; only files, folders and links/,
+    ],
     ["a FIFO", [toml, { path: "fifo", type: "FIFO" }], /"fifo" is a FIFO/],
     ["no skiff.toml at the root", [{ path: "app/skiff.toml", body: TOML }], /no skiff\.toml at its root/],
   ])("%s", async (_name, entries, message) => {
@@ -94,9 +123,15 @@ describe("bundle - unpack refuses", () => {
 
   it("a bundle over the limit, compressed or unpacked", async () => {
     const big = await refusal(rawTar([toml, { path: "r", body: randomBytes(4096) }]), 2048);
-    expect(big).toMatchObject({ reason: "too_large", message: expect.stringMatching(/is \d+ bytes, more than the limit of 2048 bytes \(SKIFF_MAX_BUNDLE_BYTES\)/) });
+    expect(big).toMatchObject({
+      reason: "too_large",
+      message: expect.stringMatching(/is \d+ bytes, more than the limit of 2048 bytes \(SKIFF_MAX_BUNDLE_BYTES\)/),
+    });
     const bomb = await refusal(rawTar([toml, { path: "zeros", body: Buffer.alloc(64 * 1024) }]), 8192);
-    expect(bomb).toMatchObject({ reason: "too_large", message: expect.stringMatching(/unpacks to more than the limit of 8192 bytes/) });
+    expect(bomb).toMatchObject({
+      reason: "too_large",
+      message: expect.stringMatching(/unpacks to more than the limit of 8192 bytes/),
+    });
   });
 
   it("something that is not a gzipped tar", async () => {
@@ -106,7 +141,11 @@ describe("bundle - unpack refuses", () => {
 
   it("accepts a link that stays inside", async () => {
     const dest = path.join(tmp, "inside-link");
-    await unpackBundle(rawTar([toml, { path: "a/b.txt", body: "b" }, { path: "a/c", type: "SymbolicLink", linkpath: "b.txt" }]), dest, { maxBytes: 1 << 20 });
+    await unpackBundle(
+      rawTar([toml, { path: "a/b.txt", body: "b" }, { path: "a/c", type: "SymbolicLink", linkpath: "b.txt" }]),
+      dest,
+      { maxBytes: 1 << 20 },
+    );
     expect(await readFile(path.join(dest, "a", "c"), "utf8")).toBe("b");
   });
 });

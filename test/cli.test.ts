@@ -21,8 +21,12 @@ describe("skiff CLI", () => {
   /** Runs the CLI in an empty folder, with the given environment on top of PATH and HOME. */
   const skiff = (args: string[], env: Record<string, string> = {}, dir = cwd): Promise<Result> =>
     new Promise((resolve) => {
-      execFile(process.execPath, [bin, ...args], { cwd: dir, env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env } }, (err, stdout, stderr) =>
-        resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
+      execFile(
+        process.execPath,
+        [bin, ...args],
+        { cwd: dir, env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env } },
+        (err, stdout, stderr) =>
+          resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
       );
     });
   const asAdmin = (args: string[]) => skiff(args, { SKIFF_URL: t.url, SKIFF_TOKEN: t.adminToken });
@@ -42,13 +46,25 @@ describe("skiff CLI", () => {
     expect(created.stdout).toMatch(/^ID\s+NAME\s+CREATED\np-cli\s+CLI\s+\d{4}-/);
     const list = await asAdmin(["projects", "list", "--json"]);
     expect(list.code).toBe(0);
-    expect(JSON.parse(list.stdout).projects.map((p: { project_id: string }) => p.project_id)).toEqual(["p-cli", "p-dev"]);
+    expect(JSON.parse(list.stdout).projects.map((p: { project_id: string }) => p.project_id)).toEqual([
+      "p-cli",
+      "p-dev",
+    ]);
     const again = await asAdmin(["projects", "create", "p-cli"]);
     expect(again).toMatchObject({ code: 1, stderr: expect.stringContaining("already exists (409)") });
   });
 
   it("service-accounts create prints the token once; list shows the account; delete revokes it", async () => {
-    const created = await asAdmin(["service-accounts", "create", "deploy-bot", "--project", "p-cli", "--expires-in", "7d", "--json"]);
+    const created = await asAdmin([
+      "service-accounts",
+      "create",
+      "deploy-bot",
+      "--project",
+      "p-cli",
+      "--expires-in",
+      "7d",
+      "--json",
+    ]);
     expect(created.code).toBe(0);
     const { service_account: sa, token } = JSON.parse(created.stdout);
     expect(sa.name).toBe("deploy-bot");
@@ -56,13 +72,20 @@ describe("skiff CLI", () => {
 
     const list = await asAdmin(["sa", "list", "-p", "p-cli"]);
     expect(list.code).toBe(0);
-    expect(list.stdout).toMatch(new RegExp(`^ID\\s+NAME\\s+CREATED\\s+EXPIRES\\n${sa.service_account_id}\\s+deploy-bot\\s`));
+    expect(list.stdout).toMatch(
+      new RegExp(`^ID\\s+NAME\\s+CREATED\\s+EXPIRES\\n${sa.service_account_id}\\s+deploy-bot\\s`),
+    );
 
     // The new token works for its own project through the CLI too.
-    expect(await skiff(["sa", "list", "-p", "p-cli"], { SKIFF_URL: t.url, SKIFF_TOKEN: token })).toMatchObject({ code: 0 });
+    expect(await skiff(["sa", "list", "-p", "p-cli"], { SKIFF_URL: t.url, SKIFF_TOKEN: token })).toMatchObject({
+      code: 0,
+    });
 
     const deleted = await asAdmin(["service-accounts", "delete", sa.service_account_id, "-p", "p-cli"]);
-    expect(deleted).toMatchObject({ code: 0, stdout: expect.stringContaining(`deleted service account ${sa.service_account_id}`) });
+    expect(deleted).toMatchObject({
+      code: 0,
+      stdout: expect.stringContaining(`deleted service account ${sa.service_account_id}`),
+    });
     const refused = await skiff(["sa", "list", "-p", "p-cli"], { SKIFF_URL: t.url, SKIFF_TOKEN: token });
     expect(refused).toMatchObject({ code: 1, stderr: expect.stringContaining("401") });
     const twice = await asAdmin(["service-accounts", "delete", sa.service_account_id, "-p", "p-cli"]);
@@ -70,7 +93,15 @@ describe("skiff CLI", () => {
   });
 
   it("the human table of create shows the token and warns it is shown once", async () => {
-    const created = await asAdmin(["sa", "create", "human", "-p", "p-cli", "--expires-at", new Date(Date.now() + 86_400_000).toISOString()]);
+    const created = await asAdmin([
+      "sa",
+      "create",
+      "human",
+      "-p",
+      "p-cli",
+      "--expires-at",
+      new Date(Date.now() + 86_400_000).toISOString(),
+    ]);
     expect(created.code).toBe(0);
     expect(created.stdout).toMatch(/\ntoken: eyJ[\w-]+\.[\w-]+\.[\w-]+\n$/);
     expect(created.stderr).toContain("shown only this once");
@@ -81,20 +112,38 @@ describe("skiff CLI", () => {
     try {
       await mkdir(path.join(dir, ".data"));
       await writeFile(path.join(dir, ".data", "admin-token"), t.adminToken + "\n");
-      expect(await skiff(["projects", "list"], { SKIFF_URL: t.url }, dir)).toMatchObject({ code: 0, stdout: expect.stringContaining("p-dev") });
+      expect(await skiff(["projects", "list"], { SKIFF_URL: t.url }, dir)).toMatchObject({
+        code: 0,
+        stdout: expect.stringContaining("p-dev"),
+      });
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
   });
 
   it.each([
-    ["validation", 1, ["sa", "create", "x", "--expires-in", "400d"], /invalid request \(400\): expires_at must be at most one year ahead/],
+    [
+      "validation",
+      1,
+      ["sa", "create", "x", "--expires-in", "400d"],
+      /invalid request \(400\): expires_at must be at most one year ahead/,
+    ],
     ["a refused token", 1, ["projects", "list", "--token", "nope"], /the server refused the token \(401/],
-    ["an unreachable server", 1, ["projects", "list", "--url", "http://127.0.0.1:1"], /cannot reach skiff at http:\/\/127\.0\.0\.1:1/],
+    [
+      "an unreachable server",
+      1,
+      ["projects", "list", "--url", "http://127.0.0.1:1"],
+      /cannot reach skiff at http:\/\/127\.0\.0\.1:1/,
+    ],
     ["an unknown command", 2, ["frobnicate"], /unknown command "frobnicate"/],
     ["an unknown option", 2, ["projects", "list", "--frob"], /Unknown option '--frob'/],
     ["an option of another command", 2, ["projects", "list", "--expires-in", "1d"], /--expires-in does not apply/],
-    ["a bad --expires-in", 2, ["sa", "create", "x", "--expires-in", "soon"], /--expires-in: expected a number and a unit/],
+    [
+      "a bad --expires-in",
+      2,
+      ["sa", "create", "x", "--expires-in", "soon"],
+      /--expires-in: expected a number and a unit/,
+    ],
     ["a missing name", 2, ["sa", "create"], /needs a name/],
   ])("%s: exit code %i and a clear message", async (_name, code, args, message) => {
     const res = await asAdmin(args as string[]);

@@ -1,5 +1,13 @@
 import { describe, expect, it } from "vitest";
-import { ConfigError, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUNDLE_BYTES, DEFAULT_PORT, loadConfig, ROLES, settingsTable } from "../services/config/config.js";
+import {
+  ConfigError,
+  DEFAULT_MAX_BODY_BYTES,
+  DEFAULT_MAX_BUNDLE_BYTES,
+  DEFAULT_PORT,
+  loadConfig,
+  ROLES,
+  settingsTable,
+} from "../services/config/config.js";
 
 describe("config", () => {
   it("defaults apply when no SKIFF_* variable is set", () => {
@@ -26,7 +34,12 @@ describe("config", () => {
   });
 
   it("SKIFF_* variables override the defaults", () => {
-    const c = loadConfig({ SKIFF_PORT: "0", SKIFF_NATS_URL: "nats://10.0.0.1:4222", SKIFF_ROLES: "webhook, runner", SKIFF_MAX_BODY_BYTES: "1024" });
+    const c = loadConfig({
+      SKIFF_PORT: "0",
+      SKIFF_NATS_URL: "nats://10.0.0.1:4222",
+      SKIFF_ROLES: "webhook, runner",
+      SKIFF_MAX_BODY_BYTES: "1024",
+    });
     expect(c.port).toBe(0);
     expect(c.natsUrl).toBe("nats://10.0.0.1:4222");
     expect(c.roles).toEqual(["webhook", "runner"]);
@@ -45,10 +58,18 @@ describe("config", () => {
     ["SKIFF_WEBHOOK_ALLOWED_CIDRS", "10.0.0.0/8,banana", /SKIFF_WEBHOOK_ALLOWED_CIDRS: not a CIDR range: "banana"/],
     ["SKIFF_SECRETS_KEY", "c2hvcnQ=", /SKIFF_SECRETS_KEY: must decode to 32 bytes/],
     ["SKIFF_WEBHOOK_TIMEOUT_MS", "5", /SKIFF_WEBHOOK_TIMEOUT_MS: must be between/],
-    ["SKIFF_SIGNING_KEY", "not a key", /SKIFF_SIGNING_KEY: expected an Ed25519 private key as a JWK \(JSON\) or PKCS#8 PEM/],
+    [
+      "SKIFF_SIGNING_KEY",
+      "not a key",
+      /SKIFF_SIGNING_KEY: expected an Ed25519 private key as a JWK \(JSON\) or PKCS#8 PEM/,
+    ],
     ["SKIFF_SIGNING_KEY", '{"kty":"oct","k":"c2VjcmV0"}', /SKIFF_SIGNING_KEY: expected an Ed25519/],
     ["SKIFF_ADMIN_TOKEN", "too-short", /SKIFF_ADMIN_TOKEN: must be at least 32 printable ASCII characters/],
-    ["SKIFF_ADMIN_TOKEN", "has a space in the middle of it, which headers mangle", /SKIFF_ADMIN_TOKEN: must be at least 32/],
+    [
+      "SKIFF_ADMIN_TOKEN",
+      "has a space in the middle of it, which headers mangle",
+      /SKIFF_ADMIN_TOKEN: must be at least 32/,
+    ],
   ])("%s=%j is refused with a message naming the variable", (variable, value, message) => {
     let error: unknown;
     try {

@@ -6,7 +6,11 @@ import type { RunRecord } from "../services/runs/store.js";
 
 const MINUTE = 60_000;
 const NOW = Date.parse("2030-01-01T12:30:20Z");
-const run = (queuedMsAgo: number, status: RunRecord["status"], runTimeMs?: number) => ({ queued_at: new Date(NOW - queuedMsAgo).toISOString(), status, run_time_ms: runTimeMs });
+const run = (queuedMsAgo: number, status: RunRecord["status"], runTimeMs?: number) => ({
+  queued_at: new Date(NOW - queuedMsAgo).toISOString(),
+  status,
+  run_time_ms: runTimeMs,
+});
 
 describe("app stats - buckets of the last hour", () => {
   it("nearest-rank percentiles", () => {

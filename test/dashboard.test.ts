@@ -30,15 +30,27 @@ let problems: string[];
 /** A Cortex app with a function that raises and one that answers. */
 async function deployDemo(): Promise<void> {
   const dir = await mkdtemp(path.join(tmp, "app-"));
-  await writeFile(path.join(dir, "skiff.toml"), `[app]\nname = "${APP}"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "index.mjs"\n[scaling]\nmax_replicas = 1\n`);
+  await writeFile(
+    path.join(dir, "skiff.toml"),
+    `[app]\nname = "${APP}"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "index.mjs"\n[scaling]\nmax_replicas = 1\n`,
+  );
   await writeFile(
     path.join(dir, "index.mjs"),
-    ["export function boom() { throw new RangeError('the dial went past eleven'); }", "export function hello({ name }) { return { message: `Hello, ${name}!` }; }"].join("\n"),
+    [
+      "export function boom() { throw new RangeError('the dial went past eleven'); }",
+      "export function hello({ name }) { return { message: `Hello, ${name}!` }; }",
+    ].join("\n"),
   );
-  await t.management().deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes } });
+  await t
+    .management()
+    .deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes } });
 }
 
-async function invoke(fn: string, query: Record<string, string>, body: unknown = {}): Promise<{ status: number; json: { run_id?: string } }> {
+async function invoke(
+  fn: string,
+  query: Record<string, string>,
+  body: unknown = {},
+): Promise<{ status: number; json: { run_id?: string } }> {
   const res = await fetch(`${t.url}/v4/${P}/${APP}/${fn}?${new URLSearchParams(query)}`, {
     method: "POST",
     headers: { authorization: `Bearer ${t.adminToken}`, "content-type": "application/json" },
@@ -80,7 +92,8 @@ async function freshPage(): Promise<void> {
   problems = collectProblems(page);
 }
 afterEach(async (ctx) => {
-  if (ctx.task.result?.state === "fail" && page && !page.isClosed()) await screenshot(page, `failed-${ctx.task.name.slice(0, 40).replace(/\W+/g, "-")}`);
+  if (ctx.task.result?.state === "fail" && page && !page.isClosed())
+    await screenshot(page, `failed-${ctx.task.name.slice(0, 40).replace(/\W+/g, "-")}`);
   await context?.close();
 });
 
@@ -143,7 +156,12 @@ describe("dashboard - API keys", () => {
     await signIn(t.adminToken);
     await page.goto(`${t.url}/projects/${P}/keys`);
     await page.getByRole("heading", { name: "Recommended practices" }).waitFor();
-    for (const practice of ["One service account per environment", "Store tokens as secrets", "Set an expiry date and rotate tokens", "Never commit tokens to source control"]) {
+    for (const practice of [
+      "One service account per environment",
+      "Store tokens as secrets",
+      "Set an expiry date and rotate tokens",
+      "Never commit tokens to source control",
+    ]) {
       expect(await page.getByText(practice).count(), practice).toBe(1);
     }
 
@@ -189,13 +207,19 @@ describe("dashboard - API keys", () => {
     await page.getByRole("row", { name: /sa-dev/ }).waitFor();
     expect(await page.getByRole("row", { name: /ci-staging/ }).count()).toBe(0);
     await screenshot(page, "05-api-keys-after-delete");
-    await expect(t.management(token).getIdentity({})).rejects.toSatisfy((e) => ConnectError.from(e).code === Code.Unauthenticated);
+    await expect(t.management(token).getIdentity({})).rejects.toSatisfy(
+      (e) => ConnectError.from(e).code === Code.Unauthenticated,
+    );
     expect(problems).toEqual([]);
   });
 
   it("an expired service account is marked expired", async () => {
     // The API refuses past expiries, so the expiry comes to pass: a 2-second account.
-    const created = await t.management().createServiceAccount({ projectId: P, name: "short-lived", expiresAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 2), nanos: 0 } });
+    const created = await t.management().createServiceAccount({
+      projectId: P,
+      name: "short-lived",
+      expiresAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 2), nanos: 0 },
+    });
     await new Promise((r) => setTimeout(r, 2500));
     await freshPage();
     await signIn(t.adminToken);
@@ -203,8 +227,15 @@ describe("dashboard - API keys", () => {
     const row = page.getByRole("row", { name: /short-lived/ });
     await row.waitFor();
     expect(await row.getByText("expired", { exact: true }).count()).toBe(1);
-    expect(await page.getByRole("row", { name: /sa-dev/ }).getByText("expired", { exact: true }).count()).toBe(0);
-    await t.management().deleteServiceAccount({ projectId: P, serviceAccountId: created.serviceAccount!.serviceAccountId });
+    expect(
+      await page
+        .getByRole("row", { name: /sa-dev/ })
+        .getByText("expired", { exact: true })
+        .count(),
+    ).toBe(0);
+    await t
+      .management()
+      .deleteServiceAccount({ projectId: P, serviceAccountId: created.serviceAccount!.serviceAccountId });
   });
 });
 
@@ -271,7 +302,10 @@ describe("dashboard - runs", () => {
     await page.getByText(/Live updates are unavailable .*; refreshing every 3 s instead/).waitFor();
     const ok = await invoke("hello", { async: "true" }, { name: "Bo" });
     expect(ok.status).toBe(202);
-    await page.getByRole("row", { name: new RegExp(ok.json.run_id!) }).getByText("success").waitFor();
+    await page
+      .getByRole("row", { name: new RegExp(ok.json.run_id!) })
+      .getByText("success")
+      .waitFor();
     // The refused stream itself is the one expected problem.
     expect(problems.filter((p) => !p.includes("WatchRuns") && !p.includes("ERR_CONNECTION_REFUSED"))).toEqual([]);
   });
@@ -304,7 +338,9 @@ describe("dashboard - apps", () => {
     const runs = (await t.management().listRuns({ projectId: P, appName: APP, pageSize: 500 })).runs;
     const failed = runs.filter((r) => r.status === "failure").length;
     expect(failed).toBe(1);
-    await card.getByRole("img", { name: `Runs per minute: ${runs.length} runs in the last hour, ${failed} failed` }).waitFor();
+    await card
+      .getByRole("img", { name: `Runs per minute: ${runs.length} runs in the last hour, ${failed} failed` })
+      .waitFor();
     await card.getByRole("img", { name: /Run time percentiles: worst p99/ }).waitFor();
     await screenshot(page, "10-apps");
     expect(problems).toEqual([]);
@@ -325,7 +361,9 @@ describe("dashboard - keyboard", () => {
     // Tab to the API Keys link and follow it.
     for (let i = 0; i < 12; i++) {
       await page.keyboard.press("Tab");
-      const focused = await page.evaluate<{ text: string; outline: string }>("({ text: document.activeElement.textContent, outline: getComputedStyle(document.activeElement).outlineStyle })");
+      const focused = await page.evaluate<{ text: string; outline: string }>(
+        "({ text: document.activeElement.textContent, outline: getComputedStyle(document.activeElement).outlineStyle })",
+      );
       expect(focused.outline, `focus on ${focused.text}`).not.toBe("none");
       if (focused.text === "API Keys") break;
     }

@@ -29,8 +29,12 @@ let tmp: string;
 
 const skiff = (args: string[]): Promise<Result> =>
   new Promise((resolve) => {
-    execFile(process.execPath, [bin, ...args], { cwd: tmp, env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken } }, (err, stdout, stderr) =>
-      resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
+    execFile(
+      process.execPath,
+      [bin, ...args],
+      { cwd: tmp, env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken } },
+      (err, stdout, stderr) =>
+        resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
     );
   });
 
@@ -44,10 +48,22 @@ async function until<T>(what: string, probe: () => T | Promise<T>, timeoutMs = 2
   }
 }
 
-const served = (app: string, version: number) => until(`${app} version ${version} on the runner`, () => runner.version(P, app) === version);
+const served = (app: string, version: number) =>
+  until(`${app} version ${version} on the runner`, () => runner.version(P, app) === version);
 
-function request(fn: string, body: unknown = {}, runId = `run-${Math.random().toString(36).slice(2, 10)}`): InvokeRequest {
-  return { runId, method: "POST", path: fn, query: "", headers: { "content-type": "application/json" }, body: new TextEncoder().encode(JSON.stringify(body)) };
+function request(
+  fn: string,
+  body: unknown = {},
+  runId = `run-${Math.random().toString(36).slice(2, 10)}`,
+): InvokeRequest {
+  return {
+    runId,
+    method: "POST",
+    path: fn,
+    query: "",
+    headers: { "content-type": "application/json" },
+    body: new TextEncoder().encode(JSON.stringify(body)),
+  };
 }
 const json = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString("utf8")) as Record<string, unknown>;
 
@@ -63,7 +79,11 @@ const nodeApp = (name: string, scaling: string, version: string) => ({
 });
 
 async function postBundle(bytes: Buffer): Promise<{ status: number; body: { code: string; message: string } }> {
-  const res = await fetch(`${t.url}/v2/projects/${P}/apps`, { method: "POST", headers: { authorization: `Bearer ${t.devToken}`, "content-type": "application/gzip" }, body: bytes });
+  const res = await fetch(`${t.url}/v2/projects/${P}/apps`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${t.devToken}`, "content-type": "application/gzip" },
+    body: bytes,
+  });
   return { status: res.status, body: (await res.json()) as { code: string; message: string } };
 }
 
@@ -96,7 +116,12 @@ describe("deploy - each runtime through the CLI", () => {
   it("custom: deployed and its response passed through", async () => {
     expect(await skiff(["deploy", path.join(ROOT, "examples", "custom-http")])).toMatchObject({ code: 0 });
     await served("custom-http", 1);
-    const answer = await runner.invoke(P, "custom-http", { ...request("/hello"), method: "GET", query: "name=Bo", body: new Uint8Array() });
+    const answer = await runner.invoke(P, "custom-http", {
+      ...request("/hello"),
+      method: "GET",
+      query: "name=Bo",
+      body: new Uint8Array(),
+    });
     expect(answer.status).toBe(200);
     expect(json(answer.body)).toEqual({ message: "Hello, Bo!" });
   });
@@ -104,8 +129,16 @@ describe("deploy - each runtime through the CLI", () => {
 
 describe("deploy - refusals: nothing is deployed", () => {
   it.each([
-    ["a value of the wrong type", 'max_replicas = "two"', /invalid request \(400\): invalid skiff\.toml:\nskiff\.toml:8: scaling\.max_replicas must be an integer, got a string \("two"\)/],
-    ["response_grace_period out of range", "response_grace_period = 50000", /skiff\.toml:8: scaling\.response_grace_period must be between 1 and 43200, got 50000/],
+    [
+      "a value of the wrong type",
+      'max_replicas = "two"',
+      /invalid request \(400\): invalid skiff\.toml:\nskiff\.toml:8: scaling\.max_replicas must be an integer, got a string \("two"\)/,
+    ],
+    [
+      "response_grace_period out of range",
+      "response_grace_period = 50000",
+      /skiff\.toml:8: scaling\.response_grace_period must be between 1 and 43200, got 50000/,
+    ],
   ])("config error, %s: the CLI shows key and line, exit 1", async (_name, scaling, message) => {
     const res = await skiff(["deploy", await appFolder(nodeApp("bad-config", scaling, "v1"))]);
     expect(res.code).toBe(1);
@@ -116,9 +149,15 @@ describe("deploy - refusals: nothing is deployed", () => {
   it.each([
     ["an absolute path", [{ path: "/tmp/escape", body: "x" }], /is an absolute path/],
     ["a .. segment", [{ path: "../escape", body: "x" }], /has a "\.\." segment/],
-    ["a symlink out of the folder", [{ path: "escape", type: "SymbolicLink" as const, linkpath: "../../../etc" }], /is a link to "\.\.\/\.\.\/\.\.\/etc", outside the app folder/],
+    [
+      "a symlink out of the folder",
+      [{ path: "escape", type: "SymbolicLink" as const, linkpath: "../../../etc" }],
+      /is a link to "\.\.\/\.\.\/\.\.\/etc", outside the app folder/,
+    ],
   ])("bundle with %s: 400 invalid_argument", async (_name, entries, message) => {
-    const res = await postBundle(rawTar([{ path: "skiff.toml", body: TOML }, { path: "server.mjs", body: "" }, ...entries]));
+    const res = await postBundle(
+      rawTar([{ path: "skiff.toml", body: TOML }, { path: "server.mjs", body: "" }, ...entries]),
+    );
     expect(res.status).toBe(400);
     expect(res.body).toMatchObject({ code: "invalid_argument", message: expect.stringMatching(message) });
     expect(await appNames()).not.toContain("raw");
@@ -137,7 +176,11 @@ describe("deploy - refusals: nothing is deployed", () => {
     await writeFile(path.join(noise, "noise.bin"), (await import("node:crypto")).randomBytes(MAX_BUNDLE + 1024));
     const res = await skiff(["deploy", noise]);
     expect(res.code).toBe(1);
-    expect(res.stderr).toMatch(new RegExp(`bundle refused: the bundle is \\d+ bytes, more than the limit of ${MAX_BUNDLE} bytes \\(SKIFF_MAX_BUNDLE_BYTES\\)`));
+    expect(res.stderr).toMatch(
+      new RegExp(
+        `bundle refused: the bundle is \\d+ bytes, more than the limit of ${MAX_BUNDLE} bytes \\(SKIFF_MAX_BUNDLE_BYTES\\)`,
+      ),
+    );
     const zeros = await appFolder(nodeApp("too-big", "", "v1"));
     await writeFile(path.join(zeros, "zeros.bin"), Buffer.alloc(MAX_BUNDLE * 2));
     expect((await skiff(["deploy", zeros])).stderr).toMatch(/unpacks to more than the limit/);
@@ -147,7 +190,12 @@ describe("deploy - refusals: nothing is deployed", () => {
 
 describe("deploy - versions, replicas, logs, delete", () => {
   it("a redeploy serves version 2 without dropping a request during the swap", async () => {
-    expect(await skiff(["deploy", await appFolder(nodeApp("swap", "min_replicas = 1\nmax_replicas = 4\nreplica_concurrency = 4", "v1"))])).toMatchObject({ code: 0 });
+    expect(
+      await skiff([
+        "deploy",
+        await appFolder(nodeApp("swap", "min_replicas = 1\nmax_replicas = 4\nreplica_concurrency = 4", "v1")),
+      ]),
+    ).toMatchObject({ code: 0 });
     await served("swap", 1);
     const answers: string[] = [];
     let stop = false;
@@ -160,7 +208,10 @@ describe("deploy - versions, replicas, logs, delete", () => {
       }),
     );
     await until("a few answers", () => answers.length >= 8);
-    const res = await skiff(["deploy", await appFolder(nodeApp("swap", "min_replicas = 1\nmax_replicas = 4\nreplica_concurrency = 4", "v2"))]);
+    const res = await skiff([
+      "deploy",
+      await appFolder(nodeApp("swap", "min_replicas = 1\nmax_replicas = 4\nreplica_concurrency = 4", "v2")),
+    ]);
     expect(res).toMatchObject({ code: 0, stdout: expect.stringContaining("deployed swap version 2") });
     await served("swap", 2);
     // The 4 callers may each have had a call in flight on version 1 at the switch.
@@ -181,9 +232,22 @@ describe("deploy - versions, replicas, logs, delete", () => {
       const a = (await t.management().getApp({ projectId: P, appName: "hello-python" })).app!;
       return a.replicas.some((r) => r.state === "ready") ? a : undefined;
     });
-    expect(app).toMatchObject({ appName: "hello-python", runtime: { kind: "cortex", language: "python", entry: "main.py" }, scaling: { maxReplicas: 2, responseGracePeriod: 60 } });
-    expect(app.deployment).toMatchObject({ version: 1, createdBy: "sa-dev", digest: expect.stringMatching(/^[0-9a-f]{64}$/) });
-    expect(app.replicas.map((r) => r.replicaId).sort()).toEqual(runner.replicas(P, "hello-python").map((r) => r.replicaId).sort());
+    expect(app).toMatchObject({
+      appName: "hello-python",
+      runtime: { kind: "cortex", language: "python", entry: "main.py" },
+      scaling: { maxReplicas: 2, responseGracePeriod: 60 },
+    });
+    expect(app.deployment).toMatchObject({
+      version: 1,
+      createdBy: "sa-dev",
+      digest: expect.stringMatching(/^[0-9a-f]{64}$/),
+    });
+    expect(app.replicas.map((r) => r.replicaId).sort()).toEqual(
+      runner
+        .replicas(P, "hello-python")
+        .map((r) => r.replicaId)
+        .sort(),
+    );
     const get = await skiff(["apps", "get", "hello-python"]);
     expect(get.stdout).toMatch(/runtime: +cortex python main\.py/);
     expect(get.stdout).toMatch(new RegExp(`${app.replicas[0].replicaId}\\s+ready\\s+1`));
@@ -197,7 +261,9 @@ describe("deploy - versions, replicas, logs, delete", () => {
       const r = await skiff(["logs", "hello-python", "--run", "run-logs-1"]);
       return r.stdout.includes("greeting Logs") ? r : undefined;
     });
-    expect(res.stdout.trim().split("\n")).toEqual([expect.stringMatching(/^\S+Z hello-python-v1-\w+ \[run-logs-1\] greeting Logs$/)]);
+    expect(res.stdout.trim().split("\n")).toEqual([
+      expect.stringMatching(/^\S+Z hello-python-v1-\w+ \[run-logs-1\] greeting Logs$/),
+    ]);
 
     const follow: ChildProcess = spawn(process.execPath, [bin, "logs", "hello-python", "--follow", "--limit", "1"], {
       env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken },
@@ -214,33 +280,64 @@ describe("deploy - versions, replicas, logs, delete", () => {
   });
 
   it("DeleteApp stops the replicas and the app is gone", async () => {
-    expect(await skiff(["deploy", await appFolder(nodeApp("doomed", "min_replicas = 1", "v1"))])).toMatchObject({ code: 0 });
+    expect(await skiff(["deploy", await appFolder(nodeApp("doomed", "min_replicas = 1", "v1"))])).toMatchObject({
+      code: 0,
+    });
     await served("doomed", 1);
     await until("a replica", () => runner.replicas(P, "doomed").length > 0);
-    expect(await skiff(["apps", "delete", "doomed"])).toMatchObject({ code: 0, stdout: expect.stringContaining("deleted app doomed") });
-    await until("no replicas", () => runner.replicas(P, "doomed").length === 0 && runner.version(P, "doomed") === undefined);
-    const err = await t.management().getApp({ projectId: P, appName: "doomed" }).catch((e: unknown) => ConnectError.from(e));
+    expect(await skiff(["apps", "delete", "doomed"])).toMatchObject({
+      code: 0,
+      stdout: expect.stringContaining("deleted app doomed"),
+    });
+    await until(
+      "no replicas",
+      () => runner.replicas(P, "doomed").length === 0 && runner.version(P, "doomed") === undefined,
+    );
+    const err = await t
+      .management()
+      .getApp({ projectId: P, appName: "doomed" })
+      .catch((e: unknown) => ConnectError.from(e));
     expect(err).toMatchObject({ code: Code.NotFound });
-    expect(await skiff(["apps", "get", "doomed"])).toMatchObject({ code: 1, stderr: expect.stringContaining("not found (404)") });
+    expect(await skiff(["apps", "get", "doomed"])).toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining("not found (404)"),
+    });
   });
 });
 
 describe("deploy - a second runner process", () => {
   it("hosts the apps deployed through another process: prepares them and keeps its own replica warm", async () => {
     const dataDir = await mkdtemp(path.join(tmp, "runner2-"));
-    const child = spawn(process.execPath, ["--import", "tsx", path.join(ROOT, "services", "main.ts"), "--roles", "runner"], {
-      cwd: ROOT,
-      env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_NATS_URL: t.nats.url, SKIFF_DATA_DIR: dataDir, SKIFF_PORT: "0", SKIFF_LOG_LEVEL: "warn" },
-      stdio: ["ignore", "ignore", "inherit"],
-    });
+    const child = spawn(
+      process.execPath,
+      ["--import", "tsx", path.join(ROOT, "services", "main.ts"), "--roles", "runner"],
+      {
+        cwd: ROOT,
+        env: {
+          PATH: process.env.PATH,
+          HOME: process.env.HOME,
+          SKIFF_NATS_URL: t.nats.url,
+          SKIFF_DATA_DIR: dataDir,
+          SKIFF_PORT: "0",
+          SKIFF_LOG_LEVEL: "warn",
+        },
+        stdio: ["ignore", "ignore", "inherit"],
+      },
+    );
     const exited = new Promise((resolve) => child.once("exit", resolve));
     try {
-      expect(await skiff(["deploy", await appFolder(nodeApp("warm", "min_replicas = 1", "v1"))])).toMatchObject({ code: 0 });
+      expect(await skiff(["deploy", await appFolder(nodeApp("warm", "min_replicas = 1", "v1"))])).toMatchObject({
+        code: 0,
+      });
       await served("warm", 1);
-      const app = await until("a replica on each runner", async () => {
-        const a = (await t.management().getApp({ projectId: P, appName: "warm" })).app!;
-        return a.replicas.filter((r) => r.state === "ready").length === 2 ? a : undefined;
-      }, 30_000);
+      const app = await until(
+        "a replica on each runner",
+        async () => {
+          const a = (await t.management().getApp({ projectId: P, appName: "warm" })).app!;
+          return a.replicas.filter((r) => r.state === "ready").length === 2 ? a : undefined;
+        },
+        30_000,
+      );
       const here = runner.replicas(P, "warm").map((r) => r.replicaId);
       const there = app.replicas.filter((r) => !here.includes(r.replicaId));
       expect(there).toHaveLength(1);

@@ -34,7 +34,10 @@ describe("deployment cache", () => {
   });
 
   it("prune of a folder that does not exist yet removes nothing", async () => {
-    const cache = new DeploymentCache(path.join(tmpdir(), "skiff-no-such-folder-" + process.pid), { maxBytes: 1024, logger: silentLogger });
+    const cache = new DeploymentCache(path.join(tmpdir(), "skiff-no-such-folder-" + process.pid), {
+      maxBytes: 1024,
+      logger: silentLogger,
+    });
     expect(await cache.prune(new Set())).toEqual([]);
   });
 });

@@ -18,10 +18,24 @@ const v4 = (app: string, rest: string) => `${t.url}/v4/${P}/${app}/${rest}`;
 beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-invoke-"));
   t = await startTestSkiff({ env: { SKIFF_MAX_BODY_BYTES: String(64 * 1024) } });
-  await deploy(tmp, t.management(), cortexApp("calc", "max_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 2"));
+  await deploy(
+    tmp,
+    t.management(),
+    cortexApp("calc", "max_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 2"),
+  );
   const { packApp } = await import("../services/apps/bundle.js");
-  await t.management().deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(path.join(ROOT, "examples", "custom-http"))).bytes } });
-  await until("apps on the runner", () => t.skiff.runner!.version(P, "calc") === 1 && t.skiff.runner!.version(P, "custom-http") === 1, 30_000);
+  await t.management().deployApp({
+    projectId: P,
+    bundle: {
+      contentType: "application/gzip",
+      data: (await packApp(path.join(ROOT, "examples", "custom-http"))).bytes,
+    },
+  });
+  await until(
+    "apps on the runner",
+    () => t.skiff.runner!.version(P, "calc") === 1 && t.skiff.runner!.version(P, "custom-http") === 1,
+    30_000,
+  );
 }, 60_000);
 afterAll(async () => {
   await t?.close();
@@ -40,7 +54,10 @@ describe("invocation - sync", () => {
   it("a function that raised answers 500 with its error; the run reads failure", async () => {
     const res = await post(v4("calc", "fail"), t.devToken, "{}");
     expect(res.status).toBe(500);
-    expect(res.json).toMatchObject({ run_id: res.headers.get("x-request-id"), error: { type: "TypeError", message: "nope" } });
+    expect(res.json).toMatchObject({
+      run_id: res.headers.get("x-request-id"),
+      error: { type: "TypeError", message: "nope" },
+    });
     const run = await until("the final record", async () => {
       const r = (await t.management().getRun({ projectId: P, appName: "calc", runId: res.json.run_id })).run!;
       return r.status === "failure" ? r : undefined;
@@ -49,12 +66,21 @@ describe("invocation - sync", () => {
   });
 
   it("a Custom app's answer passes through: status, headers, body; skiff's own parameters and credentials are not forwarded", async () => {
-    const res = await post(`${v4("custom-http", "echo/a%20b")}?x=1&async=false&webhookEndpoint=`, t.devToken, "raw body", { "content-type": "text/plain", "x-extra": "yes" });
+    const res = await post(
+      `${v4("custom-http", "echo/a%20b")}?x=1&async=false&webhookEndpoint=`,
+      t.devToken,
+      "raw body",
+      { "content-type": "text/plain", "x-extra": "yes" },
+    );
     expect(res.status).toBe(200);
     expect(res.headers.get("x-app")).toBe("custom-http");
     expect(res.headers.get("x-request-id")).toMatch(UUID_V7);
     expect(res.json).toMatchObject({ method: "POST", path: "/echo/a%20b", query: "x=1", body: "raw body" });
-    expect(res.json.headers).toMatchObject({ "content-type": "text/plain", "x-extra": "yes", "x-request-id": res.headers.get("x-request-id") });
+    expect(res.json.headers).toMatchObject({
+      "content-type": "text/plain",
+      "x-extra": "yes",
+      "x-request-id": res.headers.get("x-request-id"),
+    });
     expect(res.json.headers.authorization).toBeUndefined();
     const missing = await post(v4("custom-http", "nothing"), t.devToken, "");
     expect(missing.status).toBe(404);
@@ -75,22 +101,38 @@ describe("invocation - sync", () => {
 
 describe("invocation - Connect and gRPC clients", () => {
   it.each([
-    ["Connect", () => createConnectTransport({ baseUrl: t.url, httpVersion: "1.1", interceptors: [bearer(t.devToken)] })],
+    [
+      "Connect",
+      () => createConnectTransport({ baseUrl: t.url, httpVersion: "1.1", interceptors: [bearer(t.devToken)] }),
+    ],
     ["gRPC", () => createGrpcTransport({ baseUrl: t.url, interceptors: [bearer(t.devToken)] })],
   ])("%s: sync envelope, async 202 body, X-Request-Id", async (_name, transport) => {
     const client = createClient(InvocationService, transport());
     let header: Headers | undefined;
     const res = await client.run(
-      { projectId: P, appName: "calc", path: "add", body: { contentType: "application/json", data: new TextEncoder().encode('{"a":1,"b":1}') } },
+      {
+        projectId: P,
+        appName: "calc",
+        path: "add",
+        body: { contentType: "application/json", data: new TextEncoder().encode('{"a":1,"b":1}') },
+      },
       { onHeader: (h) => (header = h) },
     );
     expect(res.statusCode).toBe(200);
     expect(header?.get("x-request-id")).toBe(res.runId);
     expect(JSON.parse(new TextDecoder().decode(res.body!.data))).toMatchObject({ run_id: res.runId, result: 2 });
-    const queued = await client.run({ projectId: P, appName: "calc", path: "add", async: true, body: { data: new TextEncoder().encode('{"a":1,"b":2}') } });
+    const queued = await client.run({
+      projectId: P,
+      appName: "calc",
+      path: "add",
+      async: true,
+      body: { data: new TextEncoder().encode('{"a":1,"b":2}') },
+    });
     expect(queued.statusCode).toBe(202);
     expect(new TextDecoder().decode(queued.body!.data)).toBe(`{"run_id":"${queued.runId}"}`);
-    const err = await client.run({ projectId: P, appName: "nope", path: "add" }).catch((e: unknown) => ConnectError.from(e));
+    const err = await client
+      .run({ projectId: P, appName: "nope", path: "add" })
+      .catch((e: unknown) => ConnectError.from(e));
     expect(err).toMatchObject({ code: Code.NotFound });
   });
 });
@@ -102,7 +144,15 @@ describe("invocation - refusals come before any 202", () => {
     ["private function", "calc", "_hidden", "{}", {}, 404, "not_found"],
     ["malformed JSON", "calc", "add", "{nope", {}, 400, "invalid_argument"],
     ["a body that is not an object", "calc", "add", "[1,2]", {}, 400, "invalid_argument"],
-    ["webhook to a private address", "calc", "add", "{}", { webhookEndpoint: "http://10.1.2.3/hook" }, 400, "invalid_argument"],
+    [
+      "webhook to a private address",
+      "calc",
+      "add",
+      "{}",
+      { webhookEndpoint: "http://10.1.2.3/hook" },
+      400,
+      "invalid_argument",
+    ],
     ["webhook that is not a URL", "calc", "add", "{}", { webhookEndpoint: "not a url" }, 400, "invalid_argument"],
   ])("%s: %s", async (_name, app, fn, body, query, status, code) => {
     const q = new URLSearchParams({ async: "true", ...query });
@@ -112,7 +162,10 @@ describe("invocation - refusals come before any 202", () => {
     // The refused call has an id for support and logs, but no run is recorded under it.
     const id = res.headers.get("x-request-id")!;
     expect(id).toMatch(UUID_V7);
-    if (app === "calc") await expect(t.management().getRun({ projectId: P, appName: app, runId: id })).rejects.toMatchObject({ code: Code.NotFound });
+    if (app === "calc")
+      await expect(t.management().getRun({ projectId: P, appName: app, runId: id })).rejects.toMatchObject({
+        code: Code.NotFound,
+      });
   });
 
   it("a body over the limit: 413", async () => {
@@ -129,7 +182,7 @@ describe("invocation - refusals come before any 202", () => {
 });
 
 describe("invocation - async", () => {
-  it("202 with exactly {\"run_id\"} and X-Request-Id; the run succeeds and GetRun returns its result", async () => {
+  it('202 with exactly {"run_id"} and X-Request-Id; the run succeeds and GetRun returns its result', async () => {
     const res = await post(`${v4("calc", "add")}?async=true`, t.devToken, JSON.stringify({ a: 20, b: 22 }));
     expect(res.status).toBe(202);
     expect(res.headers.get("content-type")).toBe("application/json");
@@ -142,7 +195,9 @@ describe("invocation - async", () => {
     });
     expect(run).toMatchObject({ async: true, attempts: 1, statusCode: 200 });
     expect(run.result?.kind.case).toBe("structValue");
-    const rest = await fetch(`${t.url}/v2/projects/${P}/apps/calc/runs/${runId}`, { headers: { authorization: `Bearer ${t.devToken}` } });
+    const rest = await fetch(`${t.url}/v2/projects/${P}/apps/calc/runs/${runId}`, {
+      headers: { authorization: `Bearer ${t.devToken}` },
+    });
     const body = (await rest.json()) as { run: { status: string; result: { run_id: string; result: number } } };
     expect(body.run.status).toBe("success");
     expect(body.run.result).toMatchObject({ run_id: runId, result: 42 });

@@ -18,7 +18,10 @@ function startMain(env: Record<string, string>, args: string[] = []): ChildProce
 }
 
 /** Resolves with the first JSON log line that matches. */
-function logLine(child: ChildProcess, match: (line: Record<string, unknown>) => boolean): Promise<Record<string, unknown>> {
+function logLine(
+  child: ChildProcess,
+  match: (line: Record<string, unknown>) => boolean,
+): Promise<Record<string, unknown>> {
   return new Promise((resolve, reject) => {
     const lines = createInterface({ input: child.stdout! });
     lines.on("line", (text) => {
@@ -60,7 +63,10 @@ describe("skiff process", () => {
   });
 
   it("--roles picks a subset: a webhook-only process serves probes but no management API", async () => {
-    const child = startMain({ SKIFF_NATS_URL: nats.url, SKIFF_PORT: "0", SKIFF_DATA_DIR: dataDir }, ["--roles", "webhook"]);
+    const child = startMain({ SKIFF_NATS_URL: nats.url, SKIFF_PORT: "0", SKIFF_DATA_DIR: dataDir }, [
+      "--roles",
+      "webhook",
+    ]);
     const ready = await logLine(child, (l) => String(l.msg).startsWith("skiff serves"));
     expect(ready.roles).toEqual(["webhook"]);
     expect((await fetch(`${ready.url}/healthz`)).status).toBe(200);

@@ -7,7 +7,15 @@ import { pino } from "pino";
 import { afterEach, beforeEach, describe, expect, test } from "vitest";
 import { silentLogger } from "../services/config/logger.js";
 import { buckets, objectStores, streams } from "../services/nats/layout.js";
-import { connectNats, JetStreamDisabledError, NatsConnectError, NatsStartError, provision, STARTED_SERVER_MAX_PAYLOAD_BYTES, type NatsHandle } from "../services/nats/connect.js";
+import {
+  connectNats,
+  JetStreamDisabledError,
+  NatsConnectError,
+  NatsStartError,
+  provision,
+  STARTED_SERVER_MAX_PAYLOAD_BYTES,
+  type NatsHandle,
+} from "../services/nats/connect.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 
 const sc = StringCodec();
@@ -104,7 +112,11 @@ describe("nats - provision", () => {
     for (const spec of Object.values(buckets)) {
       const kv = await js.views.kv(spec.name, { bindOnly: true });
       const status = await kv.status();
-      expect({ history: status.history, ttl: status.ttl, storage: status.streamInfo.config.storage }).toEqual({ history: spec.history, ttl: spec.ttlMs, storage: StorageType.File });
+      expect({ history: status.history, ttl: status.ttl, storage: status.streamInfo.config.storage }).toEqual({
+        history: spec.history,
+        ttl: spec.ttlMs,
+        storage: StorageType.File,
+      });
       await kv.put("k", sc.encode(spec.name));
       expect(sc.decode((await kv.get("k"))!.value)).toBe(spec.name);
     }
@@ -152,8 +164,18 @@ describe("nats - provision", () => {
   test("provision brings changed settings back to the layout and reports those JetStream cannot change", async () => {
     const nc = await client(nats.url);
     const jsm = await nc.jetstreamManager();
-    await jsm.streams.add({ name: streams.events.name, subjects: ["skiff.events.runs.>"], max_age: nanos(60_000), storage: StorageType.File });
-    await jsm.streams.add({ name: streams.runs.name, subjects: [...streams.runs.subjects], storage: StorageType.Memory, retention: RetentionPolicy.Limits });
+    await jsm.streams.add({
+      name: streams.events.name,
+      subjects: ["skiff.events.runs.>"],
+      max_age: nanos(60_000),
+      storage: StorageType.File,
+    });
+    await jsm.streams.add({
+      name: streams.runs.name,
+      subjects: [...streams.runs.subjects],
+      storage: StorageType.Memory,
+      retention: RetentionPolicy.Limits,
+    });
     await nc.jetstream().views.kv(buckets.apps.name, { history: 1, storage: StorageType.File });
 
     const { logger, lines } = capturingLogger();
@@ -184,7 +206,11 @@ describe("nats - connectNats", () => {
     const dataDir = await tempDir();
     const handle = track(await connectNats({ probeUrl: nats.url, dataDir, logger: silentLogger }));
 
-    expect({ url: handle.url, embedded: handle.embedded, serverPid: handle.serverPid }).toEqual({ url: nats.url, embedded: false, serverPid: undefined });
+    expect({ url: handle.url, embedded: handle.embedded, serverPid: handle.serverPid }).toEqual({
+      url: nats.url,
+      embedded: false,
+      serverPid: undefined,
+    });
     expect(handle.nc.info?.port).toBe(nats.port);
     await handle.close();
     expect(handle.nc.isClosed()).toBe(true);
@@ -225,7 +251,12 @@ describe("nats - connectNats", () => {
 
   test("connectNats without a nats-server binary names apt-get install nats-server and SKIFF_NATS_URL", async () => {
     const dataDir = await tempDir();
-    const attempt = connectNats({ probeUrl: await closedUrl(), dataDir, logger: silentLogger, searchPath: await tempDir() });
+    const attempt = connectNats({
+      probeUrl: await closedUrl(),
+      dataDir,
+      logger: silentLogger,
+      searchPath: await tempDir(),
+    });
     await expect(attempt).rejects.toThrow(NatsStartError);
     await expect(attempt).rejects.toThrow(/apt-get install nats-server.*SKIFF_NATS_URL/);
   });
@@ -238,12 +269,16 @@ describe("nats - connectNats", () => {
   });
 
   test("an explicit URL that lists no server is refused instead of falling back to localhost", async () => {
-    await expect(connectNats({ url: " , ", dataDir: await tempDir(), logger: silentLogger })).rejects.toThrow(/SKIFF_NATS_URL names no server/);
+    await expect(connectNats({ url: " , ", dataDir: await tempDir(), logger: silentLogger })).rejects.toThrow(
+      /SKIFF_NATS_URL names no server/,
+    );
   });
 
   test("an explicit URL may list several servers, comma-separated", async () => {
     const nats = await server();
-    const handle = track(await connectNats({ url: `${await closedUrl()}, ${nats.url}`, dataDir: await tempDir(), logger: silentLogger }));
+    const handle = track(
+      await connectNats({ url: `${await closedUrl()}, ${nats.url}`, dataDir: await tempDir(), logger: silentLogger }),
+    );
     expect(handle.nc.info?.port).toBe(nats.port);
   });
 

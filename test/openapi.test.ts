@@ -4,7 +4,13 @@ import { createRegistry, type DescFile } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
 import { file_skiff_invocation_v4_invocation } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { file_skiff_management_v2_management } from "../gen/skiff/management/v2/management_pb.js";
-import { openapiDocument, openapiPath, SKIFF_APIS, type OpenApiDocument, type OperationObject } from "../services/server/rest/openapi.js";
+import {
+  openapiDocument,
+  openapiPath,
+  SKIFF_APIS,
+  type OpenApiDocument,
+  type OperationObject,
+} from "../services/server/rest/openapi.js";
 import { parseTemplate } from "../services/server/rest/http-rules.js";
 import { openapiFiles } from "../scripts/write-openapi.js";
 
@@ -21,7 +27,9 @@ const invocation = documentFor("gen/openapi/invocation.v4.json");
 const documents = { management, invocation };
 
 function operations(doc: OpenApiDocument): [string, OperationObject][] {
-  return Object.entries(doc.paths).flatMap(([path, item]) => Object.values(item).map((op): [string, OperationObject] => [path, op]));
+  return Object.entries(doc.paths).flatMap(([path, item]) =>
+    Object.values(item).map((op): [string, OperationObject] => [path, op]),
+  );
 }
 
 /** Every value of the JSON tree, with its location, for structural checks. */
@@ -50,7 +58,11 @@ describe("openapi - management document", () => {
 
   it("carries info.version 1.0.0 (spec section 9)", () => {
     expect(management.openapi).toBe("3.1.0");
-    expect(management.info).toEqual({ title: "skiff management API", version: "1.0.0", description: expect.any(String) });
+    expect(management.info).toEqual({
+      title: "skiff management API",
+      version: "1.0.0",
+      description: expect.any(String),
+    });
   });
 
   it("documents DELETE of a service account with a 200 response and bearer security", () => {
@@ -67,7 +79,9 @@ describe("openapi - management document", () => {
   });
 
   it("keeps custom verbs in the path", () => {
-    expect(management.paths["/v2/projects/{project_id}/apps/{app_name}/runs/{run_id}:cancel"]?.post?.operationId).toBe("CancelRun");
+    expect(management.paths["/v2/projects/{project_id}/apps/{app_name}/runs/{run_id}:cancel"]?.post?.operationId).toBe(
+      "CancelRun",
+    );
   });
 
   it("body '*' is the request message without its path fields", () => {
@@ -109,15 +123,23 @@ describe("openapi - management document", () => {
     const run = schemas["skiff.management.v2.Run"]?.properties;
     expect(run?.run_time_ms).toEqual({ type: "number", format: "double" });
     expect(run?.result).toEqual({});
-    expect(run?.webhook_deliveries).toEqual({ type: "array", items: { $ref: "#/components/schemas/skiff.management.v2.WebhookDelivery" } });
-    expect(schemas["skiff.management.v2.App"]?.properties?.env_names).toEqual({ type: "array", items: { type: "string" } });
+    expect(run?.webhook_deliveries).toEqual({
+      type: "array",
+      items: { $ref: "#/components/schemas/skiff.management.v2.WebhookDelivery" },
+    });
+    expect(schemas["skiff.management.v2.App"]?.properties?.env_names).toEqual({
+      type: "array",
+      items: { type: "string" },
+    });
     expect(schemas["google.api.HttpBody"]?.properties?.data).toEqual({ type: "string", format: "byte" });
   });
 
   it("error responses reference the Error schema {code, message}", () => {
     const del = management.paths[path]?.delete;
     for (const status of ["400", "401", "403", "404", "413", "429", "503"]) {
-      expect(del?.responses[status]?.content?.["application/json"]?.schema, status).toEqual({ $ref: "#/components/schemas/Error" });
+      expect(del?.responses[status]?.content?.["application/json"]?.schema, status).toEqual({
+        $ref: "#/components/schemas/Error",
+      });
     }
     expect(management.components.schemas.Error).toMatchObject({
       properties: { code: { type: "string" }, message: { type: "string" } },
@@ -152,7 +174,10 @@ describe("openapi - invocation document", () => {
   });
 
   it("reads X-Webhook-Secret and Idempotency-Key request headers", () => {
-    expect(run?.parameters.filter((p) => p.in === "header").map((p) => p.name)).toEqual(["X-Webhook-Secret", "Idempotency-Key"]);
+    expect(run?.parameters.filter((p) => p.in === "header").map((p) => p.name)).toEqual([
+      "X-Webhook-Secret",
+      "Idempotency-Key",
+    ]);
   });
 
   it("passes the body through as binary both ways", () => {
@@ -163,18 +188,27 @@ describe("openapi - invocation document", () => {
 
   it("answers an async call 202 with a body of only run_id", () => {
     const schema = run?.responses["202"]?.content?.["application/json"]?.schema;
-    expect(schema).toEqual({ type: "object", properties: { run_id: { type: "string" } }, required: ["run_id"], additionalProperties: false });
+    expect(schema).toEqual({
+      type: "object",
+      properties: { run_id: { type: "string" } },
+      required: ["run_id"],
+      additionalProperties: false,
+    });
   });
 
   it("declares X-Request-Id on every response, errors included", () => {
     const responses = Object.entries(run?.responses ?? {});
     expect(responses.length).toBeGreaterThan(2);
-    for (const [status, response] of responses) expect(response.headers?.["X-Request-Id"], status).toMatchObject({ schema: { type: "string" } });
+    for (const [status, response] of responses)
+      expect(response.headers?.["X-Request-Id"], status).toMatchObject({ schema: { type: "string" } });
   });
 
   it("adds the invocation extras to no other method", () => {
     for (const [, op] of operations(management)) {
-      expect(op.parameters.some((p) => p.in === "header"), op.operationId).toBe(false);
+      expect(
+        op.parameters.some((p) => p.in === "header"),
+        op.operationId,
+      ).toBe(false);
       expect(op.responses["202"], op.operationId).toBeUndefined();
       for (const response of Object.values(op.responses)) expect(response.headers, op.operationId).toBeUndefined();
     }
@@ -194,7 +228,10 @@ describe("openapi - every document", () => {
 
     it(`${name}: every path parameter appears in its path, and every {variable} is a parameter`, () => {
       for (const [path, op] of operations(doc)) {
-        const declared = op.parameters.filter((p) => p.in === "path").map((p) => p.name).sort();
+        const declared = op.parameters
+          .filter((p) => p.in === "path")
+          .map((p) => p.name)
+          .sort();
         const inPath = [...path.matchAll(/\{([^}]+)\}/g)].map((m) => m[1]).sort();
         expect(declared, `${op.operationId} ${path}`).toEqual(inPath);
       }
@@ -212,8 +249,12 @@ describe("openapi - every document", () => {
 
 describe("openapi - component schemas", () => {
   it("are the messages by full type name, with their proto field names in declaration order", () => {
-    const registry = createRegistry(...withDependencies([file_skiff_management_v2_management, file_skiff_invocation_v4_invocation]));
-    const messages = Object.values(documents).flatMap((doc) => Object.entries(doc.components.schemas)).filter(([typeName]) => typeName !== "Error");
+    const registry = createRegistry(
+      ...withDependencies([file_skiff_management_v2_management, file_skiff_invocation_v4_invocation]),
+    );
+    const messages = Object.values(documents)
+      .flatMap((doc) => Object.entries(doc.components.schemas))
+      .filter(([typeName]) => typeName !== "Error");
     expect(messages.length).toBeGreaterThan(10);
     for (const [typeName, schema] of messages) {
       const desc = registry.getMessage(typeName);

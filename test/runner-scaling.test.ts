@@ -31,7 +31,10 @@ function toml(scaling: string, runtime = "", env = ""): string {
   return `[app]\nname = "behave"\n[runtime]\nkind = "custom"\ncommand = ["node", "server.mjs"]\n${runtime}\n[env]\n${env}\n[scaling]\n${scaling}\n`;
 }
 
-async function deploy(scaling: string, opts: { runtime?: string; env?: string; runner?: Partial<RunnerOptions> } = {}): Promise<Runner> {
+async function deploy(
+  scaling: string,
+  opts: { runtime?: string; env?: string; runner?: Partial<RunnerOptions> } = {},
+): Promise<Runner> {
   runner = new Runner({
     workDir: path.join(tmp, "work"),
     logger: silentLogger,
@@ -42,7 +45,13 @@ async function deploy(scaling: string, opts: { runtime?: string; env?: string; r
     killGraceMs: 500,
     ...opts.runner,
   });
-  await runner.deploy({ projectId: "p", appName: "behave", version: 1, dir: BEHAVE, config: parseAppConfig(toml(scaling, opts.runtime, opts.env)) });
+  await runner.deploy({
+    projectId: "p",
+    appName: "behave",
+    version: 1,
+    dir: BEHAVE,
+    config: parseAppConfig(toml(scaling, opts.runtime, opts.env)),
+  });
   return runner;
 }
 
@@ -51,7 +60,8 @@ function get(p: string, query = "", more: Partial<InvokeRequest> = {}): InvokeRe
   return { runId: `run-${++seq}`, method: "GET", path: p, query, headers: {}, body: new Uint8Array(), ...more };
 }
 
-const call = (r: Runner, p: string, query = "", more: Partial<InvokeRequest> = {}) => r.invoke("p", "behave", get(p, query, more));
+const call = (r: Runner, p: string, query = "", more: Partial<InvokeRequest> = {}) =>
+  r.invoke("p", "behave", get(p, query, more));
 const pidOf = (res: InvokeResponse) => (JSON.parse(Buffer.from(res.body).toString()) as { pid: number }).pid;
 const alive = (pid: number) => {
   try {
@@ -79,7 +89,9 @@ describe("runner - scaling and replica life", () => {
     expect(r.replicas("p", "behave")).toEqual([]);
     const res = await call(r, "/sleep", "ms=0");
     expect(res.status).toBe(200);
-    expect(r.replicas("p", "behave")).toMatchObject([{ replicaId: res.replicaId, state: "ready", inFlight: 0, deploymentVersion: 1 }]);
+    expect(r.replicas("p", "behave")).toMatchObject([
+      { replicaId: res.replicaId, state: "ready", inFlight: 0, deploymentVersion: 1 },
+    ]);
     expect(pidOf(await call(r, "/sleep", "ms=0"))).toBe(pidOf(res));
   });
 
@@ -192,7 +204,12 @@ describe("runner - scaling and replica life", () => {
     const r = await deploy("min_replicas = 1");
     const [first] = r.replicas("p", "behave");
     await call(r, "/crash").catch(() => undefined);
-    await expect.poll(() => r.replicas("p", "behave").filter((x) => x.state === "ready" && x.replicaId !== first.replicaId).length, { timeout: 3000 }).toBe(1);
+    await expect
+      .poll(
+        () => r.replicas("p", "behave").filter((x) => x.state === "ready" && x.replicaId !== first.replicaId).length,
+        { timeout: 3000 },
+      )
+      .toBe(1);
   });
 
   it("a failing healthcheck restarts the replica", async () => {
@@ -214,8 +231,11 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("redeploy: requests in flight and arriving during deploy() all succeed; the new version serves after", async () => {
-    const r = await deploy("min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 5", { env: 'VERSION = "1"' });
-    const version = (res: InvokeResponse) => (JSON.parse(Buffer.from(res.body).toString()) as { env: { VERSION: string } }).env.VERSION;
+    const r = await deploy("min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 5", {
+      env: 'VERSION = "1"',
+    });
+    const version = (res: InvokeResponse) =>
+      (JSON.parse(Buffer.from(res.body).toString()) as { env: { VERSION: string } }).env.VERSION;
     const inFlight = Array.from({ length: 4 }, () => call(r, "/sleep", "ms=400"));
     let stop = false;
     const stream = (async () => {
@@ -223,7 +243,13 @@ describe("runner - scaling and replica life", () => {
       while (!stop) out.push(await call(r, "/env"));
       return out;
     })();
-    const config = parseAppConfig(toml("min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 5", "", 'VERSION = "2"'));
+    const config = parseAppConfig(
+      toml(
+        "min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 5",
+        "",
+        'VERSION = "2"',
+      ),
+    );
     await r.deploy({ projectId: "p", appName: "behave", version: 2, dir: BEHAVE, config });
     expect(r.version("p", "behave")).toBe(2);
     await new Promise((res) => setTimeout(res, 100));
@@ -235,7 +261,9 @@ describe("runner - scaling and replica life", () => {
     // replica is handed to the new version as soon as it is ready.)
     expect(version(streamed[streamed.length - 1])).toBe("2");
     expect(version(await call(r, "/env"))).toBe("2");
-    await expect.poll(() => r.replicas("p", "behave").every((x) => x.deploymentVersion === 2), { timeout: 3000 }).toBe(true);
+    await expect
+      .poll(() => r.replicas("p", "behave").every((x) => x.deploymentVersion === 2), { timeout: 3000 })
+      .toBe(true);
   });
 
   it("redeploy: requests queued for the old version are served by the new one at once", async () => {

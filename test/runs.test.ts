@@ -15,16 +15,33 @@ import { silentLogger } from "../services/config/logger.js";
 let t: TestSkiff;
 let tmp: string;
 const v4 = (app: string, rest: string) => `${t.url}/v4/${P}/${app}/${rest}`;
-const getRun = async (app: string, runId: string) => (await t.management().getRun({ projectId: P, appName: app, runId })).run!;
-const reaches = (app: string, runId: string, status: string) => until(`${runId} ${status}`, async () => ((await getRun(app, runId)).status === status ? getRun(app, runId) : undefined));
-const sleepAsync = async (app: string, ms: number, headers: Record<string, string> = {}) => (await post(`${v4(app, "sleep")}?async=true`, t.devToken, JSON.stringify({ ms }), headers)).json.run_id as string;
+const getRun = async (app: string, runId: string) =>
+  (await t.management().getRun({ projectId: P, appName: app, runId })).run!;
+const reaches = (app: string, runId: string, status: string) =>
+  until(`${runId} ${status}`, async () =>
+    (await getRun(app, runId)).status === status ? getRun(app, runId) : undefined,
+  );
+const sleepAsync = async (app: string, ms: number, headers: Record<string, string> = {}) =>
+  (await post(`${v4(app, "sleep")}?async=true`, t.devToken, JSON.stringify({ ms }), headers)).json.run_id as string;
 
 beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-runs-"));
   t = await startTestSkiff({ env: { SKIFF_MAX_QUEUED_RUNS: "3" } });
-  await deploy(tmp, t.management(), cortexApp("one", "max_replicas = 1\nreplica_concurrency = 1\nmin_replicas = 1\nresponse_grace_period = 30"));
-  await deploy(tmp, t.management(), cortexApp("many", "max_replicas = 2\nreplica_concurrency = 8\nresponse_grace_period = 30"));
-  await until("apps on the runner", () => t.skiff.runner!.version(P, "one") === 1 && t.skiff.runner!.version(P, "many") === 1, 30_000);
+  await deploy(
+    tmp,
+    t.management(),
+    cortexApp("one", "max_replicas = 1\nreplica_concurrency = 1\nmin_replicas = 1\nresponse_grace_period = 30"),
+  );
+  await deploy(
+    tmp,
+    t.management(),
+    cortexApp("many", "max_replicas = 2\nreplica_concurrency = 8\nresponse_grace_period = 30"),
+  );
+  await until(
+    "apps on the runner",
+    () => t.skiff.runner!.version(P, "one") === 1 && t.skiff.runner!.version(P, "many") === 1,
+    30_000,
+  );
 }, 60_000);
 afterAll(async () => {
   await t?.close();
@@ -34,7 +51,9 @@ afterAll(async () => {
 describe("runs - events", () => {
   it("every state change publishes a RunEvent; the terminal one carries the response body byte for byte", async () => {
     const events: RunEvent[] = [];
-    const sub = t.skiff.nats.nc.subscribe(`skiff.events.runs.${P}.many.>`, { callback: (_e, m) => events.push(fromBinary(RunEventSchema, m.data)) });
+    const sub = t.skiff.nats.nc.subscribe(`skiff.events.runs.${P}.many.>`, {
+      callback: (_e, m) => events.push(fromBinary(RunEventSchema, m.data)),
+    });
     try {
       const runId = await sleepAsync("many", 50);
       await reaches("many", runId, "success");
@@ -42,7 +61,11 @@ describe("runs - events", () => {
         const e = events.filter((x) => x.runId === runId);
         return e.length >= 3 ? e : undefined;
       });
-      expect(mine.map((e) => [e.status, e.attempt, e.async])).toEqual([["queued", 1, true], ["running", 1, true], ["success", 1, true]]);
+      expect(mine.map((e) => [e.status, e.attempt, e.async])).toEqual([
+        ["queued", 1, true],
+        ["running", 1, true],
+        ["success", 1, true],
+      ]);
       const body = new TextDecoder().decode(mine[2].response!.data);
       expect(JSON.parse(body)).toMatchObject({ run_id: runId, result: { slept: 50 } });
       const sync = await post(v4("many", "add"), t.devToken, '{"a":1,"b":2}', {});
@@ -79,13 +102,18 @@ describe("runs - cancel, idempotency, queue cap", () => {
     await reaches("one", later, "success");
     expect(await getRun("one", queued)).toMatchObject({ status: "cancelled", attempts: 0 });
 
-    const err = await t.management().cancelRun({ projectId: P, appName: "one", runId: later }).catch((e: unknown) => ConnectError.from(e));
+    const err = await t
+      .management()
+      .cancelRun({ projectId: P, appName: "one", runId: later })
+      .catch((e: unknown) => ConnectError.from(e));
     expect(err).toMatchObject({ code: Code.FailedPrecondition });
   });
 
   it("Idempotency-Key: repeats, even concurrent ones, get the first run id and make no second run", async () => {
     const key = { "idempotency-key": `k-${Date.now()}` };
-    const answers = await Promise.all([1, 2, 3].map(() => post(`${v4("many", "add")}?async=true`, t.devToken, '{"a":1,"b":2}', key)));
+    const answers = await Promise.all(
+      [1, 2, 3].map(() => post(`${v4("many", "add")}?async=true`, t.devToken, '{"a":1,"b":2}', key)),
+    );
     const ids = new Set(answers.map((a) => a.json.run_id));
     expect(ids.size).toBe(1);
     for (const a of answers) {
@@ -96,7 +124,9 @@ describe("runs - cancel, idempotency, queue cap", () => {
     await reaches("many", answers[0].json.run_id, "success");
     const again = await post(`${v4("many", "add")}?async=true`, t.devToken, '{"a":1,"b":2}', key);
     expect(again.text).toBe(answers[0].text);
-    const other = await post(`${v4("many", "add")}?async=true`, t.devToken, '{"a":1,"b":2}', { "idempotency-key": `${key["idempotency-key"]}-b` });
+    const other = await post(`${v4("many", "add")}?async=true`, t.devToken, '{"a":1,"b":2}', {
+      "idempotency-key": `${key["idempotency-key"]}-b`,
+    });
     expect(other.json.run_id).not.toBe(answers[0].json.run_id);
     const listed = await until("runs listed", async () => {
       const l = await t.management().listRuns({ projectId: P, appName: "many", asyncOnly: true, pageSize: 500 });
@@ -123,19 +153,29 @@ describe("runs - listing", () => {
     const ids: string[] = [];
     for (let i = 0; i < 3; i++) ids.push(await sleepAsync("many", 1));
     for (const id of ids) await reaches("many", id, "success");
-    await until("the index", async () => (await t.management().listRuns({ projectId: P, appName: "many", pageSize: 1 })).runs[0]?.runId === ids[2]);
+    await until(
+      "the index",
+      async () =>
+        (await t.management().listRuns({ projectId: P, appName: "many", pageSize: 1 })).runs[0]?.runId === ids[2],
+    );
     const first = await t.management().listRuns({ projectId: P, appName: "many", pageSize: 2, asyncOnly: true });
     expect(first.runs.map((r) => r.runId)).toEqual([ids[2], ids[1]]);
     expect(first.nextPageToken).not.toBe("");
-    const second = await t.management().listRuns({ projectId: P, appName: "many", pageSize: 2, asyncOnly: true, pageToken: first.nextPageToken });
+    const second = await t
+      .management()
+      .listRuns({ projectId: P, appName: "many", pageSize: 2, asyncOnly: true, pageToken: first.nextPageToken });
     expect(second.runs[0].runId).toBe(ids[0]);
     const failures = await t.management().listRuns({ projectId: P, appName: "many", status: "failure" });
     expect(failures.runs.map((r) => r.runId)).toContain(sync.json.run_id);
     expect(failures.runs.every((r) => r.status === "failure")).toBe(true);
-    const rest = await fetch(`${t.url}/v2/projects/${P}/apps/many/runs?page_size=1&status=success`, { headers: { authorization: `Bearer ${t.devToken}` } });
+    const rest = await fetch(`${t.url}/v2/projects/${P}/apps/many/runs?page_size=1&status=success`, {
+      headers: { authorization: `Bearer ${t.devToken}` },
+    });
     const body = (await rest.json()) as { runs: { status: string; async: boolean }[]; next_page_token: string };
     expect(body.runs).toEqual([expect.objectContaining({ status: "success", async: true })]);
-    const bad = await fetch(`${t.url}/v2/projects/${P}/apps/many/runs?status=done`, { headers: { authorization: `Bearer ${t.devToken}` } });
+    const bad = await fetch(`${t.url}/v2/projects/${P}/apps/many/runs?status=done`, {
+      headers: { authorization: `Bearer ${t.devToken}` },
+    });
     expect(bad.status).toBe(400);
   });
 
@@ -143,7 +183,8 @@ describe("runs - listing", () => {
     const controller = new AbortController();
     const seen: string[] = [];
     const watching = (async () => {
-      for await (const m of t.management().watchRuns({ projectId: P, appName: "many" }, { signal: controller.signal })) seen.push(`${m.run!.runId}:${m.run!.status}`);
+      for await (const m of t.management().watchRuns({ projectId: P, appName: "many" }, { signal: controller.signal }))
+        seen.push(`${m.run!.runId}:${m.run!.status}`);
     })().catch(() => undefined);
     await new Promise((r) => setTimeout(r, 200));
     const id = await sleepAsync("many", 1);
@@ -157,8 +198,12 @@ describe("runs - listing", () => {
 describe("runs - CLI", () => {
   const cli = (args: string[]) =>
     new Promise<{ code: number; stdout: string; stderr: string }>((resolve) => {
-      execFile(process.execPath, [path.resolve(import.meta.dirname, "..", "bin", "skiff.js"), ...args], { env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken } }, (err, stdout, stderr) =>
-        resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
+      execFile(
+        process.execPath,
+        [path.resolve(import.meta.dirname, "..", "bin", "skiff.js"), ...args],
+        { env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken } },
+        (err, stdout, stderr) =>
+          resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
       );
     });
 
@@ -194,7 +239,10 @@ describe("runs - results retention", () => {
     for (const id of [small, large]) await reaches("many", id, "success");
     const results = new RunResults(nc.jetstream(), nc, 86_400);
     const store = await RunStore.open(nc);
-    for (const [id, n] of [[small, 10], [large, 100_000]] as const) {
+    for (const [id, n] of [
+      [small, 10],
+      [large, 100_000],
+    ] as const) {
       const record = (await store.get(P, "many", id))!.record;
       expect(record.result?.object === undefined).toBe(n === 10);
       const body = await results.read(record);
@@ -220,7 +268,16 @@ describe("runs - record retention", () => {
     const old = v7({ msecs: now - RUN_RETENTION_MS - 60_000 });
     const recent = v7({ msecs: now - RUN_RETENTION_MS + 60_000 });
     for (const id of [old, recent]) {
-      await store.put({ run_id: id, project_id: P, app_name: "aged", path: "run", async: true, status: "success", queued_at: new Date().toISOString(), attempts: 1 });
+      await store.put({
+        run_id: id,
+        project_id: P,
+        app_name: "aged",
+        path: "run",
+        async: true,
+        status: "success",
+        queued_at: new Date().toISOString(),
+        attempts: 1,
+      });
     }
     const index = await RunIndex.start(nc, silentLogger);
     try {

@@ -29,7 +29,10 @@ describe("skiff server", () => {
   beforeAll(async () => {
     nats = await startNatsServer();
     dataDir = mkdtempSync(join(tmpdir(), "skiff-data-"));
-    skiff = await startSkiff(loadConfig({ SKIFF_NATS_URL: nats.url, SKIFF_PORT: "0", SKIFF_DATA_DIR: dataDir }), silentLogger);
+    skiff = await startSkiff(
+      loadConfig({ SKIFF_NATS_URL: nats.url, SKIFF_PORT: "0", SKIFF_DATA_DIR: dataDir }),
+      silentLogger,
+    );
   });
   afterAll(async () => {
     await skiff?.close();
@@ -67,7 +70,9 @@ describe("skiff server", () => {
   it("buf curl reaches Health/Check over gRPC with prior knowledge and over Connect", async () => {
     const buf = join(root, "node_modules/.bin/buf");
     const url = `${skiff.url}/grpc.health.v1.Health/Check`;
-    const grpc = await run(buf, ["curl", "--schema", "proto", "--protocol", "grpc", "--http2-prior-knowledge", url], { cwd: root });
+    const grpc = await run(buf, ["curl", "--schema", "proto", "--protocol", "grpc", "--http2-prior-knowledge", url], {
+      cwd: root,
+    });
     expect(JSON.parse(grpc.stdout)).toEqual({ status: "SERVING" });
     const connect = await run(buf, ["curl", "--schema", "proto", "--protocol", "connect", url], { cwd: root });
     expect(JSON.parse(connect.stdout)).toEqual({ status: "SERVING" });
@@ -124,11 +129,19 @@ describe("graceful stop", () => {
           async run(req) {
             release();
             await new Promise((r) => setTimeout(r, 300));
-            return { runId: "r1", statusCode: 200, body: { contentType: "application/json", data: new TextEncoder().encode('{"done":true}') } };
+            return {
+              runId: "r1",
+              statusCode: 200,
+              body: { contentType: "application/json", data: new TextEncoder().encode('{"done":true}') },
+            };
           },
         }),
     });
-    const inFlight = fetch(`${server.url}/v4/p-x/app/run`, { method: "POST", body: "{}", headers: { "content-type": "application/json" } });
+    const inFlight = fetch(`${server.url}/v4/p-x/app/run`, {
+      method: "POST",
+      body: "{}",
+      headers: { "content-type": "application/json" },
+    });
     await started;
     const closing = server.close(5_000);
     const res = await inFlight;
@@ -157,8 +170,13 @@ describe("unimplemented methods", () => {
       const res = await fetch(`${server.url}/v2/projects/p-dev/apps/hello/stats`);
       expect(res.status).toBe(501);
       expect(await res.json()).toMatchObject({ code: "unimplemented" });
-      const client = createClient(ManagementService, createConnectTransport({ baseUrl: server.url, httpVersion: "1.1" }));
-      await expect(client.getAppStats({ projectId: "p-dev", appName: "hello" })).rejects.toMatchObject({ code: Code.Unimplemented });
+      const client = createClient(
+        ManagementService,
+        createConnectTransport({ baseUrl: server.url, httpVersion: "1.1" }),
+      );
+      await expect(client.getAppStats({ projectId: "p-dev", appName: "hello" })).rejects.toMatchObject({
+        code: Code.Unimplemented,
+      });
     } finally {
       await server.close(1000);
     }
@@ -186,17 +204,34 @@ describe("per-method body limits", () => {
     });
     try {
       const big = new Uint8Array(3000);
-      const deploy = await fetch(`${server.url}/v2/projects/p-x/apps`, { method: "POST", body: big, headers: { "content-type": "application/gzip" } });
+      const deploy = await fetch(`${server.url}/v2/projects/p-x/apps`, {
+        method: "POST",
+        body: big,
+        headers: { "content-type": "application/gzip" },
+      });
       expect(deploy.status).toBe(200);
       expect(((await deploy.json()) as { app: { app_name: string } }).app.app_name).toBe("got 3000");
-      const tooBig = await fetch(`${server.url}/v2/projects/p-x/apps`, { method: "POST", body: new Uint8Array(5000), headers: { "content-type": "application/gzip" } });
+      const tooBig = await fetch(`${server.url}/v2/projects/p-x/apps`, {
+        method: "POST",
+        body: new Uint8Array(5000),
+        headers: { "content-type": "application/gzip" },
+      });
       expect(tooBig.status).toBe(413);
-      const project = await fetch(`${server.url}/v2/projects`, { method: "POST", body: JSON.stringify({ project_id: "p-x", name: "n".repeat(1500) }), headers: { "content-type": "application/json" } });
+      const project = await fetch(`${server.url}/v2/projects`, {
+        method: "POST",
+        body: JSON.stringify({ project_id: "p-x", name: "n".repeat(1500) }),
+        headers: { "content-type": "application/json" },
+      });
       expect(project.status).toBe(413);
 
-      const client = createClient(ManagementService, createConnectTransport({ baseUrl: server.url, httpVersion: "1.1" }));
+      const client = createClient(
+        ManagementService,
+        createConnectTransport({ baseUrl: server.url, httpVersion: "1.1" }),
+      );
       expect((await client.deployApp({ projectId: "p-x", bundle: { data: big } })).app?.appName).toBe("got 3000");
-      await expect(client.createProject({ projectId: "p-x", name: "n".repeat(70_000) })).rejects.toMatchObject({ code: Code.ResourceExhausted });
+      await expect(client.createProject({ projectId: "p-x", name: "n".repeat(70_000) })).rejects.toMatchObject({
+        code: Code.ResourceExhausted,
+      });
       expect((await client.createProject({ projectId: "p-x", name: "n".repeat(100) })).project?.name).toBe("100");
     } finally {
       await server.close(1000);

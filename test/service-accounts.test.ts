@@ -23,7 +23,10 @@ describe("projects and service accounts", () => {
   const api = async (method: string, path: string, body?: unknown, token = t.adminToken) => {
     const res = await fetch(t.url + path, {
       method,
-      headers: { authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "content-type": "application/json" }) },
+      headers: {
+        authorization: `Bearer ${token}`,
+        ...(body === undefined ? {} : { "content-type": "application/json" }),
+      },
       body: body === undefined ? undefined : JSON.stringify(body),
     });
     return { status: res.status, body: (await res.json()) as Record<string, any> };
@@ -59,11 +62,16 @@ describe("projects and service accounts", () => {
 
     const list = await api("GET", "/v2/projects/p-a/service-accounts");
     expect(list.body.service_accounts).toContainEqual(sa);
-    expect((await api("GET", `/v2/projects/p-a/service-accounts/${sa.service_account_id}`)).body).toEqual({ service_account: sa });
+    expect((await api("GET", `/v2/projects/p-a/service-accounts/${sa.service_account_id}`)).body).toEqual({
+      service_account: sa,
+    });
   });
 
   it("DELETE answers 200 with {}, a second DELETE 404; the deleted token no longer works", async () => {
-    const { body } = await api("POST", "/v2/projects/p-a/service-accounts", { name: "to-delete", expires_at: inDays(1) });
+    const { body } = await api("POST", "/v2/projects/p-a/service-accounts", {
+      name: "to-delete",
+      expires_at: inDays(1),
+    });
     const path = `/v2/projects/p-a/service-accounts/${body.service_account.service_account_id}`;
     expect(await api("GET", "/v2/projects/p-a/service-accounts", undefined, body.token)).toMatchObject({ status: 200 });
     expect(await api("DELETE", path)).toEqual({ status: 200, body: {} });
@@ -86,11 +94,16 @@ describe("projects and service accounts", () => {
     ["expires_at in the past", { name: "n", expires_at: "2020-01-01T00:00:00Z" }, /expires_at must be in the future/],
     ["expires_at now", { name: "n", expires_at: "+0d" }, /expires_at must be in the future/],
     ["expires_at beyond one year", { name: "n", expires_at: "+367d" }, /expires_at must be at most one year ahead/],
-    ["expires_at far out of range", { name: "n", expires_at: "9999-12-31T23:59:59Z" }, /expires_at must be at most one year ahead/],
+    [
+      "expires_at far out of range",
+      { name: "n", expires_at: "9999-12-31T23:59:59Z" },
+      /expires_at must be at most one year ahead/,
+    ],
     ["expires_at not a time", { name: "n", expires_at: "tomorrow" }, /RFC 3339/],
   ])("create with %s → 400 invalid_argument with a clear message", async (_name, input, message) => {
     const body: Record<string, unknown> = { ...input };
-    if (typeof body.expires_at === "string" && body.expires_at.startsWith("+")) body.expires_at = inDays(Number(body.expires_at.slice(1, -1)));
+    if (typeof body.expires_at === "string" && body.expires_at.startsWith("+"))
+      body.expires_at = inDays(Number(body.expires_at.slice(1, -1)));
     const res = await api("POST", "/v2/projects/p-a/service-accounts", body);
     expect(res.status).toBe(400);
     expect(res.body.code).toBe("invalid_argument");
@@ -98,34 +111,59 @@ describe("projects and service accounts", () => {
   });
 
   it("names of 1 and 64 characters and an expiry of 365 days are accepted", async () => {
-    for (const [name, days] of [["x", 1], ["é".repeat(64), 365]] as const) {
-      expect((await api("POST", "/v2/projects/p-a/service-accounts", { name, expires_at: inDays(days) })).status).toBe(200);
+    for (const [name, days] of [
+      ["x", 1],
+      ["é".repeat(64), 365],
+    ] as const) {
+      expect((await api("POST", "/v2/projects/p-a/service-accounts", { name, expires_at: inDays(days) })).status).toBe(
+        200,
+      );
     }
   });
 
   it("service accounts of a project that does not exist → 404; a malformed project id → 400", async () => {
-    expect(await api("POST", "/v2/projects/p-nothere/service-accounts", { name: "n", expires_at: inDays(1) })).toMatchObject({ status: 404, body: { code: "not_found" } });
+    expect(
+      await api("POST", "/v2/projects/p-nothere/service-accounts", { name: "n", expires_at: inDays(1) }),
+    ).toMatchObject({ status: 404, body: { code: "not_found" } });
     expect(await api("GET", "/v2/projects/p-nothere/service-accounts")).toMatchObject({ status: 404 });
-    expect(await api("GET", "/v2/projects/Project_X/service-accounts")).toMatchObject({ status: 400, body: { code: "invalid_argument" } });
+    expect(await api("GET", "/v2/projects/Project_X/service-accounts")).toMatchObject({
+      status: 400,
+      body: { code: "invalid_argument" },
+    });
     expect(await api("DELETE", "/v2/projects/p-a/service-accounts/not-an-id")).toMatchObject({ status: 404 });
   });
 
   it("a service account cannot create one that outlives itself", async () => {
     const { body } = await api("POST", "/v2/projects/p-a/service-accounts", { name: "short", expires_at: inDays(2) });
-    expect(await api("POST", "/v2/projects/p-a/service-accounts", { name: "longer", expires_at: inDays(3) }, body.token)).toMatchObject({ status: 403 });
-    expect(await api("POST", "/v2/projects/p-a/service-accounts", { name: "shorter", expires_at: inDays(1) }, body.token)).toMatchObject({ status: 200 });
+    expect(
+      await api("POST", "/v2/projects/p-a/service-accounts", { name: "longer", expires_at: inDays(3) }, body.token),
+    ).toMatchObject({ status: 403 });
+    expect(
+      await api("POST", "/v2/projects/p-a/service-accounts", { name: "shorter", expires_at: inDays(1) }, body.token),
+    ).toMatchObject({ status: 200 });
   });
 
   it("projects: created with a given or generated id, 409 when the id exists, 400 for a malformed id, listed and got", async () => {
-    expect(await api("POST", "/v2/projects", { project_id: "p-a" })).toMatchObject({ status: 409, body: { code: "already_exists" } });
-    expect(await api("POST", "/v2/projects", { project_id: "P-Upper" })).toMatchObject({ status: 400, body: { code: "invalid_argument" } });
+    expect(await api("POST", "/v2/projects", { project_id: "p-a" })).toMatchObject({
+      status: 409,
+      body: { code: "already_exists" },
+    });
+    expect(await api("POST", "/v2/projects", { project_id: "P-Upper" })).toMatchObject({
+      status: 400,
+      body: { code: "invalid_argument" },
+    });
     const generated = await api("POST", "/v2/projects", { name: "Generated" });
     expect(generated.status).toBe(200);
     expect(generated.body.project.project_id).toMatch(/^p-[a-z0-9]+$/);
     expect(generated.body.project.name).toBe("Generated");
     const list = await api("GET", "/v2/projects");
-    expect(list.body.projects.map((p: { project_id: string }) => p.project_id)).toEqual(expect.arrayContaining(["p-a", "p-dev", generated.body.project.project_id]));
-    expect(await api("GET", "/v2/projects/p-a")).toMatchObject({ status: 200, body: { project: { project_id: "p-a", name: "A" } } });
+    expect(list.body.projects.map((p: { project_id: string }) => p.project_id)).toEqual(
+      expect.arrayContaining(["p-a", "p-dev", generated.body.project.project_id]),
+    );
+    expect(await api("GET", "/v2/projects/p-a")).toMatchObject({
+      status: 200,
+      body: { project: { project_id: "p-a", name: "A" } },
+    });
     expect(await api("GET", "/v2/projects/p-zzz")).toMatchObject({ status: 404 });
   });
 
@@ -135,7 +173,19 @@ describe("projects and service accounts", () => {
     const buf = join(root, "node_modules/.bin/buf");
     const out = await run(
       buf,
-      ["curl", "--schema", "proto", "--protocol", "grpc", "--http2-prior-knowledge", "-H", `Authorization: Bearer ${t.adminToken}`, "-d", JSON.stringify({ project_id: "p-a", service_account_id: id }), `${t.url}/skiff.management.v2.ManagementService/DeleteServiceAccount`],
+      [
+        "curl",
+        "--schema",
+        "proto",
+        "--protocol",
+        "grpc",
+        "--http2-prior-knowledge",
+        "-H",
+        `Authorization: Bearer ${t.adminToken}`,
+        "-d",
+        JSON.stringify({ project_id: "p-a", service_account_id: id }),
+        `${t.url}/skiff.management.v2.ManagementService/DeleteServiceAccount`,
+      ],
       { cwd: root },
     );
     expect(JSON.parse(out.stdout)).toEqual({});
@@ -152,7 +202,9 @@ describe("projects and service accounts", () => {
       [id, "service_account.delete"],
     ]);
     for (const l of audit) expect(Date.parse(l.at as string)).toBeGreaterThan(Date.now() - 60_000);
-    expect(logLines).toContainEqual(expect.objectContaining({ audit: true, actor: "admin", action: "project.create", target: "p-a" }));
+    expect(logLines).toContainEqual(
+      expect.objectContaining({ audit: true, actor: "admin", action: "project.create", target: "p-a" }),
+    );
   });
 
   it("tokens are never stored in NATS nor written to the log", async () => {

@@ -34,7 +34,10 @@ afterAll(async () => {
 });
 
 /** A raw request, so paths reach the server exactly as written (fetch would normalise `..`). */
-function get(pathname: string, method = "GET"): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string }> {
+function get(
+  pathname: string,
+  method = "GET",
+): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string }> {
   return new Promise((resolve, reject) => {
     const req = http.request(url + "/", { method, path: pathname }, (res) => {
       let body = "";
@@ -88,7 +91,15 @@ describe("static files - the dashboard's assets", () => {
     expect(res.body).not.toContain("<title>app</title>");
   });
 
-  it.each(["/../secret.txt", "/assets/../../secret.txt", "/%2e%2e/secret.txt", "/assets/%2e%2e%2f%2e%2e%2fsecret.txt", "/..%5csecret.txt", "/%00", "/%zz"])("%s never leaves the folder", async (p) => {
+  it.each([
+    "/../secret.txt",
+    "/assets/../../secret.txt",
+    "/%2e%2e/secret.txt",
+    "/assets/%2e%2e%2f%2e%2e%2fsecret.txt",
+    "/..%5csecret.txt",
+    "/%00",
+    "/%zz",
+  ])("%s never leaves the folder", async (p) => {
     const res = await get(p);
     expect(res.status).toBe(400);
     expect(res.body).not.toContain("outside the site");

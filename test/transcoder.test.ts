@@ -51,7 +51,13 @@ const cases: Case[] = [
     name: "async run: the handler's 202, X-Request-Id and raw HttpBody reach the REST caller",
     method: "POST",
     path: `/v4/p-dev/hello/run?async=true&webhookEndpoint=${encodeURIComponent(hook)}`,
-    headers: { ...json, authorization: "Bearer tok", "x-webhook-secret": "s3cret", "idempotency-key": "k-1", "accept-encoding": "gzip" },
+    headers: {
+      ...json,
+      authorization: "Bearer tok",
+      "x-webhook-secret": "s3cret",
+      "idempotency-key": "k-1",
+      "accept-encoding": "gzip",
+    },
     body: '{"prompt":"hi"}',
     status: 202,
     text: '{"run_id":"run-0001"}',
@@ -61,7 +67,13 @@ const cases: Case[] = [
       expect(res.headers["x-intercepted"]).toBe("yes");
       const call = lastCall(fx, "Run");
       const req = call.request as RunRequest;
-      expect({ projectId: req.projectId, appName: req.appName, path: req.path, async: req.async, webhookEndpoint: req.webhookEndpoint }).toEqual({
+      expect({
+        projectId: req.projectId,
+        appName: req.appName,
+        path: req.path,
+        async: req.async,
+        webhookEndpoint: req.webhookEndpoint,
+      }).toEqual({
         projectId: "p-dev",
         appName: "hello",
         path: "run",
@@ -75,7 +87,10 @@ const cases: Case[] = [
       expect(call.header.get("idempotency-key")).toBe("k-1");
       expect(call.header.get("content-type")).toBe("application/proto");
       expect(call.header.get("accept-encoding")).toBeNull();
-      expect(call.exchange).toEqual({ method: "POST", query: `async=true&webhookEndpoint=${encodeURIComponent(hook)}` });
+      expect(call.exchange).toEqual({
+        method: "POST",
+        query: `async=true&webhookEndpoint=${encodeURIComponent(hook)}`,
+      });
     },
   },
   {
@@ -123,7 +138,8 @@ const cases: Case[] = [
     method: "POST",
     path: "/v4/p%2Ddev/my%20app/x%20y/a%2Fb/%C3%A9",
     status: 200,
-    check: (_res, fx) => expect([runOf(fx).projectId, runOf(fx).appName, runOf(fx).path]).toEqual(["p-dev", "my app", "x y/a%2Fb/é"]),
+    check: (_res, fx) =>
+      expect([runOf(fx).projectId, runOf(fx).appName, runOf(fx).path]).toEqual(["p-dev", "my app", "x y/a%2Fb/é"]),
   },
   {
     name: "a one-segment variable decodes %2F to /",
@@ -145,7 +161,12 @@ const cases: Case[] = [
     path: "/v2/projects/p-dev/apps/hello/runs/r-1:cancel",
     status: 200,
     check: (res, fx) => {
-      expect(JSON.parse(res.text).run).toMatchObject({ run_id: "r-1", status: "cancelled", attempts: 0, webhook_deliveries: [] });
+      expect(JSON.parse(res.text).run).toMatchObject({
+        run_id: "r-1",
+        status: "cancelled",
+        attempts: 0,
+        webhook_deliveries: [],
+      });
       expect(lastCall(fx, "CancelRun").request).toMatchObject({ projectId: "p-dev", appName: "hello", runId: "r-1" });
     },
   },
@@ -187,7 +208,11 @@ const cases: Case[] = [
     path: "/v2/projects/p-dev/service-accounts/sa-9",
     status: 200,
     json: {},
-    check: (_res, fx) => expect(lastCall(fx, "DeleteServiceAccount").request).toMatchObject({ projectId: "p-dev", serviceAccountId: "sa-9" }),
+    check: (_res, fx) =>
+      expect(lastCall(fx, "DeleteServiceAccount").request).toMatchObject({
+        projectId: "p-dev",
+        serviceAccountId: "sa-9",
+      }),
   },
   // --- rule 3: query
   {
@@ -196,7 +221,8 @@ const cases: Case[] = [
     path: "/v2/projects/p-dev/apps/hello/runs?async_only=true&page_size=20&status=failure",
     status: 200,
     json: { runs: [], next_page_token: "" },
-    check: (_res, fx) => expect(lastCall(fx, "ListRuns").request).toMatchObject({ asyncOnly: true, pageSize: 20, status: "failure" }),
+    check: (_res, fx) =>
+      expect(lastCall(fx, "ListRuns").request).toMatchObject({ asyncOnly: true, pageSize: 20, status: "failure" }),
   },
   {
     name: "query: JSON names work too (asyncOnly=1&pageSize=5)",
@@ -210,14 +236,20 @@ const cases: Case[] = [
     method: "GET",
     path: "/v2/projects/p-dev/apps/hello/runs?page_size=abc",
     status: 400,
-    json: { code: "invalid_argument", message: 'query parameter "page_size": expected an unsigned 32-bit integer, got "abc"' },
+    json: {
+      code: "invalid_argument",
+      message: 'query parameter "page_size": expected an unsigned 32-bit integer, got "abc"',
+    },
   },
   {
     name: "query: page_size out of uint32 range is 400",
     method: "GET",
     path: "/v2/projects/p-dev/apps/hello/runs?page_size=4294967296",
     status: 400,
-    json: { code: "invalid_argument", message: 'query parameter "page_size": expected an unsigned 32-bit integer, got "4294967296"' },
+    json: {
+      code: "invalid_argument",
+      message: 'query parameter "page_size": expected an unsigned 32-bit integer, got "4294967296"',
+    },
   },
   {
     name: "query: an empty bool is 400, not true",
@@ -242,7 +274,8 @@ const cases: Case[] = [
     method: "GET",
     path: "/v2/projects/p-dev/apps/hello/runs?project_id=p-other&app_name=evil",
     status: 200,
-    check: (_res, fx) => expect(lastCall(fx, "ListRuns").request).toMatchObject({ projectId: "p-dev", appName: "hello" }),
+    check: (_res, fx) =>
+      expect(lastCall(fx, "ListRuns").request).toMatchObject({ projectId: "p-dev", appName: "hello" }),
   },
   {
     name: "query: cannot set the body field of a body rule",
@@ -348,8 +381,15 @@ const cases: Case[] = [
     body: Buffer.from([0x1f, 0x8b, 0, 1, 2]),
     status: 200,
     check: (res, fx) => {
-      expect(JSON.parse(res.text).app.deployment).toEqual({ version: 1, created_by: "", bundle_bytes: "5", digest: "application/gzip" });
-      expect([...((lastCall(fx, "DeployApp").request as { bundle: { data: Uint8Array } }).bundle.data)]).toEqual([0x1f, 0x8b, 0, 1, 2]);
+      expect(JSON.parse(res.text).app.deployment).toEqual({
+        version: 1,
+        created_by: "",
+        bundle_bytes: "5",
+        digest: "application/gzip",
+      });
+      expect([...(lastCall(fx, "DeployApp").request as { bundle: { data: Uint8Array } }).bundle.data]).toEqual([
+        0x1f, 0x8b, 0, 1, 2,
+      ]);
     },
   },
   {
@@ -408,7 +448,11 @@ const cases: Case[] = [
     method: "GET",
     path: "/v2/projects/p-dev/apps/hello/stats",
     status: 501,
-    check: (res) => expect(JSON.parse(res.text)).toEqual({ code: "unimplemented", message: "skiff.management.v2.ManagementService.GetAppStats is not implemented" }),
+    check: (res) =>
+      expect(JSON.parse(res.text)).toEqual({
+        code: "unimplemented",
+        message: "skiff.management.v2.ManagementService.GetAppStats is not implemented",
+      }),
   },
   {
     name: "ConnectError(NotFound) from the handler is 404 JSON",
@@ -472,7 +516,11 @@ describe("transcoder", () => {
     expect(res.status).toBe(500);
     expect(JSON.parse(res.text)).toEqual({ code: "internal", message: "internal error" });
     expect(res.headers["x-request-id"]).toBe("run-0001");
-    expect(logLines.some((l) => l.includes('"procedure":"/skiff.invocation.v4.InvocationService/Run"') && l.includes("handler failed"))).toBe(true);
+    expect(
+      logLines.some(
+        (l) => l.includes('"procedure":"/skiff.invocation.v4.InvocationService/Run"') && l.includes("handler failed"),
+      ),
+    ).toBe(true);
     const after = await rest(fx.url, "GET", "/v2/identity");
     expect(after.status).toBe(200);
   });
@@ -493,7 +541,10 @@ describe("transcoder", () => {
       req.write("x".repeat(700));
     });
     expect(res.status).toBe(413);
-    expect(JSON.parse(res.text)).toEqual({ code: "resource_exhausted", message: `request body larger than ${LIMIT} bytes` });
+    expect(JSON.parse(res.text)).toEqual({
+      code: "resource_exhausted",
+      message: `request body larger than ${LIMIT} bytes`,
+    });
     expect((await rest(fx.url, "GET", "/v2/identity")).status).toBe(200);
   });
 
@@ -517,10 +568,15 @@ describe("transcoder", () => {
   });
 
   it("HTTP/2 (h2c): async run gets 202, X-Request-Id and the raw body", async () => {
-    const res = await rest2(fx.h2url, "POST", `/v4/p-dev/hello/run?async=true&webhookEndpoint=${encodeURIComponent(hook)}`, {
-      headers: { ...json, "x-webhook-secret": "s3cret" },
-      body: '{"a":1}',
-    });
+    const res = await rest2(
+      fx.h2url,
+      "POST",
+      `/v4/p-dev/hello/run?async=true&webhookEndpoint=${encodeURIComponent(hook)}`,
+      {
+        headers: { ...json, "x-webhook-secret": "s3cret" },
+        body: '{"a":1}',
+      },
+    );
     expect(res.status).toBe(202);
     expect(res.text).toBe('{"run_id":"run-0001"}');
     expect(res.headers["content-type"]).toBe("application/json");
@@ -545,7 +601,10 @@ describe("transcoder", () => {
         stream.write("z".repeat(5 * LIMIT));
       });
       expect(refused.status).toBe(413);
-      expect(JSON.parse(refused.text)).toEqual({ code: "resource_exhausted", message: `request body larger than ${LIMIT} bytes` });
+      expect(JSON.parse(refused.text)).toEqual({
+        code: "resource_exhausted",
+        message: `request body larger than ${LIMIT} bytes`,
+      });
       const next = await new Promise<number>((resolve, reject) => {
         const stream = session.request({ ":method": "GET", ":path": "/v2/identity" });
         let status = 0;
@@ -564,7 +623,8 @@ describe("transcoder", () => {
 
 describe("transcoder query conversion", () => {
   const app = () => reflect(AppSchema, create(AppSchema));
-  const set = (r: ReturnType<typeof app>, key: string, value: string) => setFromText(r, resolveDotted(r.desc, key)!, value, `query parameter "${key}"`);
+  const set = (r: ReturnType<typeof app>, key: string, value: string) =>
+    setFromText(r, resolveDotted(r.desc, key)!, value, `query parameter "${key}"`);
 
   it("nested fields with dots, repeated fields by repeating the key, by proto and JSON name", () => {
     const r = app();
@@ -583,8 +643,12 @@ describe("transcoder query conversion", () => {
   it("64-bit integers become bigint; out of range is an error", () => {
     const r = app();
     set(r, "deployment.bundle_bytes", "18446744073709551615");
-    expect((r.message as ReturnType<typeof create<typeof AppSchema>>).deployment?.bundleBytes).toBe(18446744073709551615n);
-    expect(() => set(r, "deployment.bundle_bytes", "18446744073709551616")).toThrow('query parameter "deployment.bundle_bytes": expected an unsigned 64-bit integer');
+    expect((r.message as ReturnType<typeof create<typeof AppSchema>>).deployment?.bundleBytes).toBe(
+      18446744073709551615n,
+    );
+    expect(() => set(r, "deployment.bundle_bytes", "18446744073709551616")).toThrow(
+      'query parameter "deployment.bundle_bytes": expected an unsigned 64-bit integer',
+    );
     expect(() => set(r, "deployment.bundle_bytes", "-1")).toThrow(/unsigned 64-bit/);
   });
 
@@ -620,7 +684,9 @@ describe("transcoder query conversion", () => {
     expect(type()).toBe(FieldDescriptorProto_Type.STRING);
     setFromText(r, resolveDotted(r.desc, "type")!, "8", "type");
     expect(type()).toBe(FieldDescriptorProto_Type.BOOL);
-    expect(() => setFromText(r, resolveDotted(r.desc, "type")!, "99", "type")).toThrow(/type: expected one of TYPE_DOUBLE/);
+    expect(() => setFromText(r, resolveDotted(r.desc, "type")!, "99", "type")).toThrow(
+      /type: expected one of TYPE_DOUBLE/,
+    );
     expect(() => setFromText(r, resolveDotted(r.desc, "type")!, "STRING", "type")).toThrow(/expected one of/);
   });
 
@@ -629,11 +695,17 @@ describe("transcoder query conversion", () => {
     expect(() => set(r, "scaling.cooldown", "4294967296")).toThrow("expected an unsigned 32-bit integer");
     expect(() => set(r, "scaling.cooldown", "1.5")).toThrow("expected an unsigned 32-bit integer");
     set(r, "created_at", "2025-01-02T03:04:05Z");
-    expect(Number((r.message as ReturnType<typeof create<typeof AppSchema>>).createdAt?.seconds)).toBe(Date.UTC(2025, 0, 2, 3, 4, 5) / 1000);
+    expect(Number((r.message as ReturnType<typeof create<typeof AppSchema>>).createdAt?.seconds)).toBe(
+      Date.UTC(2025, 0, 2, 3, 4, 5) / 1000,
+    );
     expect(() => set(r, "created_at", "yesterday")).toThrow('query parameter "created_at"');
     const b = reflect(FieldDescriptorProtoSchema, create(FieldDescriptorProtoSchema));
-    expect(() => setFromText(b, resolveDotted(b.desc, "proto3_optional")!, "yes", "p")).toThrow("p: expected true, false, 1 or 0");
-    expect(() => setFromText(b, resolveDotted(b.desc, "proto3_optional")!, "", "p")).toThrow("p: expected true, false, 1 or 0");
+    expect(() => setFromText(b, resolveDotted(b.desc, "proto3_optional")!, "yes", "p")).toThrow(
+      "p: expected true, false, 1 or 0",
+    );
+    expect(() => setFromText(b, resolveDotted(b.desc, "proto3_optional")!, "", "p")).toThrow(
+      "p: expected true, false, 1 or 0",
+    );
   });
 
   it("names that lead nowhere resolve to nothing (ignored), maps and message lists cannot be set", () => {

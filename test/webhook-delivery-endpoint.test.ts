@@ -1,6 +1,11 @@
 import { describe, expect, test } from "vitest";
 import { AddressGuard } from "../services/webhook/address-guard.js";
-import { InvalidWebhookEndpointError, MAX_WEBHOOK_URL_LENGTH, validateWebhookEndpoint, type InvalidWebhookEndpointReason } from "../services/webhook/endpoint.js";
+import {
+  InvalidWebhookEndpointError,
+  MAX_WEBHOOK_URL_LENGTH,
+  validateWebhookEndpoint,
+  type InvalidWebhookEndpointReason,
+} from "../services/webhook/endpoint.js";
 
 async function reason(raw: string, guard = new AddressGuard()): Promise<InvalidWebhookEndpointReason | undefined> {
   try {
@@ -32,13 +37,19 @@ describe("webhookEndpoint validation", () => {
   });
 
   test("webhook - an invalid endpoint's message names webhookEndpoint and says why", async () => {
-    await expect(validateWebhookEndpoint("http://127.0.0.1/x", new AddressGuard())).rejects.toThrow(/^webhookEndpoint: .*127\.0\.0\.1.*SKIFF_WEBHOOK_ALLOWED_CIDRS/);
-    await expect(validateWebhookEndpoint("gopher://93.184.216.34/", new AddressGuard())).rejects.toThrow("webhookEndpoint: scheme gopher is not supported; use http or https");
+    await expect(validateWebhookEndpoint("http://127.0.0.1/x", new AddressGuard())).rejects.toThrow(
+      /^webhookEndpoint: .*127\.0\.0\.1.*SKIFF_WEBHOOK_ALLOWED_CIDRS/,
+    );
+    await expect(validateWebhookEndpoint("gopher://93.184.216.34/", new AddressGuard())).rejects.toThrow(
+      "webhookEndpoint: scheme gopher is not supported; use http or https",
+    );
   });
 
   test("webhook - public http(s) endpoints, and exempted ranges, are accepted as URLs", async () => {
     const url = await validateWebhookEndpoint("https://93.184.216.34:8443/hook?token=abc", new AddressGuard());
     expect(url.href).toBe("https://93.184.216.34:8443/hook?token=abc");
-    expect((await validateWebhookEndpoint("http://localhost:9/x", new AddressGuard(["127.0.0.0/8", "::1/128"]))).hostname).toBe("localhost");
+    expect(
+      (await validateWebhookEndpoint("http://localhost:9/x", new AddressGuard(["127.0.0.0/8", "::1/128"]))).hostname,
+    ).toBe("localhost");
   });
 });

@@ -10,7 +10,13 @@ import { WEBHOOK_CONSUMER } from "../services/webhook/role.js";
 import { verifyWebhook } from "../services/webhook/signature.js";
 import { newRunId, publishRunEvent, terminalEvent } from "./helpers/webhook-events.js";
 import { settled, startWebhookHarness, type WebhookHarness } from "./helpers/webhook-harness.js";
-import { refusedUrl, startReceiver, type Answer, type Receiver, type ReceivedRequest } from "./helpers/webhook-receiver.js";
+import {
+  refusedUrl,
+  startReceiver,
+  type Answer,
+  type Receiver,
+  type ReceivedRequest,
+} from "./helpers/webhook-receiver.js";
 
 const TIMEOUT_MS = 400;
 
@@ -31,7 +37,9 @@ const millis = (t: { seconds: bigint; nanos: number } | undefined) => Number(t!.
 
 /** Wait between the end of one attempt and the start of the next, from the delivery's own record. */
 function gaps(d: WebhookDelivery): number[] {
-  return d.attempts.slice(1).map((a, i) => millis(a.startedAt) - (millis(d.attempts[i].startedAt) + d.attempts[i].durationMs));
+  return d.attempts
+    .slice(1)
+    .map((a, i) => millis(a.startedAt) - (millis(d.attempts[i].startedAt) + d.attempts[i].durationMs));
 }
 
 function arrivalGaps(reqs: ReceivedRequest[]): number[] {
@@ -67,13 +75,31 @@ describe("webhook delivery (SSRF guard exempting 127.0.0.0/8)", () => {
   test("webhook - every row of the spec's retry table: 3 attempts where retried, 1 where not, gaps ≤ 5 s, redirects not followed", async () => {
     const rows = [
       { name: "connection refused", url: await refusedUrl(), attempts: 3, state: "failed", error: /ECONNREFUSED/ },
-      { name: "no answer within the timeout", url: `${rx.url}/hang`, attempts: 3, state: "failed", error: new RegExp(`no answer within ${TIMEOUT_MS} ms`) },
+      {
+        name: "no answer within the timeout",
+        url: `${rx.url}/hang`,
+        attempts: 3,
+        state: "failed",
+        error: new RegExp(`no answer within ${TIMEOUT_MS} ms`),
+      },
       // The query may carry a token: it must not reach the logs.
       { name: "404", url: `${rx.url}/s/404?token=query-sekret`, attempts: 3, state: "failed", status: 404 },
-      ...[400, 401, 410].map((s) => ({ name: String(s), url: `${rx.url}/s/${s}`, attempts: 1, state: "failed", status: s })),
+      ...[400, 401, 410].map((s) => ({
+        name: String(s),
+        url: `${rx.url}/s/${s}`,
+        attempts: 1,
+        state: "failed",
+        status: s,
+      })),
       ...[500, 503].map((s) => ({ name: String(s), url: `${rx.url}/s/${s}`, attempts: 1, state: "failed", status: s })),
       ...[301, 302].map((s) => ({ name: String(s), url: `${rx.url}/s/${s}`, attempts: 3, state: "failed", status: s })),
-      ...[200, 201, 204].map((s) => ({ name: String(s), url: `${rx.url}/s/${s}`, attempts: 1, state: "delivered", status: s })),
+      ...[200, 201, 204].map((s) => ({
+        name: String(s),
+        url: `${rx.url}/s/${s}`,
+        attempts: 1,
+        state: "delivered",
+        status: s,
+      })),
     ];
     const events = rows.map((r) => terminalEvent(r.url, `{"row":"${r.name}"}`));
     await Promise.all(events.map((e) => publishRunEvent(h.nc, e)));
@@ -83,8 +109,14 @@ describe("webhook delivery (SSRF guard exempting 127.0.0.0/8)", () => {
       const [d, ...more] = results[i];
       expect(more, row.name).toHaveLength(0);
       expect(d.state, row.name).toBe(row.state);
-      expect(d.attempts.map((a) => a.attempt), row.name).toEqual(Array.from({ length: row.attempts }, (_, k) => k + 1));
-      expect(d.attempts.map((a) => a.outcome), row.name).toEqual([...Array(row.attempts - 1).fill("retry"), row.state]);
+      expect(
+        d.attempts.map((a) => a.attempt),
+        row.name,
+      ).toEqual(Array.from({ length: row.attempts }, (_, k) => k + 1));
+      expect(
+        d.attempts.map((a) => a.outcome),
+        row.name,
+      ).toEqual([...Array(row.attempts - 1).fill("retry"), row.state]);
       for (const a of d.attempts) {
         if (row.status !== undefined) expect(a.statusCode, row.name).toBe(row.status);
         else expect([a.statusCode, a.error], row.name).toEqual([0, expect.stringMatching(row.error!)]);
@@ -192,7 +224,10 @@ print(json.dumps(out))
     const box = await createSecretBox(h.nc);
     const kv = await secretsBucket(h.nc);
     // One delivered, one failed after 3 attempts (so an error is logged).
-    const signed = [terminalEvent(`${rx.url}/s/200/secret`, "{}", { webhookSigned: true }), terminalEvent(`${rx.url}/s/404/secret`, "{}", { webhookSigned: true })];
+    const signed = [
+      terminalEvent(`${rx.url}/s/200/secret`, "{}", { webhookSigned: true }),
+      terminalEvent(`${rx.url}/s/404/secret`, "{}", { webhookSigned: true }),
+    ];
     for (const e of signed) await storeWebhookSecret(kv, box, e.runId, secret);
     await Promise.all(signed.map((e) => publishRunEvent(h.nc, e)));
     await Promise.all(signed.map((e) => h.waitForDeliveries(e.runId, settled)));
@@ -222,13 +257,21 @@ print(json.dumps(out))
     expect(first.attempts.map((a) => [a.attempt, a.statusCode, a.outcome])).toEqual([[1, 400, "failed"]]);
 
     const fresh = await redeliver(h.nc, e.runId);
-    expect(fresh).toMatchObject({ deliveryId: "2", runId: e.runId, url: e.webhookEndpoint, state: "pending", attempts: [] });
+    expect(fresh).toMatchObject({
+      deliveryId: "2",
+      runId: e.runId,
+      url: e.webhookEndpoint,
+      state: "pending",
+      attempts: [],
+    });
     const all = await h.waitForDeliveries(e.runId, (d) => d.length === 2 && settled(d));
     expect(all.map((d) => [d.deliveryId, d.state])).toEqual([
       ["1", "failed"],
       ["2", "delivered"],
     ]);
-    expect(all[1].attempts.map((a) => [a.attempt, a.statusCode, a.error, a.outcome])).toEqual([[1, 200, "", "delivered"]]);
+    expect(all[1].attempts.map((a) => [a.attempt, a.statusCode, a.error, a.outcome])).toEqual([
+      [1, 200, "", "delivered"],
+    ]);
     for (const a of all.flatMap((d) => d.attempts)) {
       expect(millis(a.startedAt)).toBeGreaterThanOrEqual(started - 1000);
       expect(millis(a.startedAt)).toBeLessThanOrEqual(Date.now());
@@ -266,10 +309,12 @@ print(json.dumps(out))
     expect(rx.to(new URL(url("cancelled-running")).pathname)).toHaveLength(1);
     // Everything consumed and acked, so the skipped events have been seen.
     const jsm = await h.nc.jetstreamManager();
-    await expect.poll(async () => {
-      const info = await jsm.consumers.info(streams.events.name, WEBHOOK_CONSUMER);
-      return [info.num_pending, info.num_ack_pending];
-    }).toEqual([0, 0]);
+    await expect
+      .poll(async () => {
+        const info = await jsm.consumers.info(streams.events.name, WEBHOOK_CONSUMER);
+        return [info.num_pending, info.num_ack_pending];
+      })
+      .toEqual([0, 0]);
     for (const e of skipped) {
       expect(await listDeliveries(h.nc, e.runId)).toEqual([]);
       if (e.webhookEndpoint) expect(rx.to(new URL(e.webhookEndpoint).pathname)).toHaveLength(0);

@@ -20,7 +20,13 @@ async function holdingReceiver() {
   const server = http.createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
-    req.on("end", () => held.push({ headers: req.headers, body: Buffer.concat(chunks), release: (status) => res.writeHead(status).end() }));
+    req.on("end", () =>
+      held.push({
+        headers: req.headers,
+        body: Buffer.concat(chunks),
+        release: (status) => res.writeHead(status).end(),
+      }),
+    );
   });
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
   return {
@@ -39,7 +45,12 @@ function pythonVerifies(secret: string, h: http.IncomingHttpHeaders, body: Buffe
     "mac = hmac.new(a['secret'].encode(), f\"{a['id']}.{a['ts']}.\".encode() + body, hashlib.sha256).hexdigest()",
     "print('ok' if hmac.compare_digest('v1,' + mac, a['sig']) else 'bad')",
   ].join("\n");
-  const args = JSON.stringify({ secret, id: h["x-request-id"], ts: h["x-service-webhook-timestamp"], sig: h["x-service-webhook-signature"] });
+  const args = JSON.stringify({
+    secret,
+    id: h["x-request-id"],
+    ts: h["x-service-webhook-timestamp"],
+    sig: h["x-service-webhook-signature"],
+  });
   return execFileSync("python3", ["-c", script, args], { input: body }).toString().trim() === "ok";
 }
 
@@ -61,7 +72,12 @@ describe("webhooks end to end", () => {
     const endpoint = encodeURIComponent(`${receiver.url}/sync`);
     // The receiver answers nothing until the caller has its answer: were delivery
     // in the caller's path, this call could not return.
-    const res = await post(`${t.url}/v4/${P}/hooks/add?webhookEndpoint=${endpoint}`, t.devToken, JSON.stringify({ a: 2, b: 3 }), { "X-Webhook-Secret": "whsec_e2e" });
+    const res = await post(
+      `${t.url}/v4/${P}/hooks/add?webhookEndpoint=${endpoint}`,
+      t.devToken,
+      JSON.stringify({ a: 2, b: 3 }),
+      { "X-Webhook-Secret": "whsec_e2e" },
+    );
     expect(res.status).toBe(200);
     expect(res.json.result).toBe(5);
     const runId = res.headers.get("x-request-id");
@@ -73,12 +89,21 @@ describe("webhooks end to end", () => {
     expect(pythonVerifies("whsec_other", delivery.headers, delivery.body)).toBe(false);
     delivery.release(200);
     const admin = t.management();
-    await until("delivered", async () => (await admin.listWebhookDeliveries({ projectId: P, appName: "hooks", runId: runId! })).deliveries[0]?.state === "delivered");
+    await until(
+      "delivered",
+      async () =>
+        (await admin.listWebhookDeliveries({ projectId: P, appName: "hooks", runId: runId! })).deliveries[0]?.state ===
+        "delivered",
+    );
     receiver.held.length = 0;
   });
 
   it("an async run whose function raised is delivered as its failure, listed with its attempts, and can be redelivered", async () => {
-    const res = await post(`${t.url}/v4/${P}/hooks/fail?async=true&webhookEndpoint=${encodeURIComponent(`${receiver.url}/async`)}`, t.devToken, "{}");
+    const res = await post(
+      `${t.url}/v4/${P}/hooks/fail?async=true&webhookEndpoint=${encodeURIComponent(`${receiver.url}/async`)}`,
+      t.devToken,
+      "{}",
+    );
     expect(res.status).toBe(202);
     const runId = res.json.run_id as string;
     const [first] = await until("the delivery", () => (receiver.held.length >= 1 ? receiver.held : undefined));
@@ -94,9 +119,14 @@ describe("webhooks end to end", () => {
     });
     expect(run.status).toBe("failure");
     expect(run.async).toBe(true);
-    expect(run.webhookDeliveries[0].attempts.map((a) => [a.attempt, a.statusCode, a.outcome])).toEqual([[1, 204, "delivered"]]);
+    expect(run.webhookDeliveries[0].attempts.map((a) => [a.attempt, a.statusCode, a.outcome])).toEqual([
+      [1, 204, "delivered"],
+    ]);
 
-    const again = await fetch(`${t.url}/v2/projects/${P}/apps/hooks/runs/${runId}/webhook:redeliver`, { method: "POST", headers: { authorization: `Bearer ${t.devToken}` } });
+    const again = await fetch(`${t.url}/v2/projects/${P}/apps/hooks/runs/${runId}/webhook:redeliver`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${t.devToken}` },
+    });
     expect(again.status).toBe(200);
     const [, second] = await until("the redelivery", () => (receiver.held.length >= 2 ? receiver.held : undefined));
     expect(second.headers["x-request-id"]).toBe(runId);
@@ -112,8 +142,20 @@ describe("webhooks end to end", () => {
   it("redelivering a run without a webhook is refused with failed_precondition (400)", async () => {
     const res = await post(`${t.url}/v4/${P}/hooks/add`, t.devToken, JSON.stringify({ a: 1, b: 1 }));
     const runId = res.headers.get("x-request-id")!;
-    await until("the run is recorded", async () => (await t.management().getRun({ projectId: P, appName: "hooks", runId }).catch(() => undefined))?.run?.status === "success");
-    const again = await fetch(`${t.url}/v2/projects/${P}/apps/hooks/runs/${runId}/webhook:redeliver`, { method: "POST", headers: { authorization: `Bearer ${t.devToken}` } });
+    await until(
+      "the run is recorded",
+      async () =>
+        (
+          await t
+            .management()
+            .getRun({ projectId: P, appName: "hooks", runId })
+            .catch(() => undefined)
+        )?.run?.status === "success",
+    );
+    const again = await fetch(`${t.url}/v2/projects/${P}/apps/hooks/runs/${runId}/webhook:redeliver`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${t.devToken}` },
+    });
     expect(again.status).toBe(400);
     expect(((await again.json()) as { code: string }).code).toBe("failed_precondition");
   });

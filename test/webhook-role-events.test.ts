@@ -24,10 +24,23 @@ describe("public run events", () => {
     const event = terminalEvent("", "{}", { projectId: "p-dev", status: "failure", error: undefined });
     await publishRunEvent(nc, other);
     await publishRunEvent(nc, event);
-    const { stdout } = await run(process.execPath, ["--import", "tsx", "examples/event-consumer/consume.ts", "--subject", "skiff.events.runs.p-dev.>", "--from-start", "--max", "1"], {
-      env: { ...process.env, SKIFF_NATS_URL: server.nats.url },
-      timeout: 20_000,
-    });
+    const { stdout } = await run(
+      process.execPath,
+      [
+        "--import",
+        "tsx",
+        "examples/event-consumer/consume.ts",
+        "--subject",
+        "skiff.events.runs.p-dev.>",
+        "--from-start",
+        "--max",
+        "1",
+      ],
+      {
+        env: { ...process.env, SKIFF_NATS_URL: server.nats.url },
+        timeout: 20_000,
+      },
+    );
     const lines = stdout.trim().split("\n");
     expect(lines).toHaveLength(1);
     expect(lines[0]).toContain(`${event.runId} p-dev/hello/predict failure async`);

@@ -17,7 +17,9 @@ const children = new Set<ChildProcess>();
 beforeAll(async () => {
   h = await startWebhookHarness();
   // /404/*: always 404; /hang-once/*: the first request never gets an answer, later ones 200.
-  rx = await startReceiver((path, n) => (path.startsWith("/404/") ? 404 : path.startsWith("/hang-once/") && n === 1 ? "hang" : 200));
+  rx = await startReceiver((path, n) =>
+    path.startsWith("/404/") ? 404 : path.startsWith("/hang-once/") && n === 1 ? "hang" : 200,
+  );
 });
 afterEach(() => {
   for (const c of children) c.kill("SIGKILL");
@@ -31,7 +33,12 @@ afterAll(async () => {
 /** A webhook process of its own, as `--roles webhook` would be; resolves once it consumes. */
 async function spawnWebhookProcess(ackWaitMs?: number): Promise<ChildProcess> {
   const child = spawn(process.execPath, ["--import", "tsx", "test/helpers/webhook-role-child.ts"], {
-    env: { ...process.env, NATS_URL: h.nats.url, WEBHOOK_TIMEOUT_MS: String(TIMEOUT_MS), WEBHOOK_ACK_WAIT_MS: ackWaitMs === undefined ? "" : String(ackWaitMs) },
+    env: {
+      ...process.env,
+      NATS_URL: h.nats.url,
+      WEBHOOK_TIMEOUT_MS: String(TIMEOUT_MS),
+      WEBHOOK_ACK_WAIT_MS: ackWaitMs === undefined ? "" : String(ackWaitMs),
+    },
     stdio: ["ignore", "pipe", "inherit"],
   });
   children.add(child);
@@ -68,7 +75,10 @@ test("webhook - a process killed between attempts is replaced, and the next one 
   const e = terminalEvent(`${rx.url}/404/between`, '{"n":1}');
   await publishRunEvent(h.nc, e);
   // Killed once attempt 1 is recorded and before attempt 2 (due 1 s later) starts.
-  await waitUntil(async () => (await listDeliveries(h.nc, e.runId))[0]?.attempts[0]?.outcome === "retry", "attempt 1 is recorded");
+  await waitUntil(
+    async () => (await listDeliveries(h.nc, e.runId))[0]?.attempts[0]?.outcome === "retry",
+    "attempt 1 is recorded",
+  );
   const killedAt = await sigkill(first);
   expect(rx.to("/404/between")).toHaveLength(1);
 
@@ -82,7 +92,10 @@ test("webhook - a process killed between attempts is replaced, and the next one 
   ]);
   const got = rx.to("/404/between");
   expect(got).toHaveLength(3);
-  expect(got.slice(1).every((r) => r.at > killedAt), "attempts 2 and 3 come from the second process").toBe(true);
+  expect(
+    got.slice(1).every((r) => r.at > killedAt),
+    "attempts 2 and 3 come from the second process",
+  ).toBe(true);
   expect(got.map((r) => r.headers["x-request-id"])).toEqual([e.runId, e.runId, e.runId]);
   // Nothing more arrives later.
   await new Promise((r) => setTimeout(r, 1_500));

@@ -2,7 +2,12 @@ import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { delayAfter, judgeAttempt, MAX_ATTEMPTS, MAX_DELAY_MS, nextStep } from "../services/webhook/retry-policy.js";
-import { signWebhook, verifyWebhook, WebhookVerificationError, type WebhookVerificationReason } from "../services/webhook/signature.js";
+import {
+  signWebhook,
+  verifyWebhook,
+  WebhookVerificationError,
+  type WebhookVerificationReason,
+} from "../services/webhook/signature.js";
 
 // Fixed vectors: HMAC-SHA256(secret, "{request id}.{timestamp}.{body}"), lowercase hex,
 // computed independently with Python's hmac module.
@@ -14,12 +19,28 @@ const VECTORS = [
     body: '{"run_id":"01JD0Q3ZK8Y7S1V6W5X4T3R2Q1","result":{"hello":"world"},"run_time_ms":12.5}',
     signature: "v1,02ae6f9c1122b3f313ee3a3db4182e29daf1338fde8dff54806629849923d61e",
   },
-  { secret: "s3cr3t", requestId: "run-2", timestamp: 1700000000, body: "", signature: "v1,67ccbfdcc036a00ea436d1cb4e4922c15560e5f6257dccc49f97bf0c6ae06196" },
-  { secret: "unicode-é", requestId: "run-ü", timestamp: 1, body: "café ☃", signature: "v1,7a5ed6628a816160d3239168ab89276fecd034cbf3e06523c3146b52136f12aa" },
+  {
+    secret: "s3cr3t",
+    requestId: "run-2",
+    timestamp: 1700000000,
+    body: "",
+    signature: "v1,67ccbfdcc036a00ea436d1cb4e4922c15560e5f6257dccc49f97bf0c6ae06196",
+  },
+  {
+    secret: "unicode-é",
+    requestId: "run-ü",
+    timestamp: 1,
+    body: "café ☃",
+    signature: "v1,7a5ed6628a816160d3239168ab89276fecd034cbf3e06523c3146b52136f12aa",
+  },
 ];
 
 function headersOf(v: (typeof VECTORS)[number]) {
-  return { "X-Request-Id": v.requestId, "X-Service-Webhook-Timestamp": String(v.timestamp), "X-Service-Webhook-Signature": v.signature };
+  return {
+    "X-Request-Id": v.requestId,
+    "X-Service-Webhook-Timestamp": String(v.timestamp),
+    "X-Service-Webhook-Signature": v.signature,
+  };
 }
 
 function reason(f: () => unknown): WebhookVerificationReason | undefined {
@@ -41,8 +62,17 @@ describe("webhook signature", () => {
   });
 
   it.each(VECTORS)("verifies the fixed vector $requestId from a string and from bytes", (v) => {
-    expect(verifyWebhook({ secret: v.secret, headers: headersOf(v), body: v.body, now: v.timestamp })).toBe(v.requestId);
-    expect(verifyWebhook({ secret: v.secret, headers: new Headers(headersOf(v) as Record<string, string>), body: Buffer.from(v.body), now: v.timestamp + 10 })).toBe(v.requestId);
+    expect(verifyWebhook({ secret: v.secret, headers: headersOf(v), body: v.body, now: v.timestamp })).toBe(
+      v.requestId,
+    );
+    expect(
+      verifyWebhook({
+        secret: v.secret,
+        headers: new Headers(headersOf(v) as Record<string, string>),
+        body: Buffer.from(v.body),
+        now: v.timestamp + 10,
+      }),
+    ).toBe(v.requestId);
   });
 
   const v = VECTORS[0];
@@ -54,12 +84,20 @@ describe("webhook signature", () => {
   });
 
   it("a signature without the v1, prefix or not hex fails as bad_signature_format", () => {
-    expect(reason(() => verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Service-Webhook-Signature": v.signature.slice(3) } }))).toBe("bad_signature_format");
-    expect(reason(() => verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Service-Webhook-Signature": "v1,zz" } }))).toBe("bad_signature_format");
+    expect(
+      reason(() =>
+        verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Service-Webhook-Signature": v.signature.slice(3) } }),
+      ),
+    ).toBe("bad_signature_format");
+    expect(
+      reason(() => verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Service-Webhook-Signature": "v1,zz" } })),
+    ).toBe("bad_signature_format");
   });
 
   it("a timestamp that is not unix seconds fails as bad_timestamp", () => {
-    expect(reason(() => verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Service-Webhook-Timestamp": "2026-11-21" } }))).toBe("bad_timestamp");
+    expect(
+      reason(() => verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Service-Webhook-Timestamp": "2026-11-21" } })),
+    ).toBe("bad_timestamp");
   });
 
   it("a delivery older than the tolerance fails as timestamp_too_old, one from the future as timestamp_in_future", () => {
@@ -70,8 +108,14 @@ describe("webhook signature", () => {
 
   it("a changed body, request id, timestamp or secret fails as signature_mismatch", () => {
     expect(reason(() => verifyWebhook({ ...ok, body: v.body + " " }))).toBe("signature_mismatch");
-    expect(reason(() => verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Request-Id": "other" } }))).toBe("signature_mismatch");
-    expect(reason(() => verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Service-Webhook-Timestamp": String(v.timestamp + 1) } }))).toBe("signature_mismatch");
+    expect(reason(() => verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Request-Id": "other" } }))).toBe(
+      "signature_mismatch",
+    );
+    expect(
+      reason(() =>
+        verifyWebhook({ ...ok, headers: { ...headersOf(v), "X-Service-Webhook-Timestamp": String(v.timestamp + 1) } }),
+      ),
+    ).toBe("signature_mismatch");
     expect(reason(() => verifyWebhook({ ...ok, secret: "whsec_other" }))).toBe("signature_mismatch");
   });
 

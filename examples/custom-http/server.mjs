@@ -9,15 +9,21 @@ const server = http.createServer((req, res) => {
   req.on("end", () => {
     const url = new URL(req.url ?? "/", "http://app");
     if (url.pathname === "/health") return send(res, 200, { status: "ok" });
-    if (url.pathname === "/hello") return send(res, 200, { message: `${process.env.GREETING}, ${url.searchParams.get("name") ?? "world"}!` });
+    if (url.pathname === "/hello")
+      return send(res, 200, { message: `${process.env.GREETING}, ${url.searchParams.get("name") ?? "world"}!` });
     if (url.pathname.startsWith("/echo")) {
-      return send(res, 200, {
-        method: req.method,
-        path: url.pathname,
-        query: url.search.slice(1),
-        headers: req.headers,
-        body: Buffer.concat(chunks).toString("utf8"),
-      }, { "x-app": "custom-http" });
+      return send(
+        res,
+        200,
+        {
+          method: req.method,
+          path: url.pathname,
+          query: url.search.slice(1),
+          headers: req.headers,
+          body: Buffer.concat(chunks).toString("utf8"),
+        },
+        { "x-app": "custom-http" },
+      );
     }
     send(res, 404, { error: `no route ${url.pathname}` });
   });

@@ -42,7 +42,9 @@ for await (const m of messages) {
   const e = fromBinary(RunEventSchema, m.data);
   const when = e.time ? timestampDate(e.time).toISOString() : "-";
   const detail = e.error ? ` ${e.error.type}: ${e.error.message}` : e.runTimeMs ? ` ${e.runTimeMs} ms` : "";
-  console.log(`${when} ${e.runId} ${e.projectId}/${e.appName}/${e.path} ${e.status}${e.async ? " async" : ""}${detail}`);
+  console.log(
+    `${when} ${e.runId} ${e.projectId}/${e.appName}/${e.path} ${e.status}${e.async ? " async" : ""}${detail}`,
+  );
   m.ack();
   if (++seen >= max) break;
 }

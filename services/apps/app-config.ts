@@ -89,7 +89,13 @@ const CUSTOM_KEYS = ["kind", "command", "healthcheck", "readycheck", "port"];
 type Table = Record<string, unknown>;
 
 function isTable(v: unknown): v is Table {
-  return typeof v === "object" && v !== null && !Array.isArray(v) && !(v instanceof Date) && Object.getPrototypeOf(v) === null;
+  return (
+    typeof v === "object" &&
+    v !== null &&
+    !Array.isArray(v) &&
+    !(v instanceof Date) &&
+    Object.getPrototypeOf(v) === null
+  );
 }
 
 function describe(v: unknown): string {
@@ -133,7 +139,9 @@ function keyLines(text: string): Map<string, number> {
       if (!lines.has(table)) lines.set(table, i + 1);
       return;
     }
-    const assign = /^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=(.*)$/.exec(line);
+    const assign = /^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=(.*)$/.exec(
+      line,
+    );
     if (!assign) return;
     const key = table === "" ? clean(assign[1]) : `${table}.${clean(assign[1])}`;
     if (!lines.has(key)) lines.set(key, i + 1);
@@ -171,7 +179,8 @@ class Checker {
   integer(t: Table, table: string, name: string, fallback: number, min: number, max: number): number | undefined {
     const v = t[name];
     if (v === undefined) return fallback;
-    if (typeof v !== "number" || !Number.isInteger(v)) return this.fail(`${table}.${name}`, `must be an integer, got ${describe(v)}`);
+    if (typeof v !== "number" || !Number.isInteger(v))
+      return this.fail(`${table}.${name}`, `must be an integer, got ${describe(v)}`);
     if (v < min || v > max) return this.fail(`${table}.${name}`, `must be between ${min} and ${max}, got ${v}`);
     return v;
   }
@@ -179,10 +188,12 @@ class Checker {
   oneOf<T extends string>(t: Table, table: string, name: string, choices: readonly T[]): T | undefined {
     const v = this.string(t, table, name);
     if (v === undefined) {
-      if (t[name] === undefined) this.fail(`${table}.${name}`, `is required: one of ${choices.map((c) => `"${c}"`).join(", ")}`);
+      if (t[name] === undefined)
+        this.fail(`${table}.${name}`, `is required: one of ${choices.map((c) => `"${c}"`).join(", ")}`);
       return undefined;
     }
-    if (!(choices as readonly string[]).includes(v)) return this.fail(`${table}.${name}`, `must be one of ${choices.map((c) => `"${c}"`).join(", ")}, got "${v}"`);
+    if (!(choices as readonly string[]).includes(v))
+      return this.fail(`${table}.${name}`, `must be one of ${choices.map((c) => `"${c}"`).join(", ")}, got "${v}"`);
     return v as T;
   }
 
@@ -197,12 +208,16 @@ class Checker {
   }
 
   unknownKeys(t: Table, table: string, allowed: readonly string[]): void {
-    for (const k of Object.keys(t)) if (!allowed.includes(k)) this.fail(`${table}.${k}`, `is not a known key; keys of [${table}] are ${allowed.join(", ")}`);
+    for (const k of Object.keys(t))
+      if (!allowed.includes(k))
+        this.fail(`${table}.${k}`, `is not a known key; keys of [${table}] are ${allowed.join(", ")}`);
   }
 
   /** Known [runtime] keys that belong to the other kind. */
   misplaced(t: Table, allowed: readonly string[], otherKind: string): void {
-    for (const k of Object.keys(t)) if (KEYS.runtime.includes(k) && !allowed.includes(k)) this.fail(`runtime.${k}`, `is only for kind = "${otherKind}"`);
+    for (const k of Object.keys(t))
+      if (KEYS.runtime.includes(k) && !allowed.includes(k))
+        this.fail(`runtime.${k}`, `is only for kind = "${otherKind}"`);
   }
 }
 
@@ -214,14 +229,18 @@ function checkApp(c: Checker, t: Table): string | undefined {
     return undefined;
   }
   if (!APP_NAME_PATTERN.test(name)) {
-    return c.fail("app.name", `must be 1 to 63 lowercase letters, digits or "-", starting with a letter, got "${name}"`);
+    return c.fail(
+      "app.name",
+      `must be 1 to 63 lowercase letters, digits or "-", starting with a letter, got "${name}"`,
+    );
   }
   return name;
 }
 
 function checkPath(c: Checker, t: Table, name: string): string | undefined {
   const v = c.string(t, "runtime", name);
-  if (v !== undefined && !/^\/[\x21-\x7e]*$/.test(v)) return c.fail(`runtime.${name}`, `must be a URL path starting with "/", got "${v}"`);
+  if (v !== undefined && !/^\/[\x21-\x7e]*$/.test(v))
+    return c.fail(`runtime.${name}`, `must be a URL path starting with "/", got "${v}"`);
   return v;
 }
 
@@ -232,7 +251,8 @@ function checkEntry(c: Checker, entry: string, language: "python" | "node"): str
     return c.fail("runtime.entry", `must be a relative path inside the app folder, got "${entry}"`);
   }
   const ext = language === "python" ? [".py"] : [".js", ".mjs", ".cjs"];
-  if (!ext.includes(path.posix.extname(normal))) return c.fail("runtime.entry", `must be a ${ext.join(", ")} file for language "${language}", got "${entry}"`);
+  if (!ext.includes(path.posix.extname(normal)))
+    return c.fail("runtime.entry", `must be a ${ext.join(", ")} file for language "${language}", got "${entry}"`);
   return normal;
 }
 
@@ -253,7 +273,10 @@ function checkRuntime(c: Checker, t: Table): AppConfig["runtime"] | undefined {
     const raw = t.command;
     if (raw === undefined) c.fail("runtime.command", 'is required for a custom app, e.g. ["node", "server.js"]');
     else if (!Array.isArray(raw) || raw.length === 0 || !raw.every((a) => typeof a === "string") || raw[0] === "") {
-      c.fail("runtime.command", `must be a non-empty array of strings whose first item names the program, got ${describe(raw)}`);
+      c.fail(
+        "runtime.command",
+        `must be a non-empty array of strings whose first item names the program, got ${describe(raw)}`,
+      );
     } else command = raw as string[];
     const healthcheck = checkPath(c, t, "healthcheck") ?? DEFAULT_HEALTHCHECK;
     const readycheck = checkPath(c, t, "readycheck");
@@ -270,7 +293,8 @@ function checkRuntime(c: Checker, t: Table): AppConfig["runtime"] | undefined {
 function checkEnv(c: Checker, t: Table): Record<string, string> {
   const env: Record<string, string> = {};
   for (const [name, value] of Object.entries(t)) {
-    if (!ENV_NAME_PATTERN.test(name)) c.fail(`env.${name}`, "is not a valid variable name: letters, digits and _, not starting with a digit");
+    if (!ENV_NAME_PATTERN.test(name))
+      c.fail(`env.${name}`, "is not a valid variable name: letters, digits and _, not starting with a digit");
     else if (name === "PORT") c.fail("env.PORT", "is reserved: the runner sets PORT for each replica");
     else if (typeof value !== "string") c.fail(`env.${name}`, `must be a string, got ${describe(value)}`);
     else env[name] = value;
@@ -282,14 +306,34 @@ function checkScaling(c: Checker, t: Table): Scaling | undefined {
   c.unknownKeys(t, "scaling", KEYS.scaling);
   const minReplicas = c.integer(t, "scaling", "min_replicas", DEFAULT_MIN_REPLICAS, 0, MAX_REPLICAS_LIMIT);
   const maxReplicas = c.integer(t, "scaling", "max_replicas", DEFAULT_MAX_REPLICAS, 1, MAX_REPLICAS_LIMIT);
-  const replicaConcurrency = c.integer(t, "scaling", "replica_concurrency", DEFAULT_REPLICA_CONCURRENCY, 1, MAX_REPLICA_CONCURRENCY);
+  const replicaConcurrency = c.integer(
+    t,
+    "scaling",
+    "replica_concurrency",
+    DEFAULT_REPLICA_CONCURRENCY,
+    1,
+    MAX_REPLICA_CONCURRENCY,
+  );
   const cooldown = c.integer(t, "scaling", "cooldown", DEFAULT_COOLDOWN, 1, MAX_COOLDOWN);
-  const responseGracePeriod = c.integer(t, "scaling", "response_grace_period", DEFAULT_RESPONSE_GRACE_PERIOD, 1, MAX_RUN_SECONDS);
+  const responseGracePeriod = c.integer(
+    t,
+    "scaling",
+    "response_grace_period",
+    DEFAULT_RESPONSE_GRACE_PERIOD,
+    1,
+    MAX_RUN_SECONDS,
+  );
   if (minReplicas !== undefined && maxReplicas !== undefined && minReplicas > maxReplicas) {
     c.fail("scaling.min_replicas", `must not be more than scaling.max_replicas (${maxReplicas}), got ${minReplicas}`);
     return undefined;
   }
-  if (minReplicas === undefined || maxReplicas === undefined || replicaConcurrency === undefined || cooldown === undefined || responseGracePeriod === undefined) {
+  if (
+    minReplicas === undefined ||
+    maxReplicas === undefined ||
+    replicaConcurrency === undefined ||
+    cooldown === undefined ||
+    responseGracePeriod === undefined
+  ) {
     return undefined;
   }
   return { minReplicas, maxReplicas, replicaConcurrency, cooldown, responseGracePeriod };
@@ -306,17 +350,28 @@ export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig 
   } catch (err) {
     if (!(err instanceof TomlError)) throw err;
     const first = err.message.split("\n")[0].replace(/^Invalid TOML document: /, "");
-    throw new AppConfigError(file, [{ key: "", line: err.line, message: `invalid TOML at line ${err.line}, column ${err.column}: ${first}` }], { cause: err });
+    throw new AppConfigError(
+      file,
+      [{ key: "", line: err.line, message: `invalid TOML at line ${err.line}, column ${err.column}: ${first}` }],
+      { cause: err },
+    );
   }
   const c = new Checker(keyLines(text));
-  for (const k of Object.keys(doc)) if (!(k in KEYS) && k !== "env") c.fail(k, "is not a known table; tables are [app], [runtime], [env], [scaling]");
-  const name = doc.app === undefined ? c.fail("app", 'is required: [app] with name = "..."') : checkApp(c, c.table(doc, "app"));
+  for (const k of Object.keys(doc))
+    if (!(k in KEYS) && k !== "env") c.fail(k, "is not a known table; tables are [app], [runtime], [env], [scaling]");
+  const name =
+    doc.app === undefined ? c.fail("app", 'is required: [app] with name = "..."') : checkApp(c, c.table(doc, "app"));
   const runtime =
-    doc.runtime === undefined ? c.fail("runtime", 'is required: [runtime] with kind = "cortex" or "custom"') : checkRuntime(c, c.table(doc, "runtime"));
+    doc.runtime === undefined
+      ? c.fail("runtime", 'is required: [runtime] with kind = "cortex" or "custom"')
+      : checkRuntime(c, c.table(doc, "runtime"));
   const env = checkEnv(c, c.table(doc, "env"));
   const scaling = checkScaling(c, c.table(doc, "scaling"));
   if (c.issues.length > 0 || name === undefined || runtime === undefined || scaling === undefined) {
-    throw new AppConfigError(file, c.issues.sort((a, b) => a.line - b.line));
+    throw new AppConfigError(
+      file,
+      c.issues.sort((a, b) => a.line - b.line),
+    );
   }
   return { app: { name }, runtime, env, scaling };
 }
@@ -331,7 +386,11 @@ export async function loadAppConfig(dir: string): Promise<AppConfig> {
   try {
     text = await readFile(file, "utf8");
   } catch (err) {
-    throw new AppConfigError(APP_CONFIG_FILE, [{ key: "", line: 1, message: `cannot read ${file}: ${(err as Error).message}` }], { cause: err });
+    throw new AppConfigError(
+      APP_CONFIG_FILE,
+      [{ key: "", line: 1, message: `cannot read ${file}: ${(err as Error).message}` }],
+      { cause: err },
+    );
   }
   const config = parseAppConfig(text);
   if (config.runtime.kind === "cortex") {
@@ -342,7 +401,13 @@ export async function loadAppConfig(dir: string): Promise<AppConfig> {
     );
     if (!found) {
       const line = keyLines(text).get("runtime.entry") ?? 1;
-      throw new AppConfigError(APP_CONFIG_FILE, [{ key: "runtime.entry", line, message: `runtime.entry names a file that is not in the app folder: "${config.runtime.entry}"` }]);
+      throw new AppConfigError(APP_CONFIG_FILE, [
+        {
+          key: "runtime.entry",
+          line,
+          message: `runtime.entry names a file that is not in the app folder: "${config.runtime.entry}"`,
+        },
+      ]);
     }
   }
   return config;

@@ -73,7 +73,11 @@ function linkStaysInside(entryPath: string, target: string, hard: boolean): bool
 export async function packApp(dir: string): Promise<PackedApp> {
   const root = path.resolve(dir);
   const top = await lstat(path.join(root, APP_CONFIG_FILE)).catch(() => undefined);
-  if (!top?.isFile()) throw new BundleError("invalid", `${path.join(dir, APP_CONFIG_FILE)} not found: an app folder has skiff.toml at its root`);
+  if (!top?.isFile())
+    throw new BundleError(
+      "invalid",
+      `${path.join(dir, APP_CONFIG_FILE)} not found: an app folder has skiff.toml at its root`,
+    );
   const rules = await ignoreRules(root);
   const files: string[] = [];
   const walk = async (rel: string): Promise<void> => {
@@ -83,7 +87,11 @@ export async function packApp(dir: string): Promise<PackedApp> {
       if (e.isDirectory()) await walk(p);
       else if (e.isSymbolicLink()) {
         const target = await readlink(path.join(root, p));
-        if (!linkStaysInside(p, target, false)) throw new BundleError("invalid", `${p} is a link to ${target}, outside the app folder; copy what it points to into the folder`);
+        if (!linkStaysInside(p, target, false))
+          throw new BundleError(
+            "invalid",
+            `${p} is a link to ${target}, outside the app folder; copy what it points to into the folder`,
+          );
         files.push(p);
       } else if (e.isFile()) files.push(p);
       else throw new BundleError("invalid", `${p} is neither a file, a folder nor a link`);
@@ -91,7 +99,10 @@ export async function packApp(dir: string): Promise<PackedApp> {
   };
   await walk("");
   files.sort();
-  const pack = create({ gzip: true, cwd: root, portable: true, noDirRecurse: true, follow: false, mtime: FIXED_MTIME }, files);
+  const pack = create(
+    { gzip: true, cwd: root, portable: true, noDirRecurse: true, follow: false, mtime: FIXED_MTIME },
+    files,
+  );
   const chunks: Buffer[] = [];
   for await (const chunk of pack) chunks.push(Buffer.from(chunk as Uint8Array));
   return { bytes: Buffer.concat(chunks), files };
@@ -103,18 +114,27 @@ const ALLOWED_TYPES = new Set(["File", "OldFile", "ContiguousFile", "Directory",
 function checkEntry(entry: ReadEntry, links: Set<string>): string {
   const raw = entry.path;
   const shown = JSON.stringify(raw.slice(0, 200));
-  if (raw.startsWith("/") || raw.startsWith("\\") || /^[A-Za-z]:/.test(raw)) throw new BundleError("invalid", `bundle entry ${shown} is an absolute path`);
+  if (raw.startsWith("/") || raw.startsWith("\\") || /^[A-Za-z]:/.test(raw))
+    throw new BundleError("invalid", `bundle entry ${shown} is an absolute path`);
   const segments = raw.split(/[\\/]+/).filter((s) => s !== "" && s !== ".");
   if (segments.includes("..")) throw new BundleError("invalid", `bundle entry ${shown} has a ".." segment`);
-  if (!ALLOWED_TYPES.has(entry.type)) throw new BundleError("invalid", `bundle entry ${shown} is a ${entry.type}; only files, folders and links are allowed`);
+  if (!ALLOWED_TYPES.has(entry.type))
+    throw new BundleError(
+      "invalid",
+      `bundle entry ${shown} is a ${entry.type}; only files, folders and links are allowed`,
+    );
   const normal = segments.join("/");
   for (let i = 1; i < segments.length; i++) {
-    if (links.has(segments.slice(0, i).join("/"))) throw new BundleError("invalid", `bundle entry ${shown} lies below a link`);
+    if (links.has(segments.slice(0, i).join("/")))
+      throw new BundleError("invalid", `bundle entry ${shown} lies below a link`);
   }
   if (entry.type === "SymbolicLink" || entry.type === "Link") {
     const target = entry.linkpath ?? "";
     if (!linkStaysInside(normal, target.replaceAll("\\", "/"), entry.type === "Link")) {
-      throw new BundleError("invalid", `bundle entry ${shown} is a link to ${JSON.stringify(target.slice(0, 200))}, outside the app folder`);
+      throw new BundleError(
+        "invalid",
+        `bundle entry ${shown} is a link to ${JSON.stringify(target.slice(0, 200))}, outside the app folder`,
+      );
     }
     links.add(normal);
   }
@@ -131,14 +151,23 @@ export interface BundleInfo {
 /** Decompresses and checks a bundle without writing anything; throws BundleError. */
 export async function inspectBundle(bytes: Uint8Array, opts: { maxBytes: number }): Promise<BundleInfo> {
   if (bytes.length === 0) throw new BundleError("invalid", "the bundle is empty: send a gzipped tar of the app folder");
-  if (bytes.length > opts.maxBytes) throw new BundleError("too_large", `the bundle is ${bytes.length} bytes, more than the limit of ${opts.maxBytes} bytes (SKIFF_MAX_BUNDLE_BYTES)`);
-  if (bytes[0] !== GZIP_MAGIC[0] || bytes[1] !== GZIP_MAGIC[1]) throw new BundleError("invalid", "the bundle is not gzip-compressed: send a gzipped tar of the app folder");
+  if (bytes.length > opts.maxBytes)
+    throw new BundleError(
+      "too_large",
+      `the bundle is ${bytes.length} bytes, more than the limit of ${opts.maxBytes} bytes (SKIFF_MAX_BUNDLE_BYTES)`,
+    );
+  if (bytes[0] !== GZIP_MAGIC[0] || bytes[1] !== GZIP_MAGIC[1])
+    throw new BundleError("invalid", "the bundle is not gzip-compressed: send a gzipped tar of the app folder");
   let tar: Buffer;
   try {
     tar = gunzipSync(bytes, { maxOutputLength: opts.maxBytes });
   } catch (err) {
     if (err instanceof RangeError || (err as NodeJS.ErrnoException).code === "ERR_BUFFER_TOO_LARGE") {
-      throw new BundleError("too_large", `the bundle unpacks to more than the limit of ${opts.maxBytes} bytes (SKIFF_MAX_BUNDLE_BYTES)`, { cause: err });
+      throw new BundleError(
+        "too_large",
+        `the bundle unpacks to more than the limit of ${opts.maxBytes} bytes (SKIFF_MAX_BUNDLE_BYTES)`,
+        { cause: err },
+      );
     }
     throw new BundleError("invalid", `the bundle is not valid gzip: ${(err as Error).message}`, { cause: err });
   }
@@ -165,7 +194,8 @@ export async function inspectBundle(bytes: Uint8Array, opts: { maxBytes: number 
     parser.end(tar);
   });
   if (failure) throw failure;
-  if (!entries.includes(APP_CONFIG_FILE)) throw new BundleError("invalid", `the bundle has no ${APP_CONFIG_FILE} at its root`);
+  if (!entries.includes(APP_CONFIG_FILE))
+    throw new BundleError("invalid", `the bundle has no ${APP_CONFIG_FILE} at its root`);
   return { tar, entries: entries.filter((e) => e !== "") };
 }
 
@@ -175,7 +205,9 @@ export async function unpackBundle(bytes: Uint8Array, dest: string, opts: { maxB
   await mkdir(dest, { recursive: true });
   const unpack = extract({ cwd: dest, strict: true, preserveOwner: false, preservePaths: false });
   await new Promise<void>((resolve, reject) => {
-    unpack.on("error", (err: Error) => reject(new BundleError("invalid", `cannot unpack the bundle: ${err.message}`, { cause: err })));
+    unpack.on("error", (err: Error) =>
+      reject(new BundleError("invalid", `cannot unpack the bundle: ${err.message}`, { cause: err })),
+    );
     unpack.on("close", () => resolve());
     unpack.end(info.tar);
   });

@@ -45,9 +45,22 @@ export const appKey = (projectId: string, appName: string): string => `${project
 
 export function decodeAppRecord(value: unknown): AppRecord | undefined {
   const v = value as Partial<AppRecord> | undefined;
-  if (!v || typeof v.project_id !== "string" || typeof v.app_name !== "string" || typeof v.config !== "object" || v.config === null) return undefined;
-  if (typeof v.deployment?.version !== "number" || typeof v.deployment.digest !== "string" || typeof v.deployment.object !== "string") return undefined;
-  if (!Array.isArray(v.deployments) || typeof v.created_at !== "string" || typeof v.updated_at !== "string") return undefined;
+  if (
+    !v ||
+    typeof v.project_id !== "string" ||
+    typeof v.app_name !== "string" ||
+    typeof v.config !== "object" ||
+    v.config === null
+  )
+    return undefined;
+  if (
+    typeof v.deployment?.version !== "number" ||
+    typeof v.deployment.digest !== "string" ||
+    typeof v.deployment.object !== "string"
+  )
+    return undefined;
+  if (!Array.isArray(v.deployments) || typeof v.created_at !== "string" || typeof v.updated_at !== "string")
+    return undefined;
   return v as AppRecord;
 }
 
@@ -61,10 +74,20 @@ export class AppRegistry {
   private constructor(private readonly logger: Logger) {}
 
   /** Binds KV `skiff-apps` and resolves once the current apps are loaded (or the wait timed out). */
-  static async start(nc: NatsConnection, logger: Logger, timeoutMs = DEFAULT_REGISTRY_INIT_TIMEOUT_MS): Promise<AppRegistry> {
+  static async start(
+    nc: NatsConnection,
+    logger: Logger,
+    timeoutMs = DEFAULT_REGISTRY_INIT_TIMEOUT_MS,
+  ): Promise<AppRegistry> {
     const kv = await nc.jetstream().views.kv(buckets.apps.name, { bindOnly: true });
     const registry = new AppRegistry(logger);
-    registry.follower = followKv({ kv, name: "apps", logger, initTimeoutMs: timeoutMs, onEntry: (e) => registry.apply(e) });
+    registry.follower = followKv({
+      kv,
+      name: "apps",
+      logger,
+      initTimeoutMs: timeoutMs,
+      onEntry: (e) => registry.apply(e),
+    });
     await registry.follower.ready;
     return registry;
   }

@@ -44,7 +44,13 @@ export const accountKey = (projectId: string, serviceAccountId: string): string 
 
 export function decodeAccount(entry: KvEntry): ServiceAccountRecord | undefined {
   const v = jsonOf(entry) as Partial<ServiceAccountRecord> | undefined;
-  if (!v || typeof v.service_account_id !== "string" || typeof v.project_id !== "string" || typeof v.created_at !== "string") return undefined;
+  if (
+    !v ||
+    typeof v.service_account_id !== "string" ||
+    typeof v.project_id !== "string" ||
+    typeof v.created_at !== "string"
+  )
+    return undefined;
   if (typeof v.name !== "string" || typeof v.expires_at !== "string") return undefined;
   return v as ServiceAccountRecord;
 }
@@ -73,7 +79,10 @@ export class AccountDirectory {
   }
 
   /** The account, from memory when possible; a Promise only on a miss. */
-  find(projectId: string, serviceAccountId: string): ServiceAccountRecord | undefined | Promise<ServiceAccountRecord | undefined> {
+  find(
+    projectId: string,
+    serviceAccountId: string,
+  ): ServiceAccountRecord | undefined | Promise<ServiceAccountRecord | undefined> {
     const key = accountKey(projectId, serviceAccountId);
     return this.view.get(key) ?? this.fetch(key);
   }

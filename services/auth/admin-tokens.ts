@@ -27,7 +27,13 @@ export class AdminTokens {
     private readonly kv: KV,
     logger: Logger,
   ) {
-    this.view = new KvView({ kv, key: `${ADMIN_PREFIX}>`, decode: (e) => Buffer.from(e.key.slice(ADMIN_PREFIX.length), "hex"), logger, name: "admin tokens" });
+    this.view = new KvView({
+      kv,
+      key: `${ADMIN_PREFIX}>`,
+      decode: (e) => Buffer.from(e.key.slice(ADMIN_PREFIX.length), "hex"),
+      logger,
+      name: "admin tokens",
+    });
   }
 
   start(): Promise<void> {

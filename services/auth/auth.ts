@@ -19,7 +19,9 @@ import { Keyring } from "./keyring.js";
 
 export type { Principal, ServiceAccountPrincipal } from "./authenticator.js";
 
-export const kPrincipal = createContextKey<Principal | undefined>(undefined, { description: "skiff authenticated principal" });
+export const kPrincipal = createContextKey<Principal | undefined>(undefined, {
+  description: "skiff authenticated principal",
+});
 
 /** Services callable without a token. */
 const OPEN_SERVICES = new Set([Health.typeName]);
@@ -56,7 +58,8 @@ function projectField(method: DescMethod): string | null {
 
 function checkScope(p: ServiceAccountPrincipal, field: string, message: unknown): void {
   const projectId = (message as Record<string, unknown>)[field];
-  if (projectId !== p.projectId) throw new ConnectError("this token does not grant access to that project", Code.PermissionDenied);
+  if (projectId !== p.projectId)
+    throw new ConnectError("this token does not grant access to that project", Code.PermissionDenied);
 }
 
 async function* scoped<T>(messages: AsyncIterable<T>, p: ServiceAccountPrincipal, field: string): AsyncIterable<T> {
@@ -70,7 +73,12 @@ export function authInterceptor(auth: Pick<Authenticator, "authenticate">, logge
   return (next) => async (req) => {
     if (OPEN_SERVICES.has(req.service.typeName)) return next(req);
     const token = bearerToken(req.header.get("authorization"));
-    if (token === undefined) throw new ConnectError("missing bearer token: send Authorization: Bearer <token>", Code.Unauthenticated, CHALLENGE);
+    if (token === undefined)
+      throw new ConnectError(
+        "missing bearer token: send Authorization: Bearer <token>",
+        Code.Unauthenticated,
+        CHALLENGE,
+      );
     let principal: Principal | undefined;
     try {
       principal = await auth.authenticate(token);

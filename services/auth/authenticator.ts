@@ -65,7 +65,10 @@ export class Authenticator {
       return undefined;
     }
     if (!(await this.active(verified))) {
-      this.opts.logger.debug({ sub: verified.serviceAccountId, project_id: verified.projectId }, "token refused: service account gone");
+      this.opts.logger.debug(
+        { sub: verified.serviceAccountId, project_id: verified.projectId },
+        "token refused: service account gone",
+      );
       return undefined;
     }
     const principal: ServiceAccountPrincipal = {
@@ -85,6 +88,10 @@ export class Authenticator {
    */
   private async active(v: VerifiedToken): Promise<boolean> {
     const record = await this.opts.findAccount(v.projectId, v.serviceAccountId);
-    return record !== undefined && record.project_id === v.projectId && v.issuedAt >= Math.floor(Date.parse(record.created_at) / 1000);
+    return (
+      record !== undefined &&
+      record.project_id === v.projectId &&
+      v.issuedAt >= Math.floor(Date.parse(record.created_at) / 1000)
+    );
   }
 }

@@ -1,6 +1,13 @@
 // Who is calling: projects' service accounts, bearer tokens (EdDSA JWTs),
 // admin tokens, signing keys, and the interceptor that checks every RPC.
-export { PROJECT_ID, SERVICE_ACCOUNT_ID, accountKey, decodeAccount, newProjectId, newServiceAccountId } from "./accounts.js";
+export {
+  PROJECT_ID,
+  SERVICE_ACCOUNT_ID,
+  accountKey,
+  decodeAccount,
+  newProjectId,
+  newServiceAccountId,
+} from "./accounts.js";
 export type { ServiceAccountRecord } from "./accounts.js";
 export { newAdminToken } from "./admin-tokens.js";
 export type { AdminTokens } from "./admin-tokens.js";

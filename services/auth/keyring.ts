@@ -36,7 +36,13 @@ export class Keyring {
     private readonly kv: KV,
     private readonly logger: Logger,
   ) {
-    this.view = new KvView({ kv, key: `${VERIFY_PREFIX}>`, decode: (e) => decodePublicKey(jsonOf(e)), logger, name: "token keys" });
+    this.view = new KvView({
+      kv,
+      key: `${VERIFY_PREFIX}>`,
+      decode: (e) => decodePublicKey(jsonOf(e)),
+      logger,
+      name: "token keys",
+    });
   }
 
   start(): Promise<void> {

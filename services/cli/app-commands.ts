@@ -1,7 +1,13 @@
 // The app commands: `deploy <dir>`, `apps list|get|delete`, `logs <app>`.
 import { toJson } from "@bufbuild/protobuf";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { AppSchema, ListAppsResponseSchema, ListAppLogsResponseSchema, type App, type LogLine } from "../../gen/skiff/management/v2/management_pb.js";
+import {
+  AppSchema,
+  ListAppsResponseSchema,
+  ListAppLogsResponseSchema,
+  type App,
+  type LogLine,
+} from "../../gen/skiff/management/v2/management_pb.js";
 import { BundleError, packApp } from "../apps/index.js";
 import { projectOf, UsageError, type Command, type CommandContext } from "./commands.js";
 import { table } from "./table.js";
@@ -30,7 +36,14 @@ function appDetails(a: App): string {
       ? "replicas:   none running (they start on the first call)"
       : table(
           ["replica", "state", "version", "in flight", "host", "started"],
-          a.replicas.map((r) => [r.replicaId, r.state, String(r.deploymentVersion), String(r.inFlight), r.host, time(r.startedAt)]),
+          a.replicas.map((r) => [
+            r.replicaId,
+            r.state,
+            String(r.deploymentVersion),
+            String(r.inFlight),
+            r.host,
+            time(r.startedAt),
+          ]),
         ),
   ];
   return lines.join("\n");
@@ -56,7 +69,8 @@ export const deploy: Command = {
     try {
       packed = await packApp(dir);
     } catch (err) {
-      if (err instanceof BundleError || (err as NodeJS.ErrnoException).code === "ENOENT") throw new UsageError(`cannot pack ${dir}: ${(err as Error).message}`);
+      if (err instanceof BundleError || (err as NodeJS.ErrnoException).code === "ENOENT")
+        throw new UsageError(`cannot pack ${dir}: ${(err as Error).message}`);
       throw err;
     }
     const projectId = projectOf(ctx);
@@ -79,11 +93,18 @@ export const apps: Record<string, Command> = {
     positionals: 0,
     async run(ctx) {
       const res = await ctx.client.listApps({ projectId: projectOf(ctx) });
-      if (ctx.json) return ctx.out(JSON.stringify(toJson(ListAppsResponseSchema, res, { useProtoFieldName: true }), null, 2));
+      if (ctx.json)
+        return ctx.out(JSON.stringify(toJson(ListAppsResponseSchema, res, { useProtoFieldName: true }), null, 2));
       ctx.out(
         table(
           ["name", "runtime", "version", "replicas", "updated"],
-          res.apps.map((a) => [a.appName, runtimeText(a), String(a.deployment?.version ?? 0), String(a.replicas.length), time(a.updatedAt)]),
+          res.apps.map((a) => [
+            a.appName,
+            runtimeText(a),
+            String(a.deployment?.version ?? 0),
+            String(a.replicas.length),
+            time(a.updatedAt),
+          ]),
         ),
       );
     },
@@ -93,7 +114,11 @@ export const apps: Record<string, Command> = {
     positionals: 1,
     async run(ctx) {
       const res = await ctx.client.getApp({ projectId: projectOf(ctx), appName: appName(ctx, "apps get") });
-      ctx.out(ctx.json ? JSON.stringify(toJson(AppSchema, res.app!, { useProtoFieldName: true }), null, 2) : appDetails(res.app!));
+      ctx.out(
+        ctx.json
+          ? JSON.stringify(toJson(AppSchema, res.app!, { useProtoFieldName: true }), null, 2)
+          : appDetails(res.app!),
+      );
     },
   },
   delete: {
@@ -113,18 +138,35 @@ export const logs: Command = {
   async run(ctx) {
     const name = appName(ctx, "logs");
     const limitText = ctx.options.limit as string | undefined;
-    if (limitText !== undefined && !/^\d+$/.test(limitText)) throw new UsageError(`--limit: expected a whole number, got "${limitText}"`);
+    if (limitText !== undefined && !/^\d+$/.test(limitText))
+      throw new UsageError(`--limit: expected a whole number, got "${limitText}"`);
     const limit = limitText === undefined ? 0 : Number(limitText);
     const runId = (ctx.options.run as string | undefined) ?? "";
     if (ctx.options.follow) {
       if (runId !== "") throw new UsageError("--follow shows every line; it does not take --run");
-      for await (const res of ctx.client.tailAppLogs({ projectId: projectOf(ctx), appName: name, backlog: limit || 50 })) {
-        if (res.line) ctx.out(ctx.json ? JSON.stringify({ time: time(res.line.time), replica_id: res.line.replicaId, stream: res.line.stream, run_id: res.line.runId, text: res.line.text }) : logText(res.line));
+      for await (const res of ctx.client.tailAppLogs({
+        projectId: projectOf(ctx),
+        appName: name,
+        backlog: limit || 50,
+      })) {
+        if (res.line)
+          ctx.out(
+            ctx.json
+              ? JSON.stringify({
+                  time: time(res.line.time),
+                  replica_id: res.line.replicaId,
+                  stream: res.line.stream,
+                  run_id: res.line.runId,
+                  text: res.line.text,
+                })
+              : logText(res.line),
+          );
       }
       return;
     }
     const res = await ctx.client.listAppLogs({ projectId: projectOf(ctx), appName: name, runId, limit });
-    if (ctx.json) return ctx.out(JSON.stringify(toJson(ListAppLogsResponseSchema, res, { useProtoFieldName: true }), null, 2));
+    if (ctx.json)
+      return ctx.out(JSON.stringify(toJson(ListAppLogsResponseSchema, res, { useProtoFieldName: true }), null, 2));
     ctx.out(res.lines.map(logText).join("\n"));
   },
 };

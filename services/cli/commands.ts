@@ -44,10 +44,12 @@ const UNITS: Record<string, number> = { m: 60_000, h: 3_600_000, d: 86_400_000 }
 
 /** "90d", "12h", "30m", or an RFC 3339 time for --expires-at. */
 export function parseExpiry(expiresIn: string | undefined, expiresAt: string | undefined, now = Date.now()): Timestamp {
-  if (expiresIn !== undefined && expiresAt !== undefined) throw new UsageError("give --expires-in or --expires-at, not both");
+  if (expiresIn !== undefined && expiresAt !== undefined)
+    throw new UsageError("give --expires-in or --expires-at, not both");
   if (expiresAt !== undefined) {
     const ms = Date.parse(expiresAt);
-    if (Number.isNaN(ms)) throw new UsageError(`--expires-at: expected an RFC 3339 time like 2030-01-31T00:00:00Z, got "${expiresAt}"`);
+    if (Number.isNaN(ms))
+      throw new UsageError(`--expires-at: expected an RFC 3339 time like 2030-01-31T00:00:00Z, got "${expiresAt}"`);
     return timestampFromDate(new Date(ms));
   }
   const m = /^(\d+)([mhd])$/.exec(expiresIn ?? DEFAULT_EXPIRES_IN);
@@ -55,14 +57,21 @@ export function parseExpiry(expiresIn: string | undefined, expiresAt: string | u
   return timestampFromDate(new Date(now + Number(m[1]) * UNITS[m[2]]));
 }
 
-function print<D extends DescMessage>(ctx: CommandContext, schema: D, message: MessageShape<D>, human: () => string): void {
+function print<D extends DescMessage>(
+  ctx: CommandContext,
+  schema: D,
+  message: MessageShape<D>,
+  human: () => string,
+): void {
   ctx.out(ctx.json ? JSON.stringify(toJson(schema, message, { useProtoFieldName: true }), null, 2) : human());
 }
 
 const time = (t: Timestamp | undefined) => (t ? timestampDate(t).toISOString() : "");
-export const projectOf = (ctx: CommandContext) => (ctx.options.project as string | undefined) ?? process.env.SKIFF_PROJECT ?? DEFAULT_PROJECT;
+export const projectOf = (ctx: CommandContext) =>
+  (ctx.options.project as string | undefined) ?? process.env.SKIFF_PROJECT ?? DEFAULT_PROJECT;
 
-const accountRows = (accounts: ServiceAccount[]) => accounts.map((a) => [a.serviceAccountId, a.name, time(a.createdAt), time(a.expiresAt)]);
+const accountRows = (accounts: ServiceAccount[]) =>
+  accounts.map((a) => [a.serviceAccountId, a.name, time(a.createdAt), time(a.expiresAt)]);
 const ACCOUNT_HEADERS = ["id", "name", "created", "expires"];
 
 export const COMMANDS: Record<string, Record<string, Command>> = {
@@ -72,16 +81,26 @@ export const COMMANDS: Record<string, Record<string, Command>> = {
       positionals: 0,
       async run(ctx) {
         const res = await ctx.client.listProjects({});
-        print(ctx, ListProjectsResponseSchema, res, () => table(["id", "name", "created"], res.projects.map((p) => [p.projectId, p.name, time(p.createdAt)])));
+        print(ctx, ListProjectsResponseSchema, res, () =>
+          table(
+            ["id", "name", "created"],
+            res.projects.map((p) => [p.projectId, p.name, time(p.createdAt)]),
+          ),
+        );
       },
     },
     create: {
       options: ["name"],
       positionals: 1,
       async run(ctx) {
-        const res = await ctx.client.createProject({ projectId: ctx.positionals[0] ?? "", name: (ctx.options.name as string | undefined) ?? "" });
+        const res = await ctx.client.createProject({
+          projectId: ctx.positionals[0] ?? "",
+          name: (ctx.options.name as string | undefined) ?? "",
+        });
         const p = res.project!;
-        print(ctx, CreateProjectResponseSchema, res, () => table(["id", "name", "created"], [[p.projectId, p.name, time(p.createdAt)]]));
+        print(ctx, CreateProjectResponseSchema, res, () =>
+          table(["id", "name", "created"], [[p.projectId, p.name, time(p.createdAt)]]),
+        );
       },
     },
   },
@@ -91,7 +110,9 @@ export const COMMANDS: Record<string, Record<string, Command>> = {
       positionals: 0,
       async run(ctx) {
         const res = await ctx.client.listServiceAccounts({ projectId: projectOf(ctx) });
-        print(ctx, ListServiceAccountsResponseSchema, res, () => table(ACCOUNT_HEADERS, accountRows(res.serviceAccounts)));
+        print(ctx, ListServiceAccountsResponseSchema, res, () =>
+          table(ACCOUNT_HEADERS, accountRows(res.serviceAccounts)),
+        );
       },
     },
     create: {
@@ -99,10 +120,19 @@ export const COMMANDS: Record<string, Record<string, Command>> = {
       positionals: 1,
       async run(ctx) {
         const name = ctx.positionals[0];
-        if (name === undefined) throw new UsageError("service-accounts create needs a name: skiff service-accounts create <name>");
-        const expiresAt = parseExpiry(ctx.options["expires-in"] as string | undefined, ctx.options["expires-at"] as string | undefined);
+        if (name === undefined)
+          throw new UsageError("service-accounts create needs a name: skiff service-accounts create <name>");
+        const expiresAt = parseExpiry(
+          ctx.options["expires-in"] as string | undefined,
+          ctx.options["expires-at"] as string | undefined,
+        );
         const res = await ctx.client.createServiceAccount({ projectId: projectOf(ctx), name, expiresAt });
-        print(ctx, CreateServiceAccountResponseSchema, res, () => `${table(ACCOUNT_HEADERS, accountRows([res.serviceAccount!]))}\n\ntoken: ${res.token}`);
+        print(
+          ctx,
+          CreateServiceAccountResponseSchema,
+          res,
+          () => `${table(ACCOUNT_HEADERS, accountRows([res.serviceAccount!]))}\n\ntoken: ${res.token}`,
+        );
         if (!ctx.json) ctx.err("The token is shown only this once: store it as a secret now.");
       },
     },
@@ -111,9 +141,14 @@ export const COMMANDS: Record<string, Record<string, Command>> = {
       positionals: 1,
       async run(ctx) {
         const id = ctx.positionals[0];
-        if (id === undefined) throw new UsageError("service-accounts delete needs an id: skiff service-accounts delete <service-account-id>");
+        if (id === undefined)
+          throw new UsageError(
+            "service-accounts delete needs an id: skiff service-accounts delete <service-account-id>",
+          );
         await ctx.client.deleteServiceAccount({ projectId: projectOf(ctx), serviceAccountId: id });
-        ctx.out(ctx.json ? "{}" : `deleted service account ${id} of project ${projectOf(ctx)}; its token no longer works`);
+        ctx.out(
+          ctx.json ? "{}" : `deleted service account ${id} of project ${projectOf(ctx)}; its token no longer works`,
+        );
       },
     },
   },

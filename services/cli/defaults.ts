@@ -13,7 +13,11 @@ const checkout = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../
 /** Candidate admin token files, most specific first. */
 export function adminTokenFiles(env: NodeJS.ProcessEnv, cwd: string): string[] {
   const dirs = [env.SKIFF_DATA_DIR, path.join(cwd, DEFAULT_DATA_DIR), path.join(checkout, DEFAULT_DATA_DIR)];
-  return [...new Set(dirs.filter((d): d is string => d !== undefined && d !== "").map((d) => path.resolve(cwd, d, "admin-token")))];
+  return [
+    ...new Set(
+      dirs.filter((d): d is string => d !== undefined && d !== "").map((d) => path.resolve(cwd, d, "admin-token")),
+    ),
+  ];
 }
 
 export interface Target {

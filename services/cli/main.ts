@@ -109,15 +109,20 @@ export async function main(argv: string[]): Promise<number> {
     const single = SINGLE[positionals[0]];
     const [groupWord, action, ...rest] = single ? [positionals[0], "", ...positionals.slice(1)] : positionals;
     const command = single ?? GROUPS[ALIASES[groupWord] ?? groupWord]?.[action];
-    if (!command) throw new UsageError(groupWord === undefined ? "no command given" : `unknown command "${positionals.slice(0, 2).join(" ")}"`);
+    if (!command)
+      throw new UsageError(
+        groupWord === undefined ? "no command given" : `unknown command "${positionals.slice(0, 2).join(" ")}"`,
+      );
     const words = single ? groupWord : `${groupWord} ${action}`;
     for (const [name, value] of Object.entries(values)) {
-      if (value !== undefined && !GLOBAL.has(name) && !command.options.includes(name)) throw new UsageError(`--${name} does not apply to "${words}"`);
+      if (value !== undefined && !GLOBAL.has(name) && !command.options.includes(name))
+        throw new UsageError(`--${name} does not apply to "${words}"`);
     }
     if (rest.length > command.positionals) throw new UsageError(`unexpected argument "${rest[command.positionals]}"`);
 
     target = resolveTarget(values, process.env, process.cwd());
-    if (target.token === undefined) throw new UsageError("no token: pass --token, set SKIFF_TOKEN, or run where `npm start` keeps .data/admin-token");
+    if (target.token === undefined)
+      throw new UsageError("no token: pass --token, set SKIFF_TOKEN, or run where `npm start` keeps .data/admin-token");
     const token = target.token;
     const transport = createConnectTransport({
       baseUrl: target.url,
@@ -129,10 +134,21 @@ export async function main(argv: string[]): Promise<number> {
         },
       ],
     });
-    await command.run({ client: createClient(ManagementService, transport), options: values, positionals: rest, json: values.json === true, target: { url: target.url, token }, out, err });
+    await command.run({
+      client: createClient(ManagementService, transport),
+      options: values,
+      positionals: rest,
+      json: values.json === true,
+      target: { url: target.url, token },
+      out,
+      err,
+    });
     return 0;
   } catch (e) {
-    if (e instanceof UsageError || (e instanceof TypeError && "code" in e && String(e.code).startsWith("ERR_PARSE_ARGS"))) {
+    if (
+      e instanceof UsageError ||
+      (e instanceof TypeError && "code" in e && String(e.code).startsWith("ERR_PARSE_ARGS"))
+    ) {
       err(`skiff: ${e.message}\nRun "skiff --help" for usage.`);
       return 2;
     }

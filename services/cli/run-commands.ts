@@ -45,7 +45,8 @@ export const run: Command = {
   async run(ctx) {
     const target = ctx.positionals[0];
     const cut = target?.indexOf("/") ?? -1;
-    if (!target || cut <= 0 || cut === target.length - 1) throw new UsageError('name the app and function: skiff run <app>/<function>, e.g. "hello-python/run"');
+    if (!target || cut <= 0 || cut === target.length - 1)
+      throw new UsageError('name the app and function: skiff run <app>/<function>, e.g. "hello-python/run"');
     const res = await invocation(ctx).run({
       projectId: projectOf(ctx),
       appName: target.slice(0, cut),
@@ -68,15 +69,32 @@ export const runs: Command = {
     const appName = ctx.positionals[0];
     if (!appName) throw new UsageError("name the app: skiff runs <app>");
     const status = (ctx.options.status as string | undefined) ?? "";
-    if (status !== "" && !STATUSES.includes(status)) throw new UsageError(`--status must be one of ${STATUSES.join(", ")}`);
+    if (status !== "" && !STATUSES.includes(status))
+      throw new UsageError(`--status must be one of ${STATUSES.join(", ")}`);
     const pageSize = ctx.options.limit === undefined ? 50 : Number(ctx.options.limit);
-    if (!Number.isInteger(pageSize) || pageSize < 1 || pageSize > 500) throw new UsageError("--limit must be a whole number from 1 to 500");
-    const res = await ctx.client.listRuns({ projectId: projectOf(ctx), appName, asyncOnly: ctx.options.async === true, status, pageSize });
-    if (ctx.json) return ctx.out(JSON.stringify(toJson(ListRunsResponseSchema, res, { useProtoFieldName: true }), null, 2));
+    if (!Number.isInteger(pageSize) || pageSize < 1 || pageSize > 500)
+      throw new UsageError("--limit must be a whole number from 1 to 500");
+    const res = await ctx.client.listRuns({
+      projectId: projectOf(ctx),
+      appName,
+      asyncOnly: ctx.options.async === true,
+      status,
+      pageSize,
+    });
+    if (ctx.json)
+      return ctx.out(JSON.stringify(toJson(ListRunsResponseSchema, res, { useProtoFieldName: true }), null, 2));
     ctx.out(
       table(
         ["run", "status", "mode", "path", "queued", "ms", "http"],
-        res.runs.map((r) => [r.runId, r.status, r.async ? "async" : "sync", r.path, time(r.queuedAt), r.runTimeMs ? String(r.runTimeMs) : "", r.statusCode ? String(r.statusCode) : ""]),
+        res.runs.map((r) => [
+          r.runId,
+          r.status,
+          r.async ? "async" : "sync",
+          r.path,
+          time(r.queuedAt),
+          r.runTimeMs ? String(r.runTimeMs) : "",
+          r.statusCode ? String(r.statusCode) : "",
+        ]),
       ),
     );
   },
@@ -90,7 +108,10 @@ function details(r: Run): string {
     `queued:   ${time(r.queuedAt)}; started ${time(r.startedAt) || "-"}; finished ${time(r.finishedAt) || "-"}`,
     `took:     ${r.runTimeMs} ms, HTTP ${r.statusCode || "-"}`,
   ];
-  if (r.webhookEndpoint) lines.push(`webhook:  ${r.webhookEndpoint} (${r.webhookDeliveries.map((d) => d.state).join(", ") || "no delivery yet"})`);
+  if (r.webhookEndpoint)
+    lines.push(
+      `webhook:  ${r.webhookEndpoint} (${r.webhookDeliveries.map((d) => d.state).join(", ") || "no delivery yet"})`,
+    );
   if (r.result) lines.push(`result:   ${toJsonString(ValueSchema, r.result)}`);
   else if (r.rawResult) lines.push(`result:   ${r.rawResult.data.byteLength} bytes of ${r.rawResult.contentType}`);
   return lines.join("\n");
@@ -104,6 +125,8 @@ export const runStatus: Command = {
     const appName = ctx.options.app as string | undefined;
     if (!runId || !appName) throw new UsageError("skiff run-status <run-id> --app <app>");
     const res = await ctx.client.getRun({ projectId: projectOf(ctx), appName, runId });
-    ctx.out(ctx.json ? JSON.stringify(toJson(RunSchema, res.run!, { useProtoFieldName: true }), null, 2) : details(res.run!));
+    ctx.out(
+      ctx.json ? JSON.stringify(toJson(RunSchema, res.run!, { useProtoFieldName: true }), null, 2) : details(res.run!),
+    );
   },
 };

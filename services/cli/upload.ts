@@ -25,7 +25,11 @@ export function uploadBundle(opts: UploadOptions): Promise<unknown> {
   return new Promise((resolve, reject) => {
     const req = client.request(url, {
       method: "POST",
-      headers: { "content-type": "application/gzip", "content-length": String(opts.bytes.length), authorization: `Bearer ${opts.token}` },
+      headers: {
+        "content-type": "application/gzip",
+        "content-length": String(opts.bytes.length),
+        authorization: `Bearer ${opts.token}`,
+      },
     });
     req.on("error", (err) => reject(new ConnectError(err.message, Code.Unavailable, undefined, undefined, err)));
     req.on("response", (res) => {
@@ -42,7 +46,8 @@ export function uploadBundle(opts: UploadOptions): Promise<unknown> {
         }
         if (res.statusCode === 200 && body) return resolve(body);
         const code = typeof body?.code === "string" ? codeFromString(body.code) : undefined;
-        const message = typeof body?.message === "string" ? body.message : `HTTP ${res.statusCode}: ${text.slice(0, 500)}`;
+        const message =
+          typeof body?.message === "string" ? body.message : `HTTP ${res.statusCode}: ${text.slice(0, 500)}`;
         reject(new ConnectError(message, code ?? Code.Unknown));
       });
     });
@@ -64,9 +69,14 @@ export function uploadBundle(opts: UploadOptions): Promise<unknown> {
 }
 
 /** A progress bar for stderr: redrawn in place on a terminal, a start and an end line otherwise. */
-export function progressBar(write: (text: string) => void, isTty: boolean, label: string): (sent: number, total: number) => void {
+export function progressBar(
+  write: (text: string) => void,
+  isTty: boolean,
+  label: string,
+): (sent: number, total: number) => void {
   let lastShown = -1;
-  const size = (n: number) => (n >= 1024 * 1024 ? `${(n / 1024 / 1024).toFixed(1)} MiB` : `${(n / 1024).toFixed(1)} KiB`);
+  const size = (n: number) =>
+    n >= 1024 * 1024 ? `${(n / 1024 / 1024).toFixed(1)} MiB` : `${(n / 1024).toFixed(1)} KiB`;
   return (sent, total) => {
     const pct = total === 0 ? 100 : Math.floor((sent / total) * 100);
     if (pct === lastShown) return;
@@ -75,7 +85,9 @@ export function progressBar(write: (text: string) => void, isTty: boolean, label
     } else {
       const width = 30;
       const done = Math.round((pct / 100) * width);
-      write(`\r${label} [${"=".repeat(done)}${" ".repeat(width - done)}] ${String(pct).padStart(3)}% ${size(sent)}/${size(total)}${pct === 100 ? "\n" : ""}`);
+      write(
+        `\r${label} [${"=".repeat(done)}${" ".repeat(width - done)}] ${String(pct).padStart(3)}% ${size(sent)}/${size(total)}${pct === 100 ? "\n" : ""}`,
+      );
     }
     lastShown = pct;
   };

@@ -82,7 +82,8 @@ function nonEmpty(raw: string, variable: string): string {
 }
 
 function optional<T>(parse: (raw: string, variable: string) => T) {
-  return (raw: string, variable: string): T | undefined => (raw.trim() === "" ? undefined : parse(raw.trim(), variable));
+  return (raw: string, variable: string): T | undefined =>
+    raw.trim() === "" ? undefined : parse(raw.trim(), variable);
 }
 
 function signingKey(raw: string, variable: string): string {
@@ -96,7 +97,8 @@ function signingKey(raw: string, variable: string): string {
 
 /** Long enough that it cannot be guessed, and sendable in an Authorization header as it is. */
 function adminToken(raw: string, variable: string): string {
-  if (raw.length < 32 || !/^[\x21-\x7e]+$/.test(raw)) throw new ConfigError(variable, "must be at least 32 printable ASCII characters without spaces");
+  if (raw.length < 32 || !/^[\x21-\x7e]+$/.test(raw))
+    throw new ConfigError(variable, "must be at least 32 printable ASCII characters without spaces");
   return raw;
 }
 
@@ -118,9 +120,27 @@ export function parseRoles(raw: string, variable: string): Role[] {
 
 /** Every setting, in the order README's configuration table lists them. */
 export const SETTINGS: Setting<keyof Config>[] = [
-  { key: "host", env: "SKIFF_HOST", fallback: DEFAULT_HOST, doc: "Address the HTTP/gRPC port binds to.", parse: nonEmpty },
-  { key: "port", env: "SKIFF_PORT", fallback: String(DEFAULT_PORT), doc: "Port for HTTP/1.1 (REST, Connect, gRPC-Web) and cleartext HTTP/2 (gRPC); 0 picks a free one.", parse: integer(0, 65535) },
-  { key: "dataDir", env: "SKIFF_DATA_DIR", fallback: DEFAULT_DATA_DIR, doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).", parse: nonEmpty },
+  {
+    key: "host",
+    env: "SKIFF_HOST",
+    fallback: DEFAULT_HOST,
+    doc: "Address the HTTP/gRPC port binds to.",
+    parse: nonEmpty,
+  },
+  {
+    key: "port",
+    env: "SKIFF_PORT",
+    fallback: String(DEFAULT_PORT),
+    doc: "Port for HTTP/1.1 (REST, Connect, gRPC-Web) and cleartext HTTP/2 (gRPC); 0 picks a free one.",
+    parse: integer(0, 65535),
+  },
+  {
+    key: "dataDir",
+    env: "SKIFF_DATA_DIR",
+    fallback: DEFAULT_DATA_DIR,
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).",
+    parse: nonEmpty,
+  },
   {
     key: "natsUrl",
     env: "SKIFF_NATS_URL",
@@ -128,7 +148,13 @@ export const SETTINGS: Setting<keyof Config>[] = [
     doc: `NATS server(s), comma-separated. Unset: use ${DEFAULT_NATS_PROBE_URL} when a server answers there, else start \`nats-server\` with JetStream in the data folder.`,
     parse: (raw) => (raw.trim() === "" ? undefined : raw.trim()),
   },
-  { key: "maxBodyBytes", env: "SKIFF_MAX_BODY_BYTES", fallback: String(DEFAULT_MAX_BODY_BYTES), doc: "Largest request body accepted (413 above it); app bundles have their own limit, `SKIFF_MAX_BUNDLE_BYTES`.", parse: integer(1, 1024 * 1024 * 1024) },
+  {
+    key: "maxBodyBytes",
+    env: "SKIFF_MAX_BODY_BYTES",
+    fallback: String(DEFAULT_MAX_BODY_BYTES),
+    doc: "Largest request body accepted (413 above it); app bundles have their own limit, `SKIFF_MAX_BUNDLE_BYTES`.",
+    parse: integer(1, 1024 * 1024 * 1024),
+  },
   {
     key: "maxBundleBytes",
     env: "SKIFF_MAX_BUNDLE_BYTES",
@@ -142,17 +168,30 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: DEFAULT_LOG_LEVEL,
     doc: `Log level: ${LOG_LEVELS.join(", ")}.`,
     parse: (raw, variable) => {
-      if (!LOG_LEVELS.includes(raw.trim())) throw new ConfigError(variable, `must be one of ${LOG_LEVELS.join(", ")}, got "${raw}"`);
+      if (!LOG_LEVELS.includes(raw.trim()))
+        throw new ConfigError(variable, `must be one of ${LOG_LEVELS.join(", ")}, got "${raw}"`);
       return raw.trim();
     },
   },
-  { key: "roles", env: "SKIFF_ROLES", fallback: ROLES.join(","), doc: "Roles this process runs (also `--roles`).", parse: parseRoles },
-  { key: "shutdownTimeoutMs", env: "SKIFF_SHUTDOWN_TIMEOUT_MS", fallback: String(DEFAULT_SHUTDOWN_TIMEOUT_MS), doc: "On SIGTERM, how long in-flight requests may finish before connections are closed.", parse: integer(0, MAX_RUN_SECONDS * 1000) },
+  {
+    key: "roles",
+    env: "SKIFF_ROLES",
+    fallback: ROLES.join(","),
+    doc: "Roles this process runs (also `--roles`).",
+    parse: parseRoles,
+  },
+  {
+    key: "shutdownTimeoutMs",
+    env: "SKIFF_SHUTDOWN_TIMEOUT_MS",
+    fallback: String(DEFAULT_SHUTDOWN_TIMEOUT_MS),
+    doc: "On SIGTERM, how long in-flight requests may finish before connections are closed.",
+    parse: integer(0, MAX_RUN_SECONDS * 1000),
+  },
   {
     key: "signingKey",
     env: "SKIFF_SIGNING_KEY",
     fallback: "",
-    doc: "Ed25519 private key that signs service account tokens: a JWK as JSON (`{\"kty\":\"OKP\",\"crv\":\"Ed25519\",\"d\":…,\"x\":…}`) or PKCS#8 PEM (newlines may be written `\\n`). Unset: a key made once and kept in KV `skiff-keys`.",
+    doc: 'Ed25519 private key that signs service account tokens: a JWK as JSON (`{"kty":"OKP","crv":"Ed25519","d":…,"x":…}`) or PKCS#8 PEM (newlines may be written `\\n`). Unset: a key made once and kept in KV `skiff-keys`.',
     parse: optional(signingKey),
   },
   {
@@ -210,7 +249,13 @@ export const SETTINGS: Setting<keyof Config>[] = [
     doc: "Seconds an async run's result stays readable through `GET …/runs/{run_id}`; 0 keeps no results.",
     parse: integer(0, 365 * 24 * 60 * 60),
   },
-  { key: "maxQueuedRuns", env: "SKIFF_MAX_QUEUED_RUNS", fallback: "10000", doc: "Async runs one app may have waiting or running; a call beyond it gets 429 with Retry-After.", parse: integer(1, 10_000_000) },
+  {
+    key: "maxQueuedRuns",
+    env: "SKIFF_MAX_QUEUED_RUNS",
+    fallback: "10000",
+    doc: "Async runs one app may have waiting or running; a call beyond it gets 429 with Retry-After.",
+    parse: integer(1, 10_000_000),
+  },
   {
     key: "runAckWaitMs",
     env: "SKIFF_RUN_ACK_WAIT_MS",
@@ -232,6 +277,8 @@ export function loadConfig(env: Env = process.env, overrides: Partial<Config> = 
 
 /** The configuration table README shows, made from SETTINGS so it cannot drift. */
 export function settingsTable(): string {
-  const rows = SETTINGS.map((s) => `| \`${s.env}\` | ${s.fallback === "" ? "(unset)" : `\`${s.fallback}\``} | ${s.doc} |`);
+  const rows = SETTINGS.map(
+    (s) => `| \`${s.env}\` | ${s.fallback === "" ? "(unset)" : `\`${s.fallback}\``} | ${s.doc} |`,
+  );
   return ["| variable | default | meaning |", "| --- | --- | --- |", ...rows].join("\n");
 }

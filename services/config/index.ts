@@ -1,6 +1,15 @@
 // The bottom layer: settings (defaults, SKIFF_* variables, validation) and
 // logging. Imports nothing of skiff's own.
-export { ConfigError, DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_NATS_PROBE_URL, DEFAULT_PORT, MAX_RUN_SECONDS, loadConfig, parseRoles } from "./config.js";
+export {
+  ConfigError,
+  DEFAULT_DATA_DIR,
+  DEFAULT_HOST,
+  DEFAULT_NATS_PROBE_URL,
+  DEFAULT_PORT,
+  MAX_RUN_SECONDS,
+  loadConfig,
+  parseRoles,
+} from "./config.js";
 export type { Config, Role } from "./config.js";
 export { createLogger } from "./logger.js";
 export type { Logger } from "./logger.js";

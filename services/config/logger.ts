@@ -10,10 +10,21 @@ export function createLogger(level: string, options: { pretty?: boolean } = {}):
     base: { pid: process.pid },
     // Never let a bearer token or webhook secret reach a log line.
     redact: {
-      paths: ["token", "*.token", "authorization", "*.authorization", "headers.authorization", "secret", "*.secret", 'headers["x-webhook-secret"]'],
+      paths: [
+        "token",
+        "*.token",
+        "authorization",
+        "*.authorization",
+        "headers.authorization",
+        "secret",
+        "*.secret",
+        'headers["x-webhook-secret"]',
+      ],
       censor: "[redacted]",
     },
-    ...(pretty ? { transport: { target: "pino-pretty", options: { colorize: true, translateTime: "SYS:HH:MM:ss.l" } } } : {}),
+    ...(pretty
+      ? { transport: { target: "pino-pretty", options: { colorize: true, translateTime: "SYS:HH:MM:ss.l" } } }
+      : {}),
   });
 }
 

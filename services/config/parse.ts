@@ -15,7 +15,10 @@ export function parseSecretsKey(raw: string): Buffer {
   const text = raw.trim();
   if (!/^[A-Za-z0-9+/_-]+={0,2}$/.test(text)) throw new SecretsKeyError("must be base64");
   const key = Buffer.from(text, "base64");
-  if (key.length !== SECRETS_KEY_BYTES) throw new SecretsKeyError(`must decode to ${SECRETS_KEY_BYTES} bytes, got ${key.length} (make one with: openssl rand -base64 32)`);
+  if (key.length !== SECRETS_KEY_BYTES)
+    throw new SecretsKeyError(
+      `must decode to ${SECRETS_KEY_BYTES} bytes, got ${key.length} (make one with: openssl rand -base64 32)`,
+    );
   return key;
 }
 
@@ -27,11 +30,14 @@ export function parsePrivateKey(text: string): KeyObject {
   const raw = text.trim();
   let key: KeyObject;
   try {
-    key = raw.startsWith("{") ? createPrivateKey({ key: JSON.parse(raw) as JsonWebKey, format: "jwk" }) : createPrivateKey(raw.replace(/\\n/g, "\n"));
+    key = raw.startsWith("{")
+      ? createPrivateKey({ key: JSON.parse(raw) as JsonWebKey, format: "jwk" })
+      : createPrivateKey(raw.replace(/\\n/g, "\n"));
   } catch {
     throw new TypeError("expected an Ed25519 private key as a JWK (JSON) or PKCS#8 PEM");
   }
-  if (key.asymmetricKeyType !== "ed25519") throw new TypeError(`expected an Ed25519 key, got ${key.asymmetricKeyType ?? "another kind of key"}`);
+  if (key.asymmetricKeyType !== "ed25519")
+    throw new TypeError(`expected an Ed25519 key, got ${key.asymmetricKeyType ?? "another kind of key"}`);
   return key;
 }
 

@@ -7,7 +7,8 @@ import { SessionContext, type Session } from "./session-context.js";
 import { SignInPage } from "./sign-in-page.js";
 import { storedToken, storeToken } from "./session.js";
 
-const REFUSED = "Your session ended: skiff no longer accepts the token (it expired, or its service account was deleted). Sign in again.";
+const REFUSED =
+  "Your session ended: skiff no longer accepts the token (it expired, or its service account was deleted). Sign in again.";
 
 export function App() {
   const [session, setSession] = useState<Omit<Session, "signOut">>();

@@ -33,7 +33,11 @@ function Runtime({ app }: { app: App }) {
 
 function Replicas({ app }: { app: App }) {
   if (app.replicas.length === 0) {
-    return <p className="muted">No replicas running. {app.scaling?.minReplicas ? "" : "They start on the first call (min_replicas is 0)."}</p>;
+    return (
+      <p className="muted">
+        No replicas running. {app.scaling?.minReplicas ? "" : "They start on the first call (min_replicas is 0)."}
+      </p>
+    );
   }
   return (
     <table className="replicas">
@@ -68,8 +72,17 @@ function Replicas({ app }: { app: App }) {
 
 function Stats({ project, app }: { project: string; app: string }) {
   const { client } = useSession();
-  const stats = useLoad((signal) => client.getAppStats({ projectId: project, appName: app }, { signal }), [project, app], { refreshMs: STATS_REFRESH_MS });
-  if (stats.data === undefined) return stats.error !== undefined ? <ErrorNotice error={stats.error} retry={stats.reload} what={`the statistics of ${app}`} /> : <Loading what="statistics" />;
+  const stats = useLoad(
+    (signal) => client.getAppStats({ projectId: project, appName: app }, { signal }),
+    [project, app],
+    { refreshMs: STATS_REFRESH_MS },
+  );
+  if (stats.data === undefined)
+    return stats.error !== undefined ? (
+      <ErrorNotice error={stats.error} retry={stats.reload} what={`the statistics of ${app}`} />
+    ) : (
+      <Loading what="statistics" />
+    );
   const buckets = stats.data.buckets;
   if (buckets.length === 0) return <p className="muted">No statistics for the last hour.</p>;
   return (
@@ -87,7 +100,9 @@ function AppCard({ project, app }: { project: string; app: App }) {
     <article className="card app" aria-labelledby={`app-${app.appName}`}>
       <header>
         <h2 id={`app-${app.appName}`}>{app.appName}</h2>
-        <Link href={`${href("projects", project, "runs")}?${new URLSearchParams({ app: app.appName })}`}>Runs of {app.appName} →</Link>
+        <Link href={`${href("projects", project, "runs")}?${new URLSearchParams({ app: app.appName })}`}>
+          Runs of {app.appName} →
+        </Link>
       </header>
       <dl className="facts">
         <dt>Runtime</dt>
@@ -98,7 +113,10 @@ function AppCard({ project, app }: { project: string; app: App }) {
         <dd>
           {d ? (
             <>
-              version <strong>{d.version}</strong> <span className="muted">deployed {formatTime(dateOf(d.createdAt))} by {d.createdBy}, {formatBytes(d.bundleBytes)}, sha256 </span>
+              version <strong>{d.version}</strong>{" "}
+              <span className="muted">
+                deployed {formatTime(dateOf(d.createdAt))} by {d.createdBy}, {formatBytes(d.bundleBytes)}, sha256{" "}
+              </span>
               <code title={d.digest}>{d.digest.slice(0, 12)}</code>
             </>
           ) : (
@@ -109,7 +127,9 @@ function AppCard({ project, app }: { project: string; app: App }) {
         <dd>
           {s ? (
             <>
-              {s.minReplicas}–{s.maxReplicas} replicas, {s.replicaConcurrency} request{s.replicaConcurrency === 1 ? "" : "s"} at once each, cooldown {s.cooldown} s, response grace period {s.responseGracePeriod} s
+              {s.minReplicas}–{s.maxReplicas} replicas, {s.replicaConcurrency} request
+              {s.replicaConcurrency === 1 ? "" : "s"} at once each, cooldown {s.cooldown} s, response grace period{" "}
+              {s.responseGracePeriod} s
             </>
           ) : (
             "—"
@@ -132,7 +152,9 @@ function AppCard({ project, app }: { project: string; app: App }) {
 
 export function AppsPage({ project }: { project: string }) {
   const { client } = useSession();
-  const apps = useLoad((signal) => client.listApps({ projectId: project }, { signal }), [project], { refreshMs: APPS_REFRESH_MS });
+  const apps = useLoad((signal) => client.listApps({ projectId: project }, { signal }), [project], {
+    refreshMs: APPS_REFRESH_MS,
+  });
   const list = apps.data?.apps;
   return (
     <main className="page">
@@ -143,7 +165,8 @@ export function AppsPage({ project }: { project: string }) {
       ) : list.length === 0 ? (
         <Empty title={`Project ${project} has no apps yet.`}>
           <p>
-            Deploy one from a folder with a <code>skiff.toml</code>: <code>npx skiff deploy examples/hello-python --project {project}</code>
+            Deploy one from a folder with a <code>skiff.toml</code>:{" "}
+            <code>npx skiff deploy examples/hello-python --project {project}</code>
           </p>
         </Empty>
       ) : (

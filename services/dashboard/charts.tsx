@@ -52,7 +52,11 @@ export function RunsChart({ buckets, title }: { buckets: StatsBucket[]; title: s
   const failures = buckets.reduce((n, b) => n + b.failures, 0);
   return (
     <figure className="chart">
-      <svg viewBox={`0 0 ${W} ${H}`} role="img" aria-label={`${title}: ${total} runs in the last hour, ${failures} failed`}>
+      <svg
+        viewBox={`0 0 ${W} ${H}`}
+        role="img"
+        aria-label={`${title}: ${total} runs in the last hour, ${failures} failed`}
+      >
         <Axes buckets={buckets} max={max} format={(v) => String(Math.round(v))} />
         {buckets.map((b, i) => {
           const x = PAD.left + i * slot + 1;
@@ -62,13 +66,22 @@ export function RunsChart({ buckets, title }: { buckets: StatsBucket[]; title: s
             <g key={i}>
               <title>{`${hhmm(b)}: ${b.runs} runs, ${b.failures} failed`}</title>
               <rect x={x} width={Math.max(slot - 2, 1)} y={PAD.top + PLOT_H - h} height={h} className="bar" />
-              {hf > 0 && <rect x={x} width={Math.max(slot - 2, 1)} y={PAD.top + PLOT_H - hf} height={hf} className="bar failure" />}
+              {hf > 0 && (
+                <rect
+                  x={x}
+                  width={Math.max(slot - 2, 1)}
+                  y={PAD.top + PLOT_H - hf}
+                  height={hf}
+                  className="bar failure"
+                />
+              )}
             </g>
           );
         })}
       </svg>
       <figcaption>
-        {title}: <strong>{total}</strong> runs in the last hour, <strong className={failures ? "bad-text" : undefined}>{failures}</strong> failed.{" "}
+        {title}: <strong>{total}</strong> runs in the last hour,{" "}
+        <strong className={failures ? "bad-text" : undefined}>{failures}</strong> failed.{" "}
         <span className="legend bar">runs</span> <span className="legend failure">failures</span>
       </figcaption>
     </figure>
@@ -88,26 +101,46 @@ export function LatencyChart({ buckets, title }: { buckets: StatsBucket[]; title
   const worst = withRuns.length ? Math.max(...withRuns.map((b) => b.p99Ms)) : undefined;
   return (
     <figure className="chart">
-      <svg viewBox={`0 0 ${W} ${H}`} role="img" aria-label={`${title}: ${worst === undefined ? "no finished runs" : `worst p99 ${formatDuration(worst)}`} in the last hour`}>
-        <Axes buckets={buckets} max={max} format={(v) => (v > 0 && v < 10 ? `${Number(v.toFixed(1))} ms` : formatDuration(v))} />
+      <svg
+        viewBox={`0 0 ${W} ${H}`}
+        role="img"
+        aria-label={`${title}: ${worst === undefined ? "no finished runs" : `worst p99 ${formatDuration(worst)}`} in the last hour`}
+      >
+        <Axes
+          buckets={buckets}
+          max={max}
+          format={(v) => (v > 0 && v < 10 ? `${Number(v.toFixed(1))} ms` : formatDuration(v))}
+        />
         {SERIES.map((s) => {
           // Minutes without runs leave gaps instead of dropping to zero.
           const segments: string[][] = [[]];
           buckets.forEach((b, i) => {
             if (b.runs === 0) segments.push([]);
-            else segments[segments.length - 1].push(`${PAD.left + i * step},${PAD.top + PLOT_H * (1 - b[s.key] / max)}`);
+            else
+              segments[segments.length - 1].push(`${PAD.left + i * step},${PAD.top + PLOT_H * (1 - b[s.key] / max)}`);
           });
           return (
             <g key={s.key} className={`series ${s.className}`}>
               {segments.map((pts, j) =>
-                pts.length === 1 ? <circle key={j} cx={pts[0].split(",")[0]} cy={pts[0].split(",")[1]} r={2.5} /> : pts.length > 1 && <polyline key={j} points={pts.join(" ")} />,
+                pts.length === 1 ? (
+                  <circle key={j} cx={pts[0].split(",")[0]} cy={pts[0].split(",")[1]} r={2.5} />
+                ) : (
+                  pts.length > 1 && <polyline key={j} points={pts.join(" ")} />
+                ),
               )}
             </g>
           );
         })}
       </svg>
       <figcaption>
-        {title}: {worst === undefined ? "no finished runs in the last hour." : <>worst p99 <strong>{formatDuration(worst)}</strong>.</>}{" "}
+        {title}:{" "}
+        {worst === undefined ? (
+          "no finished runs in the last hour."
+        ) : (
+          <>
+            worst p99 <strong>{formatDuration(worst)}</strong>.
+          </>
+        )}{" "}
         {SERIES.map((s) => (
           <span key={s.key} className={`legend ${s.className}`}>
             {s.label}

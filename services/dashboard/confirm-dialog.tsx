@@ -2,7 +2,14 @@
 // closes it, and the page behind cannot be reached until it is answered.
 import { useEffect, useRef, type ReactNode } from "react";
 
-export function ConfirmDialog(props: { title: string; children: ReactNode; confirmLabel: string; busy: boolean; onConfirm: () => void; onCancel: () => void }) {
+export function ConfirmDialog(props: {
+  title: string;
+  children: ReactNode;
+  confirmLabel: string;
+  busy: boolean;
+  onConfirm: () => void;
+  onCancel: () => void;
+}) {
   const ref = useRef<HTMLDialogElement>(null);
   useEffect(() => {
     const dialog = ref.current;

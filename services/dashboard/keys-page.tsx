@@ -17,7 +17,8 @@ const DAY_MS = 86_400_000;
 const MAX_DAYS = 365;
 const DEFAULT_DAYS = 90;
 
-const isoDay = (d: Date) => `${d.getFullYear()}-${String(d.getMonth() + 1).padStart(2, "0")}-${String(d.getDate()).padStart(2, "0")}`;
+const isoDay = (d: Date) =>
+  `${d.getFullYear()}-${String(d.getMonth() + 1).padStart(2, "0")}-${String(d.getDate()).padStart(2, "0")}`;
 const daysAhead = (n: number) => isoDay(new Date(Date.now() + n * DAY_MS));
 
 function Practices() {
@@ -26,13 +27,15 @@ function Practices() {
       <h2 id="practices-title">Recommended practices</h2>
       <ul>
         <li>
-          <strong>One service account per environment</strong> (development, staging, production), so revoking one leaves the others working.
+          <strong>One service account per environment</strong> (development, staging, production), so revoking one
+          leaves the others working.
         </li>
         <li>
           <strong>Store tokens as secrets</strong> in your secret manager or CI secrets, never in plain configuration.
         </li>
         <li>
-          <strong>Set an expiry date and rotate tokens</strong>: create the new account before the old one expires, switch over, then delete the old one.
+          <strong>Set an expiry date and rotate tokens</strong>: create the new account before the old one expires,
+          switch over, then delete the old one.
         </li>
         <li>
           <strong>Never commit tokens to source control.</strong>
@@ -42,7 +45,13 @@ function Practices() {
   );
 }
 
-function CreateForm({ project, onCreated }: { project: string; onCreated: (sa: ServiceAccount, token: string) => void }) {
+function CreateForm({
+  project,
+  onCreated,
+}: {
+  project: string;
+  onCreated: (sa: ServiceAccount, token: string) => void;
+}) {
   const { client } = useSession();
   const ids = { name: useId(), expiry: useId(), help: useId() };
   const [name, setName] = useState("");
@@ -61,7 +70,11 @@ function CreateForm({ project, onCreated }: { project: string; onCreated: (sa: S
     setBusy(true);
     setError(undefined);
     try {
-      const res = await client.createServiceAccount({ projectId: project, name: name.trim(), expiresAt: timestampFromDate(expiresAt) });
+      const res = await client.createServiceAccount({
+        projectId: project,
+        name: name.trim(),
+        expiresAt: timestampFromDate(expiresAt),
+      });
       onCreated(res.serviceAccount!, res.token);
       setName("");
     } catch (err) {
@@ -75,9 +88,28 @@ function CreateForm({ project, onCreated }: { project: string; onCreated: (sa: S
     <form className="card create-key" onSubmit={submit} aria-labelledby="create-title">
       <h2 id="create-title">Create a service account</h2>
       <label htmlFor={ids.name}>Name</label>
-      <input id={ids.name} name="name" required maxLength={64} value={name} onChange={(e) => setName(e.target.value)} placeholder="e.g. ci-production" autoComplete="off" />
+      <input
+        id={ids.name}
+        name="name"
+        required
+        maxLength={64}
+        value={name}
+        onChange={(e) => setName(e.target.value)}
+        placeholder="e.g. ci-production"
+        autoComplete="off"
+      />
       <label htmlFor={ids.expiry}>Expiry date</label>
-      <input id={ids.expiry} name="expiry" type="date" required min={daysAhead(1)} max={daysAhead(MAX_DAYS)} value={expiry} onChange={(e) => setExpiry(e.target.value)} aria-describedby={ids.help} />
+      <input
+        id={ids.expiry}
+        name="expiry"
+        type="date"
+        required
+        min={daysAhead(1)}
+        max={daysAhead(MAX_DAYS)}
+        value={expiry}
+        onChange={(e) => setExpiry(e.target.value)}
+        aria-describedby={ids.help}
+      />
       <p id={ids.help} className="help">
         The token stops working at the end of that day; at most a year ahead.
       </p>
@@ -101,7 +133,11 @@ function AccountRow({ sa, onDelete }: { sa: ServiceAccount; onDelete: () => void
         <time dateTime={expires?.toISOString()} title={formatTime(expires)}>
           {formatDate(expires)}
         </time>{" "}
-        {expired ? <span className="badge expired">expired</span> : <span className="muted">{formatRelative(expires)}</span>}
+        {expired ? (
+          <span className="badge expired">expired</span>
+        ) : (
+          <span className="muted">{formatRelative(expires)}</span>
+        )}
       </td>
       <td>
         <button type="button" className="danger" onClick={onDelete} aria-label={`Delete service account ${sa.name}`}>
@@ -127,8 +163,12 @@ export function KeysPage({ project }: { project: string }) {
     setDeleteError(undefined);
     try {
       await client.deleteServiceAccount({ projectId: project, serviceAccountId: deleting.serviceAccountId });
-      if (identity.kind === "service_account" && identity.serviceAccountId === deleting.serviceAccountId) return signOut();
-      setDeleted({ id: deleting.serviceAccountId, text: `Service account ${deleting.name} (${deleting.serviceAccountId}) was deleted; its token no longer works.` });
+      if (identity.kind === "service_account" && identity.serviceAccountId === deleting.serviceAccountId)
+        return signOut();
+      setDeleted({
+        id: deleting.serviceAccountId,
+        text: `Service account ${deleting.name} (${deleting.serviceAccountId}) was deleted; its token no longer works.`,
+      });
       if (created?.sa.serviceAccountId === deleting.serviceAccountId) setCreated(undefined);
       setDeleting(undefined);
       accounts.reload();
@@ -145,7 +185,8 @@ export function KeysPage({ project }: { project: string }) {
     <main className="page">
       <h1>API Keys</h1>
       <p className="lead">
-        Service accounts of project <code>{project}</code>. Each one has one token, for <code>Authorization: Bearer &lt;token&gt;</code> on the API.
+        Service accounts of project <code>{project}</code>. Each one has one token, for{" "}
+        <code>Authorization: Bearer &lt;token&gt;</code> on the API.
       </p>
       <div className="keys-layout">
         <div>
@@ -167,7 +208,9 @@ export function KeysPage({ project }: { project: string }) {
           {deleted.text}
         </p>
       )}
-      {accounts.error !== undefined && <ErrorNotice error={accounts.error} retry={accounts.reload} what="the service accounts" />}
+      {accounts.error !== undefined && (
+        <ErrorNotice error={accounts.error} retry={accounts.reload} what="the service accounts" />
+      )}
       {list === undefined ? (
         accounts.error === undefined && <Loading what="service accounts" />
       ) : list.length === 0 ? (
@@ -191,16 +234,27 @@ export function KeysPage({ project }: { project: string }) {
             </thead>
             <tbody>
               {list.map((sa) => (
-                <AccountRow key={sa.serviceAccountId} sa={sa} onDelete={() => (setDeleteError(undefined), setDeleting(sa))} />
+                <AccountRow
+                  key={sa.serviceAccountId}
+                  sa={sa}
+                  onDelete={() => (setDeleteError(undefined), setDeleting(sa))}
+                />
               ))}
             </tbody>
           </table>
         </div>
       )}
       {deleting && (
-        <ConfirmDialog title={`Delete ${deleting.name}?`} confirmLabel="Delete service account" busy={busy} onConfirm={confirmDelete} onCancel={() => setDeleting(undefined)}>
+        <ConfirmDialog
+          title={`Delete ${deleting.name}?`}
+          confirmLabel="Delete service account"
+          busy={busy}
+          onConfirm={confirmDelete}
+          onCancel={() => setDeleting(undefined)}
+        >
           <p>
-            Service account <code>{deleting.serviceAccountId}</code> and its token stop working at once, everywhere. This cannot be undone.
+            Service account <code>{deleting.serviceAccountId}</code> and its token stop working at once, everywhere.
+            This cannot be undone.
           </p>
           {identity.kind === "service_account" && identity.serviceAccountId === deleting.serviceAccountId && (
             <p className="notice warn">This is the account you are signed in with: you will be signed out.</p>

@@ -23,7 +23,9 @@ function Timeline({ run }: { run: Run }) {
   const step = (label: string, at: Date | undefined, note?: string) => (
     <li className={at ? "done" : "todo"}>
       <span className="step">{label}</span> <time>{at ? formatTime(at) : "not yet"}</time>
-      {at && queued !== undefined && label !== "Queued" && <span className="muted"> +{formatDuration(at.getTime() - queued)}</span>}
+      {at && queued !== undefined && label !== "Queued" && (
+        <span className="muted"> +{formatDuration(at.getTime() - queued)}</span>
+      )}
       {note && <span className="muted"> {note}</span>}
     </li>
   );
@@ -31,7 +33,11 @@ function Timeline({ run }: { run: Run }) {
     <ol className="timeline" aria-label="Timeline">
       {step("Queued", dateOf(run.queuedAt))}
       {step("Started", dateOf(run.startedAt), run.attempts > 1 ? `(attempt ${run.attempts})` : undefined)}
-      {step(run.status === "cancelled" ? "Cancelled" : "Finished", dateOf(run.finishedAt), isFinal(run.status) && run.startedAt ? `ran ${formatDuration(run.runTimeMs)}` : undefined)}
+      {step(
+        run.status === "cancelled" ? "Cancelled" : "Finished",
+        dateOf(run.finishedAt),
+        isFinal(run.status) && run.startedAt ? `ran ${formatDuration(run.runTimeMs)}` : undefined,
+      )}
     </ol>
   );
 }
@@ -51,12 +57,22 @@ function Outcome({ run }: { run: Run }) {
   if (!isFinal(run.status)) return null;
   let body: string | undefined;
   if (run.result) body = JSON.stringify(toJson(ValueSchema, run.result), null, 2);
-  else if (run.rawResult) body = run.rawResult.contentType.startsWith("text/") || run.rawResult.contentType.includes("json") ? new TextDecoder().decode(run.rawResult.data) : `${run.rawResult.data.byteLength} bytes of ${run.rawResult.contentType || "binary data"}`;
+  else if (run.rawResult)
+    body =
+      run.rawResult.contentType.startsWith("text/") || run.rawResult.contentType.includes("json")
+        ? new TextDecoder().decode(run.rawResult.data)
+        : `${run.rawResult.data.byteLength} bytes of ${run.rawResult.contentType || "binary data"}`;
   return (
     <section aria-labelledby="result-title" className="card">
       <h2 id="result-title">Result</h2>
       {run.statusCode !== 0 && <p className="muted">HTTP status {run.statusCode}</p>}
-      {body === undefined ? <p className="muted">No result is kept for this run (results are kept for SKIFF_RESULT_TTL, 24 h by default).</p> : <pre className="result">{body}</pre>}
+      {body === undefined ? (
+        <p className="muted">
+          No result is kept for this run (results are kept for SKIFF_RESULT_TTL, 24 h by default).
+        </p>
+      ) : (
+        <pre className="result">{body}</pre>
+      )}
     </section>
   );
 }
@@ -99,7 +115,12 @@ export function RunPage({ project, app, runId }: { project: string; app: string;
       <h1>
         Run <span className="mono">{runId}</span>
       </h1>
-      {run.error !== undefined && (isCode(run.error, Code.NotFound) ? <ErrorNotice error={run.error} what="this run (its record may have expired, or the link is wrong)" /> : <ErrorNotice error={run.error} retry={run.reload} what="the run" />)}
+      {run.error !== undefined &&
+        (isCode(run.error, Code.NotFound) ? (
+          <ErrorNotice error={run.error} what="this run (its record may have expired, or the link is wrong)" />
+        ) : (
+          <ErrorNotice error={run.error} retry={run.reload} what="the run" />
+        ))}
       {r === undefined ? (
         run.error === undefined && <Loading what="the run" />
       ) : (

@@ -48,7 +48,10 @@ function Webhook({ project, run }: { project: string; run: Run }) {
   const deliveries = useLoad(
     async (signal) => {
       if (!asked) return run.webhookDeliveries;
-      const res = await client.listWebhookDeliveries({ projectId: project, appName: run.appName, runId: run.runId }, { signal });
+      const res = await client.listWebhookDeliveries(
+        { projectId: project, appName: run.appName, runId: run.runId },
+        { signal },
+      );
       setPending(res.deliveries.length === 0 || res.deliveries.some((d) => d.state === "pending"));
       return res.deliveries;
     },
@@ -63,7 +66,15 @@ function Webhook({ project, run }: { project: string; run: Run }) {
     // shown as it is
   }
   const last = deliveries.data?.at(-1);
-  const state = !final ? <span className="muted">after the run</span> : last ? <OutcomeBadge outcome={last.state} /> : deliveries.error !== undefined ? <span className="muted">unknown</span> : <span className="muted">not yet sent</span>;
+  const state = !final ? (
+    <span className="muted">after the run</span>
+  ) : last ? (
+    <OutcomeBadge outcome={last.state} />
+  ) : deliveries.error !== undefined ? (
+    <span className="muted">unknown</span>
+  ) : (
+    <span className="muted">not yet sent</span>
+  );
   return (
     <span className="webhook-cell" title={run.webhookEndpoint}>
       {state} <span className="muted">{host}</span>
@@ -117,7 +128,8 @@ function RunTable({ project, app, filter }: { project: string; app: string; filt
             <p>
               Call it, and its runs appear here as they happen:{" "}
               <code>
-                curl -X POST -H "Authorization: Bearer $TOKEN" "{location.origin}/v4/{project}/{app}/run?async=true" -d '{"{}"}'
+                curl -X POST -H "Authorization: Bearer $TOKEN" "{location.origin}/v4/{project}/{app}/run?async=true" -d
+                '{"{}"}'
               </code>
             </p>
           </Empty>
@@ -194,12 +206,21 @@ export function RunsPage({ project, query }: { project: string; query: URLSearch
               </select>
             </span>
             <span>
-              <input id={ids.async} type="checkbox" checked={filter.asyncOnly} onChange={(e) => navigate(runsHref(project, app, { ...filter, asyncOnly: e.target.checked }))} />
+              <input
+                id={ids.async}
+                type="checkbox"
+                checked={filter.asyncOnly}
+                onChange={(e) => navigate(runsHref(project, app, { ...filter, asyncOnly: e.target.checked }))}
+              />
               <label htmlFor={ids.async}>Async runs only</label>
             </span>
             <span>
               <label htmlFor={ids.status}>Status</label>
-              <select id={ids.status} value={filter.status} onChange={(e) => navigate(runsHref(project, app, { ...filter, status: e.target.value }))}>
+              <select
+                id={ids.status}
+                value={filter.status}
+                onChange={(e) => navigate(runsHref(project, app, { ...filter, status: e.target.value }))}
+              >
                 <option value="">Any status</option>
                 {RUN_STATUSES.map((s) => (
                   <option key={s} value={s}>

@@ -25,7 +25,11 @@ function ProjectPicker({ project, section }: { project: string | undefined; sect
   return (
     <span className="project-picker">
       <label htmlFor={id}>Project</label>
-      <select id={id} value={project ?? ""} onChange={(e) => e.target.value && navigate(href("projects", e.target.value, section))}>
+      <select
+        id={id}
+        value={project ?? ""}
+        onChange={(e) => e.target.value && navigate(href("projects", e.target.value, section))}
+      >
         <option value="">{projects.loading ? "Loading…" : "Choose a project"}</option>
         {projects.data?.projects.map((p) => (
           <option key={p.projectId} value={p.projectId}>
@@ -68,7 +72,8 @@ function NotFound() {
 export function Shell() {
   const { identity } = useSession();
   const loc = useLocation();
-  const inProject = match("/projects/:project/:section", loc.path) ?? match("/projects/:project/apps/:app/runs/:run", loc.path);
+  const inProject =
+    match("/projects/:project/:section", loc.path) ?? match("/projects/:project/apps/:app/runs/:run", loc.path);
   const project = inProject?.project;
   const section = inProject?.section ?? "runs";
   const home = identity.kind === "admin" ? "/projects" : href("projects", identity.projectId, "runs");
@@ -79,8 +84,10 @@ export function Shell() {
 
   let page;
   let params;
-  if ((params = match("/projects/:project/runs", loc.path))) page = <RunsPage project={params.project} query={loc.query} />;
-  else if ((params = match("/projects/:project/apps/:app/runs/:run", loc.path))) page = <RunPage project={params.project} app={params.app} runId={params.run} />;
+  if ((params = match("/projects/:project/runs", loc.path)))
+    page = <RunsPage project={params.project} query={loc.query} />;
+  else if ((params = match("/projects/:project/apps/:app/runs/:run", loc.path)))
+    page = <RunPage project={params.project} app={params.app} runId={params.run} />;
   else if ((params = match("/projects/:project/apps", loc.path))) page = <AppsPage project={params.project} />;
   else if ((params = match("/projects/:project/keys", loc.path))) page = <KeysPage project={params.project} />;
   else if (loc.path === "/projects" && identity.kind === "admin") page = <ProjectsPage />;
@@ -100,7 +107,15 @@ export function Shell() {
         {project && (
           <nav aria-label="Sections">
             {SECTIONS.map((s) => (
-              <Link key={s.id} href={href("projects", project, s.id)} aria-current={section === s.id || (s.id === "runs" && !!match("/projects/:p/apps/:a/runs/:r", loc.path)) ? "page" : undefined}>
+              <Link
+                key={s.id}
+                href={href("projects", project, s.id)}
+                aria-current={
+                  section === s.id || (s.id === "runs" && !!match("/projects/:p/apps/:a/runs/:r", loc.path))
+                    ? "page"
+                    : undefined
+                }
+              >
                 {s.label}
               </Link>
             ))}

@@ -4,7 +4,13 @@ import { useState, type FormEvent } from "react";
 import { describeError } from "./api.js";
 import { FormError } from "./notices.js";
 
-export function SignInPage({ signIn, notice }: { signIn: (token: string) => Promise<void>; notice: string | undefined }) {
+export function SignInPage({
+  signIn,
+  notice,
+}: {
+  signIn: (token: string) => Promise<void>;
+  notice: string | undefined;
+}) {
   const [token, setToken] = useState("");
   const [error, setError] = useState<string>();
   const [busy, setBusy] = useState(false);
@@ -52,8 +58,8 @@ export function SignInPage({ signIn, notice }: { signIn: (token: string) => Prom
           autoFocus
         />
         <p id="token-help" className="help">
-          The admin token (in <code>.data/admin-token</code> where skiff runs) or a service account's token. It is kept in this browser tab only,
-          until you sign out or close the tab.
+          The admin token (in <code>.data/admin-token</code> where skiff runs) or a service account's token. It is kept
+          in this browser tab only, until you sign out or close the tab.
         </p>
         <FormError message={error} />
         <button type="submit" className="primary" disabled={busy}>

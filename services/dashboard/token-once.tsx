@@ -25,12 +25,20 @@ export function TokenOnce({ name, token, onDone }: { name: string; token: string
     <section className="card token-once" aria-labelledby="token-title" tabIndex={-1} ref={box}>
       <h2 id="token-title">Token of {name}</h2>
       <p className="notice warn" role="alert">
-        <strong>Copy this token now: it is shown only once.</strong> skiff does not keep it, and leaving this page hides it for good. Store it as a secret;
-        if you lose it, delete the account and create a new one.
+        <strong>Copy this token now: it is shown only once.</strong> skiff does not keep it, and leaving this page hides
+        it for good. Store it as a secret; if you lose it, delete the account and create a new one.
       </p>
       <label htmlFor="new-token">Token</label>
       <div className="token-row">
-        <input id="new-token" ref={field} readOnly value={token} className="mono" onFocus={(e) => e.target.select()} spellCheck={false} />
+        <input
+          id="new-token"
+          ref={field}
+          readOnly
+          value={token}
+          className="mono"
+          onFocus={(e) => e.target.select()}
+          spellCheck={false}
+        />
         <button type="button" className="primary" onClick={copy}>
           Copy
         </button>

@@ -122,7 +122,14 @@ export function useLiveRuns(client: Management, projectId: string, appName: stri
   const loadOlder = useCallback(async () => {
     setLoadingOlder(true);
     try {
-      const page = await client.listRuns({ projectId, appName, pageSize: PAGE_SIZE, asyncOnly, status, pageToken: next });
+      const page = await client.listRuns({
+        projectId,
+        appName,
+        pageSize: PAGE_SIZE,
+        asyncOnly,
+        status,
+        pageToken: next,
+      });
       for (const r of page.runs) if (!byId.current.has(r.runId)) byId.current.set(r.runId, r);
       setNext(page.nextPageToken);
       publish();

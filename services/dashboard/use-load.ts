@@ -19,7 +19,11 @@ interface State<T> {
 }
 
 /** `deps` are plain values (ids, filters); the load runs again when one changes. */
-export function useLoad<T>(load: (signal: AbortSignal) => Promise<T>, deps: readonly (string | number | boolean | undefined)[], opts: { refreshMs?: number } = {}): Loaded<T> {
+export function useLoad<T>(
+  load: (signal: AbortSignal) => Promise<T>,
+  deps: readonly (string | number | boolean | undefined)[],
+  opts: { refreshMs?: number } = {},
+): Loaded<T> {
   const key = JSON.stringify(deps);
   const [state, setState] = useState<State<T>>({ key, data: undefined, error: undefined, loading: true });
   const [generation, setGeneration] = useState(0);
@@ -34,7 +38,8 @@ export function useLoad<T>(load: (signal: AbortSignal) => Promise<T>, deps: read
         const data = await loadRef.current(ctl.signal);
         if (!ctl.signal.aborted) setState({ key, data, error: undefined, loading: false });
       } catch (error) {
-        if (!ctl.signal.aborted) setState((s) => ({ key, data: s.key === key ? s.data : undefined, error, loading: false }));
+        if (!ctl.signal.aborted)
+          setState((s) => ({ key, data: s.key === key ? s.data : undefined, error, loading: false }));
       }
       if (!ctl.signal.aborted && opts.refreshMs) timer = setTimeout(once, opts.refreshMs);
     };

@@ -33,7 +33,13 @@ function Attempt({ a }: { a: WebhookAttempt }) {
       <td>{formatTime(dateOf(a.startedAt))}</td>
       <td>{answer}</td>
       <td className="num">{a.outcome ? formatDuration(a.durationMs) : "—"}</td>
-      <td>{a.outcome ? <OutcomeBadge outcome={a.outcome} label={OUTCOME_TEXT[a.outcome]} /> : <span className="muted">pending</span>}</td>
+      <td>
+        {a.outcome ? (
+          <OutcomeBadge outcome={a.outcome} label={OUTCOME_TEXT[a.outcome]} />
+        ) : (
+          <span className="muted">pending</span>
+        )}
+      </td>
     </tr>
   );
 }
@@ -42,7 +48,8 @@ function Delivery({ d, n }: { d: WebhookDelivery; n: number }) {
   return (
     <section className="delivery" aria-label={`Delivery ${n}`}>
       <h3>
-        Delivery {n} <OutcomeBadge outcome={d.state} /> <span className="muted">started {formatTime(dateOf(d.createdAt))}</span>
+        Delivery {n} <OutcomeBadge outcome={d.state} />{" "}
+        <span className="muted">started {formatTime(dateOf(d.createdAt))}</span>
       </h3>
       {d.attempts.length === 0 ? (
         <p className="muted">No attempt yet.</p>
@@ -77,7 +84,10 @@ export function WebhookDeliveries({ project, app, run }: { project: string; app:
   const [quiet, setQuiet] = useState(false);
   const deliveries = useLoad(
     async (signal) => {
-      const res = await client.listWebhookDeliveries({ projectId: project, appName: app, runId: run.runId }, { signal });
+      const res = await client.listWebhookDeliveries(
+        { projectId: project, appName: app, runId: run.runId },
+        { signal },
+      );
       // Nothing more will change once every delivery has ended.
       setQuiet(res.deliveries.length > 0 && res.deliveries.every((d) => d.state !== "pending"));
       return res.deliveries;
@@ -124,7 +134,9 @@ export function WebhookDeliveries({ project, app, run }: { project: string; app:
           {redelivering ? "Redelivering…" : "Redeliver"}
         </button>{" "}
         <span id="redeliver-help" className="help">
-          {final ? "Sends the run's result again; receivers should be idempotent." : "Possible once the run has finished."}
+          {final
+            ? "Sends the run's result again; receivers should be idempotent."
+            : "Possible once the run has finished."}
         </span>
       </p>
       {message && (
@@ -132,11 +144,17 @@ export function WebhookDeliveries({ project, app, run }: { project: string; app:
           {message.text}
         </p>
       )}
-      {deliveries.error !== undefined && <ErrorNotice error={deliveries.error} retry={deliveries.reload} what="the webhook deliveries" />}
+      {deliveries.error !== undefined && (
+        <ErrorNotice error={deliveries.error} retry={deliveries.reload} what="the webhook deliveries" />
+      )}
       {list === undefined ? (
         deliveries.error === undefined && <Loading what="webhook deliveries" />
       ) : list.length === 0 ? (
-        <p className="muted">{final ? "No delivery recorded yet; it starts moments after the run finishes." : "The webhook is sent once the run finishes."}</p>
+        <p className="muted">
+          {final
+            ? "No delivery recorded yet; it starts moments after the run finishes."
+            : "The webhook is sent once the run finishes."}
+        </p>
       ) : (
         list.map((d, i) => <Delivery key={d.deliveryId} d={d} n={i + 1} />)
       )}

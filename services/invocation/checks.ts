@@ -42,7 +42,10 @@ export function cortexBody(body: Uint8Array): Uint8Array {
     throw new ConnectError(`malformed JSON body: ${(err as Error).message}`, Code.InvalidArgument);
   }
   if (value === null || typeof value !== "object" || Array.isArray(value)) {
-    throw new ConnectError("the body must be a JSON object: its fields are the function's arguments", Code.InvalidArgument);
+    throw new ConnectError(
+      "the body must be a JSON object: its fields are the function's arguments",
+      Code.InvalidArgument,
+    );
   }
   return body;
 }

@@ -67,7 +67,8 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
     const { data } = await encodeRequest(deps.transfer, invoke);
     await deps.js.publish(subject, data, { msgID: runId });
   } catch (err) {
-    if (call.idempotencyKey !== undefined) await releaseIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);
+    if (call.idempotencyKey !== undefined)
+      await releaseIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);
     if (written) await markUnqueued(deps, record, err);
     if (err instanceof ConnectError) throw err;
     deps.logger.error({ err, runId }, "cannot queue an async run");
@@ -80,7 +81,14 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
 async function markUnqueued(deps: InvocationDeps, record: RunRecord, cause: unknown): Promise<void> {
   try {
     const final = await deps.runs.update(record.project_id, record.app_name, record.run_id, (r) =>
-      r.status !== "queued" ? undefined : { ...r, status: "failure", finished_at: new Date().toISOString(), error: { type: "not_queued", message: "the run could not be queued" } },
+      r.status !== "queued"
+        ? undefined
+        : {
+            ...r,
+            status: "failure",
+            finished_at: new Date().toISOString(),
+            error: { type: "not_queued", message: "the run could not be queued" },
+          },
     );
     if (final) await publishRunEvent(deps.js, final);
   } catch (err) {

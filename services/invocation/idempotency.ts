@@ -11,11 +11,19 @@ const MAX_KEY_LENGTH = 255;
 
 /** KV keys allow few characters and the caller's key may hold any: hash it with its scope. */
 function kvKey(projectId: string, appName: string, key: string): string {
-  return createHash("sha256").update(`${projectId}\n${appName}\n${key.slice(0, MAX_KEY_LENGTH)}`).digest("hex");
+  return createHash("sha256")
+    .update(`${projectId}\n${appName}\n${key.slice(0, MAX_KEY_LENGTH)}`)
+    .digest("hex");
 }
 
 /** Claims the key for `runId`; returns the run id that owns it (runId when this call won). */
-export async function claimIdempotencyKey(kv: KV, projectId: string, appName: string, key: string, runId: string): Promise<string> {
+export async function claimIdempotencyKey(
+  kv: KV,
+  projectId: string,
+  appName: string,
+  key: string,
+  runId: string,
+): Promise<string> {
   const k = kvKey(projectId, appName, key);
   for (;;) {
     try {
@@ -30,8 +38,15 @@ export async function claimIdempotencyKey(kv: KV, projectId: string, appName: st
   }
 }
 
-export async function releaseIdempotencyKey(kv: KV, projectId: string, appName: string, key: string, runId: string): Promise<void> {
+export async function releaseIdempotencyKey(
+  kv: KV,
+  projectId: string,
+  appName: string,
+  key: string,
+  runId: string,
+): Promise<void> {
   const k = kvKey(projectId, appName, key);
   const entry = await kv.get(k).catch(() => null);
-  if (entry?.operation === "PUT" && entry.string() === runId) await kv.delete(k, { previousSeq: entry.revision }).catch(() => undefined);
+  if (entry?.operation === "PUT" && entry.string() === runId)
+    await kv.delete(k, { previousSeq: entry.revision }).catch(() => undefined);
 }

@@ -14,7 +14,16 @@ import { runSync } from "./sync.js";
 /** Query parameters that belong to skiff, not to a Custom app. */
 const OWN_PARAMS = ["async", "webhookEndpoint"];
 /** Request headers a Custom app never sees: credentials and skiff's own. */
-const PRIVATE_HEADERS = new Set(["authorization", "x-webhook-secret", "idempotency-key", "host", "content-length", "content-type", "te", "x-request-id"]);
+const PRIVATE_HEADERS = new Set([
+  "authorization",
+  "x-webhook-secret",
+  "idempotency-key",
+  "host",
+  "content-length",
+  "content-type",
+  "te",
+  "x-request-id",
+]);
 const NO_HEADERS: Record<string, string> = {};
 
 function forwardedHeaders(h: Headers, contentType: string): Record<string, string> {
@@ -68,7 +77,12 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
     attempts: 0,
     ...(webhook ? { webhook_endpoint: webhook, webhook_signed: secret !== undefined } : {}),
   };
-  if (req.async) return enqueue(deps, { runId, app, record, invoke, secret, idempotencyKey: ctx.requestHeader.get("idempotency-key") ?? undefined }, ctx);
+  if (req.async)
+    return enqueue(
+      deps,
+      { runId, app, record, invoke, secret, idempotencyKey: ctx.requestHeader.get("idempotency-key") ?? undefined },
+      ctx,
+    );
 
   invoke.runId = record.run_id = runId;
   Object.assign(record, { started_at: now, attempts: 1, runner: deps.control.id });

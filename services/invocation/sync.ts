@@ -8,7 +8,22 @@ import { create } from "@bufbuild/protobuf";
 import { type HandlerContext } from "@connectrpc/connect";
 import { ErrorCode, NatsError } from "nats";
 import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
-import { ReplicaCrashed, type InvokeRequest, type InvokeResponse, broadcastAbort, publishRunEventUnacked, finishSync, contentTypeOf, NoRunner, outcomeOfAnswer, outcomeOfError, runFailure, type RunRecord, decodeReply, encodeRequest } from "../runs/index.js";
+import {
+  ReplicaCrashed,
+  type InvokeRequest,
+  type InvokeResponse,
+  broadcastAbort,
+  publishRunEventUnacked,
+  finishSync,
+  contentTypeOf,
+  NoRunner,
+  outcomeOfAnswer,
+  outcomeOfError,
+  runFailure,
+  type RunRecord,
+  decodeReply,
+  encodeRequest,
+} from "../runs/index.js";
 import type { AppRecord } from "../apps/index.js";
 import { setHttpStatus } from "../server/index.js";
 import { subjects } from "../nats/index.js";
@@ -47,7 +62,14 @@ const REPLY_MARGIN_MS = 5_000;
 /** Response headers of an app that a caller gets from skiff instead. */
 const OWN_RESPONSE_HEADERS = new Set(["content-type", "content-length", "x-request-id"]);
 
-export async function runSync(deps: InvocationDeps, app: AppRecord, record: RunRecord, invoke: InvokeRequest, secret: string | undefined, ctx: HandlerContext): Promise<RunResponse> {
+export async function runSync(
+  deps: InvocationDeps,
+  app: AppRecord,
+  record: RunRecord,
+  invoke: InvokeRequest,
+  secret: string | undefined,
+  ctx: HandlerContext,
+): Promise<RunResponse> {
   // The secret must be stored before the terminal event asks the webhook role to sign.
   if (secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, record.run_id, secret);
   const log = (what: string) => (err: unknown) => deps.logger.error({ err, runId: record.run_id }, what);
@@ -61,7 +83,9 @@ export async function runSync(deps: InvocationDeps, app: AppRecord, record: RunR
   const local = await localRunnerHas(deps, app, ctx.signal);
   invoke.signal = controller.signal;
   const started = performance.now();
-  const work = local ? deps.runner!.invoke(record.project_id, record.app_name, invoke) : remote(deps, app, invoke, controller.signal);
+  const work = local
+    ? deps.runner!.invoke(record.project_id, record.app_name, invoke)
+    : remote(deps, app, invoke, controller.signal);
   const finished = work.then(
     (res) => finishSync(deps, record, outcomeOfAnswer(res)),
     (err: unknown) => finishSync(deps, record, outcomeOfError(err, Math.round(performance.now() - started))),
@@ -76,18 +100,27 @@ export async function runSync(deps: InvocationDeps, app: AppRecord, record: RunR
   }
 }
 
-async function remote(deps: InvocationDeps, app: AppRecord, invoke: InvokeRequest, signal: AbortSignal): Promise<InvokeResponse> {
+async function remote(
+  deps: InvocationDeps,
+  app: AppRecord,
+  invoke: InvokeRequest,
+  signal: AbortSignal,
+): Promise<InvokeResponse> {
   const { data, object } = await encodeRequest(deps.transfer, invoke);
   // A cancel or a caller gone reaches the runner that has the run.
   const onAbort = () => broadcastAbort(deps.nc, invoke.runId);
   signal.addEventListener("abort", onAbort, { once: true });
   try {
     const timeout = app.config.scaling.responseGracePeriod * 1000 + REPLY_MARGIN_MS;
-    const reply = await deps.nc.request(subjects.invoke(app.project_id, app.app_name), data, { timeout }).catch((err: unknown) => {
-      if (err instanceof NatsError && err.code === ErrorCode.NoResponders) throw new NoRunner(`no runner hosts app ${app.project_id}/${app.app_name} right now`);
-      if (err instanceof NatsError && err.code === ErrorCode.Timeout) throw new ReplicaCrashed(`the runner of app ${app.app_name} did not answer`, { cause: err });
-      throw err;
-    });
+    const reply = await deps.nc
+      .request(subjects.invoke(app.project_id, app.app_name), data, { timeout })
+      .catch((err: unknown) => {
+        if (err instanceof NatsError && err.code === ErrorCode.NoResponders)
+          throw new NoRunner(`no runner hosts app ${app.project_id}/${app.app_name} right now`);
+        if (err instanceof NatsError && err.code === ErrorCode.Timeout)
+          throw new ReplicaCrashed(`the runner of app ${app.app_name} did not answer`, { cause: err });
+        throw err;
+      });
     return await decodeReply(deps.transfer, reply.data);
   } catch (err) {
     await deps.transfer.drop(object);
@@ -110,5 +143,10 @@ function answer(ctx: HandlerContext, record: RunRecord, res: InvokeResponse, cus
       headers[name] = Array.isArray(value) ? value.join(", ") : value;
     }
   }
-  return create(RunResponseSchema, { runId: record.run_id, statusCode: res.status, headers, body: { contentType: contentTypeOf(res.headers), data: res.body } });
+  return create(RunResponseSchema, {
+    runId: record.run_id,
+    statusCode: res.status,
+    headers,
+    body: { contentType: contentTypeOf(res.headers), data: res.body },
+  });
 }

@@ -1,7 +1,14 @@
 // What the runners report about an app: its live replicas (KV
 // `skiff-replicas`, written by every runner process) and its log lines
 // (stream SKIFF_LOGS, subject `skiff.logs.{project}.{app}`).
-import { consumerOpts, type JetStreamClient, type JetStreamManager, type JetStreamSubscription, type KV, type NatsConnection } from "nats";
+import {
+  consumerOpts,
+  type JetStreamClient,
+  type JetStreamManager,
+  type JetStreamSubscription,
+  type KV,
+  type NatsConnection,
+} from "nats";
 import { jsonOf, buckets, streams, subjects } from "../nats/index.js";
 import { decodeLogLine, type LogLineRecord, type ReplicaRecord } from "../runner/index.js";
 
@@ -22,7 +29,11 @@ export class AppObserver {
 
   static async start(nc: NatsConnection): Promise<AppObserver> {
     const js = nc.jetstream();
-    return new AppObserver(await js.views.kv(buckets.replicas.name, { bindOnly: true }), js, await nc.jetstreamManager());
+    return new AppObserver(
+      await js.views.kv(buckets.replicas.name, { bindOnly: true }),
+      js,
+      await nc.jetstreamManager(),
+    );
   }
 
   /** Live replicas of the app on every runner, oldest first. */
@@ -30,8 +41,12 @@ export class AppObserver {
     const keys: string[] = [];
     for await (const k of await this.replicasKv.keys(`${projectId}.${appName}.*`)) keys.push(k);
     const entries = await Promise.all(keys.map((k) => this.replicasKv.get(k)));
-    const records = entries.map((e) => (e && e.operation === "PUT" ? (jsonOf(e) as ReplicaRecord | undefined) : undefined));
-    return records.filter((r): r is ReplicaRecord => typeof r?.replica_id === "string").sort((a, b) => a.started_at.localeCompare(b.started_at));
+    const records = entries.map((e) =>
+      e && e.operation === "PUT" ? (jsonOf(e) as ReplicaRecord | undefined) : undefined,
+    );
+    return records
+      .filter((r): r is ReplicaRecord => typeof r?.replica_id === "string")
+      .sort((a, b) => a.started_at.localeCompare(b.started_at));
   }
 
   /** Sequence of the newest message of SKIFF_LOGS, of any app. */
@@ -49,7 +64,11 @@ export class AppObserver {
   }
 
   /** The newest `limit` lines of the app (of one run when `runId` is set), oldest first, and the sequence they end at. */
-  async lines(projectId: string, appName: string, opts: { limit: number; runId?: string }): Promise<{ lines: SequencedLine[]; lastSeq: number }> {
+  async lines(
+    projectId: string,
+    appName: string,
+    opts: { limit: number; runId?: string },
+  ): Promise<{ lines: SequencedLine[]; lastSeq: number }> {
     const subject = subjects.appLogs(projectId, appName);
     const last = await this.lastSeq(subject);
     const out: SequencedLine[] = [];

@@ -19,7 +19,8 @@ export interface NewDeployment {
   createdBy: string;
 }
 
-export const bundleObject = (projectId: string, appName: string, digest: string): string => `${projectId}/${appName}/${digest}`;
+export const bundleObject = (projectId: string, appName: string, digest: string): string =>
+  `${projectId}/${appName}/${digest}`;
 
 export class AppStore {
   constructor(

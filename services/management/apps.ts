@@ -20,8 +20,10 @@ type AppMethods = "deployApp" | "listApps" | "getApp" | "deleteApp" | "listDeplo
 /** Why a bundle cannot be deployed, as the caller should read it. */
 function refusal(err: unknown): ConnectError | undefined {
   if (err instanceof BundleError) return new ConnectError(`bundle refused: ${err.message}`, Code.InvalidArgument);
-  if (err instanceof AppConfigError) return new ConnectError(`invalid skiff.toml:\n${err.message}`, Code.InvalidArgument);
-  if (err instanceof PrepareFailed) return new ConnectError(`the app cannot be prepared: ${err.message}`, Code.FailedPrecondition);
+  if (err instanceof AppConfigError)
+    return new ConnectError(`invalid skiff.toml:\n${err.message}`, Code.InvalidArgument);
+  if (err instanceof PrepareFailed)
+    return new ConnectError(`the app cannot be prepared: ${err.message}`, Code.FailedPrecondition);
   return undefined;
 }
 
@@ -38,7 +40,11 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
   async function app(projectIdRaw: string, appName: string) {
     const projectId = await project(projectIdRaw);
     const record = APP_NAME_PATTERN.test(appName) ? await store.get(projectId, appName) : undefined;
-    if (!record) throw new ConnectError(`app ${JSON.stringify(appName.slice(0, 80))} not found in project ${projectId}`, Code.NotFound);
+    if (!record)
+      throw new ConnectError(
+        `app ${JSON.stringify(appName.slice(0, 80))} not found in project ${projectId}`,
+        Code.NotFound,
+      );
     return record;
   }
 
@@ -54,16 +60,31 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
       } catch (err) {
         throw refusal(err) ?? err;
       }
-      const record = await store.deploy({ projectId, config: ready.config, functions: ready.prepared.functions, bytes, digest, createdBy: actorOf(p) });
+      const record = await store.deploy({
+        projectId,
+        config: ready.config,
+        functions: ready.prepared.functions,
+        bytes,
+        digest,
+        createdBy: actorOf(p),
+      });
       const d = record.deployment;
-      audit(deps.logger, p, "app.deploy", `${projectId}/${record.app_name}`, { version: d.version, digest: d.digest, bundle_bytes: d.bundle_bytes });
+      audit(deps.logger, p, "app.deploy", `${projectId}/${record.app_name}`, {
+        version: d.version,
+        digest: d.digest,
+        bundle_bytes: d.bundle_bytes,
+      });
       return { app: appMessage(record, await observer.replicas(projectId, record.app_name)) };
     },
 
     async listApps(req) {
       const projectId = await project(req.projectId);
       const records = await store.list(projectId);
-      return { apps: await Promise.all(records.map(async (r) => appMessage(r, await observer.replicas(projectId, r.app_name)))) };
+      return {
+        apps: await Promise.all(
+          records.map(async (r) => appMessage(r, await observer.replicas(projectId, r.app_name))),
+        ),
+      };
     },
 
     async getApp(req) {
@@ -74,8 +95,11 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
     async deleteApp(req, ctx) {
       const p = principalOf(ctx);
       const record = await app(req.projectId, req.appName);
-      if (!(await store.delete(record.project_id, record.app_name))) throw new ConnectError(`app ${req.appName} not found in project ${record.project_id}`, Code.NotFound);
-      audit(deps.logger, p, "app.delete", `${record.project_id}/${record.app_name}`, { version: record.deployment.version });
+      if (!(await store.delete(record.project_id, record.app_name)))
+        throw new ConnectError(`app ${req.appName} not found in project ${record.project_id}`, Code.NotFound);
+      audit(deps.logger, p, "app.delete", `${record.project_id}/${record.app_name}`, {
+        version: record.deployment.version,
+      });
       return {};
     },
 
@@ -86,19 +110,32 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
 
     async listAppLogs(req) {
       const record = await app(req.projectId, req.appName);
-      if (req.limit > MAX_LOG_LIMIT) throw new ConnectError(`limit must be at most ${MAX_LOG_LIMIT}, got ${req.limit}`, Code.InvalidArgument);
-      const { lines } = await observer.lines(record.project_id, record.app_name, { limit: req.limit || DEFAULT_LOG_LIMIT, runId: req.runId || undefined });
+      if (req.limit > MAX_LOG_LIMIT)
+        throw new ConnectError(`limit must be at most ${MAX_LOG_LIMIT}, got ${req.limit}`, Code.InvalidArgument);
+      const { lines } = await observer.lines(record.project_id, record.app_name, {
+        limit: req.limit || DEFAULT_LOG_LIMIT,
+        runId: req.runId || undefined,
+      });
       return { lines: lines.map((l) => logLineMessage(l.line)) };
     },
 
     async *tailAppLogs(req, ctx: HandlerContext) {
       const record = await app(req.projectId, req.appName);
-      if (req.backlog > MAX_LOG_LIMIT) throw new ConnectError(`backlog must be at most ${MAX_LOG_LIMIT}, got ${req.backlog}`, Code.InvalidArgument);
+      if (req.backlog > MAX_LOG_LIMIT)
+        throw new ConnectError(`backlog must be at most ${MAX_LOG_LIMIT}, got ${req.backlog}`, Code.InvalidArgument);
       // Lines written from here on are followed; older ones come from the backlog, never twice.
       const before = await observer.streamLastSeq();
-      const backlog = req.backlog > 0 ? await observer.lines(record.project_id, record.app_name, { limit: req.backlog }) : { lines: [], lastSeq: 0 };
+      const backlog =
+        req.backlog > 0
+          ? await observer.lines(record.project_id, record.app_name, { limit: req.backlog })
+          : { lines: [], lastSeq: 0 };
       for (const l of backlog.lines) yield { line: logLineMessage(l.line) };
-      for await (const line of observer.follow(record.project_id, record.app_name, Math.max(before, backlog.lastSeq), ctx.signal)) {
+      for await (const line of observer.follow(
+        record.project_id,
+        record.app_name,
+        Math.max(before, backlog.lastSeq),
+        ctx.signal,
+      )) {
         yield { line: logLineMessage(line) };
       }
     },

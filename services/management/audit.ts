@@ -4,9 +4,24 @@
 import { actorOf, type Principal } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 
-export type AuditAction = "project.create" | "service_account.create" | "service_account.delete" | "service_account.renew" | "app.deploy" | "app.delete";
+export type AuditAction =
+  | "project.create"
+  | "service_account.create"
+  | "service_account.delete"
+  | "service_account.renew"
+  | "app.deploy"
+  | "app.delete";
 
-export function audit(logger: Logger, who: Principal | "bootstrap", action: AuditAction, target: string, details: Record<string, unknown> = {}): void {
+export function audit(
+  logger: Logger,
+  who: Principal | "bootstrap",
+  action: AuditAction,
+  target: string,
+  details: Record<string, unknown> = {},
+): void {
   const actor = who === "bootstrap" ? "bootstrap" : actorOf(who);
-  logger.info({ audit: true, actor, action, target, at: new Date().toISOString(), ...details }, `audit: ${actor} ${action} ${target}`);
+  logger.info(
+    { audit: true, actor, action, target, at: new Date().toISOString(), ...details },
+    `audit: ${actor} ${action} ${target}`,
+  );
 }

@@ -97,7 +97,14 @@ export async function ensureDevAccount(opts: DevAccountOptions): Promise<string>
   await mkdir(opts.dataDir, { recursive: true, mode: 0o700 });
   const file = devTokenFile(opts.dataDir);
   const now = Date.now();
-  if (await deps.projects.create({ project_id: DEV_PROJECT_ID, name: "dev", created_at: new Date(now).toISOString(), created_by: "bootstrap" })) {
+  if (
+    await deps.projects.create({
+      project_id: DEV_PROJECT_ID,
+      name: "dev",
+      created_at: new Date(now).toISOString(),
+      created_by: "bootstrap",
+    })
+  ) {
     audit(logger, "bootstrap", "project.create", DEV_PROJECT_ID);
   }
 
@@ -113,7 +120,11 @@ export async function ensureDevAccount(opts: DevAccountOptions): Promise<string>
   ) {
     return file;
   }
-  const token = await deps.issueToken({ projectId: DEV_PROJECT_ID, serviceAccountId: DEV_SERVICE_ACCOUNT_ID, expiresAt: new Date(record.expires_at) });
+  const token = await deps.issueToken({
+    projectId: DEV_PROJECT_ID,
+    serviceAccountId: DEV_SERVICE_ACCOUNT_ID,
+    expiresAt: new Date(record.expires_at),
+  });
   await replaceFile(file, token);
   return file;
 }
@@ -133,7 +144,9 @@ async function devRecord(deps: ManagementDeps, now: number, logger: Logger): Pro
         created_by: "bootstrap",
       };
       if (await deps.serviceAccounts.create(record)) {
-        audit(logger, "bootstrap", "service_account.create", `${DEV_PROJECT_ID}/${DEV_SERVICE_ACCOUNT_ID}`, { expires_at: expiresAt });
+        audit(logger, "bootstrap", "service_account.create", `${DEV_PROJECT_ID}/${DEV_SERVICE_ACCOUNT_ID}`, {
+          expires_at: expiresAt,
+        });
         return record;
       }
     } else if (Date.parse(found.record.expires_at) - now > DEV_TOKEN_RENEW_BEFORE_MS) {
@@ -141,7 +154,9 @@ async function devRecord(deps: ManagementDeps, now: number, logger: Logger): Pro
     } else {
       const renewed = { ...found.record, expires_at: expiresAt };
       if (await deps.serviceAccounts.update(renewed, found.revision)) {
-        audit(logger, "bootstrap", "service_account.renew", `${DEV_PROJECT_ID}/${DEV_SERVICE_ACCOUNT_ID}`, { expires_at: expiresAt });
+        audit(logger, "bootstrap", "service_account.renew", `${DEV_PROJECT_ID}/${DEV_SERVICE_ACCOUNT_ID}`, {
+          expires_at: expiresAt,
+        });
         return renewed;
       }
     }

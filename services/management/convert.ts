@@ -19,17 +19,36 @@ export function serviceAccountMessage(r: ServiceAccountRecord) {
 }
 
 export function deploymentMessage(d: DeploymentRecord) {
-  return { version: d.version, createdAt: timestampFromDate(new Date(d.created_at)), bundleBytes: BigInt(d.bundle_bytes), digest: d.digest, createdBy: d.created_by };
+  return {
+    version: d.version,
+    createdAt: timestampFromDate(new Date(d.created_at)),
+    bundleBytes: BigInt(d.bundle_bytes),
+    digest: d.digest,
+    createdBy: d.created_by,
+  };
 }
 
 function runtimeMessage(rt: AppConfig["runtime"]) {
   return rt.kind === "cortex"
     ? { kind: rt.kind, language: rt.language, entry: rt.entry }
-    : { kind: rt.kind, command: rt.command, healthcheck: rt.healthcheck, readycheck: rt.readycheck ?? "", port: rt.port ?? 0 };
+    : {
+        kind: rt.kind,
+        command: rt.command,
+        healthcheck: rt.healthcheck,
+        readycheck: rt.readycheck ?? "",
+        port: rt.port ?? 0,
+      };
 }
 
 export function replicaMessage(r: ReplicaRecord) {
-  return { replicaId: r.replica_id, state: r.state, host: r.host, inFlight: r.in_flight, deploymentVersion: r.deployment_version, startedAt: timestampFromDate(new Date(r.started_at)) };
+  return {
+    replicaId: r.replica_id,
+    state: r.state,
+    host: r.host,
+    inFlight: r.in_flight,
+    deploymentVersion: r.deployment_version,
+    startedAt: timestampFromDate(new Date(r.started_at)),
+  };
 }
 
 export function appMessage(r: AppRecord, replicas: ReplicaRecord[]) {
@@ -38,7 +57,13 @@ export function appMessage(r: AppRecord, replicas: ReplicaRecord[]) {
     projectId: r.project_id,
     appName: r.app_name,
     runtime: runtimeMessage(r.config.runtime),
-    scaling: { minReplicas: s.minReplicas, maxReplicas: s.maxReplicas, replicaConcurrency: s.replicaConcurrency, cooldown: s.cooldown, responseGracePeriod: s.responseGracePeriod },
+    scaling: {
+      minReplicas: s.minReplicas,
+      maxReplicas: s.maxReplicas,
+      replicaConcurrency: s.replicaConcurrency,
+      cooldown: s.cooldown,
+      responseGracePeriod: s.responseGracePeriod,
+    },
     deployment: deploymentMessage(r.deployment),
     replicas: replicas.map(replicaMessage),
     createdAt: timestampFromDate(new Date(r.created_at)),
@@ -48,5 +73,11 @@ export function appMessage(r: AppRecord, replicas: ReplicaRecord[]) {
 }
 
 export function logLineMessage(l: LogLineRecord) {
-  return { time: timestampFromDate(new Date(l.time)), replicaId: l.replica_id, stream: l.stream, runId: l.run_id, text: l.text };
+  return {
+    time: timestampFromDate(new Date(l.time)),
+    replicaId: l.replica_id,
+    stream: l.stream,
+    runId: l.run_id,
+    text: l.text,
+  };
 }

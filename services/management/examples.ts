@@ -39,8 +39,14 @@ export async function deployExamples(opts: { url: string; dataDir: string; logge
       );
       if (exists) continue;
       const { bytes } = await packApp(path.join(EXAMPLES_DIR, name));
-      const res = await client.deployApp({ projectId: DEV_PROJECT_ID, bundle: { contentType: "application/gzip", data: bytes } });
-      opts.logger.info({ app: name, project: DEV_PROJECT_ID, version: res.app?.deployment?.version }, `deployed example app ${name} into ${DEV_PROJECT_ID}`);
+      const res = await client.deployApp({
+        projectId: DEV_PROJECT_ID,
+        bundle: { contentType: "application/gzip", data: bytes },
+      });
+      opts.logger.info(
+        { app: name, project: DEV_PROJECT_ID, version: res.app?.deployment?.version },
+        `deployed example app ${name} into ${DEV_PROJECT_ID}`,
+      );
     } catch (err) {
       opts.logger.warn({ err, app: name }, `could not deploy example app ${name}`);
     }

@@ -13,7 +13,9 @@ export interface ProjectRecord {
 
 function decode(value: unknown): ProjectRecord | undefined {
   const v = value as Partial<ProjectRecord> | undefined;
-  return v && typeof v.project_id === "string" && typeof v.name === "string" && typeof v.created_at === "string" ? (v as ProjectRecord) : undefined;
+  return v && typeof v.project_id === "string" && typeof v.name === "string" && typeof v.created_at === "string"
+    ? (v as ProjectRecord)
+    : undefined;
 }
 
 export class ProjectStore {
@@ -40,6 +42,8 @@ export class ProjectStore {
     const ids: string[] = [];
     for await (const k of await this.kv.keys()) ids.push(k);
     const records = await Promise.all(ids.map((id) => this.get(id)));
-    return records.filter((r): r is ProjectRecord => r !== undefined).sort((a, b) => a.project_id.localeCompare(b.project_id));
+    return records
+      .filter((r): r is ProjectRecord => r !== undefined)
+      .sort((a, b) => a.project_id.localeCompare(b.project_id));
   }
 }

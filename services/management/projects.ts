@@ -10,12 +10,19 @@ import * as valid from "./validation.js";
 
 type Impl = ServiceImpl<typeof ManagementService>;
 
-export function projectHandlers(deps: ManagementDeps): Pick<Impl, "getIdentity" | "createProject" | "listProjects" | "getProject"> {
+export function projectHandlers(
+  deps: ManagementDeps,
+): Pick<Impl, "getIdentity" | "createProject" | "listProjects" | "getProject"> {
   return {
     getIdentity(_req, ctx) {
       const p = principalOf(ctx);
       if (p.kind === "admin") return { kind: "admin" };
-      return { kind: "service_account", projectId: p.projectId, serviceAccountId: p.serviceAccountId, expiresAt: timestampFromDate(p.expiresAt) };
+      return {
+        kind: "service_account",
+        projectId: p.projectId,
+        serviceAccountId: p.serviceAccountId,
+        expiresAt: timestampFromDate(p.expiresAt),
+      };
     },
 
     async createProject(req, ctx) {
@@ -23,8 +30,14 @@ export function projectHandlers(deps: ManagementDeps): Pick<Impl, "getIdentity" 
       if (p.kind !== "admin") throw new ConnectError("only the admin token can create projects", Code.PermissionDenied);
       const projectId = req.projectId === "" ? newProjectId() : valid.projectId(req.projectId);
       const name = valid.name(req.name, "name", false);
-      const record = { project_id: projectId, name: name === "" ? projectId : name, created_at: new Date().toISOString(), created_by: actorOf(p) };
-      if (!(await deps.projects.create(record))) throw new ConnectError(`project ${projectId} already exists`, Code.AlreadyExists);
+      const record = {
+        project_id: projectId,
+        name: name === "" ? projectId : name,
+        created_at: new Date().toISOString(),
+        created_by: actorOf(p),
+      };
+      if (!(await deps.projects.create(record)))
+        throw new ConnectError(`project ${projectId} already exists`, Code.AlreadyExists);
       audit(deps.logger, p, "project.create", projectId);
       return { project: projectMessage(record) };
     },

@@ -55,8 +55,17 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
     issueToken: (subject) => issueToken(key, subject),
     logger: opts.logger,
   };
-  const adminToken = await ensureAdminToken({ dataDir: opts.dataDir, configured: opts.adminToken, admins: opts.auth.admins });
-  const devToken = await ensureDevAccount({ dataDir: opts.dataDir, deps, authenticator: opts.auth.authenticator, logger: opts.logger });
+  const adminToken = await ensureAdminToken({
+    dataDir: opts.dataDir,
+    configured: opts.adminToken,
+    admins: opts.auth.admins,
+  });
+  const devToken = await ensureDevAccount({
+    dataDir: opts.dataDir,
+    deps,
+    authenticator: opts.auth.authenticator,
+    logger: opts.logger,
+  });
   opts.logger.info(
     { adminTokenFile: adminToken ?? null, devTokenFile: devToken, kid: key.kid },
     `admin token: ${adminToken ?? "from SKIFF_ADMIN_TOKEN"}; dev token (project p-dev): ${devToken}`,
@@ -66,7 +75,10 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
 
 async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {
   const js = opts.nc.jetstream();
-  const store = new AppStore(await js.views.kv(buckets.apps.name, { bindOnly: true }), await js.views.os(objectStores.bundles.name));
+  const store = new AppStore(
+    await js.views.kv(buckets.apps.name, { bindOnly: true }),
+    await js.views.os(objectStores.bundles.name),
+  );
   const check = { maxBytes: opts.maxBundleBytes, logger: opts.logger };
   const cache = opts.deployments;
   return {

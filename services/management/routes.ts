@@ -9,5 +9,11 @@ import { serviceAccountHandlers } from "./service-accounts.js";
 import { statsHandlers } from "./stats.js";
 
 export function routes(router: ConnectRouter, deps: ManagementDeps): void {
-  router.service(ManagementService, { ...projectHandlers(deps), ...serviceAccountHandlers(deps), ...appHandlers(deps), ...deps.runs.handlers, ...statsHandlers(deps) });
+  router.service(ManagementService, {
+    ...projectHandlers(deps),
+    ...serviceAccountHandlers(deps),
+    ...appHandlers(deps),
+    ...deps.runs.handlers,
+    ...statsHandlers(deps),
+  });
 }

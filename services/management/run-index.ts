@@ -61,7 +61,14 @@ export class RunIndex {
     const kv = await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true });
     const index = new RunIndex(logger);
     // A closed connection ends the watch for good (the process is stopping).
-    index.follower = followKv({ kv, name: "runs", logger, initTimeoutMs: timeoutMs, shouldStop: () => nc.isClosed(), onEntry: (e) => index.apply(e) });
+    index.follower = followKv({
+      kv,
+      name: "runs",
+      logger,
+      initTimeoutMs: timeoutMs,
+      shouldStop: () => nc.isClosed(),
+      onEntry: (e) => index.apply(e),
+    });
     await index.follower.ready;
     return index;
   }

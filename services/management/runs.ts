@@ -14,14 +14,31 @@ import { timestampFromDate, ValueSchema } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
 import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
-import { RunSchema, WatchRunsResponseSchema, type ManagementService, type Run, type WatchRunsResponse } from "../../gen/skiff/management/v2/management_pb.js";
+import {
+  RunSchema,
+  WatchRunsResponseSchema,
+  type ManagementService,
+  type Run,
+  type WatchRunsResponse,
+} from "../../gen/skiff/management/v2/management_pb.js";
 import type { Logger } from "../config/index.js";
-import { requestCancel, publishRunEvent, RunResults, type Body, isFinal, RUN_STATUSES, RunStore, type RunRecord, type RunStatus } from "../runs/index.js";
+import {
+  requestCancel,
+  publishRunEvent,
+  RunResults,
+  type Body,
+  isFinal,
+  RUN_STATUSES,
+  RunStore,
+  type RunRecord,
+  type RunStatus,
+} from "../runs/index.js";
 import { RunIndex } from "./run-index.js";
 import { listDeliveries, redeliver, RedeliveryError } from "../webhook/index.js";
 
 type Impl = ServiceImpl<typeof ManagementService>;
-export type RunMethods = "listRuns" | "getRun" | "cancelRun" | "watchRuns" | "listWebhookDeliveries" | "redeliverWebhook";
+export type RunMethods =
+  "listRuns" | "getRun" | "cancelRun" | "watchRuns" | "listWebhookDeliveries" | "redeliverWebhook";
 
 export const DEFAULT_PAGE_SIZE = 50;
 export const MAX_PAGE_SIZE = 500;
@@ -52,7 +69,10 @@ function resultFields(body: Body | undefined): Pick<Run, "result" | "rawResult">
   if (!body) return { result: undefined, rawResult: undefined };
   if (body.contentType.split(";")[0].trim().toLowerCase() === "application/json") {
     try {
-      return { result: fromJson(ValueSchema, JSON.parse(decoder.decode(body.data)) as JsonValue), rawResult: undefined };
+      return {
+        result: fromJson(ValueSchema, JSON.parse(decoder.decode(body.data)) as JsonValue),
+        rawResult: undefined,
+      };
     } catch {
       // not JSON after all: returned raw below
     }
@@ -81,8 +101,13 @@ export function runMessage(r: RunRecord, result?: Body): Run {
 }
 
 function names(projectId: string, appName: string, runId?: string): void {
-  if (!NAME.test(appName)) throw new ConnectError(`app ${JSON.stringify(appName.slice(0, 80))} not found in project ${projectId}`, Code.NotFound);
-  if (runId !== undefined && !RUN_ID.test(runId)) throw new ConnectError(`run ${JSON.stringify(runId.slice(0, 80))} not found`, Code.NotFound);
+  if (!NAME.test(appName))
+    throw new ConnectError(
+      `app ${JSON.stringify(appName.slice(0, 80))} not found in project ${projectId}`,
+      Code.NotFound,
+    );
+  if (runId !== undefined && !RUN_ID.test(runId))
+    throw new ConnectError(`run ${JSON.stringify(runId.slice(0, 80))} not found`, Code.NotFound);
 }
 
 const token = {
@@ -101,7 +126,8 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   const results = new RunResults(js, nc, opts.resultTtlSeconds);
   const index = await RunIndex.start(nc, logger);
   const sweeper = setInterval(() => {
-    if (!nc.isClosed()) results.sweep(logger).catch((err: unknown) => logger.warn({ err }, "cannot sweep expired results"));
+    if (!nc.isClosed())
+      results.sweep(logger).catch((err: unknown) => logger.warn({ err }, "cannot sweep expired results"));
   }, SWEEP_EVERY_MS);
   sweeper.unref();
 
@@ -144,7 +170,11 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       const answer = r.runner ? await requestCancel(nc, r.runner, runId) : "gone";
       if (answer === "aborted") return settled(r);
       // Its process is gone (or no longer has it): nobody else will finish the record.
-      const done = await markCancelled(r, "running", answer === "gone" ? "cancelled; the process running it was gone" : "cancelled");
+      const done = await markCancelled(
+        r,
+        "running",
+        answer === "gone" ? "cancelled; the process running it was gone" : "cancelled",
+      );
       if (done) return done;
     }
   }
@@ -153,7 +183,10 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     async listRuns(req) {
       names(req.projectId, req.appName);
       if (req.status !== "" && !(RUN_STATUSES as readonly string[]).includes(req.status)) {
-        throw new ConnectError(`status must be one of ${RUN_STATUSES.join(", ")}, got ${JSON.stringify(req.status.slice(0, 40))}`, Code.InvalidArgument);
+        throw new ConnectError(
+          `status must be one of ${RUN_STATUSES.join(", ")}, got ${JSON.stringify(req.status.slice(0, 40))}`,
+          Code.InvalidArgument,
+        );
       }
       const pageSize = req.pageSize === 0 ? DEFAULT_PAGE_SIZE : Math.min(req.pageSize, MAX_PAGE_SIZE);
       const page = index.list(req.projectId, req.appName, {
@@ -162,7 +195,10 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
         asyncOnly: req.asyncOnly,
         status: req.status === "" ? undefined : (req.status as RunStatus),
       });
-      return { runs: page.runs.map((r) => runMessage(r)), nextPageToken: page.next === undefined ? "" : token.encode(page.next) };
+      return {
+        runs: page.runs.map((r) => runMessage(r)),
+        nextPageToken: page.next === undefined ? "" : token.encode(page.next),
+      };
     },
     async getRun(req) {
       const r = await record(req.projectId, req.appName, req.runId);
@@ -176,7 +212,11 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     },
     async redeliverWebhook(req) {
       const r = await record(req.projectId, req.appName, req.runId);
-      if (!isFinal(r.status)) throw new ConnectError(`run ${r.run_id} is ${r.status}: there is no result to deliver yet`, Code.FailedPrecondition);
+      if (!isFinal(r.status))
+        throw new ConnectError(
+          `run ${r.run_id} is ${r.status}: there is no result to deliver yet`,
+          Code.FailedPrecondition,
+        );
       try {
         const delivery = await redeliver(nc, r.run_id);
         logger.info({ runId: r.run_id, deliveryId: delivery.deliveryId }, "webhook redelivery requested");

@@ -32,7 +32,10 @@ export class ServiceAccountStore {
     }
   }
 
-  async entry(projectId: string, serviceAccountId: string): Promise<{ record: ServiceAccountRecord; revision: number } | undefined> {
+  async entry(
+    projectId: string,
+    serviceAccountId: string,
+  ): Promise<{ record: ServiceAccountRecord; revision: number } | undefined> {
     const entry = await this.kv.get(accountKey(projectId, serviceAccountId));
     const record = entry && entry.operation === "PUT" ? decodeAccount(entry) : undefined;
     return record && entry ? { record, revision: entry.revision } : undefined;
@@ -42,8 +45,14 @@ export class ServiceAccountStore {
   async list(projectId: string): Promise<ServiceAccountRecord[]> {
     const keys: string[] = [];
     for await (const k of await this.kv.keys(`${projectId}.*`)) keys.push(k);
-    const records = await Promise.all(keys.map((k) => this.kv.get(k).then((e) => (e && e.operation === "PUT" ? decodeAccount(e) : undefined))));
-    return records.filter((r): r is ServiceAccountRecord => r !== undefined).sort((a, b) => a.created_at.localeCompare(b.created_at) || a.service_account_id.localeCompare(b.service_account_id));
+    const records = await Promise.all(
+      keys.map((k) => this.kv.get(k).then((e) => (e && e.operation === "PUT" ? decodeAccount(e) : undefined))),
+    );
+    return records
+      .filter((r): r is ServiceAccountRecord => r !== undefined)
+      .sort(
+        (a, b) => a.created_at.localeCompare(b.created_at) || a.service_account_id.localeCompare(b.service_account_id),
+      );
   }
 
   /** Deletes an account; false when there was none. */

@@ -28,7 +28,10 @@ export function serviceAccountHandlers(
       const expiresAt = valid.expiry(req.expiresAt);
       // A leaked token must not be able to outlive itself by minting a longer-lived one.
       if (p.kind === "service_account" && expiresAt > p.expiresAt) {
-        throw new ConnectError(`a service account token can only create service accounts that expire no later than itself (${p.expiresAt.toISOString()})`, Code.PermissionDenied);
+        throw new ConnectError(
+          `a service account token can only create service accounts that expire no later than itself (${p.expiresAt.toISOString()})`,
+          Code.PermissionDenied,
+        );
       }
       const projectId = await project(req.projectId);
       const record: ServiceAccountRecord = {
@@ -39,9 +42,13 @@ export function serviceAccountHandlers(
         expires_at: expiresAt.toISOString(),
         created_by: actorOf(p),
       };
-      if (!(await deps.serviceAccounts.create(record))) throw new ConnectError("service account id collision; try again", Code.Aborted);
+      if (!(await deps.serviceAccounts.create(record)))
+        throw new ConnectError("service account id collision; try again", Code.Aborted);
       const token = await deps.issueToken({ projectId, serviceAccountId: record.service_account_id, expiresAt });
-      audit(deps.logger, p, "service_account.create", `${projectId}/${record.service_account_id}`, { name, expires_at: record.expires_at });
+      audit(deps.logger, p, "service_account.create", `${projectId}/${record.service_account_id}`, {
+        name,
+        expires_at: record.expires_at,
+      });
       return { serviceAccount: serviceAccountMessage(record), token };
     },
 
@@ -53,7 +60,11 @@ export function serviceAccountHandlers(
     async getServiceAccount(req) {
       const projectId = await project(req.projectId);
       const record = await deps.serviceAccounts.get(projectId, valid.serviceAccountIdOrNotFound(req.serviceAccountId));
-      if (!record) throw new ConnectError(`service account ${req.serviceAccountId} not found in project ${projectId}`, Code.NotFound);
+      if (!record)
+        throw new ConnectError(
+          `service account ${req.serviceAccountId} not found in project ${projectId}`,
+          Code.NotFound,
+        );
       return { serviceAccount: serviceAccountMessage(record) };
     },
 
@@ -61,7 +72,8 @@ export function serviceAccountHandlers(
       const p = principalOf(ctx);
       const projectId = await project(req.projectId);
       const id = valid.serviceAccountIdOrNotFound(req.serviceAccountId);
-      if (!(await deps.serviceAccounts.delete(projectId, id))) throw new ConnectError(`service account ${id} not found in project ${projectId}`, Code.NotFound);
+      if (!(await deps.serviceAccounts.delete(projectId, id)))
+        throw new ConnectError(`service account ${id} not found in project ${projectId}`, Code.NotFound);
       audit(deps.logger, p, "service_account.delete", `${projectId}/${id}`);
       return {};
     },

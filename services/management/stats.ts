@@ -37,7 +37,10 @@ type Bucket = Pick<StatsBucket, "runs" | "failures" | "p50Ms" | "p95Ms" | "p99Ms
  * One bucket per minute of the hour that ends with the current minute,
  * oldest first. Runs outside that hour are ignored.
  */
-export function bucketRuns(runs: Iterable<Pick<RunRecord, "queued_at" | "status" | "run_time_ms">>, now: number): Bucket[] {
+export function bucketRuns(
+  runs: Iterable<Pick<RunRecord, "queued_at" | "status" | "run_time_ms">>,
+  now: number,
+): Bucket[] {
   const first = Math.floor(now / MINUTE_MS) * MINUTE_MS - (STATS_MINUTES - 1) * MINUTE_MS;
   const counts = Array.from({ length: STATS_MINUTES }, () => ({ runs: 0, failures: 0, times: [] as number[] }));
   for (const r of runs) {
@@ -50,7 +53,14 @@ export function bucketRuns(runs: Iterable<Pick<RunRecord, "queued_at" | "status"
   }
   return counts.map((c, i) => {
     const sorted = c.times.sort((a, b) => a - b);
-    return { timeMs: first + i * MINUTE_MS, runs: c.runs, failures: c.failures, p50Ms: percentile(sorted, 50), p95Ms: percentile(sorted, 95), p99Ms: percentile(sorted, 99) };
+    return {
+      timeMs: first + i * MINUTE_MS,
+      runs: c.runs,
+      failures: c.failures,
+      p50Ms: percentile(sorted, 50),
+      p95Ms: percentile(sorted, 95),
+      p99Ms: percentile(sorted, 99),
+    };
   });
 }
 
@@ -72,8 +82,15 @@ export function statsHandlers(deps: ManagementDeps): Pick<Impl, "getAppStats"> {
   return {
     async getAppStats(req) {
       const projectId = valid.projectId(req.projectId);
-      const known = APP_NAME_PATTERN.test(req.appName) && (await deps.projects.get(projectId)) && (await deps.apps.store.get(projectId, req.appName));
-      if (!known) throw new ConnectError(`app ${JSON.stringify(req.appName.slice(0, 80))} not found in project ${projectId}`, Code.NotFound);
+      const known =
+        APP_NAME_PATTERN.test(req.appName) &&
+        (await deps.projects.get(projectId)) &&
+        (await deps.apps.store.get(projectId, req.appName));
+      if (!known)
+        throw new ConnectError(
+          `app ${JSON.stringify(req.appName.slice(0, 80))} not found in project ${projectId}`,
+          Code.NotFound,
+        );
       const now = Date.now();
       const since = Math.floor(now / MINUTE_MS) * MINUTE_MS - (STATS_MINUTES - 1) * MINUTE_MS;
       const buckets = bucketRuns(runsSince(deps.runs.index, projectId, req.appName, since), now);

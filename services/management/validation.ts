@@ -13,13 +13,17 @@ function invalid(message: string): ConnectError {
 }
 
 export function projectId(value: string): string {
-  if (!PROJECT_ID.test(value)) throw invalid(`project_id must be "p-" followed by 1 to 40 lowercase letters or digits, got ${JSON.stringify(value.slice(0, 80))}`);
+  if (!PROJECT_ID.test(value))
+    throw invalid(
+      `project_id must be "p-" followed by 1 to 40 lowercase letters or digits, got ${JSON.stringify(value.slice(0, 80))}`,
+    );
   return value;
 }
 
 /** A malformed id cannot name an existing account: that is a 404, like any unknown id. */
 export function serviceAccountIdOrNotFound(value: string): string {
-  if (!SERVICE_ACCOUNT_ID.test(value)) throw new ConnectError(`service account ${JSON.stringify(value.slice(0, 80))} not found`, Code.NotFound);
+  if (!SERVICE_ACCOUNT_ID.test(value))
+    throw new ConnectError(`service account ${JSON.stringify(value.slice(0, 80))} not found`, Code.NotFound);
   return value;
 }
 
@@ -32,9 +36,15 @@ export function name(value: string, field: string, required: boolean): string {
 
 /** The expiry of a new service account, in whole seconds (it becomes the token's `exp`). */
 export function expiry(value: Timestamp | undefined, now = Date.now()): Date {
-  if (value === undefined) throw invalid("expires_at is required: an RFC 3339 time in the future, at most one year ahead (e.g. 2030-01-31T00:00:00Z)");
+  if (value === undefined)
+    throw invalid(
+      "expires_at is required: an RFC 3339 time in the future, at most one year ahead (e.g. 2030-01-31T00:00:00Z)",
+    );
   const ms = Math.floor(timestampDate(value).getTime() / 1000) * 1000;
   if (ms <= now) throw invalid(`expires_at must be in the future, got ${new Date(ms).toISOString()}`);
-  if (!Number.isFinite(ms) || ms > now + MAX_EXPIRY_MS) throw invalid(`expires_at must be at most one year ahead (before ${new Date(now + MAX_EXPIRY_MS).toISOString()}), got ${Number.isFinite(ms) ? new Date(ms).toISOString() : "a time out of range"}`);
+  if (!Number.isFinite(ms) || ms > now + MAX_EXPIRY_MS)
+    throw invalid(
+      `expires_at must be at most one year ahead (before ${new Date(now + MAX_EXPIRY_MS).toISOString()}), got ${Number.isFinite(ms) ? new Date(ms).toISOString() : "a time out of range"}`,
+    );
   return new Date(ms);
 }

@@ -52,7 +52,10 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsHandle>
     // An empty list would make nats.js fall back to localhost:4222, which is not what was asked.
     if (serverList(opts.url).length === 0) throw new NatsConnectError(`SKIFF_NATS_URL names no server: "${opts.url}"`);
     const nc = await dial(opts.url, name, DEFAULT_NATS_CONNECT_TIMEOUT_MS).catch((err: unknown) => {
-      throw new NatsConnectError(`cannot connect to the NATS server(s) at ${opts.url} given by SKIFF_NATS_URL: ${messageOf(err)}`, { cause: err });
+      throw new NatsConnectError(
+        `cannot connect to the NATS server(s) at ${opts.url} given by SKIFF_NATS_URL: ${messageOf(err)}`,
+        { cause: err },
+      );
     });
     return ready(nc, opts.url, undefined, opts.logger, "SKIFF_NATS_URL");
   }
@@ -64,7 +67,9 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsHandle>
   const server = await startServer(opts, probeUrl);
   const nc = await dial(server.url, name, DEFAULT_NATS_CONNECT_TIMEOUT_MS).catch(async (err: unknown) => {
     await server.stop();
-    throw new NatsStartError(`started nats-server at ${server.url} but cannot connect to it: ${messageOf(err)}`, { cause: err });
+    throw new NatsStartError(`started nats-server at ${server.url} but cannot connect to it: ${messageOf(err)}`, {
+      cause: err,
+    });
   });
   return ready(nc, server.url, server, opts.logger, "started");
 }
@@ -89,7 +94,13 @@ function serverList(url: string): string[] {
 }
 
 /** Checks JetStream, logs the choice and builds the handle. */
-async function ready(nc: NatsConnection, url: string, server: NatsServerProcess | undefined, logger: Logger, how: "SKIFF_NATS_URL" | "probe" | "started"): Promise<NatsHandle> {
+async function ready(
+  nc: NatsConnection,
+  url: string,
+  server: NatsServerProcess | undefined,
+  logger: Logger,
+  how: "SKIFF_NATS_URL" | "probe" | "started",
+): Promise<NatsHandle> {
   let closing: Promise<void> | undefined;
   const close = () => (closing ??= shutdown(nc, server));
   try {
@@ -97,13 +108,25 @@ async function ready(nc: NatsConnection, url: string, server: NatsServerProcess 
   } catch (err) {
     await close();
     if (err instanceof NatsError && err.code === ErrorCode.JetStreamNotEnabled) {
-      throw new JetStreamDisabledError(`the NATS server at ${url} has JetStream disabled; skiff keeps its state in JetStream: start nats-server with -js, or point SKIFF_NATS_URL at a server with JetStream`, { cause: err });
+      throw new JetStreamDisabledError(
+        `the NATS server at ${url} has JetStream disabled; skiff keeps its state in JetStream: start nats-server with -js, or point SKIFF_NATS_URL at a server with JetStream`,
+        { cause: err },
+      );
     }
-    throw new NatsConnectError(`cannot reach JetStream on the NATS server at ${url}: ${messageOf(err)}`, { cause: err });
+    throw new NatsConnectError(`cannot reach JetStream on the NATS server at ${url}: ${messageOf(err)}`, {
+      cause: err,
+    });
   }
   const serverPid = server?.pid;
-  const via = { SKIFF_NATS_URL: "given by SKIFF_NATS_URL", probe: "answering at the probe URL", started: "started in the data folder" }[how];
-  logger.info({ url, embedded: server !== undefined, serverPid, version: nc.info?.version }, `using NATS server ${url} (${via})`);
+  const via = {
+    SKIFF_NATS_URL: "given by SKIFF_NATS_URL",
+    probe: "answering at the probe URL",
+    started: "started in the data folder",
+  }[how];
+  logger.info(
+    { url, embedded: server !== undefined, serverPid, version: nc.info?.version },
+    `using NATS server ${url} (${via})`,
+  );
   return { nc, url, embedded: server !== undefined, serverPid, close };
 }
 
@@ -132,7 +155,12 @@ async function startServer(opts: ConnectNatsOptions, probeUrl: string): Promise<
   await mkdir(dir, { recursive: true });
   const configFile = path.join(dir, "nats-server.conf");
   await writeFile(configFile, serverConfig(dir));
-  const server = await spawnNatsServer({ binary, args: ["-c", configFile], portsDir: dir, onLog: (line) => logServerLine(opts.logger, line) });
+  const server = await spawnNatsServer({
+    binary,
+    args: ["-c", configFile],
+    portsDir: dir,
+    onLog: (line) => logServerLine(opts.logger, line),
+  });
   opts.logger.info({ serverPid: server.pid, url: server.url, storeDir: dir }, "started nats-server with JetStream");
   return server;
 }

@@ -82,14 +82,29 @@ export interface BucketSpec {
 
 export const buckets = {
   projects: { name: "skiff-projects", ttlMs: 0, history: 1, description: "projects" },
-  serviceAccounts: { name: "skiff-service-accounts", ttlMs: 0, history: 1, description: "service accounts; deletions revoke tokens through watches" },
+  serviceAccounts: {
+    name: "skiff-service-accounts",
+    ttlMs: 0,
+    history: 1,
+    description: "service accounts; deletions revoke tokens through watches",
+  },
   keys: { name: "skiff-keys", ttlMs: 0, history: 1, description: "token signing keys" },
   apps: { name: "skiff-apps", ttlMs: 0, history: 5, description: "apps, their config and deployments" },
   runs: { name: "skiff-runs", ttlMs: RUN_RETENTION_MS, history: 1, description: "run records" },
   secrets: { name: "skiff-secrets", ttlMs: 2 * DAY_MS, history: 1, description: "sealed webhook secrets (short TTL)" },
   idempotency: { name: "skiff-idempotency", ttlMs: DAY_MS, history: 1, description: "Idempotency-Key to run id, 24 h" },
-  replicas: { name: "skiff-replicas", ttlMs: 30_000, history: 1, description: "live replicas of every runner process, refreshed well inside the TTL" },
-  webhooks: { name: "skiff-webhooks", ttlMs: RUN_RETENTION_MS, history: 1, description: "webhook deliveries and their attempts" },
+  replicas: {
+    name: "skiff-replicas",
+    ttlMs: 30_000,
+    history: 1,
+    description: "live replicas of every runner process, refreshed well inside the TTL",
+  },
+  webhooks: {
+    name: "skiff-webhooks",
+    ttlMs: RUN_RETENTION_MS,
+    history: 1,
+    description: "webhook deliveries and their attempts",
+  },
 } as const satisfies Record<string, BucketSpec>;
 
 export interface ObjectStoreSpec {

@@ -25,11 +25,18 @@ const JS_STREAM_NAME_IN_USE = 10058;
 const JS_STREAM_SUBJECT_OVERLAP = 10065;
 
 /** Settings JetStream can change on an existing stream (they are part of StreamUpdateConfig). */
-const UPDATABLE = ["subjects", "description", "max_age", "duplicate_window", "max_msgs_per_subject"] as const satisfies readonly (keyof StreamUpdateConfig)[];
+const UPDATABLE = [
+  "subjects",
+  "description",
+  "max_age",
+  "duplicate_window",
+  "max_msgs_per_subject",
+] as const satisfies readonly (keyof StreamUpdateConfig)[];
 /** Settings fixed at creation: a difference is reported, never "fixed" by deleting data. */
 const FIXED = ["retention", "storage"] as const satisfies readonly (keyof StreamConfig)[];
 
-type Wanted = Pick<StreamConfig, "name" | (typeof FIXED)[number]> & Partial<Pick<StreamConfig, (typeof UPDATABLE)[number]>>;
+type Wanted = Pick<StreamConfig, "name" | (typeof FIXED)[number]> &
+  Partial<Pick<StreamConfig, (typeof UPDATABLE)[number]>>;
 
 /** One thing to provision: the stream behind it, its settings, and how to create it. */
 interface Target {
@@ -75,12 +82,23 @@ function bucketTarget(js: JetStreamClient, spec: BucketSpec): Target {
     max_age: nanos(spec.ttlMs),
     description: spec.description,
   };
-  const create = () => js.views.kv(spec.name, { history: spec.history, ttl: spec.ttlMs, storage: StorageType.File, description: spec.description });
+  const create = () =>
+    js.views.kv(spec.name, {
+      history: spec.history,
+      ttl: spec.ttlMs,
+      storage: StorageType.File,
+      description: spec.description,
+    });
   return { kind: "KV bucket", name: spec.name, want, create };
 }
 
 function objectStoreTarget(js: JetStreamClient, spec: ObjectStoreSpec): Target {
-  const want: Wanted = { name: `OBJ_${spec.name}`, retention: RetentionPolicy.Limits, storage: StorageType.File, description: spec.description };
+  const want: Wanted = {
+    name: `OBJ_${spec.name}`,
+    retention: RetentionPolicy.Limits,
+    storage: StorageType.File,
+    description: spec.description,
+  };
   const create = () => js.views.os(spec.name, { storage: StorageType.File, description: spec.description });
   return { kind: "object store", name: spec.name, want, create };
 }
@@ -132,9 +150,15 @@ async function reconcile(jsm: JetStreamManager, target: Target, info: StreamInfo
   try {
     await jsm.streams.update(target.want.name, update);
   } catch (err) {
-    throw new NatsProvisionError(`cannot update ${changed.join(", ")} of ${target.kind} ${target.name}: ${messageOf(err)}`, { cause: err });
+    throw new NatsProvisionError(
+      `cannot update ${changed.join(", ")} of ${target.kind} ${target.name}: ${messageOf(err)}`,
+      { cause: err },
+    );
   }
-  logger.info({ kind: target.kind, name: target.name, was: pick(info.config, changed), now: update }, `updated ${target.kind} ${target.name}`);
+  logger.info(
+    { kind: target.kind, name: target.name, was: pick(info.config, changed), now: update },
+    `updated ${target.kind} ${target.name}`,
+  );
 }
 
 function sameValue(have: unknown, want: unknown): boolean {

@@ -44,7 +44,10 @@ export interface NatsServerProcess {
 }
 
 /** The first executable file called `name` in the folders of `searchPath` (PATH syntax). */
-export async function findOnPath(name: string, searchPath: string = process.env.PATH ?? ""): Promise<string | undefined> {
+export async function findOnPath(
+  name: string,
+  searchPath: string = process.env.PATH ?? "",
+): Promise<string | undefined> {
   for (const dir of searchPath.split(path.delimiter)) {
     if (dir === "") continue;
     const candidate = path.join(dir, name);

@@ -19,14 +19,22 @@ export interface LogLineRecord {
 }
 
 export function encodeLogLine(line: AppLogLine): Uint8Array {
-  const record: LogLineRecord = { time: line.time.toISOString(), replica_id: line.replicaId, stream: line.stream, run_id: line.runId ?? "", text: line.text };
+  const record: LogLineRecord = {
+    time: line.time.toISOString(),
+    replica_id: line.replicaId,
+    stream: line.stream,
+    run_id: line.runId ?? "",
+    text: line.text,
+  };
   return new TextEncoder().encode(JSON.stringify(record));
 }
 
 export function decodeLogLine(data: Uint8Array): LogLineRecord | undefined {
   try {
     const v = JSON.parse(new TextDecoder().decode(data)) as Partial<LogLineRecord>;
-    return typeof v.time === "string" && typeof v.text === "string" && typeof v.replica_id === "string" ? (v as LogLineRecord) : undefined;
+    return typeof v.time === "string" && typeof v.text === "string" && typeof v.replica_id === "string"
+      ? (v as LogLineRecord)
+      : undefined;
   } catch {
     return undefined;
   }

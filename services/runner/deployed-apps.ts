@@ -13,7 +13,11 @@ export interface AppRef {
   appName: string;
 }
 
-export function followDeployedApps(runner: Runner, registry: AppRegistry, on: { added(app: AppRef): void; removed(app: AppRef): void }): () => void {
+export function followDeployedApps(
+  runner: Runner,
+  registry: AppRegistry,
+  on: { added(app: AppRef): void; removed(app: AppRef): void },
+): () => void {
   const serving = new Map<string, AppRef>();
   const check = () => {
     const now = new Set<string>();

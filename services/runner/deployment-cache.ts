@@ -33,7 +33,11 @@ interface Marker {
  * Unpacks a bundle into `dir` with every safety check, reads its skiff.toml
  * and prepares it. Throws BundleError, AppConfigError or PrepareFailed.
  */
-export async function prepareBundle(bytes: Uint8Array, dir: string, opts: { maxBytes: number; logger: Logger }): Promise<{ config: AppConfig; prepared: PreparedDeployment }> {
+export async function prepareBundle(
+  bytes: Uint8Array,
+  dir: string,
+  opts: { maxBytes: number; logger: Logger },
+): Promise<{ config: AppConfig; prepared: PreparedDeployment }> {
   await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes });
   const config = await loadAppConfig(dir);
   const prepared = await prepareDeployment(dir, config, opts.logger);
@@ -58,7 +62,8 @@ export class DeploymentCache {
    * only when it is not prepared yet, and must give the bundle itself.
    */
   get(digest: string, bytes: () => Promise<Uint8Array>): Promise<PreparedBundle> {
-    if (!/^[0-9a-f]{64}$/.test(digest)) return Promise.reject(new BundleError("invalid", `not a sha256 digest: ${digest.slice(0, 80)}`));
+    if (!/^[0-9a-f]{64}$/.test(digest))
+      return Promise.reject(new BundleError("invalid", `not a sha256 digest: ${digest.slice(0, 80)}`));
     let p = this.pending.get(digest);
     if (!p) {
       p = this.load(digest).then((found) => found ?? this.make(digest, bytes));
@@ -82,7 +87,8 @@ export class DeploymentCache {
     const removed: string[] = [];
     for (const name of names) {
       const digest = /^[0-9a-f]{64}$/.test(name) ? name : undefined;
-      if ((digest && (keep.has(digest) || this.pending.has(digest))) || (!digest && !name.startsWith(".staging-"))) continue;
+      if ((digest && (keep.has(digest) || this.pending.has(digest))) || (!digest && !name.startsWith(".staging-")))
+        continue;
       const dir = path.join(this.root, name);
       const info = await stat(dir).catch(() => undefined);
       if (!info || now - info.mtimeMs < PRUNE_MIN_AGE_MS) continue;
@@ -113,7 +119,10 @@ export class DeploymentCache {
     const staging = path.join(this.root, `.staging-${digest.slice(0, 16)}-${randomBytes(4).toString("hex")}`);
     try {
       const { prepared } = await prepareBundle(data, staging, this.opts);
-      const marker: Marker = { functions: prepared.functions, python: prepared.python && path.relative(staging, prepared.python) };
+      const marker: Marker = {
+        functions: prepared.functions,
+        python: prepared.python && path.relative(staging, prepared.python),
+      };
       await mkdir(path.join(staging, ".skiff"), { recursive: true });
       await writeFile(path.join(staging, MARKER), JSON.stringify(marker));
       await rename(staging, this.dirOf(digest)).catch(async (err: NodeJS.ErrnoException) => {

@@ -6,7 +6,15 @@
 import type { Msg, NatsConnection, Subscription } from "nats";
 import type { Logger } from "../config/index.js";
 import { subjects } from "../nats/index.js";
-import { type RunControl, decodeRequest, encodeErrorReply, encodeReply, type BodyTransfer, RunnerError, StartFailed } from "../runs/index.js";
+import {
+  type RunControl,
+  decodeRequest,
+  encodeErrorReply,
+  encodeReply,
+  type BodyTransfer,
+  RunnerError,
+  StartFailed,
+} from "../runs/index.js";
 import type { AppRef } from "./deployed-apps.js";
 import type { Runner } from "./runner.js";
 
@@ -58,8 +66,11 @@ export class SyncDispatch {
       control.track(runId, controller, work);
       msg.respond(await encodeReply(transfer, runId, await work));
     } catch (err) {
-      if (!(err instanceof RunnerError)) logger.error({ err, runId, app: `${app.projectId}/${app.appName}` }, "sync run failed inside the runner");
-      msg.respond(encodeErrorReply(err instanceof RunnerError ? err : new StartFailed("the runner could not run the request")));
+      if (!(err instanceof RunnerError))
+        logger.error({ err, runId, app: `${app.projectId}/${app.appName}` }, "sync run failed inside the runner");
+      msg.respond(
+        encodeErrorReply(err instanceof RunnerError ? err : new StartFailed("the runner could not run the request")),
+      );
     }
   }
 }

@@ -14,7 +14,17 @@ import { randomBytes } from "node:crypto";
 import type http from "node:http";
 import path from "node:path";
 import type { Logger } from "../config/index.js";
-import { AppNotFound, Cancelled, FunctionNotFound, Overloaded, ReplicaCrashed, RunTimeout, StartFailed, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
+import {
+  AppNotFound,
+  Cancelled,
+  FunctionNotFound,
+  Overloaded,
+  ReplicaCrashed,
+  RunTimeout,
+  StartFailed,
+  type InvokeRequest,
+  type InvokeResponse,
+} from "../runs/index.js";
 import { NODE_SHIM, PYTHON_SHIM, SYSTEM_PYTHON } from "./prepare.js";
 import { freePort, type PortLeases } from "./ports.js";
 import { Replica } from "./replica.js";
@@ -124,7 +134,10 @@ export class AppPool {
 
   private wait(signal: AbortSignal | undefined): Promise<Slot> {
     if (this.queue.length >= this.o.queueLimit) {
-      throw new Overloaded(`app ${this.owner} has ${this.queue.length} requests waiting, the most it queues`, RETRY_AFTER_SECONDS);
+      throw new Overloaded(
+        `app ${this.owner} has ${this.queue.length} requests waiting, the most it queues`,
+        RETRY_AFTER_SECONDS,
+      );
     }
     return new Promise<Slot>((resolve, reject) => {
       const w: Waiter = {
@@ -134,7 +147,12 @@ export class AppPool {
         signal,
         timer: setTimeout(() => {
           w.pool.unqueue(w);
-          reject(new Overloaded(`no replica of app ${this.owner} was free within ${this.o.queueWaitMs} ms`, RETRY_AFTER_SECONDS));
+          reject(
+            new Overloaded(
+              `no replica of app ${this.owner} was free within ${this.o.queueWaitMs} ms`,
+              RETRY_AFTER_SECONDS,
+            ),
+          );
         }, this.o.queueWaitMs),
         onAbort: () => {
           w.pool.unqueue(w);
@@ -177,8 +195,14 @@ export class AppPool {
     const timer = setTimeout(() => {
       failure = new RunTimeout(this.deployment.config.scaling.responseGracePeriod);
       request?.destroy(failure);
-      this.o.logger.warn({ app: this.owner, replica: r.id, runId: req.runId }, "run passed response_grace_period; replacing its replica");
-      this.replace(r, new ReplicaCrashed(`replica ${r.id} was stopped: run ${req.runId} on it passed response_grace_period`));
+      this.o.logger.warn(
+        { app: this.owner, replica: r.id, runId: req.runId },
+        "run passed response_grace_period; replacing its replica",
+      );
+      this.replace(
+        r,
+        new ReplicaCrashed(`replica ${r.id} was stopped: run ${req.runId} on it passed response_grace_period`),
+      );
     }, this.graceMs);
     const onAbort = () => {
       failure = new Cancelled({ cause: req.signal?.reason });
@@ -188,19 +212,36 @@ export class AppPool {
     r.startRun(req.runId);
     const started = performance.now();
     try {
-      const ex = fn === undefined
-        ? await r.send(req.method, req.query === "" ? req.path : `${req.path}?${req.query}`, forwardHeaders(req.headers, req.runId, req.body.byteLength), req.body, (c) => (request = c))
-        : await r.send("POST", `/${fn}`, cortexHeaders(req.runId, req.body.byteLength), req.body, (c) => (request = c));
+      const ex =
+        fn === undefined
+          ? await r.send(
+              req.method,
+              req.query === "" ? req.path : `${req.path}?${req.query}`,
+              forwardHeaders(req.headers, req.runId, req.body.byteLength),
+              req.body,
+              (c) => (request = c),
+            )
+          : await r.send(
+              "POST",
+              `/${fn}`,
+              cortexHeaders(req.runId, req.body.byteLength),
+              req.body,
+              (c) => (request = c),
+            );
       const runTimeMs = Math.round(performance.now() - started);
       this.crashes = 0;
-      if (fn === undefined) return { status: ex.status, headers: passHeaders(ex.headers), body: ex.body, runTimeMs, replicaId: r.id };
+      if (fn === undefined)
+        return { status: ex.status, headers: passHeaders(ex.headers), body: ex.body, runTimeMs, replicaId: r.id };
       if (ex.status === 404) throw new FunctionNotFound(this.deployment.appName, fn);
       return { ...cortexEnvelope(ex, req.runId, runTimeMs), runTimeMs, replicaId: r.id };
     } catch (err) {
       if (err instanceof FunctionNotFound) throw err;
       if (failure || r.stopReason) throw failure ?? r.stopReason;
       this.quarantine(r);
-      throw new ReplicaCrashed(`replica ${r.id} of app ${this.owner} failed during the run: ${(err as Error).message}`, { cause: err });
+      throw new ReplicaCrashed(
+        `replica ${r.id} of app ${this.owner} failed during the run: ${(err as Error).message}`,
+        { cause: err },
+      );
     } finally {
       clearTimeout(timer);
       req.signal?.removeEventListener("abort", onAbort);
@@ -218,7 +259,10 @@ export class AppPool {
       if (r.state === "starting") starting++;
       if (r.state === "starting" || r.state === "ready") live++;
     }
-    let wanted = Math.max(this.deployment.config.scaling.minReplicas - live, Math.ceil(this.queue.length / this.concurrency) - starting);
+    let wanted = Math.max(
+      this.deployment.config.scaling.minReplicas - live,
+      Math.ceil(this.queue.length / this.concurrency) - starting,
+    );
     for (; wanted > 0 && live < this.cap; wanted--, live++) void this.startReplica();
   }
 
@@ -267,7 +311,8 @@ export class AppPool {
     let command: string;
     let args: string[];
     if (runtime.kind === "custom") [command, args] = [runtime.command[0], runtime.command.slice(1)];
-    else if (runtime.language === "python") [command, args] = [this.prepared.python ?? SYSTEM_PYTHON, ["-u", PYTHON_SHIM, runtime.entry]];
+    else if (runtime.language === "python")
+      [command, args] = [this.prepared.python ?? SYSTEM_PYTHON, ["-u", PYTHON_SHIM, runtime.entry]];
     else [command, args] = [process.execPath, [NODE_SHIM, runtime.entry]];
     const replica = new Replica(
       {
@@ -284,7 +329,12 @@ export class AppPool {
         healthcheck: runtime.kind === "custom" ? runtime.healthcheck : "/health",
         startTimeoutMs: this.o.startTimeoutMs,
       },
-      { agent: this.o.agent, logger: this.o.logger, onLog: this.o.onLog, onExit: (r, code, signal) => this.exited(r, code, signal) },
+      {
+        agent: this.o.agent,
+        logger: this.o.logger,
+        onLog: this.o.onLog,
+        onExit: (r, code, signal) => this.exited(r, code, signal),
+      },
     );
     this.replicas.push(replica);
     this.changed(replica);
@@ -297,7 +347,10 @@ export class AppPool {
     if (replica) this.forget(replica);
     if (this.closed) return err;
     this.crashes++;
-    const error = err instanceof StartFailed ? err : new StartFailed(`replica of app ${this.owner} failed to start: ${err.message}`, { cause: err });
+    const error =
+      err instanceof StartFailed
+        ? err
+        : new StartFailed(`replica of app ${this.owner} failed to start: ${err.message}`, { cause: err });
     this.o.logger.warn({ app: this.owner, err: error.message }, "replica failed to start");
     // Requests wait for a replica only while one may still come.
     if (this.liveCount() === 0) this.rejectAll(error);
@@ -325,7 +378,10 @@ export class AppPool {
     this.forget(r);
     if (!r.stopping) {
       this.crashes++;
-      this.o.logger.warn({ app: this.owner, replica: r.id, code, signal }, "replica exited on its own; in-flight requests fail");
+      this.o.logger.warn(
+        { app: this.owner, replica: r.id, code, signal },
+        "replica exited on its own; in-flight requests fail",
+      );
     }
     this.scale();
   }
@@ -382,14 +438,23 @@ export class AppPool {
         if (r.state !== "ready") return;
         r.healthFailures = health === 200 ? 0 : r.healthFailures + 1;
         if (r.healthFailures >= this.o.unhealthyAfter) {
-          this.o.logger.warn({ app: this.owner, replica: r.id, status: health }, `${healthcheck} failed; restarting the replica`);
-          return this.replace(r, new ReplicaCrashed(`replica ${r.id} failed its healthcheck ${healthcheck} and was restarted`));
+          this.o.logger.warn(
+            { app: this.owner, replica: r.id, status: health },
+            `${healthcheck} failed; restarting the replica`,
+          );
+          return this.replace(
+            r,
+            new ReplicaCrashed(`replica ${r.id} failed its healthcheck ${healthcheck} and was restarted`),
+          );
         }
         if (readycheck === undefined) return;
         const ready = (await r.probe(readycheck, timeoutMs)) === 200;
         if (ready === r.routable || r.state !== "ready") return;
         r.routable = ready;
-        this.o.logger.info({ app: this.owner, replica: r.id, routable: ready }, ready ? "readycheck passes; replica back in routing" : "readycheck fails; replica out of routing");
+        this.o.logger.info(
+          { app: this.owner, replica: r.id, routable: ready },
+          ready ? "readycheck passes; replica back in routing" : "readycheck fails; replica out of routing",
+        );
         this.changed(r);
         if (ready) this.dispatch(r);
         else this.scale();
@@ -398,7 +463,11 @@ export class AppPool {
   }
 
   private changed(r: Replica): void {
-    this.o.onReplicaChange?.({ projectId: this.deployment.projectId, appName: this.deployment.appName, replica: r.info() });
+    this.o.onReplicaChange?.({
+      projectId: this.deployment.projectId,
+      appName: this.deployment.appName,
+      replica: r.info(),
+    });
   }
 
   /**

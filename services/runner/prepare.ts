@@ -38,9 +38,18 @@ export interface CommandResult {
 }
 
 /** Runs a command to its end, in its own process group so a timeout kills all of it. */
-export function runCommand(command: string, args: string[], opts: { cwd: string; env: Record<string, string>; timeoutMs: number }): Promise<CommandResult> {
+export function runCommand(
+  command: string,
+  args: string[],
+  opts: { cwd: string; env: Record<string, string>; timeoutMs: number },
+): Promise<CommandResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(command, args, { cwd: opts.cwd, env: opts.env, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    const child = spawn(command, args, {
+      cwd: opts.cwd,
+      env: opts.env,
+      stdio: ["ignore", "pipe", "pipe"],
+      detached: true,
+    });
     let stdout = "";
     let stderr = "";
     child.stdout.setEncoding("utf8").on("data", (c: string) => (stdout = (stdout + c).slice(-1_000_000)));
@@ -113,9 +122,16 @@ async function installPython(dir: string, timeoutMs: number, logger: Logger): Pr
   const env = installEnv();
   logger.info({ dir }, "installing the app's requirements.txt into a venv");
   const made = await runCommand(SYSTEM_PYTHON, ["-m", "venv", venv], { cwd: dir, env, timeoutMs });
-  if (made.code !== 0) throw new PrepareFailed(`could not create a Python venv for requirements.txt:\n${tail(made.stderr || made.stdout)}`);
+  if (made.code !== 0)
+    throw new PrepareFailed(
+      `could not create a Python venv for requirements.txt:\n${tail(made.stderr || made.stdout)}`,
+    );
   const python = path.join(venv, "bin", "python");
-  const pip = await runCommand(python, ["-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-r", "requirements.txt"], { cwd: dir, env, timeoutMs });
+  const pip = await runCommand(
+    python,
+    ["-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-r", "requirements.txt"],
+    { cwd: dir, env, timeoutMs },
+  );
   if (pip.code !== 0) {
     await rm(venv, { recursive: true, force: true });
     throw new PrepareFailed(
@@ -127,10 +143,18 @@ async function installPython(dir: string, timeoutMs: number, logger: Logger): Pr
 }
 
 /** Runs a shim in --list mode: the public functions, as the replica will serve them. */
-async function listFunctions(dir: string, config: AppConfig, python: string | undefined, timeoutMs: number): Promise<string[]> {
+async function listFunctions(
+  dir: string,
+  config: AppConfig,
+  python: string | undefined,
+  timeoutMs: number,
+): Promise<string[]> {
   if (config.runtime.kind !== "cortex") return [];
   const { language, entry } = config.runtime;
-  const [command, args] = language === "python" ? [python ?? SYSTEM_PYTHON, ["-u", PYTHON_SHIM, "--list", entry]] : [process.execPath, [NODE_SHIM, "--list", entry]];
+  const [command, args] =
+    language === "python"
+      ? [python ?? SYSTEM_PYTHON, ["-u", PYTHON_SHIM, "--list", entry]]
+      : [process.execPath, [NODE_SHIM, "--list", entry]];
   const r = await runCommand(command, args, { cwd: dir, env: replicaEnv(config.env, dir, 0), timeoutMs });
   const last = r.stdout.trimEnd().split("\n").pop() ?? "";
   if (r.code === 0) {
@@ -148,7 +172,12 @@ async function listFunctions(dir: string, config: AppConfig, python: string | un
  * Installs the dependencies of the app in `dir` and lists its Cortex
  * functions. Throws PrepareFailed with the installer's own words.
  */
-export async function prepareDeployment(dir: string, config: AppConfig, logger: Logger, opts: { timeoutMs?: number } = {}): Promise<PreparedDeployment> {
+export async function prepareDeployment(
+  dir: string,
+  config: AppConfig,
+  logger: Logger,
+  opts: { timeoutMs?: number } = {},
+): Promise<PreparedDeployment> {
   const timeoutMs = opts.timeoutMs ?? DEFAULT_INSTALL_TIMEOUT_MS;
   const { runtime } = config;
   if (runtime.kind === "cortex" && runtime.language === "python") {

@@ -26,7 +26,8 @@ export interface ReplicaRecord {
   seen_at: string;
 }
 
-export const replicaKey = (projectId: string, appName: string, replicaId: string): string => `${projectId}.${appName}.${replicaId}`;
+export const replicaKey = (projectId: string, appName: string, replicaId: string): string =>
+  `${projectId}.${appName}.${replicaId}`;
 
 export class ReplicaPublisher {
   private readonly host = hostname();
@@ -79,7 +80,9 @@ export class ReplicaPublisher {
 
   /** One write at a time, in order, so a put never overtakes the delete that followed it. */
   private write(op: () => Promise<unknown>): void {
-    this.writes = this.writes.then(op).catch((err: unknown) => this.logger.warn({ err }, "cannot publish a replica to KV"));
+    this.writes = this.writes
+      .then(op)
+      .catch((err: unknown) => this.logger.warn({ err }, "cannot publish a replica to KV"));
   }
 
   private record(r: ReplicaInfo): ReplicaRecord {

@@ -143,7 +143,10 @@ export class Replica {
     const deadline = Date.now() + s.startTimeoutMs;
     while (true) {
       if (spawnError) throw new StartFailed(`cannot start ${s.command}: ${spawnError.message}`, { cause: spawnError });
-      if (!this.alive) throw new StartFailed(`the replica exited during start (code ${child.exitCode ?? child.signalCode})${this.stderrQuote()}`);
+      if (!this.alive)
+        throw new StartFailed(
+          `the replica exited during start (code ${child.exitCode ?? child.signalCode})${this.stderrQuote()}`,
+        );
       if (this.stopping) throw new StartFailed("the replica was stopped during start");
       if ((await this.probe(s.healthcheck, 1000)) === 200) break;
       if (Date.now() > deadline) {
@@ -173,7 +176,8 @@ export class Replica {
   /** The run a line belongs to: the only one in flight, or the one that just ended (its output and its answer travel on different pipes). */
   private runOfLine(): string | undefined {
     if (this.runs.size === 1) for (const id of this.runs) return id;
-    if (this.runs.size === 0 && this.lastRun && performance.now() - this.lastRun.endedAt < LATE_LINE_MS) return this.lastRun.id;
+    if (this.runs.size === 0 && this.lastRun && performance.now() - this.lastRun.endedAt < LATE_LINE_MS)
+      return this.lastRun.id;
     return undefined;
   }
 
@@ -181,31 +185,57 @@ export class Replica {
     const s = this.spec;
     const runId = this.runOfLine();
     this.hooks.logger.debug({ app: `${s.projectId}/${s.appName}`, replica: s.replicaId, stream, runId }, text);
-    this.hooks.onLog?.({ projectId: s.projectId, appName: s.appName, replicaId: s.replicaId, stream, runId, text, time: new Date() });
+    this.hooks.onLog?.({
+      projectId: s.projectId,
+      appName: s.appName,
+      replicaId: s.replicaId,
+      stream,
+      runId,
+      text,
+      time: new Date(),
+    });
   }
 
   /** GET path; the status, or 0 when the replica did not answer in time. */
   probe(path: string, timeoutMs: number): Promise<number> {
     return new Promise((resolve) => {
-      const req = http.get({ host: "127.0.0.1", port: this.spec.port, path, agent: this.hooks.agent, timeout: timeoutMs }, (res) => {
-        res.resume();
-        res.on("end", () => resolve(res.statusCode ?? 0));
-        res.on("error", () => resolve(0));
-      });
+      const req = http.get(
+        { host: "127.0.0.1", port: this.spec.port, path, agent: this.hooks.agent, timeout: timeoutMs },
+        (res) => {
+          res.resume();
+          res.on("end", () => resolve(res.statusCode ?? 0));
+          res.on("error", () => resolve(0));
+        },
+      );
       req.on("timeout", () => req.destroy());
       req.on("error", () => resolve(0));
     });
   }
 
   /** One HTTP exchange with the replica; `onRequest` receives the request so the caller can abort it. */
-  send(method: string, path: string, headers: http.OutgoingHttpHeaders, body: Uint8Array, onRequest: (req: http.ClientRequest) => void): Promise<Exchange> {
+  send(
+    method: string,
+    path: string,
+    headers: http.OutgoingHttpHeaders,
+    body: Uint8Array,
+    onRequest: (req: http.ClientRequest) => void,
+  ): Promise<Exchange> {
     return new Promise((resolve, reject) => {
-      const req = http.request({ host: "127.0.0.1", port: this.spec.port, method, path, headers, agent: this.hooks.agent }, (res) => {
-        const chunks: Buffer[] = [];
-        res.on("data", (c: Buffer) => chunks.push(c));
-        res.on("end", () => resolve({ status: res.statusCode ?? 502, headers: res.headers, body: chunks.length === 1 ? chunks[0] : Buffer.concat(chunks) }));
-        res.on("error", reject);
-      });
+      const req = http.request(
+        { host: "127.0.0.1", port: this.spec.port, method, path, headers, agent: this.hooks.agent },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on("data", (c: Buffer) => chunks.push(c));
+          res.on("end", () =>
+            resolve({
+              status: res.statusCode ?? 502,
+              headers: res.headers,
+              body: chunks.length === 1 ? chunks[0] : Buffer.concat(chunks),
+            }),
+          );
+          res.on("error", reject);
+        },
+      );
       req.on("error", reject);
       onRequest(req);
       req.end(body);

@@ -4,12 +4,26 @@ import type http from "node:http";
 import type { Exchange } from "./replica.js";
 
 /** Headers that belong to one connection, not to the request or response. */
-const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"]);
+const HOP_BY_HOP = new Set([
+  "connection",
+  "keep-alive",
+  "proxy-authenticate",
+  "proxy-authorization",
+  "proxy-connection",
+  "te",
+  "trailer",
+  "transfer-encoding",
+  "upgrade",
+]);
 
 const JSON_HEADERS = { "content-type": "application/json" } as const;
 
 /** A Custom app's request: the caller's headers, but Host and hop-by-hop ones, plus the run id and the body length. */
-export function forwardHeaders(headers: Record<string, string>, runId: string, length: number): http.OutgoingHttpHeaders {
+export function forwardHeaders(
+  headers: Record<string, string>,
+  runId: string,
+  length: number,
+): http.OutgoingHttpHeaders {
   const out: http.OutgoingHttpHeaders = {};
   for (const name in headers) {
     const lower = name.toLowerCase();
@@ -40,12 +54,24 @@ export function passHeaders(headers: http.IncomingHttpHeaders): Record<string, s
  * result: 200 {"run_id","result","run_time_ms"}; any other status carries
  * the shim's {"error": {...}} object with run_id put first.
  */
-export function cortexEnvelope(ex: Exchange, runId: string, runTimeMs: number): { status: number; headers: Record<string, string>; body: Buffer } {
+export function cortexEnvelope(
+  ex: Exchange,
+  runId: string,
+  runTimeMs: number,
+): { status: number; headers: Record<string, string>; body: Buffer } {
   const id = JSON.stringify(runId);
   if (ex.status === 200) {
-    const body = Buffer.concat([Buffer.from(`{"run_id":${id},"result":`), ex.body, Buffer.from(`,"run_time_ms":${runTimeMs}}`)]);
+    const body = Buffer.concat([
+      Buffer.from(`{"run_id":${id},"result":`),
+      ex.body,
+      Buffer.from(`,"run_time_ms":${runTimeMs}}`),
+    ]);
     return { status: 200, headers: { ...JSON_HEADERS }, body };
   }
   const rest = ex.body.subarray(ex.body.indexOf(0x7b) + 1); // after the shim's opening "{"
-  return { status: ex.status, headers: { ...JSON_HEADERS }, body: Buffer.concat([Buffer.from(`{"run_id":${id},`), rest]) };
+  return {
+    status: ex.status,
+    headers: { ...JSON_HEADERS },
+    body: Buffer.concat([Buffer.from(`{"run_id":${id},`), rest]),
+  };
 }

@@ -51,7 +51,8 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   const { nc, logger } = opts;
   const registry = opts.registry ?? (await AppRegistry.start(nc, logger));
   const ownRegistry = opts.registry === undefined;
-  const deployments = opts.deployments ?? new DeploymentCache(deploymentsDir(opts.dataDir), { maxBytes: opts.maxBundleBytes, logger });
+  const deployments =
+    opts.deployments ?? new DeploymentCache(deploymentsDir(opts.dataDir), { maxBytes: opts.maxBundleBytes, logger });
   const bundles: ObjectStore = await nc.jetstream().views.os(objectStores.bundles.name);
   const publisher = await ReplicaPublisher.start(nc, logger);
   const publishLog = logPublisher(nc);
@@ -69,7 +70,9 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   let closed = false;
 
   publisher.refreshEvery(opts.replicaRefreshMs ?? DEFAULT_REPLICA_REFRESH_MS, () =>
-    [...deployed.values()].flatMap(({ projectId, appName }) => runner.replicas(projectId, appName).map((replica) => ({ projectId, appName, replica }))),
+    [...deployed.values()].flatMap(({ projectId, appName }) =>
+      runner.replicas(projectId, appName).map((replica) => ({ projectId, appName, replica })),
+    ),
   );
 
   /** A line in the app's own log, so `skiff logs` says why a version is not served. */
@@ -80,7 +83,8 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
 
   async function fetchBundle(record: AppRecord): Promise<Uint8Array> {
     const data = await bundles.getBlob(record.deployment.object);
-    if (!data) throw new Error(`bundle ${record.deployment.object} is missing from object store ${objectStores.bundles.name}`);
+    if (!data)
+      throw new Error(`bundle ${record.deployment.object} is missing from object store ${objectStores.bundles.name}`);
     return data;
   }
 
@@ -102,12 +106,23 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
       const ready = await deployments.get(want.digest, () => fetchBundle(record));
       // A newer record arrived while preparing: its own turn comes next.
       if (closed || registry.get(projectId, appName) !== record) return;
-      await runner.deploy({ projectId, appName, version: want.version, dir: ready.dir, config: record.config, prepared: ready.prepared });
+      await runner.deploy({
+        projectId,
+        appName,
+        version: want.version,
+        dir: ready.dir,
+        config: record.config,
+        prepared: ready.prepared,
+      });
       deployed.set(key, { projectId, appName, version: want.version, digest: want.digest });
     } catch (err) {
       if (closed) return;
       logger.error({ err, app: key, version: want.version }, `cannot deploy ${key} version ${want.version}`);
-      tellApp(projectId, appName, `skiff: version ${want.version} could not be deployed on this runner: ${(err as Error).message}`);
+      tellApp(
+        projectId,
+        appName,
+        `skiff: version ${want.version} could not be deployed on this runner: ${(err as Error).message}`,
+      );
     }
   }
 
@@ -129,7 +144,9 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   const pruner = setInterval(() => void prune(), PRUNE_EVERY_MS).unref();
   void prune();
 
-  const stopWatching = registry.onChange((c) => (c.kind === "put" ? schedule(c.record.project_id, c.record.app_name) : schedule(c.projectId, c.appName)));
+  const stopWatching = registry.onChange((c) =>
+    c.kind === "put" ? schedule(c.record.project_id, c.record.app_name) : schedule(c.projectId, c.appName),
+  );
   for (const record of registry.list()) schedule(record.project_id, record.app_name);
   logger.info({ apps: registry.list().length }, "runner role follows the app registry");
 

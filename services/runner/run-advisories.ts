@@ -18,7 +18,12 @@ interface Advisory {
   stream_seq: number;
 }
 
-export function followLostRuns(nc: NatsConnection, runs: RunStore, transfer: BodyTransfer, logger: Logger): Subscription {
+export function followLostRuns(
+  nc: NatsConnection,
+  runs: RunStore,
+  transfer: BodyTransfer,
+  logger: Logger,
+): Subscription {
   const js = nc.jetstream();
   const jsmP = nc.jetstreamManager();
   const failLost = async (a: Advisory) => {
@@ -34,12 +39,18 @@ export function followLostRuns(nc: NatsConnection, runs: RunStore, transfer: Bod
             ...r,
             status: "failure",
             finished_at: new Date().toISOString(),
-            error: { type: "runner_lost", message: `the runner running it stopped before finishing, ${MAX_RUN_ATTEMPTS} times` },
+            error: {
+              type: "runner_lost",
+              message: `the runner running it stopped before finishing, ${MAX_RUN_ATTEMPTS} times`,
+            },
           },
     );
     if (final) {
       await publishRunEvent(js, final);
-      logger.warn({ runId, app: `${projectId}/${appName}`, attempts: final.attempts }, "async run failed: its runner was lost on every attempt");
+      logger.warn(
+        { runId, app: `${projectId}/${appName}`, attempts: final.attempts },
+        "async run failed: its runner was lost on every attempt",
+      );
     }
     await transfer.drop(object);
     await jsm.streams.deleteMessage(streams.runs.name, a.stream_seq, false);
@@ -54,7 +65,9 @@ export function followLostRuns(nc: NatsConnection, runs: RunStore, transfer: Bod
       } catch {
         return;
       }
-      failLost(advisory).catch((e: unknown) => logger.error({ err: e, seq: advisory.stream_seq }, "cannot fail a run whose runner was lost"));
+      failLost(advisory).catch((e: unknown) =>
+        logger.error({ err: e, seq: advisory.stream_seq }, "cannot fail a run whose runner was lost"),
+      );
     },
   });
 }

@@ -38,7 +38,18 @@ export async function startRunServices(opts: RunServicesOptions): Promise<RunSer
   const control = new RunControl();
   control.listen(nc);
   const dispatch = new SyncDispatch({ nc, runner, transfer, control, logger });
-  const worker = new RunWorker({ js, jsm: await nc.jetstreamManager(), runner, registry, runs, results, transfer, control, logger, ackWaitMs: opts.ackWaitMs ?? DEFAULT_RUN_ACK_WAIT_MS });
+  const worker = new RunWorker({
+    js,
+    jsm: await nc.jetstreamManager(),
+    runner,
+    registry,
+    runs,
+    results,
+    transfer,
+    control,
+    logger,
+    ackWaitMs: opts.ackWaitMs ?? DEFAULT_RUN_ACK_WAIT_MS,
+  });
   const lost = followLostRuns(nc, runs, transfer, logger);
   const stopFollowing = followDeployedApps(runner, registry, {
     added(app) {

@@ -12,11 +12,37 @@
 // run after the last). A message whose run is already final (cancelled while
 // queued, or finished by an earlier attempt whose ack was lost) is acked
 // without running.
-import { AckPolicy, DeliverPolicy, nanos, NatsError, type ConsumerMessages, type JetStreamClient, type JetStreamManager, type JsMsg } from "nats";
+import {
+  AckPolicy,
+  DeliverPolicy,
+  nanos,
+  NatsError,
+  type ConsumerMessages,
+  type JetStreamClient,
+  type JetStreamManager,
+  type JsMsg,
+} from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { streams, subjects } from "../nats/index.js";
-import { type RunControl, publishRunEvent, finishAsync, type FinishDeps, outcomeOfAnswer, outcomeOfError, type RunOutcome, isFinal, type RunStore, decodeRequest, requestMeta, type BodyTransfer, AppNotFound, Cancelled, Overloaded, type InvokeRequest } from "../runs/index.js";
+import {
+  type RunControl,
+  publishRunEvent,
+  finishAsync,
+  type FinishDeps,
+  outcomeOfAnswer,
+  outcomeOfError,
+  type RunOutcome,
+  isFinal,
+  type RunStore,
+  decodeRequest,
+  requestMeta,
+  type BodyTransfer,
+  AppNotFound,
+  Cancelled,
+  Overloaded,
+  type InvokeRequest,
+} from "../runs/index.js";
 import type { AppRef } from "./deployed-apps.js";
 import type { Runner } from "./runner.js";
 
@@ -53,10 +79,15 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** Creates the app's consumer, or brings an existing one to this ack_wait. */
 export async function ensureRunConsumer(jsm: JetStreamManager, app: AppRef, ackWaitMs: number): Promise<void> {
   const name = runConsumerName(app.projectId, app.appName);
-  const settings = { ack_wait: nanos(ackWaitMs), max_deliver: MAX_RUN_ATTEMPTS, description: `async runs of ${app.projectId}/${app.appName}` };
+  const settings = {
+    ack_wait: nanos(ackWaitMs),
+    max_deliver: MAX_RUN_ATTEMPTS,
+    description: `async runs of ${app.projectId}/${app.appName}`,
+  };
   try {
     const info = await jsm.consumers.info(streams.runs.name, name);
-    if (info.config.ack_wait !== settings.ack_wait || info.config.max_deliver !== settings.max_deliver) await jsm.consumers.update(streams.runs.name, name, settings);
+    if (info.config.ack_wait !== settings.ack_wait || info.config.max_deliver !== settings.max_deliver)
+      await jsm.consumers.update(streams.runs.name, name, settings);
     return;
   } catch (err) {
     if (!(err instanceof NatsError && err.api_error?.err_code === JS_CONSUMER_NOT_FOUND)) throw err;
@@ -92,7 +123,10 @@ class AppQueue {
     while (!this.stopped) {
       try {
         await ensureRunConsumer(d.jsm, this.app, d.ackWaitMs);
-        const consumer = await d.js.consumers.get(streams.runs.name, runConsumerName(this.app.projectId, this.app.appName));
+        const consumer = await d.js.consumers.get(
+          streams.runs.name,
+          runConsumerName(this.app.projectId, this.app.appName),
+        );
         while (!this.stopped) {
           const free = this.capacity() - this.inflight;
           if (free <= 0) {
@@ -111,7 +145,10 @@ class AppQueue {
         }
       } catch (err) {
         if (this.stopped) return;
-        d.logger.warn({ err, app: `${this.app.projectId}/${this.app.appName}` }, "pulling async runs failed; pulling again");
+        d.logger.warn(
+          { err, app: `${this.app.projectId}/${this.app.appName}` },
+          "pulling async runs failed; pulling again",
+        );
         await sleep(RETRY_AFTER_ERROR_MS);
       }
     }
@@ -178,7 +215,9 @@ export class RunWorker {
       if (isFinal(cur.record.status)) return m.ack();
       const attempt = m.info.redeliveryCount;
       const running = await d.runs.update(projectId, appName, runId, (r) =>
-        isFinal(r.status) ? undefined : { ...r, status: "running", started_at: new Date().toISOString(), attempts: attempt, runner: d.control.id },
+        isFinal(r.status)
+          ? undefined
+          : { ...r, status: "running", started_at: new Date().toISOString(), attempts: attempt, runner: d.control.id },
       );
       if (!running) return m.ack();
       await publishRunEvent(d.js, running);
@@ -189,7 +228,11 @@ export class RunWorker {
       await d.transfer.drop(requestMeta(m.data).body_object);
       m.ack();
     } catch (err) {
-      if (!(err instanceof Requeue)) d.logger.warn({ err, runId, app: `${projectId}/${appName}` }, "async run step failed; the run goes back to the queue");
+      if (!(err instanceof Requeue))
+        d.logger.warn(
+          { err, runId, app: `${projectId}/${appName}` },
+          "async run step failed; the run goes back to the queue",
+        );
       m.nak(RETRY_AFTER_ERROR_MS);
     } finally {
       clearInterval(heartbeat);

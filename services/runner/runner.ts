@@ -117,9 +117,11 @@ export class Runner {
     const previous = this.deploys.get(key) ?? Promise.resolve();
     const next = previous.catch(() => undefined).then(() => this.swap(d));
     this.deploys.set(key, next);
-    void next.finally(() => {
-      if (this.deploys.get(key) === next) this.deploys.delete(key);
-    }).catch(() => undefined);
+    void next
+      .finally(() => {
+        if (this.deploys.get(key) === next) this.deploys.delete(key);
+      })
+      .catch(() => undefined);
     return next;
   }
 
@@ -170,7 +172,9 @@ export class Runner {
 
   /** Replicas of the app: the current version's and those of older versions still stopping. */
   replicas(projectId: string, appName: string): ReplicaInfo[] {
-    const pools = [...this.retiring].filter((p) => p.deployment.projectId === projectId && p.deployment.appName === appName);
+    const pools = [...this.retiring].filter(
+      (p) => p.deployment.projectId === projectId && p.deployment.appName === appName,
+    );
     const current = this.current(projectId, appName);
     if (current) pools.push(current);
     return pools.flatMap((p) => p.replicas.map((r) => r.info()));

@@ -28,7 +28,9 @@ const encoder = new TextEncoder();
 
 export class RunControl {
   /** Names this process in run records; subject-token safe. */
-  readonly id = `${hostname().replace(/[^A-Za-z0-9-]/g, "-").slice(0, 40)}-${process.pid}-${randomBytes(3).toString("hex")}`;
+  readonly id = `${hostname()
+    .replace(/[^A-Za-z0-9-]/g, "-")
+    .slice(0, 40)}-${process.pid}-${randomBytes(3).toString("hex")}`;
   private readonly runs = new Map<string, InFlight>();
   private readonly subs: Subscription[] = [];
 
@@ -51,7 +53,13 @@ export class RunControl {
 
   /** Tracks a run until `done` settles (its final record is written); cancel aborts `controller`. */
   track(runId: string, controller: AbortController, done: Promise<unknown>): void {
-    const entry: InFlight = { controller, done: done.then(() => undefined, () => undefined) };
+    const entry: InFlight = {
+      controller,
+      done: done.then(
+        () => undefined,
+        () => undefined,
+      ),
+    };
     this.runs.set(runId, entry);
     void entry.done.then(() => {
       if (this.runs.get(runId) === entry) this.runs.delete(runId);
@@ -66,10 +74,13 @@ export class RunControl {
 /** Asks process `processId` to abort `runId`: "aborted" once it did, "unknown" if it does not hold the run, "gone" if the process is not there. */
 export async function requestCancel(nc: NatsConnection, processId: string, runId: string): Promise<CancelAnswer> {
   try {
-    const reply = await nc.request(cancelSubject(processId), encoder.encode(runId), { timeout: SETTLE_TIMEOUT_MS + 2_000 });
+    const reply = await nc.request(cancelSubject(processId), encoder.encode(runId), {
+      timeout: SETTLE_TIMEOUT_MS + 2_000,
+    });
     return reply.string() === "aborted" ? "aborted" : "unknown";
   } catch (err) {
-    if (err instanceof NatsError && (err.code === ErrorCode.NoResponders || err.code === ErrorCode.Timeout)) return "gone";
+    if (err instanceof NatsError && (err.code === ErrorCode.NoResponders || err.code === ErrorCode.Timeout))
+      return "gone";
     throw err;
   }
 }

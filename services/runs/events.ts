@@ -48,7 +48,9 @@ export function runEventBytes(r: RunRecord, response: EventResponse): Uint8Array
 const eventId = (r: RunRecord) => `${r.run_id}.${r.status}.${Math.max(1, r.attempts)}`;
 
 export async function publishRunEvent(js: JetStreamClient, r: RunRecord, response?: EventResponse): Promise<void> {
-  await js.publish(subjects.runEvent(r.project_id, r.app_name, r.status), runEventBytes(r, response), { msgID: eventId(r) });
+  await js.publish(subjects.runEvent(r.project_id, r.app_name, r.status), runEventBytes(r, response), {
+    msgID: eventId(r),
+  });
 }
 
 /**

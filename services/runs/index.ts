@@ -2,7 +2,17 @@
 // invoke contract between gateway and runner (and its errors), the wire
 // format on NATS, and cancelling a run from any process.
 export { RunControl, broadcastAbort, requestCancel } from "./control.js";
-export { AppNotFound, Cancelled, FunctionNotFound, Overloaded, PrepareFailed, ReplicaCrashed, RunTimeout, RunnerError, StartFailed } from "./errors.js";
+export {
+  AppNotFound,
+  Cancelled,
+  FunctionNotFound,
+  Overloaded,
+  PrepareFailed,
+  ReplicaCrashed,
+  RunTimeout,
+  RunnerError,
+  StartFailed,
+} from "./errors.js";
 export { publishRunEvent, publishRunEventUnacked } from "./events.js";
 export { finishAsync, finishSync } from "./finish.js";
 export type { FinishDeps } from "./finish.js";
@@ -15,4 +25,12 @@ export { RUN_STATUSES, isFinal } from "./status.js";
 export type { FinalStatus, RunStatus } from "./status.js";
 export { RunStore, decodeRunRecord, isWrongRevision } from "./store.js";
 export type { RunRecord } from "./store.js";
-export { BodyTransfer, decodeReply, decodeRequest, encodeErrorReply, encodeReply, encodeRequest, requestMeta } from "./wire.js";
+export {
+  BodyTransfer,
+  decodeReply,
+  decodeRequest,
+  encodeErrorReply,
+  encodeReply,
+  encodeRequest,
+  requestMeta,
+} from "./wire.js";

@@ -3,12 +3,19 @@
 // produced no app answer, the Connect error the sync caller gets (whose REST
 // body is also what a webhook receives for such a run).
 import { Code, ConnectError } from "@connectrpc/connect";
-import { AppNotFound, Cancelled, FunctionNotFound, Overloaded, ReplicaCrashed, RunTimeout, StartFailed } from "./errors.js";
+import {
+  AppNotFound,
+  Cancelled,
+  FunctionNotFound,
+  Overloaded,
+  ReplicaCrashed,
+  RunTimeout,
+  StartFailed,
+} from "./errors.js";
 import type { InvokeResponse } from "./invoke.js";
 import type { FinalStatus } from "./status.js";
 import type { RunErrorInfo } from "./store.js";
 import { codeHttpStatus, errorBody } from "../server/index.js";
-
 
 export interface RunOutcome {
   status: FinalStatus;
@@ -31,7 +38,8 @@ function answerError(res: InvokeResponse, contentType: string): RunErrorInfo {
   if (contentType.startsWith("application/json")) {
     try {
       const e = (JSON.parse(decoder.decode(res.body)) as { error?: { type?: unknown; message?: unknown } }).error;
-      if (e && typeof e.type === "string") return { type: e.type, message: typeof e.message === "string" ? e.message : "" };
+      if (e && typeof e.type === "string")
+        return { type: e.type, message: typeof e.message === "string" ? e.message : "" };
     } catch {
       // not the envelope: fall through
     }
@@ -48,21 +56,36 @@ export function contentTypeOf(headers: InvokeResponse["headers"]): string {
 export function outcomeOfAnswer(res: InvokeResponse): RunOutcome {
   const contentType = contentTypeOf(res.headers);
   const body = { contentType, data: res.body };
-  if (res.status >= 500) return { status: "failure", statusCode: res.status, runTimeMs: res.runTimeMs, error: answerError(res, contentType), body };
+  if (res.status >= 500)
+    return {
+      status: "failure",
+      statusCode: res.status,
+      runTimeMs: res.runTimeMs,
+      error: answerError(res, contentType),
+      body,
+    };
   return { status: "success", statusCode: res.status, runTimeMs: res.runTimeMs, body };
 }
 
 /** The Connect error a sync caller gets for a run that produced no app answer, and the record's error type. */
 export function runFailure(err: unknown): { connect: ConnectError; type: string } {
-  if (err instanceof RunTimeout) return { connect: new ConnectError(err.message, Code.DeadlineExceeded), type: "timeout" };
+  if (err instanceof RunTimeout)
+    return { connect: new ConnectError(err.message, Code.DeadlineExceeded), type: "timeout" };
   if (err instanceof Overloaded) {
-    return { connect: new ConnectError(err.message, Code.ResourceExhausted, { "retry-after": String(err.retryAfterSeconds) }), type: "overloaded" };
+    return {
+      connect: new ConnectError(err.message, Code.ResourceExhausted, { "retry-after": String(err.retryAfterSeconds) }),
+      type: "overloaded",
+    };
   }
   if (err instanceof Cancelled) return { connect: new ConnectError(err.message, Code.Canceled), type: "cancelled" };
-  if (err instanceof FunctionNotFound) return { connect: new ConnectError(err.message, Code.NotFound), type: "function_not_found" };
-  if (err instanceof ReplicaCrashed) return { connect: new ConnectError(err.message, Code.Unavailable), type: "replica_crashed" };
-  if (err instanceof StartFailed) return { connect: new ConnectError(err.message, Code.Unavailable), type: "start_failed" };
-  if (err instanceof AppNotFound || err instanceof NoRunner) return { connect: new ConnectError(err.message, Code.Unavailable), type: "no_runner" };
+  if (err instanceof FunctionNotFound)
+    return { connect: new ConnectError(err.message, Code.NotFound), type: "function_not_found" };
+  if (err instanceof ReplicaCrashed)
+    return { connect: new ConnectError(err.message, Code.Unavailable), type: "replica_crashed" };
+  if (err instanceof StartFailed)
+    return { connect: new ConnectError(err.message, Code.Unavailable), type: "start_failed" };
+  if (err instanceof AppNotFound || err instanceof NoRunner)
+    return { connect: new ConnectError(err.message, Code.Unavailable), type: "no_runner" };
   if (err instanceof ConnectError) return { connect: err, type: Code[err.code].toLowerCase() };
   return { connect: new ConnectError("the run failed inside skiff", Code.Internal), type: "internal" };
 }

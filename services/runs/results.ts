@@ -47,7 +47,12 @@ export class RunResults {
    * Stores what must outlive the run and says how the record and the event
    * refer to it. `forGetRun`: keep the result for GetRun (async runs).
    */
-  async keep(runId: string, body: Body, now: Date, forGetRun: boolean): Promise<{ result: StoredResult | undefined; event: EventResponse }> {
+  async keep(
+    runId: string,
+    body: Body,
+    now: Date,
+    forGetRun: boolean,
+  ): Promise<{ result: StoredResult | undefined; event: EventResponse }> {
     const size = body.data.byteLength;
     const keepResult = forGetRun && this.ttlSeconds > 0;
     const needObject = size > this.eventLimit || (keepResult && size > MAX_INLINE_RESULT_BYTES);

@@ -8,4 +8,5 @@ export type RunStatus = (typeof RUN_STATUSES)[number];
 export const FINAL_STATUSES = ["success", "failure", "cancelled"] as const satisfies readonly RunStatus[];
 export type FinalStatus = (typeof FINAL_STATUSES)[number];
 
-export const isFinal = (status: string): status is FinalStatus => (FINAL_STATUSES as readonly string[]).includes(status);
+export const isFinal = (status: string): status is FinalStatus =>
+  (FINAL_STATUSES as readonly string[]).includes(status);

@@ -83,7 +83,11 @@ export class RunStore {
     return new RunStore(await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true }), nc);
   }
 
-  async get(projectId: string, appName: string, runId: string): Promise<{ record: RunRecord; revision: number } | undefined> {
+  async get(
+    projectId: string,
+    appName: string,
+    runId: string,
+  ): Promise<{ record: RunRecord; revision: number } | undefined> {
     const entry = await this.kv.get(runKey(projectId, appName, runId));
     const record = entry ? decodeRunRecord(entry) : undefined;
     return record && entry ? { record, revision: entry.revision } : undefined;
@@ -115,7 +119,12 @@ export class RunStore {
    * it (e.g. it is already final). Resolves with the record written, or
    * undefined when nothing was written (no record, or change declined).
    */
-  async update(projectId: string, appName: string, runId: string, change: (r: RunRecord) => RunRecord | undefined): Promise<RunRecord | undefined> {
+  async update(
+    projectId: string,
+    appName: string,
+    runId: string,
+    change: (r: RunRecord) => RunRecord | undefined,
+  ): Promise<RunRecord | undefined> {
     const key = runKey(projectId, appName, runId);
     for (let i = 0; i < MAX_CAS_TRIES; i++) {
       const cur = await this.get(projectId, appName, runId);

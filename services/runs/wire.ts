@@ -7,7 +7,16 @@
 // store `skiff-results` under `transfer.{id}`: the frame names it, and
 // the receiver reads and removes it.
 import type { NatsConnection, ObjectStore } from "nats";
-import { AppNotFound, Cancelled, FunctionNotFound, Overloaded, ReplicaCrashed, RunnerError, RunTimeout, StartFailed } from "./errors.js";
+import {
+  AppNotFound,
+  Cancelled,
+  FunctionNotFound,
+  Overloaded,
+  ReplicaCrashed,
+  RunnerError,
+  RunTimeout,
+  StartFailed,
+} from "./errors.js";
 import type { InvokeRequest, InvokeResponse } from "./invoke.js";
 
 /** Room for the metadata and NATS headers within max_payload. */
@@ -23,7 +32,13 @@ export interface RequestMeta {
 }
 
 export type ReplyMeta =
-  | { status: number; headers: Record<string, string | string[]>; run_time_ms: number; replica_id: string; body_object?: string }
+  | {
+      status: number;
+      headers: Record<string, string | string[]>;
+      run_time_ms: number;
+      replica_id: string;
+      body_object?: string;
+    }
   | { error: string; message: string; retry_after?: number; seconds?: number; app?: string; function?: string };
 
 const encoder = new TextEncoder();
@@ -79,9 +94,20 @@ export class BodyTransfer {
   }
 }
 
-export async function encodeRequest(t: BodyTransfer, req: InvokeRequest, transferId = req.runId): Promise<{ data: Uint8Array; object?: string }> {
+export async function encodeRequest(
+  t: BodyTransfer,
+  req: InvokeRequest,
+  transferId = req.runId,
+): Promise<{ data: Uint8Array; object?: string }> {
   const { body, object } = await t.out(`${transferId}.request`, req.body);
-  const meta: RequestMeta = { run_id: req.runId, method: req.method, path: req.path, query: req.query, headers: req.headers, ...(object ? { body_object: object } : {}) };
+  const meta: RequestMeta = {
+    run_id: req.runId,
+    method: req.method,
+    path: req.path,
+    query: req.query,
+    headers: req.headers,
+    ...(object ? { body_object: object } : {}),
+  };
   return { data: frame(meta, body), object };
 }
 
@@ -89,7 +115,14 @@ export async function encodeRequest(t: BodyTransfer, req: InvokeRequest, transfe
 export async function decodeRequest(t: BodyTransfer, data: Uint8Array, keepObject = false): Promise<InvokeRequest> {
   const { meta, body } = unframe<RequestMeta>(data);
   const full = await t.in(body, meta.body_object, keepObject);
-  return { runId: meta.run_id, method: meta.method, path: meta.path, query: meta.query, headers: meta.headers, body: full };
+  return {
+    runId: meta.run_id,
+    method: meta.method,
+    path: meta.path,
+    query: meta.query,
+    headers: meta.headers,
+    body: full,
+  };
 }
 
 /** A request frame's metadata: the run id, and the object holding its body, if any (to remove once the run is final). */
@@ -99,7 +132,16 @@ export function requestMeta(data: Uint8Array): RequestMeta {
 
 export async function encodeReply(t: BodyTransfer, runId: string, res: InvokeResponse): Promise<Uint8Array> {
   const { body, object } = await t.out(`${runId}.reply`, res.body);
-  return frame({ status: res.status, headers: res.headers, run_time_ms: res.runTimeMs, replica_id: res.replicaId, ...(object ? { body_object: object } : {}) }, body);
+  return frame(
+    {
+      status: res.status,
+      headers: res.headers,
+      run_time_ms: res.runTimeMs,
+      replica_id: res.replicaId,
+      ...(object ? { body_object: object } : {}),
+    },
+    body,
+  );
 }
 
 export function encodeErrorReply(err: RunnerError): Uint8Array {
@@ -115,7 +157,13 @@ export function encodeErrorReply(err: RunnerError): Uint8Array {
 export async function decodeReply(t: BodyTransfer, data: Uint8Array): Promise<InvokeResponse> {
   const { meta, body } = unframe<ReplyMeta>(data);
   if ("error" in meta) throw runnerError(meta);
-  return { status: meta.status, headers: meta.headers, runTimeMs: meta.run_time_ms, replicaId: meta.replica_id, body: await t.in(body, meta.body_object) };
+  return {
+    status: meta.status,
+    headers: meta.headers,
+    runTimeMs: meta.run_time_ms,
+    replicaId: meta.replica_id,
+    body: await t.in(body, meta.body_object),
+  };
 }
 
 function runnerError(m: Extract<ReplyMeta, { error: string }>): Error {

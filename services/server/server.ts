@@ -17,7 +17,6 @@ import { createTranscoder, type NodeHandler } from "./rest/transcoder.js";
 type NodeRequest = Parameters<NodeHandler>[0];
 type NodeResponse = Parameters<NodeHandler>[1];
 
-
 export interface ServerOptions {
   host: string;
   port: number;
@@ -64,14 +63,19 @@ function limitedRouter(router: ConnectRouter, limits: ReadonlyMap<DescMethod, nu
       const spec = createServiceImplSpec(service, implementation);
       for (const method of service.methods) {
         const limit = limits.get(method);
-        const methodOptions = limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES };
+        const methodOptions =
+          limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES };
         router.rpc(method, spec.methods[method.localName].impl as never, methodOptions);
       }
       return limited;
     },
     rpc(method, impl, options) {
       const limit = limits.get(method);
-      router.rpc(method, impl, limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES });
+      router.rpc(
+        method,
+        impl,
+        limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES },
+      );
       return limited;
     },
   };
@@ -131,7 +135,13 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     maxTimeoutMs: MAX_RUN_SECONDS * 1000 + 60_000,
     shutdownSignal: shutdown.signal,
   });
-  transcode = createTranscoder({ services: opts.restServices, handlers, maxBodyBytes: opts.maxBodyBytes, bodyLimits: opts.bodyLimits, logger });
+  transcode = createTranscoder({
+    services: opts.restServices,
+    handlers,
+    maxBodyBytes: opts.maxBodyBytes,
+    bodyLimits: opts.bodyLimits,
+    logger,
+  });
 
   let stopping = false;
   let inFlight = 0;

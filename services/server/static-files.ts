@@ -24,7 +24,13 @@ type NodeResponse = Parameters<NodeHandler>[1];
  * 404), the probes, and the Connect/gRPC service paths.
  */
 export function isApiPath(urlPath: string): boolean {
-  return /^\/v\d+(\/|$)/.test(urlPath) || urlPath === "/healthz" || urlPath === "/readyz" || urlPath.startsWith("/skiff.") || urlPath.startsWith("/grpc.");
+  return (
+    /^\/v\d+(\/|$)/.test(urlPath) ||
+    urlPath === "/healthz" ||
+    urlPath === "/readyz" ||
+    urlPath.startsWith("/skiff.") ||
+    urlPath.startsWith("/grpc.")
+  );
 }
 
 const CONTENT_TYPES: Record<string, string> = {
@@ -49,7 +55,8 @@ const REVALIDATE = "no-cache";
  * framed, which keeps a pasted token away from other origins.
  */
 const SECURITY_HEADERS = {
-  "content-security-policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+  "content-security-policy":
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
   "x-content-type-options": "nosniff",
   "x-frame-options": "DENY",
   "referrer-policy": "no-referrer",
@@ -74,7 +81,13 @@ function notBuiltPage(command: string): string {
 `;
 }
 
-function send(res: NodeResponse, status: number, headers: Record<string, string | number>, body: string, head: boolean): void {
+function send(
+  res: NodeResponse,
+  status: number,
+  headers: Record<string, string | number>,
+  body: string,
+  head: boolean,
+): void {
   res.writeHead(status, { ...SECURITY_HEADERS, ...headers, "content-length": Buffer.byteLength(body) });
   if (head) res.end();
   else res.end(body);
@@ -127,7 +140,14 @@ export function createStaticFiles(opts: StaticFilesOptions): StaticHandler {
     const ext = path.extname(file);
     const found = file === root ? undefined : await isFile(file);
     // A missing file with an extension is a broken link (an old asset), not a route of the app.
-    if (!found && ext !== "") return send(res, 404, { "content-type": CONTENT_TYPES[".txt"], "cache-control": "no-store" }, "not found\n", head);
+    if (!found && ext !== "")
+      return send(
+        res,
+        404,
+        { "content-type": CONTENT_TYPES[".txt"], "cache-control": "no-store" },
+        "not found\n",
+        head,
+      );
 
     const [target, s] = found ? [file, found] : [index, indexStat];
     const hashed = found !== undefined && path.relative(root, file).startsWith(`assets${path.sep}`);
@@ -149,7 +169,8 @@ export function createStaticFiles(opts: StaticFilesOptions): StaticHandler {
 
   return (req, res) => {
     serve(req, res).catch(() => {
-      if (!res.headersSent) send(res, 500, { "content-type": CONTENT_TYPES[".txt"] }, "cannot read the dashboard's files\n", false);
+      if (!res.headersSent)
+        send(res, 500, { "content-type": CONTENT_TYPES[".txt"] }, "cannot read the dashboard's files\n", false);
       else res.destroy();
     });
   };

@@ -44,7 +44,9 @@ export class BlockedAddressError extends Error {
     readonly host: string,
     readonly address: string,
   ) {
-    super(`webhook host ${host} resolves to ${address}, a loopback, private, link-local or reserved address; allow it with SKIFF_WEBHOOK_ALLOWED_CIDRS`);
+    super(
+      `webhook host ${host} resolves to ${address}, a loopback, private, link-local or reserved address; allow it with SKIFF_WEBHOOK_ALLOWED_CIDRS`,
+    );
   }
 }
 
@@ -83,7 +85,8 @@ export class AddressGuard {
       if (err) return callback(err, "", 0);
       const list = addresses as dns.LookupAddress[];
       const bad = list.find((a) => this.isBlocked(a.address));
-      if (bad) return callback(new BlockedAddressError(hostname, bad.address) as unknown as NodeJS.ErrnoException, "", 0);
+      if (bad)
+        return callback(new BlockedAddressError(hostname, bad.address) as unknown as NodeJS.ErrnoException, "", 0);
       if (options.all) return (callback as unknown as (e: null, a: dns.LookupAddress[]) => void)(null, list);
       callback(null, list[0].address, list[0].family);
     });
@@ -100,4 +103,3 @@ function mappedV4(address: string): string | undefined {
   const lo = parseInt(hex[2], 16);
   return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
 }
-

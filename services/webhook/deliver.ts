@@ -25,7 +25,11 @@ export const USER_AGENT = "skiff-webhook/1";
  */
 export const INTERRUPTED_GRACE_MS = 2_000;
 
-const OUTCOME: Record<ReturnType<typeof nextStep>, AttemptVerdict> = { done: "delivered", retry: "retry", give_up: "failed" };
+const OUTCOME: Record<ReturnType<typeof nextStep>, AttemptVerdict> = {
+  done: "delivered",
+  retry: "retry",
+  give_up: "failed",
+};
 
 export type Step = { ack: true } | { nakMs: number };
 const ACK: Step = { ack: true };
@@ -77,7 +81,8 @@ export async function advanceDelivery(d: DeliveryDeps, event: RunEvent, eventSeq
   }
   let prepared: Prepared | undefined;
   for (;;) {
-    const cur = (await d.store.get(runId, deliveryId)) ?? (await d.store.create(newDeliveryRecord(event, deliveryId, eventSeq)));
+    const cur =
+      (await d.store.get(runId, deliveryId)) ?? (await d.store.create(newDeliveryRecord(event, deliveryId, eventSeq)));
     const r = cur.record;
     if (r.state !== "pending") return ACK;
     const now = Date.now();
@@ -85,7 +90,10 @@ export async function advanceDelivery(d: DeliveryDeps, event: RunEvent, eventSeq
     if (open !== undefined) {
       const takeOverAt = Date.parse(open.deadline) + INTERRUPTED_GRACE_MS;
       if (now < takeOverAt) return { nakMs: takeOverAt - now };
-      await finishAttempt(d, r, open.attempt, { error: "interrupted: the webhook process stopped during the attempt", durationMs: takeOverAt - Date.parse(open.started_at) });
+      await finishAttempt(d, r, open.attempt, {
+        error: "interrupted: the webhook process stopped during the attempt",
+        durationMs: takeOverAt - Date.parse(open.started_at),
+      });
       continue;
     }
     const last = r.attempts.at(-1);
@@ -95,10 +103,17 @@ export async function advanceDelivery(d: DeliveryDeps, event: RunEvent, eventSeq
     }
     prepared ??= await prepare(d, event, r.url);
     const start = Date.now();
-    const attempt: AttemptRecord = { attempt: r.attempts.length + 1, started_at: new Date(start).toISOString(), deadline: new Date(start + d.timeoutMs).toISOString() };
+    const attempt: AttemptRecord = {
+      attempt: r.attempts.length + 1,
+      started_at: new Date(start).toISOString(),
+      deadline: new Date(start + d.timeoutMs).toISOString(),
+    };
     // Recorded before anything is sent: an attempt cut short by a crash still counts.
     if (!(await d.store.replace({ ...r, attempts: [...r.attempts, attempt] }, cur.revision))) continue;
-    const result = "problem" in prepared ? { error: prepared.problem, permanent: true, durationMs: 0 } : await send(d, runId, prepared);
+    const result =
+      "problem" in prepared
+        ? { error: prepared.problem, permanent: true, durationMs: 0 }
+        : await send(d, runId, prepared);
     const after = await finishAttempt(d, r, attempt.attempt, result);
     return after.state === "pending" ? { nakMs: delayAfter(attempt.attempt) } : ACK;
   }
@@ -121,7 +136,8 @@ async function prepare(d: DeliveryDeps, e: RunEvent, rawUrl: string): Promise<Pr
   let body = e.response?.data ?? new Uint8Array();
   if (e.responseObject !== "") {
     const blob = await (await d.results()).getBlob(e.responseObject);
-    if (blob === null) return { problem: `the response body is no longer kept in the ${objectStores.results.name} object store` };
+    if (blob === null)
+      return { problem: `the response body is no longer kept in the ${objectStores.results.name} object store` };
     body = blob;
   }
   let secret: string | undefined;
@@ -132,11 +148,16 @@ async function prepare(d: DeliveryDeps, e: RunEvent, rawUrl: string): Promise<Pr
     throw err;
   }
   // Sending it unsigned would make a verifying receiver reject it, or worse, teach it to accept unsigned ones.
-  if (secret === undefined && e.webhookSigned) return { problem: "the call carried X-Webhook-Secret but its sealed secret has expired" };
+  if (secret === undefined && e.webhookSigned)
+    return { problem: "the call carried X-Webhook-Secret but its sealed secret has expired" };
   return { url, body, secret };
 }
 
-function send(d: DeliveryDeps, runId: string, p: { url: URL; body: Uint8Array; secret: string | undefined }): Promise<AttemptResult> {
+function send(
+  d: DeliveryDeps,
+  runId: string,
+  p: { url: URL; body: Uint8Array; secret: string | undefined },
+): Promise<AttemptResult> {
   const headers: Record<string, string> = {
     "content-type": "application/json",
     "user-agent": USER_AGENT,
@@ -148,14 +169,23 @@ function send(d: DeliveryDeps, runId: string, p: { url: URL; body: Uint8Array; s
 }
 
 /** Stores an attempt's outcome and the delivery state it leads to; logs a delivery that just failed. */
-async function finishAttempt(d: DeliveryDeps, r: DeliveryRecord, n: number, result: AttemptResult): Promise<DeliveryRecord> {
+async function finishAttempt(
+  d: DeliveryDeps,
+  r: DeliveryRecord,
+  n: number,
+  result: AttemptResult,
+): Promise<DeliveryRecord> {
   const verdict = result.permanent ? "failed" : judgeAttempt(result.status);
   // The outcome says what followed: a retryable answer to the last attempt is a failure.
   const outcome = OUTCOME[nextStep(n, verdict)];
   const { before, after } = await d.store.modify(r.run_id, r.delivery_id, (rec) => {
     const a = rec.attempts.find((x) => x.attempt === n);
     if (a === undefined) return undefined;
-    Object.assign(a, { duration_ms: result.durationMs, status_code: result.status ?? 0, outcome }, result.error !== undefined ? { error: result.error } : {});
+    Object.assign(
+      a,
+      { duration_ms: result.durationMs, status_code: result.status ?? 0, outcome },
+      result.error !== undefined ? { error: result.error } : {},
+    );
     rec.state = stateOf(rec.attempts);
     return rec;
   });
@@ -171,6 +201,15 @@ function logFailure(logger: Logger, r: DeliveryRecord): void {
   } catch {
     // host stays as above
   }
-  const attempts = r.attempts.map((a) => ({ attempt: a.attempt, status: a.status_code ?? 0, error: a.error, outcome: a.outcome, duration_ms: a.duration_ms }));
-  logger.error({ runId: r.run_id, deliveryId: r.delivery_id, host, attempts }, `webhook delivery of run ${r.run_id} to ${host} failed after ${r.attempts.length} attempt(s)`);
+  const attempts = r.attempts.map((a) => ({
+    attempt: a.attempt,
+    status: a.status_code ?? 0,
+    error: a.error,
+    outcome: a.outcome,
+    duration_ms: a.duration_ms,
+  }));
+  logger.error(
+    { runId: r.run_id, deliveryId: r.delivery_id, host, attempts },
+    `webhook delivery of run ${r.run_id} to ${host} failed after ${r.attempts.length} attempt(s)`,
+  );
 }

@@ -6,7 +6,11 @@ import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { NatsError, type NatsConnection } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
-import { WebhookAttemptSchema, WebhookDeliverySchema, type WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
+import {
+  WebhookAttemptSchema,
+  WebhookDeliverySchema,
+  type WebhookDelivery,
+} from "../../gen/skiff/management/v2/management_pb.js";
 import { buckets, streams, subjects } from "../nats/index.js";
 import { newDeliveryRecord } from "./deliver.js";
 import { DeliveryStore, type DeliveryRecord } from "./delivery-store.js";
@@ -33,7 +37,10 @@ const stores = new WeakMap<NatsConnection, Promise<DeliveryStore>>();
 function storeOf(nc: NatsConnection): Promise<DeliveryStore> {
   let store = stores.get(nc);
   if (!store) {
-    store = nc.jetstream().views.kv(buckets.webhooks.name, { bindOnly: true }).then((kv) => new DeliveryStore(kv));
+    store = nc
+      .jetstream()
+      .views.kv(buckets.webhooks.name, { bindOnly: true })
+      .then((kv) => new DeliveryStore(kv));
     stores.set(nc, store);
     store.catch(() => stores.delete(nc)); // bind again next time rather than keep the failure
   }
@@ -76,7 +83,10 @@ export async function redeliver(nc: NatsConnection, runId: string): Promise<Webh
   const previous = await store.list(runId);
   const source = previous.at(-1);
   if (source === undefined) {
-    throw new RedeliveryError("no_webhook", `run ${runId} has no webhook delivery to repeat: it was called without webhookEndpoint, or it has not finished`);
+    throw new RedeliveryError(
+      "no_webhook",
+      `run ${runId} has no webhook delivery to repeat: it was called without webhookEndpoint, or it has not finished`,
+    );
   }
   const event = await terminalEvent(nc, source);
   // Delivery ids count up per run; two concurrent redeliveries get different ones.
@@ -86,7 +96,9 @@ export async function redeliver(nc: NatsConnection, runId: string): Promise<Webh
   event.deliveryId = String(n);
   try {
     const js = nc.jetstream();
-    await js.publish(subjects.runEvent(event.projectId, event.appName, event.status), toBinary(RunEventSchema, event), { msgID: `${runId}.webhook.${n}` });
+    await js.publish(subjects.runEvent(event.projectId, event.appName, event.status), toBinary(RunEventSchema, event), {
+      msgID: `${runId}.webhook.${n}`,
+    });
   } catch (err) {
     // Without its event nothing would ever work on the delivery: do not leave it pending.
     await store.remove(runId, String(n));
@@ -98,7 +110,10 @@ export async function redeliver(nc: NatsConnection, runId: string): Promise<Webh
 async function terminalEvent(nc: NatsConnection, source: DeliveryRecord) {
   const jsm = await nc.jetstreamManager();
   const gone = () =>
-    new RedeliveryError("event_gone", `the response of run ${source.run_id} is no longer kept: its event has aged out of ${streams.events.name} (kept ${streams.events.maxAgeMs / 86_400_000} days)`);
+    new RedeliveryError(
+      "event_gone",
+      `the response of run ${source.run_id} is no longer kept: its event has aged out of ${streams.events.name} (kept ${streams.events.maxAgeMs / 86_400_000} days)`,
+    );
   let data: Uint8Array;
   try {
     data = (await jsm.streams.getMessage(streams.events.name, { seq: source.event_seq })).data;

@@ -103,7 +103,8 @@ export class DeliveryStore {
       const { deliveries, revision } = await this.read(record.run_id);
       const existing = deliveries.find((d) => d.delivery_id === record.delivery_id);
       if (existing !== undefined && revision !== undefined) return { record: existing, revision, created: false };
-      if (await this.write(record.run_id, [...deliveries, record], revision)) return { ...(await this.get(record.run_id, record.delivery_id))!, created: true };
+      if (await this.write(record.run_id, [...deliveries, record], revision))
+        return { ...(await this.get(record.run_id, record.delivery_id))!, created: true };
     }
   }
 
@@ -111,14 +112,22 @@ export class DeliveryStore {
   async replace(record: DeliveryRecord, revision: number): Promise<boolean> {
     const cur = await this.read(record.run_id);
     if (cur.revision !== revision) return false;
-    return this.write(record.run_id, cur.deliveries.map((d) => (d.delivery_id === record.delivery_id ? record : d)), revision);
+    return this.write(
+      record.run_id,
+      cur.deliveries.map((d) => (d.delivery_id === record.delivery_id ? record : d)),
+      revision,
+    );
   }
 
   /**
    * Applies `change` to the current delivery until the compare-and-set holds.
    * Returns the delivery before and after (equal when `change` returned undefined).
    */
-  async modify(runId: string, deliveryId: string, change: (r: DeliveryRecord) => DeliveryRecord | undefined): Promise<{ before: DeliveryRecord; after: DeliveryRecord }> {
+  async modify(
+    runId: string,
+    deliveryId: string,
+    change: (r: DeliveryRecord) => DeliveryRecord | undefined,
+  ): Promise<{ before: DeliveryRecord; after: DeliveryRecord }> {
     for (;;) {
       const cur = await this.get(runId, deliveryId);
       if (cur === undefined) throw new Error(`webhook delivery ${deliveryId} of run ${runId} vanished from KV`);
@@ -131,7 +140,15 @@ export class DeliveryStore {
   async remove(runId: string, deliveryId: string): Promise<void> {
     for (;;) {
       const { deliveries, revision } = await this.read(runId);
-      if (revision === undefined || (await this.write(runId, deliveries.filter((d) => d.delivery_id !== deliveryId), revision))) return;
+      if (
+        revision === undefined ||
+        (await this.write(
+          runId,
+          deliveries.filter((d) => d.delivery_id !== deliveryId),
+          revision,
+        ))
+      )
+        return;
     }
   }
 

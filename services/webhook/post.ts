@@ -31,7 +31,11 @@ export function postWebhook(opts: PostOptions): Promise<AttemptResult> {
   const elapsed = () => Math.round(performance.now() - started);
   const host = opts.url.hostname.startsWith("[") ? opts.url.hostname.slice(1, -1) : opts.url.hostname;
   if (net.isIP(host) !== 0 && opts.guard.isBlocked(host)) {
-    return Promise.resolve({ error: new BlockedAddressError(opts.url.hostname, host).message, permanent: true, durationMs: elapsed() });
+    return Promise.resolve({
+      error: new BlockedAddressError(opts.url.hostname, host).message,
+      permanent: true,
+      durationMs: elapsed(),
+    });
   }
   const request = opts.url.protocol === "https:" ? https.request : http.request;
   return new Promise((resolve) => {
@@ -56,7 +60,13 @@ export function postWebhook(opts: PostOptions): Promise<AttemptResult> {
     });
     const timer = setTimeout(() => finish({ error: `no answer within ${opts.timeoutMs} ms` }), opts.timeoutMs);
     req.on("response", (res) => finish({ status: res.statusCode }));
-    req.on("error", (err: NodeJS.ErrnoException) => finish(err.code === "EBLOCKED" ? { error: err.message, permanent: true } : { error: err.message || err.code || "network error" }));
+    req.on("error", (err: NodeJS.ErrnoException) =>
+      finish(
+        err.code === "EBLOCKED"
+          ? { error: err.message, permanent: true }
+          : { error: err.message || err.code || "network error" },
+      ),
+    );
     req.end(opts.body);
   });
 }

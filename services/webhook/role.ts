@@ -5,7 +5,16 @@
 // until its next attempt is due; delivery runs here, off the request path,
 // and never touches the caller's response.
 import { fromBinary } from "@bufbuild/protobuf";
-import { AckPolicy, DeliverPolicy, nanos, NatsError, type JetStreamManager, type JsMsg, type NatsConnection, type ObjectStore } from "nats";
+import {
+  AckPolicy,
+  DeliverPolicy,
+  nanos,
+  NatsError,
+  type JetStreamManager,
+  type JsMsg,
+  type NatsConnection,
+  type ObjectStore,
+} from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import type { Logger } from "../config/index.js";
 import { buckets, objectStores, streams, subjects } from "../nats/index.js";
@@ -89,7 +98,10 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
       if ("nakMs" in step) m.nak(Math.max(1, Math.ceil(step.nakMs)));
       else m.ack();
     } catch (err) {
-      logger.warn({ err, subject: m.subject, seq: m.seq }, `webhook delivery step failed; trying again in ${RETRY_AFTER_ERROR_MS} ms`);
+      logger.warn(
+        { err, subject: m.subject, seq: m.seq },
+        `webhook delivery step failed; trying again in ${RETRY_AFTER_ERROR_MS} ms`,
+      );
       m.nak(RETRY_AFTER_ERROR_MS);
     } finally {
       clearInterval(heartbeat);
@@ -105,7 +117,10 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
       if (inflight.size >= concurrency) await Promise.race(inflight);
     }
   })();
-  logger.info({ consumer: WEBHOOK_CONSUMER, timeoutMs: deps.timeoutMs, allowedCidrs: guard.allowedCidrs }, "webhook role consuming run events");
+  logger.info(
+    { consumer: WEBHOOK_CONSUMER, timeoutMs: deps.timeoutMs, allowedCidrs: guard.allowedCidrs },
+    "webhook role consuming run events",
+  );
 
   let closing: Promise<void> | undefined;
   return {
@@ -126,7 +141,11 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
  * the attempts.
  */
 async function ensureConsumer(jsm: JetStreamManager, ackWaitMs: number, logger: Logger): Promise<void> {
-  const update = { ack_wait: nanos(ackWaitMs), max_deliver: -1, description: "webhook deliveries of terminal run events" };
+  const update = {
+    ack_wait: nanos(ackWaitMs),
+    max_deliver: -1,
+    description: "webhook deliveries of terminal run events",
+  };
   try {
     const info = await jsm.consumers.info(streams.events.name, WEBHOOK_CONSUMER);
     if (info.config.ack_wait === update.ack_wait && info.config.max_deliver === update.max_deliver) return;

@@ -50,9 +50,15 @@ export function secretBox(key: Buffer): SecretBox {
       decipher.setAAD(Buffer.from(context, "utf8"));
       decipher.setAuthTag(raw.subarray(raw.length - TAG_BYTES));
       try {
-        return Buffer.concat([decipher.update(raw.subarray(IV_BYTES, raw.length - TAG_BYTES)), decipher.final()]).toString("utf8");
+        return Buffer.concat([
+          decipher.update(raw.subarray(IV_BYTES, raw.length - TAG_BYTES)),
+          decipher.final(),
+        ]).toString("utf8");
       } catch (err) {
-        throw new UnsealError("sealed value does not open with this platform key (SKIFF_SECRETS_KEY differs between processes, or the value was altered)", { cause: err });
+        throw new UnsealError(
+          "sealed value does not open with this platform key (SKIFF_SECRETS_KEY differs between processes, or the value was altered)",
+          { cause: err },
+        );
       }
     },
   };
@@ -80,7 +86,8 @@ async function clusterKey(kv: KV): Promise<Buffer> {
   }
   // Read back rather than trust our own value: with concurrent starts only one create wins.
   const winner = await kv.get(SECRETS_KEY_ENTRY);
-  if (winner?.operation !== "PUT") throw new SecretsKeyError(`KV ${buckets.keys.name} lost ${SECRETS_KEY_ENTRY} right after it was written`);
+  if (winner?.operation !== "PUT")
+    throw new SecretsKeyError(`KV ${buckets.keys.name} lost ${SECRETS_KEY_ENTRY} right after it was written`);
   return parseSecretsKey(winner.string());
 }
 

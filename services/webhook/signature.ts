@@ -24,7 +24,12 @@ function hmacHex(secret: string, requestId: string, timestamp: string, body: Bod
 }
 
 /** The headers that sign one delivery attempt. */
-export function signWebhook(opts: { secret: string; requestId: string; body: Body; timestamp?: number }): Record<string, string> {
+export function signWebhook(opts: {
+  secret: string;
+  requestId: string;
+  body: Body;
+  timestamp?: number;
+}): Record<string, string> {
   const timestamp = String(opts.timestamp ?? Math.floor(Date.now() / 1000));
   return {
     [HEADER_REQUEST_ID]: opts.requestId,
@@ -33,7 +38,13 @@ export function signWebhook(opts: { secret: string; requestId: string; body: Bod
   };
 }
 
-export type WebhookVerificationReason = "missing_header" | "bad_signature_format" | "bad_timestamp" | "timestamp_too_old" | "timestamp_in_future" | "signature_mismatch";
+export type WebhookVerificationReason =
+  | "missing_header"
+  | "bad_signature_format"
+  | "bad_timestamp"
+  | "timestamp_too_old"
+  | "timestamp_in_future"
+  | "signature_mismatch";
 
 export class WebhookVerificationError extends Error {
   override name = "WebhookVerificationError";
@@ -61,23 +72,43 @@ function header(headers: HeaderSource, name: string): string | undefined {
  * WebhookVerificationError saying why it failed; returns the request id.
  * The comparison is constant-time.
  */
-export function verifyWebhook(opts: { secret: string; headers: HeaderSource; body: Body; toleranceSeconds?: number; now?: number }): string {
+export function verifyWebhook(opts: {
+  secret: string;
+  headers: HeaderSource;
+  body: Body;
+  toleranceSeconds?: number;
+  now?: number;
+}): string {
   const requestId = header(opts.headers, HEADER_REQUEST_ID);
   const timestamp = header(opts.headers, HEADER_TIMESTAMP);
   const signature = header(opts.headers, HEADER_SIGNATURE);
   if (!requestId || !timestamp || !signature) {
-    throw new WebhookVerificationError("missing_header", `missing one of ${HEADER_REQUEST_ID}, ${HEADER_TIMESTAMP}, ${HEADER_SIGNATURE}`);
+    throw new WebhookVerificationError(
+      "missing_header",
+      `missing one of ${HEADER_REQUEST_ID}, ${HEADER_TIMESTAMP}, ${HEADER_SIGNATURE}`,
+    );
   }
   const prefix = `${SIGNATURE_VERSION},`;
   const received = signature.startsWith(prefix) ? signature.slice(prefix.length) : "";
-  if (!/^[0-9a-f]{64}$/.test(received)) throw new WebhookVerificationError("bad_signature_format", `signature must be "${prefix}" and 64 lowercase hex digits`);
-  if (!/^\d{1,12}$/.test(timestamp)) throw new WebhookVerificationError("bad_timestamp", "timestamp must be unix seconds");
+  if (!/^[0-9a-f]{64}$/.test(received))
+    throw new WebhookVerificationError(
+      "bad_signature_format",
+      `signature must be "${prefix}" and 64 lowercase hex digits`,
+    );
+  if (!/^\d{1,12}$/.test(timestamp))
+    throw new WebhookVerificationError("bad_timestamp", "timestamp must be unix seconds");
   const tolerance = opts.toleranceSeconds ?? DEFAULT_TOLERANCE_SECONDS;
   const now = opts.now ?? Math.floor(Date.now() / 1000);
   const age = now - Number(timestamp);
-  if (age > tolerance) throw new WebhookVerificationError("timestamp_too_old", `timestamp is ${age} s old (tolerance ${tolerance} s)`);
-  if (-age > tolerance) throw new WebhookVerificationError("timestamp_in_future", `timestamp is ${-age} s in the future (tolerance ${tolerance} s)`);
+  if (age > tolerance)
+    throw new WebhookVerificationError("timestamp_too_old", `timestamp is ${age} s old (tolerance ${tolerance} s)`);
+  if (-age > tolerance)
+    throw new WebhookVerificationError(
+      "timestamp_in_future",
+      `timestamp is ${-age} s in the future (tolerance ${tolerance} s)`,
+    );
   const expected = Buffer.from(hmacHex(opts.secret, requestId, timestamp, opts.body), "hex");
-  if (!timingSafeEqual(expected, Buffer.from(received, "hex"))) throw new WebhookVerificationError("signature_mismatch", "signature does not match");
+  if (!timingSafeEqual(expected, Buffer.from(received, "hex")))
+    throw new WebhookVerificationError("signature_mismatch", "signature does not match");
   return requestId;
 }

@@ -12,7 +12,11 @@ const run = promisify(execFile);
 const ROOT = path.resolve(import.meta.dirname, "../..");
 export const DASHBOARD_DIR = path.join(ROOT, "services", "dashboard");
 const DIST = path.join(DASHBOARD_DIR, "dist");
-const SOURCES = [DASHBOARD_DIR, path.join(DASHBOARD_DIR, "public"), path.join(ROOT, "gen", "skiff", "management", "v2")];
+const SOURCES = [
+  DASHBOARD_DIR,
+  path.join(DASHBOARD_DIR, "public"),
+  path.join(ROOT, "gen", "skiff", "management", "v2"),
+];
 export const SCREENSHOTS = path.join(ROOT, "test-results", "screenshots");
 export const CHROMIUM = "/usr/bin/chromium";
 
@@ -32,11 +36,27 @@ async function newestSource(): Promise<number> {
  * build at the same time never see half a build.
  */
 export async function ensureDashboardBuilt(): Promise<void> {
-  const built = await stat(path.join(DIST, "index.html")).then((s) => s.mtimeMs, () => 0);
+  const built = await stat(path.join(DIST, "index.html")).then(
+    (s) => s.mtimeMs,
+    () => 0,
+  );
   if (built > (await newestSource())) return;
   const out = path.join(DASHBOARD_DIR, `dist.tmp-${process.pid}`);
   try {
-    await run(process.execPath, [path.join(ROOT, "node_modules", "vite", "bin", "vite.js"), "build", DASHBOARD_DIR, "--outDir", out, "--emptyOutDir", "--logLevel", "error"], { cwd: ROOT });
+    await run(
+      process.execPath,
+      [
+        path.join(ROOT, "node_modules", "vite", "bin", "vite.js"),
+        "build",
+        DASHBOARD_DIR,
+        "--outDir",
+        out,
+        "--emptyOutDir",
+        "--logLevel",
+        "error",
+      ],
+      { cwd: ROOT },
+    );
     await rm(DIST, { recursive: true, force: true });
     // Another test file may have put its build there meanwhile: theirs is as good.
     await rename(out, DIST).catch(() => undefined);
@@ -49,7 +69,14 @@ export function launchChromium(): Promise<Browser> {
   return chromium.launch({
     executablePath: CHROMIUM,
     headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run", "--disable-sync"],
+    args: [
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--no-first-run",
+      "--disable-sync",
+    ],
   });
 }
 
@@ -62,7 +89,8 @@ export function collectProblems(page: Page): string[] {
   page.on("pageerror", (e) => problems.push(`exception: ${e.message}`));
   page.on("requestfailed", (r) => {
     // A stream or poll cut short by navigation is not a problem.
-    if (r.failure()?.errorText !== "net::ERR_ABORTED") problems.push(`request failed: ${r.url()} ${r.failure()?.errorText}`);
+    if (r.failure()?.errorText !== "net::ERR_ABORTED")
+      problems.push(`request failed: ${r.url()} ${r.failure()?.errorText}`);
   });
   return problems;
 }

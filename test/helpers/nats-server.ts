@@ -36,7 +36,16 @@ export async function startNatsServer(opts: TestNatsOptions = {}): Promise<TestN
   const launch = (port: number) =>
     spawnNatsServer({
       binary: NATS_SERVER_BINARY,
-      args: ["-a", "127.0.0.1", "-p", String(port), "--ports_file_dir", dir, ...(opts.jetstream === false ? [] : ["-js", "-sd", storeDir]), ...(opts.args ?? [])],
+      args: [
+        "-a",
+        "127.0.0.1",
+        "-p",
+        String(port),
+        "--ports_file_dir",
+        dir,
+        ...(opts.jetstream === false ? [] : ["-js", "-sd", storeDir]),
+        ...(opts.args ?? []),
+      ],
       portsDir: dir,
     });
 

@@ -14,7 +14,16 @@ export function rawTar(entries: RawEntry[]): Buffer {
   const blocks: Buffer[] = [];
   for (const e of entries) {
     const body = Buffer.from(e.body ?? "");
-    const h = new Header({ path: e.path, type: e.type ?? "File", linkpath: e.linkpath, size: body.length, mode: 0o644, mtime: new Date(0), uid: 0, gid: 0 });
+    const h = new Header({
+      path: e.path,
+      type: e.type ?? "File",
+      linkpath: e.linkpath,
+      size: body.length,
+      mode: 0o644,
+      mtime: new Date(0),
+      uid: 0,
+      gid: 0,
+    });
     const block = Buffer.alloc(512);
     h.encode(block, 0);
     blocks.push(block, body, Buffer.alloc((512 - (body.length % 512)) % 512));

@@ -6,7 +6,14 @@ import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
-import { Code, ConnectError, type ConnectRouter, type HandlerContext, type Interceptor, type ServiceImpl } from "@connectrpc/connect";
+import {
+  Code,
+  ConnectError,
+  type ConnectRouter,
+  type HandlerContext,
+  type Interceptor,
+  type ServiceImpl,
+} from "@connectrpc/connect";
 import type { UniversalHandler } from "@connectrpc/connect/protocol";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
@@ -35,7 +42,12 @@ export interface RestFixture {
 
 function record(calls: Call[], method: string, request: unknown, ctx: HandlerContext): void {
   const exchange = httpExchange(ctx);
-  calls.push({ method, request, header: ctx.requestHeader, exchange: exchange && { method: exchange.method, query: exchange.query.toString() } });
+  calls.push({
+    method,
+    request,
+    header: ctx.requestHeader,
+    exchange: exchange && { method: exchange.method, query: exchange.query.toString() },
+  });
 }
 
 function invocation(calls: Call[]): ServiceImpl<typeof InvocationService> {
@@ -44,7 +56,8 @@ function invocation(calls: Call[]): ServiceImpl<typeof InvocationService> {
       record(calls, "Run", req, ctx);
       ctx.responseHeader.set("X-Request-Id", "run-0001");
       if (req.appName === "boom") throw new Error("handler bug");
-      if (req.appName === "missing") throw new ConnectError(`app ${req.projectId}/${req.appName} not found`, Code.NotFound);
+      if (req.appName === "missing")
+        throw new ConnectError(`app ${req.projectId}/${req.appName} not found`, Code.NotFound);
       if (req.async) {
         setHttpStatus(ctx, 202);
         const data = new TextEncoder().encode(JSON.stringify({ run_id: "run-0001" }));
@@ -83,7 +96,13 @@ function management(calls: Call[]): Partial<ServiceImpl<typeof ManagementService
     deployApp(req, ctx) {
       record(calls, "DeployApp", req, ctx);
       const bytes = BigInt(req.bundle?.data.length ?? 0);
-      return { app: { projectId: req.projectId, appName: "hello", deployment: { version: 1, bundleBytes: bytes, digest: req.bundle?.contentType ?? "" } } };
+      return {
+        app: {
+          projectId: req.projectId,
+          appName: "hello",
+          deployment: { version: 1, bundleBytes: bytes, digest: req.bundle?.contentType ?? "" },
+        },
+      };
     },
     listAppLogs(req, ctx) {
       record(calls, "ListAppLogs", req, ctx);
@@ -166,14 +185,24 @@ export interface RestResponse {
 }
 
 /** One HTTP/1.1 request on a fresh connection. */
-export function rest(base: string, method: string, path: string, options: { headers?: Record<string, string>; body?: string | Buffer } = {}): Promise<RestResponse> {
+export function rest(
+  base: string,
+  method: string,
+  path: string,
+  options: { headers?: Record<string, string>; body?: string | Buffer } = {},
+): Promise<RestResponse> {
   return new Promise((resolve, reject) => {
     // An explicit Content-Length: Node sends a GET body without one, which the server would read as the next request.
-    const headers = options.body === undefined ? options.headers : { "content-length": String(Buffer.byteLength(options.body)), ...options.headers };
+    const headers =
+      options.body === undefined
+        ? options.headers
+        : { "content-length": String(Buffer.byteLength(options.body)), ...options.headers };
     const req = http.request(`${base}${path}`, { method, headers, agent: false }, (res) => {
       const chunks: Buffer[] = [];
       res.on("data", (c: Buffer) => chunks.push(c));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString() }));
+      res.on("end", () =>
+        resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString() }),
+      );
       res.on("error", reject);
     });
     req.on("error", reject);
@@ -182,7 +211,12 @@ export function rest(base: string, method: string, path: string, options: { head
 }
 
 /** One request over a fresh h2c session. */
-export function rest2(base: string, method: string, path: string, options: { headers?: Record<string, string>; body?: string | Buffer } = {}): Promise<RestResponse> {
+export function rest2(
+  base: string,
+  method: string,
+  path: string,
+  options: { headers?: Record<string, string>; body?: string | Buffer } = {},
+): Promise<RestResponse> {
   return new Promise((resolve, reject) => {
     const session = http2.connect(base);
     session.on("error", reject);

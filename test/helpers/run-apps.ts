@@ -22,10 +22,17 @@ export function cortexApp(name: string, scaling: string): Record<string, string>
   };
 }
 
-export async function deploy(tmp: string, client: Client<typeof ManagementService>, files: Record<string, string>): Promise<void> {
+export async function deploy(
+  tmp: string,
+  client: Client<typeof ManagementService>,
+  files: Record<string, string>,
+): Promise<void> {
   const dir = await mkdtemp(path.join(tmp, "app-"));
   for (const [name, content] of Object.entries(files)) await writeFile(path.join(dir, name), content);
-  await client.deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes } });
+  await client.deployApp({
+    projectId: P,
+    bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
+  });
 }
 
 export async function until<T>(what: string, probe: () => T | Promise<T>, timeoutMs = 20_000): Promise<NonNullable<T>> {
@@ -45,7 +52,12 @@ export interface Answer {
   json: any; // eslint-disable-line @typescript-eslint/no-explicit-any
 }
 
-export async function post(url: string, token: string | undefined, body: string | Uint8Array, headers: Record<string, string> = {}): Promise<Answer> {
+export async function post(
+  url: string,
+  token: string | undefined,
+  body: string | Uint8Array,
+  headers: Record<string, string> = {},
+): Promise<Answer> {
   const res = await fetch(url, {
     method: "POST",
     headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}), ...headers },

@@ -62,7 +62,10 @@ export async function startTestSkiff(opts: TestSkiffOptions = {}): Promise<TestS
       adminToken,
       devToken,
       management: (token = adminToken) =>
-        createClient(ManagementService, createConnectTransport({ baseUrl: skiff.url, httpVersion: "1.1", interceptors: [bearer(token)] })),
+        createClient(
+          ManagementService,
+          createConnectTransport({ baseUrl: skiff.url, httpVersion: "1.1", interceptors: [bearer(token)] }),
+        ),
       async close() {
         await skiff.close();
         await cleanUp();

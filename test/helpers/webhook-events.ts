@@ -13,7 +13,11 @@ export function newRunId(): string {
 }
 
 /** A terminal (success) event of a run called with webhookEndpoint `url`, answering `body`. */
-export function terminalEvent(url: string, body: string | Uint8Array, init: Partial<Omit<RunEvent, "$typeName">> = {}): RunEvent {
+export function terminalEvent(
+  url: string,
+  body: string | Uint8Array,
+  init: Partial<Omit<RunEvent, "$typeName">> = {},
+): RunEvent {
   const event = create(RunEventSchema, {
     runId: newRunId(),
     projectId: "p-test",
@@ -26,12 +30,19 @@ export function terminalEvent(url: string, body: string | Uint8Array, init: Part
     runTimeMs: 12.5,
     statusCode: 200,
     webhookEndpoint: url,
-    response: { contentType: "application/json", data: typeof body === "string" ? new TextEncoder().encode(body) : body },
+    response: {
+      contentType: "application/json",
+      data: typeof body === "string" ? new TextEncoder().encode(body) : body,
+    },
   });
   return Object.assign(event, init);
 }
 
 export async function publishRunEvent(nc: NatsConnection, event: RunEvent): Promise<number> {
-  const ack = await nc.jetstream().publish(subjects.runEvent(event.projectId, event.appName, event.status), toBinary(RunEventSchema, event), { msgID: `${event.runId}.${event.status}` });
+  const ack = await nc
+    .jetstream()
+    .publish(subjects.runEvent(event.projectId, event.appName, event.status), toBinary(RunEventSchema, event), {
+      msgID: `${event.runId}.${event.status}`,
+    });
   return ack.seq;
 }

@@ -15,7 +15,11 @@ export interface WebhookHarness {
   logs: string[];
   startRole(opts?: Partial<Omit<WebhookRoleOptions, "nc" | "logger">>): Promise<WebhookRole>;
   /** Polls listDeliveries until `done` holds for the run's deliveries. */
-  waitForDeliveries(runId: string, done: (d: WebhookDelivery[]) => boolean, timeoutMs?: number): Promise<WebhookDelivery[]>;
+  waitForDeliveries(
+    runId: string,
+    done: (d: WebhookDelivery[]) => boolean,
+    timeoutMs?: number,
+  ): Promise<WebhookDelivery[]>;
   close(): Promise<void>;
 }
 
@@ -41,7 +45,10 @@ export async function startWebhookHarness(): Promise<WebhookHarness> {
       for (;;) {
         const d = await listDeliveries(nc, runId);
         if (done(d)) return d;
-        if (Date.now() > until) throw new Error(`deliveries of ${runId} not as expected after ${timeoutMs} ms: ${JSON.stringify(d.map((x) => ({ id: x.deliveryId, state: x.state, attempts: x.attempts.length })))}`);
+        if (Date.now() > until)
+          throw new Error(
+            `deliveries of ${runId} not as expected after ${timeoutMs} ms: ${JSON.stringify(d.map((x) => ({ id: x.deliveryId, state: x.state, attempts: x.attempts.length })))}`,
+          );
         await new Promise((r) => setTimeout(r, 50));
       }
     },

@@ -42,7 +42,14 @@ export async function startReceiver(answer: (path: string, n: number) => Answer)
     req.on("end", () => {
       const url = req.url ?? "/";
       const path = url.split("?")[0];
-      requests.push({ path, url, method: req.method ?? "", at: Date.now(), headers: req.headers, body: Buffer.concat(chunks) });
+      requests.push({
+        path,
+        url,
+        method: req.method ?? "",
+        at: Date.now(),
+        headers: req.headers,
+        body: Buffer.concat(chunks),
+      });
       for (const w of waiters) w();
       const a = answer(path, requests.filter((r) => r.path === path).length);
       if (a === "hang") return;

@@ -49,7 +49,11 @@ async function call(functions, req, res, raw) {
     return reply(res, 400, errorBody("BadRequest", `the body is not valid JSON: ${err.message}`));
   }
   if (typeof args !== "object" || args === null || Array.isArray(args)) {
-    return reply(res, 400, errorBody("BadRequest", "the body must be a JSON object whose fields are the function's arguments"));
+    return reply(
+      res,
+      400,
+      errorBody("BadRequest", "the body must be a JSON object whose fields are the function's arguments"),
+    );
   }
   let body;
   try {

@@ -63,7 +63,9 @@ export function setFromText(root: ReflectMessage, path: readonly DescField[], te
       return;
     case "list":
       if (field.listKind === "message") break;
-      (at.get(field) as ReflectList).add(field.listKind === "scalar" ? scalarFromText(field.scalar, text, what) : enumFromText(field.enum, text, what));
+      (at.get(field) as ReflectList).add(
+        field.listKind === "scalar" ? scalarFromText(field.scalar, text, what) : enumFromText(field.enum, text, what),
+      );
       return;
     case "map":
       break;
@@ -103,7 +105,13 @@ const INT_RANGES: Partial<Record<ScalarType, readonly [bigint, bigint, string]>>
   [ScalarType.FIXED64]: [0n, 2n ** 64n - 1n, "an unsigned 64-bit integer"],
 };
 
-const IS_64 = new Set([ScalarType.INT64, ScalarType.SINT64, ScalarType.SFIXED64, ScalarType.UINT64, ScalarType.FIXED64]);
+const IS_64 = new Set([
+  ScalarType.INT64,
+  ScalarType.SINT64,
+  ScalarType.SFIXED64,
+  ScalarType.UINT64,
+  ScalarType.FIXED64,
+]);
 
 /** The value of a scalar field read from text; 64-bit integers as bigint (what reflect's set() expects). */
 export function scalarFromText(type: ScalarType, text: string, what: string): ScalarValue {
@@ -127,7 +135,8 @@ export function scalarFromText(type: ScalarType, text: string, what: string): Sc
 function integerFromText(type: ScalarType, text: string, what: string): ScalarValue {
   const [min, max, expected] = INT_RANGES[type]!;
   const value = INTEGER.test(text) ? BigInt(text) : undefined;
-  if (value === undefined || value < min || value > max) throw invalidArgument(`${what}: expected ${expected}, got ${quote(text)}`);
+  if (value === undefined || value < min || value > max)
+    throw invalidArgument(`${what}: expected ${expected}, got ${quote(text)}`);
   return IS_64.has(type) ? value : Number(value);
 }
 
@@ -147,7 +156,8 @@ function floatFromText(type: ScalarType, text: string, what: string): number {
  */
 function bytesFromText(text: string, what: string): Uint8Array {
   const b64 = text.replaceAll(" ", "+");
-  if (!BASE64.test(b64) || b64.replace(/=+$/, "").length % 4 === 1) throw invalidArgument(`${what}: expected base64, got ${quote(text)}`);
+  if (!BASE64.test(b64) || b64.replace(/=+$/, "").length % 4 === 1)
+    throw invalidArgument(`${what}: expected base64, got ${quote(text)}`);
   return base64Decode(b64);
 }
 

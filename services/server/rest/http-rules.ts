@@ -10,7 +10,14 @@
 //   Variable = "{" FieldPath [ "=" Segments ] "}" ;
 //   FieldPath = IDENT { "." IDENT } ;
 //   Verb     = ":" LITERAL ;
-import { getOption, hasOption, type DescField, type DescMessage, type DescMethod, type DescService } from "@bufbuild/protobuf";
+import {
+  getOption,
+  hasOption,
+  type DescField,
+  type DescMessage,
+  type DescMethod,
+  type DescService,
+} from "@bufbuild/protobuf";
 import { http } from "../../../gen/google/api/annotations_pb.js";
 import type { HttpRule } from "../../../gen/google/api/http_pb.js";
 
@@ -106,7 +113,8 @@ export function parseTemplate(source: string): PathTemplate {
     i++;
   }
   const deepAt = segments.findIndex((s) => s.kind === "deep");
-  if (deepAt >= 0 && deepAt !== segments.length - 1) throw new TemplateError(`"**" must be the last segment in ${source}`);
+  if (deepAt >= 0 && deepAt !== segments.length - 1)
+    throw new TemplateError(`"**" must be the last segment in ${source}`);
   return { source, segments, variables, verb };
 }
 
@@ -147,14 +155,20 @@ function ruleBinding(service: DescService, method: DescMethod, rule: HttpRule): 
   for (const v of template.variables) {
     const f = resolveFieldPath(method.input, v.fieldPath);
     if (!f || f.fieldKind !== "scalar") {
-      throw new TemplateError(`${method.parent.typeName}.${method.name}: path variable ${v.fieldPath.join(".")} is not a scalar field of ${method.input.typeName}`);
+      throw new TemplateError(
+        `${method.parent.typeName}.${method.name}: path variable ${v.fieldPath.join(".")} is not a scalar field of ${method.input.typeName}`,
+      );
     }
   }
   if (rule.body !== "" && rule.body !== "*" && !method.input.fields.some((f) => f.name === rule.body)) {
-    throw new TemplateError(`${method.parent.typeName}.${method.name}: body "${rule.body}" is not a field of ${method.input.typeName}`);
+    throw new TemplateError(
+      `${method.parent.typeName}.${method.name}: body "${rule.body}" is not a field of ${method.input.typeName}`,
+    );
   }
   if (rule.responseBody !== "" && !method.output.fields.some((f) => f.name === rule.responseBody)) {
-    throw new TemplateError(`${method.parent.typeName}.${method.name}: response_body "${rule.responseBody}" is not a field of ${method.output.typeName}`);
+    throw new TemplateError(
+      `${method.parent.typeName}.${method.name}: response_body "${rule.responseBody}" is not a field of ${method.output.typeName}`,
+    );
   }
   return { service, method, httpMethod, template, body: rule.body, responseBody: rule.responseBody };
 }

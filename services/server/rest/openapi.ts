@@ -148,7 +148,16 @@ const ERROR_RESPONSES: Readonly<Record<string, string>> = {
 
 const HTTP_BODY = "google.api.HttpBody";
 
-const OPENAPI_METHODS: ReadonlySet<string> = new Set(["get", "put", "post", "delete", "patch", "head", "options", "trace"]);
+const OPENAPI_METHODS: ReadonlySet<string> = new Set([
+  "get",
+  "put",
+  "post",
+  "delete",
+  "patch",
+  "head",
+  "options",
+  "trace",
+]);
 
 export class OpenApiError extends Error {
   override name = "OpenApiError";
@@ -226,7 +235,8 @@ function uniqueOperationId(seen: Map<string, number>, name: string): string {
 
 function openapiMethod(binding: HttpBinding): OpenApiMethod {
   const method = binding.httpMethod.toLowerCase();
-  if (!OPENAPI_METHODS.has(method)) throw new OpenApiError(`${methodKey(binding)}: OpenAPI has no HTTP method ${binding.httpMethod}`);
+  if (!OPENAPI_METHODS.has(method))
+    throw new OpenApiError(`${methodKey(binding)}: OpenAPI has no HTTP method ${binding.httpMethod}`);
   return method as OpenApiMethod;
 }
 
@@ -241,7 +251,7 @@ function methodKey(binding: HttpBinding): string {
  */
 export function openapiPath(template: PathTemplate): string {
   const parts: string[] = [];
-  for (let i = 0; i < template.segments.length; ) {
+  for (let i = 0; i < template.segments.length;) {
     const variable = template.variables.find((v) => v.start === i);
     if (variable) {
       parts.push(`{${variable.fieldPath.join(".")}}`);
@@ -249,7 +259,8 @@ export function openapiPath(template: PathTemplate): string {
       continue;
     }
     const segment = template.segments[i];
-    if (segment.kind !== "literal") throw new OpenApiError(`${template.source}: OpenAPI cannot express a wildcard outside a variable`);
+    if (segment.kind !== "literal")
+      throw new OpenApiError(`${template.source}: OpenAPI cannot express a wildcard outside a variable`);
     parts.push(segment.value);
     i++;
   }
@@ -327,7 +338,11 @@ function queryName(field: DescField): string {
 }
 
 function isQueryable(field: DescField): boolean {
-  return field.fieldKind === "scalar" || field.fieldKind === "enum" || (field.fieldKind === "list" && field.listKind !== "message");
+  return (
+    field.fieldKind === "scalar" ||
+    field.fieldKind === "enum" ||
+    (field.fieldKind === "list" && field.listKind !== "message")
+  );
 }
 
 function requestBodyOf(binding: HttpBinding, schemas: SchemaRegistry): RequestBodyObject | undefined {
@@ -376,7 +391,7 @@ function errorSchema(): SchemaObject {
   return {
     type: "object",
     properties: {
-      code: { type: "string", description: "Connect error code, e.g. \"not_found\"." },
+      code: { type: "string", description: 'Connect error code, e.g. "not_found".' },
       message: { type: "string" },
     },
     required: ["code", "message"],
@@ -397,7 +412,9 @@ function withHeaders(
   headers: Record<string, HeaderObject> | undefined,
 ): Record<string, ResponseObject> {
   if (!headers) return responses;
-  return Object.fromEntries(Object.entries(responses).map(([status, r]) => [status, { ...r, headers: { ...r.headers, ...headers } }]));
+  return Object.fromEntries(
+    Object.entries(responses).map(([status, r]) => [status, { ...r, headers: { ...r.headers, ...headers } }]),
+  );
 }
 
 function topField(message: DescMessage, name: string): DescField {
@@ -475,7 +492,7 @@ function specialSchema(message: DescMessage): SchemaObject | undefined {
     case "google.protobuf.Timestamp":
       return { type: "string", format: "date-time" };
     case "google.protobuf.Duration":
-      return { type: "string", description: "Seconds with an \"s\" suffix, e.g. \"1.5s\"." };
+      return { type: "string", description: 'Seconds with an "s" suffix, e.g. "1.5s".' };
     case "google.protobuf.FieldMask":
       return { type: "string", description: "Comma-separated lowerCamelCase field paths." };
     case "google.protobuf.Struct":
@@ -520,7 +537,10 @@ class SchemaRegistry {
       if (inside.some((p) => p.length === 1)) continue;
       properties[field.name] =
         inside.length > 0 && field.fieldKind === "message"
-          ? this.messageWithout(field.message, inside.map((p) => p.slice(1)))
+          ? this.messageWithout(
+              field.message,
+              inside.map((p) => p.slice(1)),
+            )
           : this.field(field);
     }
     return { type: "object", properties };
@@ -531,7 +551,9 @@ class SchemaRegistry {
       case "message":
         return this.message(field.message);
       case "list":
-        return field.listKind === "message" ? { type: "array", items: this.message(field.message) } : scalarLikeSchema(field);
+        return field.listKind === "message"
+          ? { type: "array", items: this.message(field.message) }
+          : scalarLikeSchema(field);
       case "map":
         return { type: "object", additionalProperties: this.mapValue(field) };
       default:

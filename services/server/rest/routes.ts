@@ -82,7 +82,13 @@ export class RouteTable<R extends { binding: HttpBinding }> {
   }
 }
 
-function walk<R>(at: Node<R>, segments: readonly string[], i: number, verb: string | undefined, out: RouteMatch<R>[]): void {
+function walk<R>(
+  at: Node<R>,
+  segments: readonly string[],
+  i: number,
+  verb: string | undefined,
+  out: RouteMatch<R>[],
+): void {
   if (i === segments.length) {
     for (const e of at.ends) if (e.verb === verb) out.push({ route: e.route, segments });
   } else {
@@ -104,7 +110,14 @@ export function variableValue(variable: Variable, segments: readonly string[]): 
   const parts = segments.slice(variable.start, end);
   const name = variable.fieldPath.join(".");
   if (parts.length === 1 && variable.length === 1) return decode(parts[0], name);
-  return parts.map((part) => part.split(/(%2F)/i).map((piece, k) => (k % 2 === 1 ? piece : decode(piece, name))).join("")).join("/");
+  return parts
+    .map((part) =>
+      part
+        .split(/(%2F)/i)
+        .map((piece, k) => (k % 2 === 1 ? piece : decode(piece, name)))
+        .join(""),
+    )
+    .join("/");
 }
 
 function decode(text: string, name: string): string {

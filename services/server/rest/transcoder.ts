@@ -27,7 +27,19 @@
 // an Allow header (the path exists, not with this method), 400
 // invalid_argument (bad parameter, malformed JSON), 413 resource_exhausted
 // (body too large) and 415 invalid_argument (a JSON body that is not JSON).
-import { create, fromBinary, fromJson, toBinary, toJson, type DescField, type DescMessage, type DescMethod, type DescService, type JsonValue, type Message } from "@bufbuild/protobuf";
+import {
+  create,
+  fromBinary,
+  fromJson,
+  toBinary,
+  toJson,
+  type DescField,
+  type DescMessage,
+  type DescMethod,
+  type DescService,
+  type JsonValue,
+  type Message,
+} from "@bufbuild/protobuf";
 import { reflect, type ReflectMessage } from "@bufbuild/protobuf/reflect";
 import { Code, createContextValues } from "@connectrpc/connect";
 import type { UniversalHandler, UniversalServerResponse } from "@connectrpc/connect/protocol";
@@ -89,10 +101,17 @@ export function createTranscoder(opts: TranscoderOptions): NodeHandler {
 function compileRoutes(services: readonly DescService[], handlers: readonly UniversalHandler[]): Route[] {
   return httpBindings(services).map((binding) => {
     const handler = handlers.find((h) => h.method === binding.method);
-    if (!handler) throw new Error(`no Connect handler for ${binding.service.typeName}.${binding.method.name}: register the service on the router`);
+    if (!handler)
+      throw new Error(
+        `no Connect handler for ${binding.service.typeName}.${binding.method.name}: register the service on the router`,
+      );
     const input = binding.method.input;
-    const bodyField = binding.body === "" || binding.body === "*" ? undefined : input.fields.find((f) => f.name === binding.body);
-    const variables = binding.template.variables.map((variable) => ({ variable, path: protoPath(input, variable.fieldPath) }));
+    const bodyField =
+      binding.body === "" || binding.body === "*" ? undefined : input.fields.find((f) => f.name === binding.body);
+    const variables = binding.template.variables.map((variable) => ({
+      variable,
+      path: protoPath(input, variable.fieldPath),
+    }));
     const bound = binding.template.variables.map((v) => v.fieldPath);
     if (bodyField) bound.push([bodyField.name]);
     return { binding, handler, body: bodyMode(binding, bodyField), bodyField, variables, bound };
@@ -117,7 +136,12 @@ function protoPath(message: DescMessage, names: readonly string[]): DescField[] 
   return out;
 }
 
-async function transcode(req: NodeRequest, res: NodeResponse, table: RouteTable<Route>, opts: TranscoderOptions): Promise<void> {
+async function transcode(
+  req: NodeRequest,
+  res: NodeResponse,
+  table: RouteTable<Route>,
+  opts: TranscoderOptions,
+): Promise<void> {
   const url = req.url ?? "";
   const q = url.indexOf("?");
   const path = q < 0 ? url : url.slice(0, q);
@@ -141,12 +165,21 @@ function pickRoute(matches: RouteMatch<Route>[], method: string, path: string): 
   if (found) return found;
   if (matches.length === 0) throw new TranscodeError(Code.NotFound, `no route for ${truncate(path)}`);
   const allow = [...new Set(matches.map((m) => m.route.binding.httpMethod))].join(", ");
-  throw new TranscodeError(Code.Unimplemented, `method ${truncate(method)} not allowed; allowed: ${allow}`, { status: 405, headers: { allow } });
+  throw new TranscodeError(Code.Unimplemented, `method ${truncate(method)} not allowed; allowed: ${allow}`, {
+    status: 405,
+    headers: { allow },
+  });
 }
 
 // --- request ----------------------------------------------------------------
 
-function requestMessage(route: Route, segments: readonly string[], query: URLSearchParams, body: Uint8Array, contentType: string | undefined): Message {
+function requestMessage(
+  route: Route,
+  segments: readonly string[],
+  query: URLSearchParams,
+  body: Uint8Array,
+  contentType: string | undefined,
+): Message {
   const input = route.binding.method.input;
   const msg = bodyMessage(route, body, contentType);
   const r = reflect(input, msg);
@@ -180,7 +213,8 @@ function bodyMessage(route: Route, body: Uint8Array, contentType: string | undef
     case "raw-field": {
       const msg = create(input);
       const field = route.bodyField!;
-      if (field.fieldKind === "message") reflect(input, msg).set(field, reflect(field.message, httpBody(field.message, body, contentType)));
+      if (field.fieldKind === "message")
+        reflect(input, msg).set(field, reflect(field.message, httpBody(field.message, body, contentType)));
       return msg;
     }
     case "json-all":
@@ -205,7 +239,11 @@ const utf8 = new TextDecoder("utf-8", { fatal: true });
 function parseJson(body: Uint8Array, contentType: string | undefined): JsonValue | undefined {
   if (body.length === 0) return undefined;
   if (contentType && !isJsonMediaType(contentType)) {
-    throw new TranscodeError(Code.InvalidArgument, `unsupported media type ${JSON.stringify(truncate(contentType))}: the body must be JSON`, { status: 415 });
+    throw new TranscodeError(
+      Code.InvalidArgument,
+      `unsupported media type ${JSON.stringify(truncate(contentType))}: the body must be JSON`,
+      { status: 415 },
+    );
   }
   try {
     return JSON.parse(utf8.decode(body)) as JsonValue;
@@ -230,13 +268,29 @@ function decodeJson(desc: DescMessage, json: JsonValue): Message {
 // --- the call ---------------------------------------------------------------
 
 /** Request headers that describe the REST exchange itself, not the call: never passed to the handler. */
-const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "http2-settings", "accept-encoding"]);
+const HOP_BY_HOP = new Set([
+  "connection",
+  "keep-alive",
+  "proxy-connection",
+  "transfer-encoding",
+  "te",
+  "trailer",
+  "upgrade",
+  "http2-settings",
+  "accept-encoding",
+]);
 
 function isProtocolHeader(name: string): boolean {
   return HOP_BY_HOP.has(name) || name.startsWith("content-") || name.startsWith("connect-") || name.startsWith("grpc-");
 }
 
-async function callHandler(req: NodeRequest, res: NodeResponse, route: Route, message: Uint8Array, exchange: HttpExchange): Promise<UniversalServerResponse> {
+async function callHandler(
+  req: NodeRequest,
+  res: NodeResponse,
+  route: Route,
+  message: Uint8Array,
+  exchange: HttpExchange,
+): Promise<UniversalServerResponse> {
   const contextValues = createContextValues().set(kHttpExchange, exchange);
   return route.handler({
     httpVersion: req.httpVersion,
@@ -320,12 +374,15 @@ interface Payload {
 
 function responsePayload(binding: HttpBinding, output: Message): Payload {
   const desc = binding.method.output;
-  if (binding.responseBody === "") return desc.typeName === HTTP_BODY ? rawPayload(output) : jsonPayload(toJson(desc, output, JSON_WRITE));
+  if (binding.responseBody === "")
+    return desc.typeName === HTTP_BODY ? rawPayload(output) : jsonPayload(toJson(desc, output, JSON_WRITE));
   const field = desc.fields.find((f) => f.name === binding.responseBody)!;
   if (field.fieldKind === "message") {
     // An unset message field reads as an empty message.
     const value = (reflect(desc, output).get(field) as ReflectMessage).message;
-    return field.message.typeName === HTTP_BODY ? rawPayload(value) : jsonPayload(toJson(field.message, value, JSON_WRITE));
+    return field.message.typeName === HTTP_BODY
+      ? rawPayload(value)
+      : jsonPayload(toJson(field.message, value, JSON_WRITE));
   }
   const json = toJson(desc, output, JSON_WRITE) as Record<string, JsonValue>;
   return jsonPayload(json[field.name] ?? null);
@@ -371,7 +428,11 @@ function writeSuccess(res: NodeResponse, status: number, payload: Payload): void
 function writeError(res: NodeResponse, error: TranscodeError): void {
   if (isGone(res)) return;
   const body = errorBody(error.code, error.message);
-  res.writeHead(error.status, { ...error.headers, "content-type": "application/json", "content-length": String(Buffer.byteLength(body)) });
+  res.writeHead(error.status, {
+    ...error.headers,
+    "content-type": "application/json",
+    "content-length": String(Buffer.byteLength(body)),
+  });
   res.end(body);
 }
 
