@@ -6,6 +6,7 @@ import { fromJson, ScalarType, type DescEnum, type DescField, type DescMessage }
 import { reflect, type ReflectList, type ReflectMessage, type ScalarValue } from "@bufbuild/protobuf/reflect";
 import { base64Decode } from "@bufbuild/protobuf/wire";
 import { invalidArgument } from "./errors.js";
+import { resolveFieldPath } from "./http-rules.js";
 
 const byName = new WeakMap<DescMessage, Map<string, DescField>>();
 
@@ -24,19 +25,10 @@ function fieldNamed(message: DescMessage, name: string): DescField | undefined {
 
 /**
  * The fields a dotted query key names (`a.b` = field b of message field a),
- * or undefined when it names none: the walk only descends singular message
- * fields.
+ * by proto or JSON names, or undefined when it names none.
  */
 export function resolveDotted(message: DescMessage, key: string): DescField[] | undefined {
-  const path: DescField[] = [];
-  let at: DescMessage | undefined = message;
-  for (const name of key.split(".")) {
-    const field: DescField | undefined = at && fieldNamed(at, name);
-    if (!field) return undefined;
-    path.push(field);
-    at = field.fieldKind === "message" ? field.message : undefined;
-  }
-  return path;
+  return resolveFieldPath(message, key.split("."), fieldNamed);
 }
 
 /**

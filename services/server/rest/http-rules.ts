@@ -45,8 +45,6 @@ export interface PathTemplate {
   verb: string | undefined;
 }
 
-export type HttpMethod = "GET" | "PUT" | "POST" | "DELETE" | "PATCH";
-
 export interface HttpBinding {
   service: DescService;
   method: DescMethod;
@@ -118,17 +116,31 @@ export function parseTemplate(source: string): PathTemplate {
   return { source, segments, variables, verb };
 }
 
-/** The field a dotted path names, walking nested messages; undefined when there is none. */
-export function resolveFieldPath(message: DescMessage, fieldPath: string[]): DescField | undefined {
-  let msg: DescMessage | undefined = message;
-  let field: DescField | undefined;
-  for (const name of fieldPath) {
-    if (!msg) return undefined;
-    field = msg.fields.find((f) => f.name === name);
+/** Picks a field of a message by name; proto names by default. */
+export type FieldLookup = (message: DescMessage, name: string) => DescField | undefined;
+
+const byProtoName: FieldLookup = (message, name) => message.fields.find((f) => f.name === name);
+
+/**
+ * The fields a path of names walks through (`["a", "b"]` = field b of message
+ * field a), or undefined when a name matches no field: the walk descends
+ * singular message fields only. Path variables, bodies and query parameters
+ * all resolve through here.
+ */
+export function resolveFieldPath(
+  message: DescMessage,
+  names: readonly string[],
+  lookup: FieldLookup = byProtoName,
+): DescField[] | undefined {
+  const path: DescField[] = [];
+  let at: DescMessage | undefined = message;
+  for (const name of names) {
+    const field: DescField | undefined = at && lookup(at, name);
     if (!field) return undefined;
-    msg = field.fieldKind === "message" ? field.message : undefined;
+    path.push(field);
+    at = field.fieldKind === "message" ? field.message : undefined;
   }
-  return field;
+  return path;
 }
 
 function ruleBinding(service: DescService, method: DescMethod, rule: HttpRule): HttpBinding {
@@ -153,7 +165,7 @@ function ruleBinding(service: DescService, method: DescMethod, rule: HttpRule): 
   }
   const template = parseTemplate(path);
   for (const v of template.variables) {
-    const f = resolveFieldPath(method.input, v.fieldPath);
+    const f = resolveFieldPath(method.input, v.fieldPath)?.at(-1);
     if (!f || f.fieldKind !== "scalar") {
       throw new TemplateError(
         `${method.parent.typeName}.${method.name}: path variable ${v.fieldPath.join(".")} is not a scalar field of ${method.input.typeName}`,

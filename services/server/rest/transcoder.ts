@@ -46,7 +46,7 @@ import type { UniversalHandler, UniversalServerResponse } from "@connectrpc/conn
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
 import { kHttpExchange, type HttpExchange } from "./http-exchange.js";
-import { httpBindings, type HttpBinding, type Variable } from "./http-rules.js";
+import { httpBindings, resolveFieldPath, type HttpBinding, type Variable } from "./http-rules.js";
 import type { Logger } from "../../config/index.js";
 import { ClientGoneError, discardRequest, readBody, type NodeRequest, type NodeResponse } from "./body.js";
 import { codeFromString, codeString, errorBody, invalidArgument, TranscodeError } from "./errors.js";
@@ -125,15 +125,9 @@ function bodyMode(binding: HttpBinding, bodyField: DescField | undefined): BodyM
 }
 
 function protoPath(message: DescMessage, names: readonly string[]): DescField[] {
-  const out: DescField[] = [];
-  let at: DescMessage | undefined = message;
-  for (const name of names) {
-    const field: DescField | undefined = at?.fields.find((f) => f.name === name);
-    if (!field) throw new Error(`${message.typeName} has no field ${names.join(".")}`);
-    out.push(field);
-    at = field.fieldKind === "message" ? field.message : undefined;
-  }
-  return out;
+  const path = resolveFieldPath(message, names);
+  if (!path) throw new Error(`${message.typeName} has no field ${names.join(".")}`);
+  return path;
 }
 
 async function transcode(
