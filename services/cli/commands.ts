@@ -2,7 +2,7 @@
 // through the generated Connect client, and prints a table or JSON.
 import { toJson, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
 import { timestampDate, timestampFromDate, type Timestamp } from "@bufbuild/protobuf/wkt";
-import type { Client } from "@connectrpc/connect";
+import type { Client, Transport } from "@connectrpc/connect";
 import {
   CreateProjectResponseSchema,
   CreateServiceAccountResponseSchema,
@@ -19,6 +19,8 @@ export class UsageError extends Error {
 
 export interface CommandContext {
   client: Client<typeof ManagementService>;
+  /** The connection to skiff, sending the token; for clients of other services. */
+  transport: Transport;
   /** Options and positionals after the command's two words. */
   options: Record<string, string | boolean | undefined>;
   positionals: string[];

@@ -4,6 +4,7 @@ import { parseArgs } from "node:util";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import { bearerAuth } from "../auth/bearer.js";
 import { apps, deploy, logs } from "./app-commands.js";
 import { COMMANDS, DEFAULT_EXPIRES_IN, DEFAULT_PROJECT, UsageError, type Command } from "./commands.js";
 import { DEFAULT_URL, resolveTarget, type Target } from "./defaults.js";
@@ -127,15 +128,11 @@ export async function main(argv: string[]): Promise<number> {
     const transport = createConnectTransport({
       baseUrl: target.url,
       httpVersion: "1.1",
-      interceptors: [
-        (next) => (req) => {
-          req.header.set("authorization", `Bearer ${token}`);
-          return next(req);
-        },
-      ],
+      interceptors: [bearerAuth(token)],
     });
     await command.run({
       client: createClient(ManagementService, transport),
+      transport,
       options: values,
       positionals: rest,
       json: values.json === true,

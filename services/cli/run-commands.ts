@@ -4,13 +4,12 @@ import { readFile } from "node:fs/promises";
 import { toJson, toJsonString } from "@bufbuild/protobuf";
 import { timestampDate, ValueSchema, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
-import { createConnectTransport } from "@connectrpc/connect-node";
 import { InvocationService } from "../../gen/skiff/invocation/v4/invocation_pb.js";
 import { ListRunsResponseSchema, RunSchema, type Run } from "../../gen/skiff/management/v2/management_pb.js";
+import { RUN_STATUSES } from "../runs/status.js";
 import { projectOf, UsageError, type Command, type CommandContext } from "./commands.js";
 import { table } from "./table.js";
 
-const STATUSES = ["queued", "running", "success", "failure", "cancelled"];
 const time = (t: Timestamp | undefined) => (t ? timestampDate(t).toISOString() : "");
 
 /** --data as given, or the contents of @file. */
@@ -24,20 +23,7 @@ async function data(raw: string | undefined): Promise<Uint8Array> {
   }
 }
 
-function invocation(ctx: CommandContext) {
-  const { url, token } = ctx.target;
-  const transport = createConnectTransport({
-    baseUrl: url,
-    httpVersion: "1.1",
-    interceptors: [
-      (next) => (req) => {
-        req.header.set("authorization", `Bearer ${token}`);
-        return next(req);
-      },
-    ],
-  });
-  return createClient(InvocationService, transport);
-}
+const invocation = (ctx: CommandContext) => createClient(InvocationService, ctx.transport);
 
 export const run: Command = {
   options: ["project", "data", "async", "webhook"],
@@ -69,8 +55,8 @@ export const runs: Command = {
     const appName = ctx.positionals[0];
     if (!appName) throw new UsageError("name the app: skiff runs <app>");
     const status = (ctx.options.status as string | undefined) ?? "";
-    if (status !== "" && !STATUSES.includes(status))
-      throw new UsageError(`--status must be one of ${STATUSES.join(", ")}`);
+    if (status !== "" && !(RUN_STATUSES as readonly string[]).includes(status))
+      throw new UsageError(`--status must be one of ${RUN_STATUSES.join(", ")}`);
     const pageSize = ctx.options.limit === undefined ? 50 : Number(ctx.options.limit);
     if (!Number.isInteger(pageSize) || pageSize < 1 || pageSize > 500)
       throw new UsageError("--limit must be a whole number from 1 to 500");

@@ -3,6 +3,7 @@
 import { Code, ConnectError, createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import { bearerAuth } from "../auth/bearer.js";
 
 export type Management = Client<typeof ManagementService>;
 
@@ -12,8 +13,7 @@ export type Management = Client<typeof ManagementService>;
  * the sign-in page instead of showing the same error on every page.
  */
 export function managementClient(token: string, onRefused?: () => void): Management {
-  const auth: Interceptor = (next) => async (req) => {
-    req.header.set("Authorization", `Bearer ${token}`);
+  const refused: Interceptor = (next) => async (req) => {
     try {
       return await next(req);
     } catch (err) {
@@ -21,7 +21,10 @@ export function managementClient(token: string, onRefused?: () => void): Managem
       throw err;
     }
   };
-  return createClient(ManagementService, createConnectTransport({ baseUrl: location.origin, interceptors: [auth] }));
+  return createClient(
+    ManagementService,
+    createConnectTransport({ baseUrl: location.origin, interceptors: [refused, bearerAuth(token)] }),
+  );
 }
 
 /** What went wrong and what to do about it, for the person looking at the page. */

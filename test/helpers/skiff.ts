@@ -4,9 +4,10 @@
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
+import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import { bearerAuth as bearer } from "../../services/auth/bearer.js";
 import { loadConfig } from "../../services/config/config.js";
 import { silentLogger, type Logger } from "../../services/config/logger.js";
 import { startSkiff, type Skiff } from "../../services/start.js";
@@ -22,6 +23,8 @@ export interface TestSkiffOptions {
   logger?: Logger;
 }
 
+export { bearer };
+
 export interface TestSkiff {
   skiff: Skiff;
   url: string;
@@ -33,13 +36,6 @@ export interface TestSkiff {
   /** A Connect client (HTTP/1.1) sending the given token, default the admin token. */
   management(token?: string): Client<typeof ManagementService>;
   close(): Promise<void>;
-}
-
-export function bearer(token: string): Interceptor {
-  return (next) => (req) => {
-    req.header.set("authorization", `Bearer ${token}`);
-    return next(req);
-  };
 }
 
 export async function startTestSkiff(opts: TestSkiffOptions = {}): Promise<TestSkiff> {
