@@ -1,6 +1,8 @@
 // Errors of the NATS wiring. As in nats.js, each has its own `name` and keeps
 // the underlying error as `cause`, so callers can tell them apart and logs
-// show the root of the problem.
+// show the root of the problem. Below them: the JetStream API's own error
+// codes, and how to read them off an error nats.js threw.
+import { NatsError } from "nats";
 
 /** No local nats-server could be started (missing binary, early exit, not ready in time). */
 export class NatsStartError extends Error {
@@ -25,4 +27,29 @@ export class NatsProvisionError extends Error {
 /** The message of an unknown thrown value, for wrapping it in one of the errors above. */
 export function messageOf(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
+}
+
+/**
+ * JetStream API error codes that skiff tells apart (`err_code` of the API's
+ * answer; the list is nats-server's server/errors.json).
+ */
+export enum JsErrorCode {
+  ConsumerNotFound = 10014,
+  NoMessageFound = 10037,
+  StreamNameInUse = 10058,
+  StreamNotFound = 10059,
+  /** A create racing another process's create of the same stream may be refused with this. */
+  StreamSubjectOverlap = 10065,
+  /** A compare-and-set (expected last sequence, a KV update or create) lost to another write. */
+  WrongLastSequence = 10071,
+}
+
+/** The JetStream API error code of an error nats.js threw, or undefined when it is not an API error. */
+export function jsErrorCode(err: unknown): number | undefined {
+  return err instanceof NatsError ? err.api_error?.err_code : undefined;
+}
+
+/** Whether `err` is the JetStream API's answer `code`. */
+export function isJsError(err: unknown, code: JsErrorCode): boolean {
+  return jsErrorCode(err) === code;
 }

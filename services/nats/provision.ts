@@ -1,9 +1,8 @@
-// Creates every stream, KV bucket and object store of nats-layout.ts, and
+// Creates every stream, KV bucket and object store of layout.ts, and
 // brings existing ones back to the layout's settings. Every process runs it at
 // start, several at once when a cluster boots, so a lost race is normal:
 // whoever loses re-reads what the winner made and carries on.
 import {
-  NatsError,
   RetentionPolicy,
   StorageType,
   nanos,
@@ -15,14 +14,8 @@ import {
   type StreamUpdateConfig,
 } from "nats";
 import type { Logger } from "../config/index.js";
-import { NatsProvisionError, messageOf } from "./errors.js";
+import { JsErrorCode, NatsProvisionError, isJsError, jsErrorCode, messageOf } from "./errors.js";
 import { buckets, objectStores, streams, type BucketSpec, type ObjectStoreSpec, type StreamSpec } from "./layout.js";
-
-/** JetStream API error codes (nats-server errors.json). */
-const JS_STREAM_NOT_FOUND = 10059;
-const JS_STREAM_NAME_IN_USE = 10058;
-/** A create racing another process's create of the same stream may be refused with this instead. */
-const JS_STREAM_SUBJECT_OVERLAP = 10065;
 
 /** Settings JetStream can change on an existing stream (they are part of StreamUpdateConfig). */
 const UPDATABLE = [
@@ -114,8 +107,8 @@ async function ensure(jsm: JetStreamManager, target: Target, logger: Logger): Pr
       // Another process created it between our look and our create, with other
       // settings (an identical create succeeds), or while ours was under way
       // (the server then may say the subjects overlap). Settle it like an existing one.
-      const code = jsErrCode(err);
-      if (code !== JS_STREAM_NAME_IN_USE && code !== JS_STREAM_SUBJECT_OVERLAP) throw err;
+      const code = jsErrorCode(err);
+      if (code !== JsErrorCode.StreamNameInUse && code !== JsErrorCode.StreamSubjectOverlap) throw err;
       const winner = await streamInfo(jsm, target.want.name);
       if (winner === undefined) throw err;
       await reconcile(jsm, target, winner, logger);
@@ -130,7 +123,7 @@ async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamIn
   try {
     return await jsm.streams.info(name);
   } catch (err) {
-    if (jsErrCode(err) === JS_STREAM_NOT_FOUND) return undefined;
+    if (isJsError(err, JsErrorCode.StreamNotFound)) return undefined;
     throw err;
   }
 }
@@ -170,8 +163,4 @@ function sameValue(have: unknown, want: unknown): boolean {
 
 function pick<T extends object, K extends keyof T>(obj: T, keys: readonly K[]): Partial<Pick<T, K>> {
   return Object.fromEntries(keys.map((k) => [k, obj[k]])) as Partial<Pick<T, K>>;
-}
-
-function jsErrCode(err: unknown): number | undefined {
-  return err instanceof NatsError ? err.api_error?.err_code : undefined;
 }

@@ -16,7 +16,6 @@ import {
   AckPolicy,
   DeliverPolicy,
   nanos,
-  NatsError,
   type ConsumerMessages,
   type JetStreamClient,
   type JetStreamManager,
@@ -24,7 +23,7 @@ import {
 } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { streams, subjects } from "../nats/index.js";
+import { JsErrorCode, isJsError, streams, subjects } from "../nats/index.js";
 import {
   type RunControl,
   publishRunEvent,
@@ -53,7 +52,6 @@ export const DEFAULT_RUN_ACK_WAIT_MS = 30_000;
 const PULL_EXPIRES_MS = 5_000;
 const RETRY_AFTER_ERROR_MS = 2_000;
 const CLOSE_GRACE_MS = 5_000;
-const JS_CONSUMER_NOT_FOUND = 10014;
 
 export const runConsumerName = (projectId: string, appName: string): string => `runs-${projectId}-${appName}`;
 
@@ -90,7 +88,7 @@ export async function ensureRunConsumer(jsm: JetStreamManager, app: AppRef, ackW
       await jsm.consumers.update(streams.runs.name, name, settings);
     return;
   } catch (err) {
-    if (!(err instanceof NatsError && err.api_error?.err_code === JS_CONSUMER_NOT_FOUND)) throw err;
+    if (!isJsError(err, JsErrorCode.ConsumerNotFound)) throw err;
   }
   // Two runners adding the same config at once both succeed.
   await jsm.consumers.add(streams.runs.name, {

@@ -8,7 +8,7 @@
 // and a cancel racing a completion all end in one final state, decided by
 // whichever write lands first.
 import type { KV, KvEntry, NatsConnection } from "nats";
-import { buckets } from "../nats/index.js";
+import { JsErrorCode, buckets, isJsError } from "../nats/index.js";
 
 import type { RunStatus } from "./status.js";
 
@@ -144,6 +144,5 @@ export class RunStore {
 
 /** JetStream's "wrong last sequence" answer to a compare-and-set that lost. */
 export function isWrongRevision(err: unknown): boolean {
-  const e = err as { api_error?: { err_code?: number }; message?: string };
-  return e?.api_error?.err_code === 10071 || /wrong last sequence/i.test(e?.message ?? "");
+  return isJsError(err, JsErrorCode.WrongLastSequence) || /wrong last sequence/i.test((err as Error)?.message ?? "");
 }

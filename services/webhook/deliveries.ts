@@ -4,19 +4,16 @@
 // so the webhook role delivers it like any other.
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { NatsError, type NatsConnection } from "nats";
+import type { NatsConnection } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import {
   WebhookAttemptSchema,
   WebhookDeliverySchema,
   type WebhookDelivery,
 } from "../../gen/skiff/management/v2/management_pb.js";
-import { buckets, streams, subjects } from "../nats/index.js";
+import { JsErrorCode, buckets, isJsError, streams, subjects } from "../nats/index.js";
 import { newDeliveryRecord } from "./deliver.js";
 import { DeliveryStore, type DeliveryRecord } from "./delivery-store.js";
-
-/** JetStream's answer for a sequence the stream no longer holds. */
-const JS_NO_MESSAGE_FOUND = 10037;
 
 export type RedeliveryErrorReason = "no_webhook" | "event_gone";
 
@@ -118,7 +115,8 @@ async function terminalEvent(nc: NatsConnection, source: DeliveryRecord) {
   try {
     data = (await jsm.streams.getMessage(streams.events.name, { seq: source.event_seq })).data;
   } catch (err) {
-    if (err instanceof NatsError && err.api_error?.err_code === JS_NO_MESSAGE_FOUND) throw gone();
+    // The stream no longer holds that sequence.
+    if (isJsError(err, JsErrorCode.NoMessageFound)) throw gone();
     throw err;
   }
   const event = fromBinary(RunEventSchema, data);

@@ -4,7 +4,8 @@
 // revision, so two webhook processes holding the same event never both start
 // the same attempt. One entry per run also makes listing one read: nothing
 // has to scan keys.
-import { NatsError, type KV } from "nats";
+import type { KV } from "nats";
+import { JsErrorCode, isJsError } from "../nats/index.js";
 import type { AttemptVerdict } from "./retry-policy.js";
 
 export type DeliveryState = "pending" | "delivered" | "failed";
@@ -54,13 +55,6 @@ export function isKeyToken(s: string): boolean {
   return TOKEN.test(s);
 }
 
-/** JetStream's answer to a compare-and-set on a stale revision. */
-const JS_WRONG_LAST_SEQUENCE = 10071;
-
-function isConflict(err: unknown): boolean {
-  return err instanceof NatsError && err.api_error?.err_code === JS_WRONG_LAST_SEQUENCE;
-}
-
 /** What the attempts say about the delivery: one 2xx delivers it; an attempt after which no retry follows fails it. */
 export function stateOf(attempts: readonly AttemptRecord[]): DeliveryState {
   if (attempts.some((a) => a.outcome === "delivered")) return "delivered";
@@ -84,7 +78,8 @@ export class DeliveryStore {
       else await this.kv.update(runId, value, revision);
       return true;
     } catch (err) {
-      if (isConflict(err)) return false;
+      // A compare-and-set on a stale revision: another process wrote first.
+      if (isJsError(err, JsErrorCode.WrongLastSequence)) return false;
       // kv.create reports an existing key with its own error; a fresh read settles it.
       if (revision === undefined && (await this.read(runId)).revision !== undefined) return false;
       throw err;

@@ -9,7 +9,6 @@ import {
   AckPolicy,
   DeliverPolicy,
   nanos,
-  NatsError,
   type JetStreamManager,
   type JsMsg,
   type NatsConnection,
@@ -17,7 +16,7 @@ import {
 } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import type { Logger } from "../config/index.js";
-import { buckets, objectStores, streams, subjects } from "../nats/index.js";
+import { JsErrorCode, buckets, isJsError, objectStores, streams, subjects } from "../nats/index.js";
 import { createSecretBox } from "./secrets.js";
 import { AddressGuard } from "./address-guard.js";
 import { advanceDelivery, type DeliveryDeps } from "./deliver.js";
@@ -36,7 +35,6 @@ export const DEFAULT_WEBHOOK_CONCURRENCY = 64;
 export const DEFAULT_WEBHOOK_ACK_WAIT_MS = 30_000;
 /** After an unexpected error (NATS unavailable), when the message is tried again. */
 const RETRY_AFTER_ERROR_MS = 2_000;
-const JS_CONSUMER_NOT_FOUND = 10014;
 
 export interface WebhookRoleOptions {
   nc: NatsConnection;
@@ -153,7 +151,7 @@ async function ensureConsumer(jsm: JetStreamManager, ackWaitMs: number, logger: 
     logger.info({ consumer: WEBHOOK_CONSUMER, ackWaitMs }, "updated the webhook consumer");
     return;
   } catch (err) {
-    if (!(err instanceof NatsError && err.api_error?.err_code === JS_CONSUMER_NOT_FOUND)) throw err;
+    if (!isJsError(err, JsErrorCode.ConsumerNotFound)) throw err;
   }
   // Concurrent starts: an identical add by another process succeeds too.
   await jsm.consumers.add(streams.events.name, {
