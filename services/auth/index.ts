@@ -10,6 +10,7 @@ export {
 } from "./accounts.js";
 export type { ServiceAccountRecord } from "./accounts.js";
 export { newAdminToken } from "./admin-tokens.js";
+export { bearerAuth } from "./bearer.js";
 export type { AdminTokens } from "./admin-tokens.js";
 export { actorOf, principalOf, startAuth } from "./auth.js";
 export type { Auth, Principal } from "./auth.js";

@@ -9,6 +9,7 @@ import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { packApp } from "../apps/index.js";
+import { bearerAuth } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 import { DEV_PROJECT_ID, devTokenFile } from "./bootstrap.js";
 
@@ -20,12 +21,7 @@ export async function deployExamples(opts: { url: string; dataDir: string; logge
   const transport = createConnectTransport({
     baseUrl: opts.url,
     httpVersion: "1.1",
-    interceptors: [
-      (next) => (req) => {
-        req.header.set("authorization", `Bearer ${token}`);
-        return next(req);
-      },
-    ],
+    interceptors: [bearerAuth(token)],
   });
   const client = createClient(ManagementService, transport);
   for (const name of EXAMPLE_APPS) {
