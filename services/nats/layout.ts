@@ -1,5 +1,7 @@
-// Every NATS name skiff uses: subjects, JetStream streams, KV buckets and
-// object stores. Provisioning (nats.ts) creates exactly what is listed here.
+// Every NATS name skiff uses: subjects, JetStream streams and their durable
+// consumers, KV buckets and object stores. Provisioning (provision.ts)
+// creates exactly the streams, buckets and object stores listed here; each
+// consumer is ensured (consumers.ts) by the role that works it.
 
 const DAY_MS = 24 * 60 * 60 * 1000;
 
@@ -65,6 +67,47 @@ export const streams = {
     description: "app log lines (JSON), one subject per app",
   },
 } as const satisfies Record<string, StreamSpec>;
+
+/** Deliveries of one async run at most: the first try and two retries after a lost runner. */
+export const MAX_RUN_ATTEMPTS = 3;
+
+export interface ConsumerSpec {
+  stream: string;
+  /** Durable name, shared by every process that works the consumer. */
+  name: string;
+  filterSubject: string;
+  /** Deliveries of one message at most; -1 = no limit. */
+  maxDeliver: number;
+  description: string;
+}
+
+/**
+ * Durable pull consumers, all with explicit acks, delivering from the start
+ * of their stream. Their ack_wait is a setting of the processes that work
+ * them (the last one to start sets it).
+ */
+export const consumers = {
+  /** One per app, shared by every runner of the app. */
+  runQueue: (project: string, app: string): ConsumerSpec => ({
+    stream: streams.runs.name,
+    name: `runs-${project}-${app}`,
+    filterSubject: subjects.runQueue(project, app),
+    maxDeliver: MAX_RUN_ATTEMPTS,
+    description: `async runs of ${project}/${app}`,
+  }),
+  /**
+   * Every run event, shared by every webhook process. No max_deliver: naks
+   * between attempts count as deliveries, and the delivery record in KV
+   * already caps the attempts.
+   */
+  webhook: {
+    stream: streams.events.name,
+    name: "skiff-webhook",
+    filterSubject: subjects.runEventsAll,
+    maxDeliver: -1,
+    description: "webhook deliveries of terminal run events",
+  },
+} as const satisfies Record<string, ConsumerSpec | ((project: string, app: string) => ConsumerSpec)>;
 
 /**
  * How long run records and webhook delivery records are kept after their

@@ -7,9 +7,8 @@
 // it would otherwise stay.
 import type { NatsConnection, Subscription } from "nats";
 import type { Logger } from "../config/index.js";
-import { streams, subjects } from "../nats/index.js";
+import { MAX_RUN_ATTEMPTS, streams, subjects } from "../nats/index.js";
 import { publishRunEvent, isFinal, type RunStore, requestMeta, type BodyTransfer } from "../runs/index.js";
-import { MAX_RUN_ATTEMPTS } from "./run-worker.js";
 
 export const MAX_DELIVERIES_ADVISORY = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${streams.runs.name}.*`;
 

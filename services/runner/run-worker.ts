@@ -1,6 +1,6 @@
-// The runner's side of async runs: for each app deployed here, a durable
-// pull consumer `runs-{project}-{app}` on SKIFF_RUNS (shared by every
-// runner of the app, created idempotently), pulled only for free slots
+// The runner's side of async runs: for each app deployed here, the durable
+// pull consumer `runs-{project}-{app}` on SKIFF_RUNS (consumers.runQueue of
+// the NATS layout, shared by every runner of the app), pulled only for free slots
 // (max_replicas × replica_concurrency of the app, less the runs under way).
 //
 // A message is a run: its record goes `running` (attempt = delivery count),
@@ -8,22 +8,14 @@
 // back with working() every third of ack_wait, the final record and event
 // are written, and only then is the message acked. A runner killed mid-run
 // never acks: JetStream gives the message to another runner after ack_wait,
-// at most MAX_RUN_ATTEMPTS deliveries in all (run-advisories.ts fails the
+// at most MAX_RUN_ATTEMPTS (max_deliver) deliveries in all (run-advisories.ts fails the
 // run after the last). A message whose run is already final (cancelled while
 // queued, or finished by an earlier attempt whose ack was lost) is acked
 // without running.
-import {
-  AckPolicy,
-  DeliverPolicy,
-  nanos,
-  type ConsumerMessages,
-  type JetStreamClient,
-  type JetStreamManager,
-  type JsMsg,
-} from "nats";
+import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { JsErrorCode, isJsError, streams, subjects } from "../nats/index.js";
+import { consumers, ensureConsumer } from "../nats/index.js";
 import {
   type RunControl,
   publishRunEvent,
@@ -45,15 +37,11 @@ import {
 import type { AppRef } from "./deployed-apps.js";
 import type { Runner } from "./runner.js";
 
-/** First try and at most two retries after a lost runner. */
-export const MAX_RUN_ATTEMPTS = 3;
 export const DEFAULT_RUN_ACK_WAIT_MS = 30_000;
 /** How long one pull waits for messages before pulling again. */
 const PULL_EXPIRES_MS = 5_000;
 const RETRY_AFTER_ERROR_MS = 2_000;
 const CLOSE_GRACE_MS = 5_000;
-
-export const runConsumerName = (projectId: string, appName: string): string => `runs-${projectId}-${appName}`;
 
 export interface WorkerDeps extends FinishDeps {
   jsm: JetStreamManager;
@@ -73,32 +61,6 @@ class Requeue extends Error {
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** Creates the app's consumer, or brings an existing one to this ack_wait. */
-export async function ensureRunConsumer(jsm: JetStreamManager, app: AppRef, ackWaitMs: number): Promise<void> {
-  const name = runConsumerName(app.projectId, app.appName);
-  const settings = {
-    ack_wait: nanos(ackWaitMs),
-    max_deliver: MAX_RUN_ATTEMPTS,
-    description: `async runs of ${app.projectId}/${app.appName}`,
-  };
-  try {
-    const info = await jsm.consumers.info(streams.runs.name, name);
-    if (info.config.ack_wait !== settings.ack_wait || info.config.max_deliver !== settings.max_deliver)
-      await jsm.consumers.update(streams.runs.name, name, settings);
-    return;
-  } catch (err) {
-    if (!isJsError(err, JsErrorCode.ConsumerNotFound)) throw err;
-  }
-  // Two runners adding the same config at once both succeed.
-  await jsm.consumers.add(streams.runs.name, {
-    ...settings,
-    durable_name: name,
-    filter_subject: subjects.runQueue(app.projectId, app.appName),
-    ack_policy: AckPolicy.Explicit,
-    deliver_policy: DeliverPolicy.All,
-  });
-}
 
 class AppQueue {
   stopped = false;
@@ -120,11 +82,9 @@ class AppQueue {
     const { d } = this.w;
     while (!this.stopped) {
       try {
-        await ensureRunConsumer(d.jsm, this.app, d.ackWaitMs);
-        const consumer = await d.js.consumers.get(
-          streams.runs.name,
-          runConsumerName(this.app.projectId, this.app.appName),
-        );
+        const spec = consumers.runQueue(this.app.projectId, this.app.appName);
+        await ensureConsumer(d.jsm, spec, d.ackWaitMs);
+        const consumer = await d.js.consumers.get(spec.stream, spec.name);
         while (!this.stopped) {
           const free = this.capacity() - this.inflight;
           if (free <= 0) {

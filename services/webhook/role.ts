@@ -5,24 +5,16 @@
 // until its next attempt is due; delivery runs here, off the request path,
 // and never touches the caller's response.
 import { fromBinary } from "@bufbuild/protobuf";
-import {
-  AckPolicy,
-  DeliverPolicy,
-  nanos,
-  type JetStreamManager,
-  type JsMsg,
-  type NatsConnection,
-  type ObjectStore,
-} from "nats";
+import type { JsMsg, NatsConnection, ObjectStore } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import type { Logger } from "../config/index.js";
-import { JsErrorCode, buckets, isJsError, objectStores, streams, subjects } from "../nats/index.js";
+import { buckets, consumers, ensureConsumer, objectStores } from "../nats/index.js";
 import { createSecretBox } from "./secrets.js";
 import { AddressGuard } from "./address-guard.js";
 import { advanceDelivery, type DeliveryDeps } from "./deliver.js";
 import { DeliveryStore } from "./delivery-store.js";
 
-export const WEBHOOK_CONSUMER = "skiff-webhook";
+export const WEBHOOK_CONSUMER = consumers.webhook.name;
 /** SKIFF_WEBHOOK_TIMEOUT_MS: the whole of one attempt. */
 export const DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000;
 /** Deliveries one process works on at once. */
@@ -77,8 +69,9 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
     timeoutMs: opts.timeoutMs ?? DEFAULT_WEBHOOK_TIMEOUT_MS,
     logger,
   };
-  await ensureConsumer(await nc.jetstreamManager(), ackWaitMs, logger);
-  const consumer = await js.consumers.get(streams.events.name, WEBHOOK_CONSUMER);
+  if ((await ensureConsumer(await nc.jetstreamManager(), consumers.webhook, ackWaitMs)) === "updated")
+    logger.info({ consumer: WEBHOOK_CONSUMER, ackWaitMs }, "updated the webhook consumer");
+  const consumer = await js.consumers.get(consumers.webhook.stream, WEBHOOK_CONSUMER);
   const messages = await consumer.consume({ max_messages: concurrency });
 
   const handle = async (m: JsMsg): Promise<void> => {
@@ -130,35 +123,4 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
         await Promise.allSettled(inflight);
       })()),
   };
-}
-
-/**
- * The shared consumer: explicit acks; every run event from the start of the
- * stream (the stream's age limit bounds the backlog); no max_deliver, since
- * naks between attempts count as deliveries and the KV entry already caps
- * the attempts.
- */
-async function ensureConsumer(jsm: JetStreamManager, ackWaitMs: number, logger: Logger): Promise<void> {
-  const update = {
-    ack_wait: nanos(ackWaitMs),
-    max_deliver: -1,
-    description: "webhook deliveries of terminal run events",
-  };
-  try {
-    const info = await jsm.consumers.info(streams.events.name, WEBHOOK_CONSUMER);
-    if (info.config.ack_wait === update.ack_wait && info.config.max_deliver === update.max_deliver) return;
-    await jsm.consumers.update(streams.events.name, WEBHOOK_CONSUMER, update);
-    logger.info({ consumer: WEBHOOK_CONSUMER, ackWaitMs }, "updated the webhook consumer");
-    return;
-  } catch (err) {
-    if (!isJsError(err, JsErrorCode.ConsumerNotFound)) throw err;
-  }
-  // Concurrent starts: an identical add by another process succeeds too.
-  await jsm.consumers.add(streams.events.name, {
-    ...update,
-    durable_name: WEBHOOK_CONSUMER,
-    ack_policy: AckPolicy.Explicit,
-    deliver_policy: DeliverPolicy.All,
-    filter_subject: subjects.runEventsAll,
-  });
 }
