@@ -6,19 +6,15 @@
 //
 // CancelRun: a queued run is set `cancelled` (compare-and-set against a
 // runner taking it; the runner then acks its message without running it).
-// A running run's process is asked to abort it (run-control.ts) and records
+// A running run's process is asked to abort it (runs/control.ts) and records
 // it `cancelled` itself; when that process is gone, the record is set
 // `cancelled` here. A final run cannot be cancelled: failed_precondition.
-import { create, fromJson, type JsonValue } from "@bufbuild/protobuf";
-import { timestampFromDate, ValueSchema } from "@bufbuild/protobuf/wkt";
+import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
-import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
 import {
-  RunSchema,
   WatchRunsResponseSchema,
   type ManagementService,
-  type Run,
   type WatchRunsResponse,
 } from "../../gen/skiff/management/v2/management_pb.js";
 import type { Logger } from "../config/index.js";
@@ -26,12 +22,12 @@ import {
   requestCancel,
   publishRunEvent,
   RunResults,
-  type Body,
   isFinal,
   RUN_STATUSES,
   RunStore,
   type RunRecord,
   type RunStatus,
+  runMessage,
 } from "../runs/index.js";
 import { RunIndex } from "./run-index.js";
 import { listDeliveries, redeliver, RedeliveryError } from "../webhook/index.js";
@@ -60,44 +56,6 @@ export interface RunApi {
   handlers: Pick<Impl, RunMethods>;
   index: RunIndex;
   close(): void;
-}
-
-const ts = (iso: string | undefined) => (iso === undefined ? undefined : timestampFromDate(new Date(iso)));
-const decoder = new TextDecoder("utf-8", { fatal: true });
-
-function resultFields(body: Body | undefined): Pick<Run, "result" | "rawResult"> {
-  if (!body) return { result: undefined, rawResult: undefined };
-  if (body.contentType.split(";")[0].trim().toLowerCase() === "application/json") {
-    try {
-      return {
-        result: fromJson(ValueSchema, JSON.parse(decoder.decode(body.data)) as JsonValue),
-        rawResult: undefined,
-      };
-    } catch {
-      // not JSON after all: returned raw below
-    }
-  }
-  return { result: undefined, rawResult: create(HttpBodySchema, body) };
-}
-
-export function runMessage(r: RunRecord, result?: Body): Run {
-  return create(RunSchema, {
-    runId: r.run_id,
-    projectId: r.project_id,
-    appName: r.app_name,
-    path: r.path,
-    async: r.async,
-    status: r.status,
-    queuedAt: ts(r.queued_at),
-    startedAt: ts(r.started_at),
-    finishedAt: ts(r.finished_at),
-    runTimeMs: r.run_time_ms ?? 0,
-    statusCode: r.status_code ?? 0,
-    error: r.error,
-    webhookEndpoint: r.webhook_endpoint ?? "",
-    attempts: r.attempts,
-    ...resultFields(result),
-  });
 }
 
 function names(projectId: string, appName: string, runId?: string): void {

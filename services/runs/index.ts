@@ -1,7 +1,8 @@
-// Runs: their states and records, events, results, how a run ended, the
+// Runs: their states and records, their protobuf messages, events, results, how a run ended, the
 // invoke contract between gateway and runner (and its errors), the wire
 // format on NATS, and cancelling a run from any process.
 export { RunControl, broadcastAbort, requestCancel } from "./control.js";
+export { runMessage } from "./convert.js";
 export {
   AppNotFound,
   Cancelled,

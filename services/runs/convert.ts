@@ -1,0 +1,71 @@
+// A run record as the protobuf messages that show it: the management API's
+// `Run` and the public `skiff.events.v1.RunEvent`. The fields both carry are
+// mapped once, here.
+import { create, fromJson, type JsonValue } from "@bufbuild/protobuf";
+import { timestampFromDate, ValueSchema } from "@bufbuild/protobuf/wkt";
+import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
+import { RunEventSchema, type RunEvent } from "../../gen/skiff/events/v1/events_pb.js";
+import { RunSchema, type Run } from "../../gen/skiff/management/v2/management_pb.js";
+import type { EventResponse } from "./events.js";
+import type { Body } from "./results.js";
+import type { RunRecord } from "./store.js";
+
+const timestamp = (iso: string | undefined) => (iso === undefined ? undefined : timestampFromDate(new Date(iso)));
+const decoder = new TextDecoder("utf-8", { fatal: true });
+
+/** What a Run and a RunEvent both say of a run. */
+function runFields(r: RunRecord) {
+  return {
+    runId: r.run_id,
+    projectId: r.project_id,
+    appName: r.app_name,
+    path: r.path,
+    async: r.async,
+    status: r.status,
+    runTimeMs: r.run_time_ms ?? 0,
+    statusCode: r.status_code ?? 0,
+    error: r.error,
+    webhookEndpoint: r.webhook_endpoint ?? "",
+  };
+}
+
+/** A kept result: JSON as a google.protobuf.Value, anything else (or JSON that does not parse) raw. */
+function resultFields(body: Body | undefined): Pick<Run, "result" | "rawResult"> {
+  if (!body) return { result: undefined, rawResult: undefined };
+  if (body.contentType.split(";")[0].trim().toLowerCase() === "application/json") {
+    try {
+      return {
+        result: fromJson(ValueSchema, JSON.parse(decoder.decode(body.data)) as JsonValue),
+        rawResult: undefined,
+      };
+    } catch {
+      // not JSON after all: returned raw below
+    }
+  }
+  return { result: undefined, rawResult: create(HttpBodySchema, body) };
+}
+
+/** The management API's Run, with its result while kept. */
+export function runMessage(r: RunRecord, result?: Body): Run {
+  return create(RunSchema, {
+    ...runFields(r),
+    queuedAt: timestamp(r.queued_at),
+    startedAt: timestamp(r.started_at),
+    finishedAt: timestamp(r.finished_at),
+    attempts: r.attempts,
+    ...resultFields(result),
+  });
+}
+
+/** The event of the record's current state, carrying the response of a terminal one inline or by object name. */
+export function runEvent(r: RunRecord, response: EventResponse): RunEvent {
+  const event = create(RunEventSchema, {
+    ...runFields(r),
+    time: timestampFromDate(new Date(r.finished_at ?? r.started_at ?? r.queued_at)),
+    attempt: Math.max(1, r.attempts),
+    webhookSigned: r.webhook_signed ?? false,
+  });
+  if (response && "object" in response) event.responseObject = response.object;
+  else if (response) event.response = create(HttpBodySchema, response);
+  return event;
+}
