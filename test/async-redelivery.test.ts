@@ -6,9 +6,9 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, readdir, readlink, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
-import { cortexApp, deploy, P, post, until, UUID_V7 } from "./helpers/run-apps.js";
+import { cortexApp, deploy, P, post, UUID_V7 } from "./helpers/run-apps.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
 const ACK_WAIT_MS = 1500;
@@ -62,13 +62,21 @@ async function kill(r: { child: ChildProcess; dataDir: string }): Promise<void> 
 }
 
 const runningOn = (runId: string, attempt: number) =>
-  until(
-    `${runId} running attempt ${attempt}`,
+  vi.waitUntil(
     async () => {
       const r = await getRun(runId);
       return r.status === "running" && r.attempts === attempt ? r : undefined;
     },
-    45_000,
+    { timeout: 45_000 },
+  );
+/** The run once it has `status`. */
+const reaches = (runId: string, status: string, timeout: number) =>
+  vi.waitUntil(
+    async () => {
+      const r = await getRun(runId);
+      return r.status === status ? r : undefined;
+    },
+    { timeout },
   );
 
 beforeAll(async () => {
@@ -97,18 +105,17 @@ describe("async - runners that die", () => {
     const queued = await post(`${v4("add")}?async=true`, t.devToken, '{"a":2,"b":2}');
     expect(queued.status).toBe(202);
     await startRunner();
-    const done = await until(
-      "the queued run",
-      async () => ((await getRun(queued.json.run_id)).status === "success" ? getRun(queued.json.run_id) : undefined),
-      30_000,
-    );
+    const done = await reaches(queued.json.run_id, "success", 30_000);
     expect(done).toMatchObject({ attempts: 1, statusCode: 200 });
     expect(done.result).toBeUndefined();
     expect(done.rawResult).toBeUndefined();
-    const again = await until("sync over NATS", async () => {
-      const r = await post(v4("add"), t.devToken, '{"a":1,"b":1}');
-      return r.status === 200 ? r : undefined;
-    });
+    const again = await vi.waitUntil(
+      async () => {
+        const r = await post(v4("add"), t.devToken, '{"a":1,"b":1}');
+        return r.status === 200 ? r : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(again.json).toMatchObject({ run_id: again.headers.get("x-request-id"), result: 2 });
   });
 
@@ -119,11 +126,7 @@ describe("async - runners that die", () => {
     const before = await runningOn(runId, 1);
     await kill(first);
     await startRunner();
-    const done = await until(
-      "success after redelivery",
-      async () => ((await getRun(runId)).status === "success" ? getRun(runId) : undefined),
-      30_000,
-    );
+    const done = await reaches(runId, "success", 30_000);
     expect(done).toMatchObject({ attempts: 2, statusCode: 200 });
     expect(before.attempts).toBe(1);
   }, 40_000);
@@ -136,11 +139,7 @@ describe("async - runners that die", () => {
       await kill([...runners][0]);
       await startRunner();
     }
-    const failed = await until(
-      "failure",
-      async () => ((await getRun(runId)).status === "failure" ? getRun(runId) : undefined),
-      30_000,
-    );
+    const failed = await reaches(runId, "failure", 30_000);
     expect(failed).toMatchObject({ attempts: 3, error: { type: "runner_lost" } });
   }, 180_000);
 });

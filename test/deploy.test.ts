@@ -6,7 +6,7 @@ import { mkdtemp, readdir, rm, stat, symlink, writeFile } from "node:fs/promises
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { Runner } from "../services/runner/runner.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
 import { rawTar, TOML } from "./helpers/raw-tar.js";
@@ -38,18 +38,9 @@ const skiff = (args: string[]): Promise<Result> =>
     );
   });
 
-async function until<T>(what: string, probe: () => T | Promise<T>, timeoutMs = 20_000): Promise<NonNullable<T>> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await probe();
-    if (v) return v as NonNullable<T>;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
+/** Resolves once the runner serves `version` of `app`. */
 const served = (app: string, version: number) =>
-  until(`${app} version ${version} on the runner`, () => runner.version(P, app) === version);
+  vi.waitUntil(() => runner.version(P, app) === version, { timeout: 20_000 });
 
 function request(
   fn: string,
@@ -207,7 +198,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
         }
       }),
     );
-    await until("a few answers", () => answers.length >= 8);
+    await vi.waitUntil(() => answers.length >= 8, { timeout: 20_000 });
     const res = await skiff([
       "deploy",
       await appFolder(nodeApp("swap", "min_replicas = 1\nmax_replicas = 4\nreplica_concurrency = 4", "v2")),
@@ -216,7 +207,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
     await served("swap", 2);
     // The 4 callers may each have had a call in flight on version 1 at the switch.
     const at = answers.length + 4;
-    await until("answers from version 2", () => answers.length >= at + 8);
+    await vi.waitUntil(() => answers.length >= at + 8, { timeout: 20_000 });
     stop = true;
     await load; // an invoke that failed would have rejected here
     expect(answers.filter((a) => a !== "v1" && a !== "v2")).toEqual([]);
@@ -228,10 +219,13 @@ describe("deploy - versions, replicas, logs, delete", () => {
   it("GetApp shows config, deployment and the live replicas; apps list and get print them", async () => {
     await served("hello-python", 1);
     await runner.invoke(P, "hello-python", request("/run"));
-    const app = await until("a ready replica in GetApp", async () => {
-      const a = (await t.management().getApp({ projectId: P, appName: "hello-python" })).app!;
-      return a.replicas.some((r) => r.state === "ready") ? a : undefined;
-    });
+    const app = await vi.waitUntil(
+      async () => {
+        const a = (await t.management().getApp({ projectId: P, appName: "hello-python" })).app!;
+        return a.replicas.some((r) => r.state === "ready") ? a : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(app).toMatchObject({
       appName: "hello-python",
       runtime: { kind: "cortex", language: "python", entry: "main.py" },
@@ -257,10 +251,13 @@ describe("deploy - versions, replicas, logs, delete", () => {
   it("skiff logs shows the lines of a run; --follow prints new lines", async () => {
     await served("hello-python", 1);
     await runner.invoke(P, "hello-python", request("/run", { name: "Logs" }, "run-logs-1"));
-    const res = await until("the run's line", async () => {
-      const r = await skiff(["logs", "hello-python", "--run", "run-logs-1"]);
-      return r.stdout.includes("greeting Logs") ? r : undefined;
-    });
+    const res = await vi.waitUntil(
+      async () => {
+        const r = await skiff(["logs", "hello-python", "--run", "run-logs-1"]);
+        return r.stdout.includes("greeting Logs") ? r : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(res.stdout.trim().split("\n")).toEqual([
       expect.stringMatching(/^\S+Z hello-python-v1-\w+ \[run-logs-1\] greeting Logs$/),
     ]);
@@ -271,9 +268,9 @@ describe("deploy - versions, replicas, logs, delete", () => {
     let out = "";
     follow.stdout!.on("data", (c: Buffer) => (out += c.toString()));
     try {
-      await until("the backlog line", () => out.includes("greeting Logs"));
+      await vi.waitUntil(() => out.includes("greeting Logs"), { timeout: 20_000 });
       await runner.invoke(P, "hello-python", request("/run", { name: "Tail" }, "run-tail-1"));
-      await until("the followed line", () => out.includes("[run-tail-1] greeting Tail"));
+      await vi.waitUntil(() => out.includes("[run-tail-1] greeting Tail"), { timeout: 20_000 });
     } finally {
       follow.kill("SIGTERM");
     }
@@ -284,15 +281,14 @@ describe("deploy - versions, replicas, logs, delete", () => {
       code: 0,
     });
     await served("doomed", 1);
-    await until("a replica", () => runner.replicas(P, "doomed").length > 0);
+    await vi.waitUntil(() => runner.replicas(P, "doomed").length > 0, { timeout: 20_000 });
     expect(await skiff(["apps", "delete", "doomed"])).toMatchObject({
       code: 0,
       stdout: expect.stringContaining("deleted app doomed"),
     });
-    await until(
-      "no replicas",
-      () => runner.replicas(P, "doomed").length === 0 && runner.version(P, "doomed") === undefined,
-    );
+    await vi.waitUntil(() => runner.replicas(P, "doomed").length === 0 && runner.version(P, "doomed") === undefined, {
+      timeout: 20_000,
+    });
     const err = await t
       .management()
       .getApp({ projectId: P, appName: "doomed" })
@@ -330,13 +326,13 @@ describe("deploy - a second runner process", () => {
         code: 0,
       });
       await served("warm", 1);
-      const app = await until(
-        "a replica on each runner",
+      // A ready replica on each runner.
+      const app = await vi.waitUntil(
         async () => {
           const a = (await t.management().getApp({ projectId: P, appName: "warm" })).app!;
           return a.replicas.filter((r) => r.state === "ready").length === 2 ? a : undefined;
         },
-        30_000,
+        { timeout: 30_000 },
       );
       const here = runner.replicas(P, "warm").map((r) => r.replicaId);
       const there = app.replicas.filter((r) => !here.includes(r.replicaId));

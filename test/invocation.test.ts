@@ -5,10 +5,10 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { bearer, startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
-import { cortexApp, deploy, P, post, until, UUID_V7 } from "./helpers/run-apps.js";
+import { cortexApp, deploy, P, post, UUID_V7 } from "./helpers/run-apps.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
 let t: TestSkiff;
@@ -31,10 +31,10 @@ beforeAll(async () => {
       data: (await packApp(path.join(ROOT, "examples", "custom-http"))).bytes,
     },
   });
-  await until(
-    "apps on the runner",
+  // The apps on the runner.
+  await vi.waitUntil(
     () => t.skiff.runner!.version(P, "calc") === 1 && t.skiff.runner!.version(P, "custom-http") === 1,
-    30_000,
+    { timeout: 30_000 },
   );
 }, 60_000);
 afterAll(async () => {
@@ -58,10 +58,13 @@ describe("invocation - sync", () => {
       run_id: res.headers.get("x-request-id"),
       error: { type: "TypeError", message: "nope" },
     });
-    const run = await until("the final record", async () => {
-      const r = (await t.management().getRun({ projectId: P, appName: "calc", runId: res.json.run_id })).run!;
-      return r.status === "failure" ? r : undefined;
-    });
+    const run = await vi.waitUntil(
+      async () => {
+        const r = (await t.management().getRun({ projectId: P, appName: "calc", runId: res.json.run_id })).run!;
+        return r.status === "failure" ? r : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(run).toMatchObject({ async: false, statusCode: 500, error: { type: "TypeError" } });
   });
 
@@ -91,10 +94,13 @@ describe("invocation - sync", () => {
     expect(res.status).toBe(504);
     expect(res.json).toMatchObject({ code: "deadline_exceeded" });
     const runId = res.headers.get("x-request-id")!;
-    const run = await until("the timeout record", async () => {
-      const r = (await t.management().getRun({ projectId: P, appName: "calc", runId })).run!;
-      return r.status === "failure" ? r : undefined;
-    });
+    const run = await vi.waitUntil(
+      async () => {
+        const r = (await t.management().getRun({ projectId: P, appName: "calc", runId })).run!;
+        return r.status === "failure" ? r : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(run.error).toMatchObject({ type: "timeout" });
   });
 });
@@ -189,10 +195,13 @@ describe("invocation - async", () => {
     const runId = res.headers.get("x-request-id")!;
     expect(runId).toMatch(UUID_V7);
     expect(res.text).toBe(`{"run_id":"${runId}"}`);
-    const run = await until("success", async () => {
-      const r = (await t.management().getRun({ projectId: P, appName: "calc", runId })).run!;
-      return r.status === "success" ? r : undefined;
-    });
+    const run = await vi.waitUntil(
+      async () => {
+        const r = (await t.management().getRun({ projectId: P, appName: "calc", runId })).run!;
+        return r.status === "success" ? r : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(run).toMatchObject({ async: true, attempts: 1, statusCode: 200 });
     expect(run.result?.kind.case).toBe("structValue");
     const rest = await fetch(`${t.url}/v2/projects/${P}/apps/calc/runs/${runId}`, {
@@ -206,10 +215,13 @@ describe("invocation - async", () => {
   it("a function that raised in an async run reads failure", async () => {
     const res = await post(`${v4("calc", "fail")}?async=true`, t.devToken, "{}");
     const runId = res.json.run_id as string;
-    const run = await until("failure", async () => {
-      const r = (await t.management().getRun({ projectId: P, appName: "calc", runId })).run!;
-      return r.status === "failure" ? r : undefined;
-    });
+    const run = await vi.waitUntil(
+      async () => {
+        const r = (await t.management().getRun({ projectId: P, appName: "calc", runId })).run!;
+        return r.status === "failure" ? r : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(run.error).toMatchObject({ type: "TypeError", message: "nope" });
   });
 });

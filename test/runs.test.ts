@@ -6,10 +6,10 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { fromBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { RunEventSchema, type RunEvent } from "../gen/skiff/events/v1/events_pb.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
-import { cortexApp, deploy, P, post, until } from "./helpers/run-apps.js";
+import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
 import { silentLogger } from "../services/config/logger.js";
 
 let t: TestSkiff;
@@ -18,8 +18,12 @@ const v4 = (app: string, rest: string) => `${t.url}/v4/${P}/${app}/${rest}`;
 const getRun = async (app: string, runId: string) =>
   (await t.management().getRun({ projectId: P, appName: app, runId })).run!;
 const reaches = (app: string, runId: string, status: string) =>
-  until(`${runId} ${status}`, async () =>
-    (await getRun(app, runId)).status === status ? getRun(app, runId) : undefined,
+  vi.waitUntil(
+    async () => {
+      const r = await getRun(app, runId);
+      return r.status === status ? r : undefined;
+    },
+    { timeout: 20_000 },
   );
 const sleepAsync = async (app: string, ms: number, headers: Record<string, string> = {}) =>
   (await post(`${v4(app, "sleep")}?async=true`, t.devToken, JSON.stringify({ ms }), headers)).json.run_id as string;
@@ -37,11 +41,10 @@ beforeAll(async () => {
     t.management(),
     cortexApp("many", "max_replicas = 2\nreplica_concurrency = 8\nresponse_grace_period = 30"),
   );
-  await until(
-    "apps on the runner",
-    () => t.skiff.runner!.version(P, "one") === 1 && t.skiff.runner!.version(P, "many") === 1,
-    30_000,
-  );
+  // The apps on the runner.
+  await vi.waitUntil(() => t.skiff.runner!.version(P, "one") === 1 && t.skiff.runner!.version(P, "many") === 1, {
+    timeout: 30_000,
+  });
 }, 60_000);
 afterAll(async () => {
   await t?.close();
@@ -57,10 +60,13 @@ describe("runs - events", () => {
     try {
       const runId = await sleepAsync("many", 50);
       await reaches("many", runId, "success");
-      const mine = await until("three events", () => {
-        const e = events.filter((x) => x.runId === runId);
-        return e.length >= 3 ? e : undefined;
-      });
+      const mine = await vi.waitUntil(
+        () => {
+          const e = events.filter((x) => x.runId === runId);
+          return e.length >= 3 ? e : undefined;
+        },
+        { timeout: 20_000 },
+      );
       expect(mine.map((e) => [e.status, e.attempt, e.async])).toEqual([
         ["queued", 1, true],
         ["running", 1, true],
@@ -69,10 +75,13 @@ describe("runs - events", () => {
       const body = new TextDecoder().decode(mine[2].response!.data);
       expect(JSON.parse(body)).toMatchObject({ run_id: runId, result: { slept: 50 } });
       const sync = await post(v4("many", "add"), t.devToken, '{"a":1,"b":2}', {});
-      const syncEvents = await until("sync events", () => {
-        const e = events.filter((x) => x.runId === sync.json.run_id);
-        return e.length >= 2 ? e : undefined;
-      });
+      const syncEvents = await vi.waitUntil(
+        () => {
+          const e = events.filter((x) => x.runId === sync.json.run_id);
+          return e.length >= 2 ? e : undefined;
+        },
+        { timeout: 20_000 },
+      );
       expect(syncEvents.map((e) => e.status)).toEqual(["running", "success"]);
       expect(new TextDecoder().decode(syncEvents[1].response!.data)).toBe(sync.text);
     } finally {
@@ -128,10 +137,13 @@ describe("runs - cancel, idempotency, queue cap", () => {
       "idempotency-key": `${key["idempotency-key"]}-b`,
     });
     expect(other.json.run_id).not.toBe(answers[0].json.run_id);
-    const listed = await until("runs listed", async () => {
-      const l = await t.management().listRuns({ projectId: P, appName: "many", asyncOnly: true, pageSize: 500 });
-      return l.runs.some((x) => x.runId === other.json.run_id) ? l : undefined;
-    });
+    const listed = await vi.waitUntil(
+      async () => {
+        const l = await t.management().listRuns({ projectId: P, appName: "many", asyncOnly: true, pageSize: 500 });
+        return l.runs.some((x) => x.runId === other.json.run_id) ? l : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(listed.runs.filter((x) => x.runId === answers[0].json.run_id)).toHaveLength(1);
   });
 
@@ -153,10 +165,11 @@ describe("runs - listing", () => {
     const ids: string[] = [];
     for (let i = 0; i < 3; i++) ids.push(await sleepAsync("many", 1));
     for (const id of ids) await reaches("many", id, "success");
-    await until(
-      "the index",
+    // The index has the newest run.
+    await vi.waitUntil(
       async () =>
         (await t.management().listRuns({ projectId: P, appName: "many", pageSize: 1 })).runs[0]?.runId === ids[2],
+      { timeout: 20_000 },
     );
     const first = await t.management().listRuns({ projectId: P, appName: "many", pageSize: 2, asyncOnly: true });
     expect(first.runs.map((r) => r.runId)).toEqual([ids[2], ids[1]]);
@@ -188,7 +201,7 @@ describe("runs - listing", () => {
     })().catch(() => undefined);
     await new Promise((r) => setTimeout(r, 200));
     const id = await sleepAsync("many", 1);
-    await until("watched success", () => seen.includes(`${id}:success`));
+    await vi.waitUntil(() => seen.includes(`${id}:success`), { timeout: 20_000 });
     expect(seen.filter((s) => s.startsWith(id))).toEqual([`${id}:queued`, `${id}:running`, `${id}:success`]);
     controller.abort();
     await watching;
@@ -218,10 +231,13 @@ describe("runs - CLI", () => {
     const status = await cli(["run-status", runId, "--app", "many"]);
     expect(status.stdout).toMatch(/status: +success/);
     expect(status.stdout).toContain('"result":3');
-    const list = await until("the run listed", async () => {
-      const r = await cli(["runs", "many", "--async", "--status", "success"]);
-      return r.stdout.includes(runId) ? r : undefined;
-    });
+    const list = await vi.waitUntil(
+      async () => {
+        const r = await cli(["runs", "many", "--async", "--status", "success"]);
+        return r.stdout.includes(runId) ? r : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(list.stdout).toMatch(new RegExp(`${runId}\\s+success\\s+async\\s+add`));
     const failed = await cli(["run", "many/fail"]);
     expect(failed.code).toBe(1);
@@ -281,7 +297,7 @@ describe("runs - record retention", () => {
     }
     const index = await RunIndex.start(nc, silentLogger);
     try {
-      await until("both runs indexed", () => index.list(P, "aged", { pageSize: 10 }).runs.length === 2);
+      await vi.waitUntil(() => index.list(P, "aged", { pageSize: 10 }).runs.length === 2, { timeout: 20_000 });
       expect(index.prune(now)).toBe(1);
       expect(index.list(P, "aged", { pageSize: 10 }).runs.map((r) => r.run_id)).toEqual([recent]);
     } finally {

@@ -4,8 +4,8 @@ import { execFileSync } from "node:child_process";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { cortexApp, deploy, P, post, until } from "./helpers/run-apps.js";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
 interface Held {
@@ -81,7 +81,9 @@ describe("webhooks end to end", () => {
     expect(res.status).toBe(200);
     expect(res.json.result).toBe(5);
     const runId = res.headers.get("x-request-id");
-    const [delivery] = await until("the delivery", () => (receiver.held.length >= 1 ? receiver.held : undefined));
+    const [delivery] = await vi.waitUntil(() => (receiver.held.length >= 1 ? receiver.held : undefined), {
+      timeout: 20_000,
+    });
     expect(delivery.headers["content-type"]).toBe("application/json");
     expect(delivery.headers["x-request-id"]).toBe(runId);
     expect(delivery.body.equals(Buffer.from(res.text))).toBe(true);
@@ -89,11 +91,11 @@ describe("webhooks end to end", () => {
     expect(pythonVerifies("whsec_other", delivery.headers, delivery.body)).toBe(false);
     delivery.release(200);
     const admin = t.management();
-    await until(
-      "delivered",
+    await vi.waitUntil(
       async () =>
         (await admin.listWebhookDeliveries({ projectId: P, appName: "hooks", runId: runId! })).deliveries[0]?.state ===
         "delivered",
+      { timeout: 20_000 },
     );
     receiver.held.length = 0;
   });
@@ -106,17 +108,22 @@ describe("webhooks end to end", () => {
     );
     expect(res.status).toBe(202);
     const runId = res.json.run_id as string;
-    const [first] = await until("the delivery", () => (receiver.held.length >= 1 ? receiver.held : undefined));
+    const [first] = await vi.waitUntil(() => (receiver.held.length >= 1 ? receiver.held : undefined), {
+      timeout: 20_000,
+    });
     expect(first.headers["x-request-id"]).toBe(runId);
     expect(first.headers["x-service-webhook-signature"]).toBeUndefined(); // no secret, no signature
     expect(JSON.parse(first.body.toString())).toEqual({ run_id: runId, error: { type: "TypeError", message: "nope" } });
     first.release(204);
 
     const admin = t.management();
-    const run = await until("the run and its delivery", async () => {
-      const r = (await admin.getRun({ projectId: P, appName: "hooks", runId })).run;
-      return r?.webhookDeliveries[0]?.state === "delivered" ? r : undefined;
-    });
+    const run = await vi.waitUntil(
+      async () => {
+        const r = (await admin.getRun({ projectId: P, appName: "hooks", runId })).run;
+        return r?.webhookDeliveries[0]?.state === "delivered" ? r : undefined;
+      },
+      { timeout: 20_000 },
+    );
     expect(run.status).toBe("failure");
     expect(run.async).toBe(true);
     expect(run.webhookDeliveries[0].attempts.map((a) => [a.attempt, a.statusCode, a.outcome])).toEqual([
@@ -128,22 +135,26 @@ describe("webhooks end to end", () => {
       headers: { authorization: `Bearer ${t.devToken}` },
     });
     expect(again.status).toBe(200);
-    const [, second] = await until("the redelivery", () => (receiver.held.length >= 2 ? receiver.held : undefined));
+    const [, second] = await vi.waitUntil(() => (receiver.held.length >= 2 ? receiver.held : undefined), {
+      timeout: 20_000,
+    });
     expect(second.headers["x-request-id"]).toBe(runId);
     expect(second.body.equals(first.body)).toBe(true);
     second.release(200);
-    await until("two deliveries", async () => {
-      const list = (await admin.listWebhookDeliveries({ projectId: P, appName: "hooks", runId })).deliveries;
-      return list.length === 2 && list.every((d) => d.state === "delivered");
-    });
+    await vi.waitUntil(
+      async () => {
+        const list = (await admin.listWebhookDeliveries({ projectId: P, appName: "hooks", runId })).deliveries;
+        return list.length === 2 && list.every((d) => d.state === "delivered");
+      },
+      { timeout: 20_000 },
+    );
     receiver.held.length = 0;
   });
 
   it("redelivering a run without a webhook is refused with failed_precondition (400)", async () => {
     const res = await post(`${t.url}/v4/${P}/hooks/add`, t.devToken, JSON.stringify({ a: 1, b: 1 }));
     const runId = res.headers.get("x-request-id")!;
-    await until(
-      "the run is recorded",
+    await vi.waitUntil(
       async () =>
         (
           await t
@@ -151,6 +162,7 @@ describe("webhooks end to end", () => {
             .getRun({ projectId: P, appName: "hooks", runId })
             .catch(() => undefined)
         )?.run?.status === "success",
+      { timeout: 20_000 },
     );
     const again = await fetch(`${t.url}/v2/projects/${P}/apps/hooks/runs/${runId}/webhook:redeliver`, {
       method: "POST",

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
-import { afterAll, afterEach, beforeAll, expect, test } from "vitest";
+import { afterAll, afterEach, beforeAll, expect, test, vi } from "vitest";
 import { listDeliveries } from "../services/webhook/deliveries.js";
 import { INTERRUPTED_GRACE_MS } from "../services/webhook/deliver.js";
 import { publishRunEvent, terminalEvent } from "./helpers/webhook-events.js";
@@ -61,24 +61,16 @@ async function sigkill(child: ChildProcess): Promise<number> {
   return Date.now();
 }
 
-async function waitUntil(check: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > until) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
 test("webhook - a process killed between attempts is replaced, and the next one continues without exceeding 3 attempts", async () => {
   // The production ack_wait: the delayed message goes straight to the live process.
   const first = await spawnWebhookProcess();
   const e = terminalEvent(`${rx.url}/404/between`, '{"n":1}');
   await publishRunEvent(h.nc, e);
   // Killed once attempt 1 is recorded and before attempt 2 (due 1 s later) starts.
-  await waitUntil(
-    async () => (await listDeliveries(h.nc, e.runId))[0]?.attempts[0]?.outcome === "retry",
-    "attempt 1 is recorded",
-  );
+  await vi.waitUntil(async () => (await listDeliveries(h.nc, e.runId))[0]?.attempts[0]?.outcome === "retry", {
+    timeout: 10_000,
+    interval: 20,
+  });
   const killedAt = await sigkill(first);
   expect(rx.to("/404/between")).toHaveLength(1);
 

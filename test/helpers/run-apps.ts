@@ -1,5 +1,5 @@
 // Apps for the run tests, deployed for real through DeployApp, and small
-// helpers to call them over REST and wait for a run's state.
+// helpers to call them over REST.
 import { mkdtemp, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Client } from "@connectrpc/connect";
@@ -33,16 +33,6 @@ export async function deploy(
     projectId: P,
     bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
   });
-}
-
-export async function until<T>(what: string, probe: () => T | Promise<T>, timeoutMs = 20_000): Promise<NonNullable<T>> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await probe();
-    if (v) return v as NonNullable<T>;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 export interface Answer {

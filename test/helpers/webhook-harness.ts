@@ -3,6 +3,7 @@
 // inspection, and cleanup of all of it.
 import type { NatsConnection } from "nats";
 import { pino } from "pino";
+import { vi } from "vitest";
 import { listDeliveries } from "../../services/webhook/deliveries.js";
 import { startWebhookRole, type WebhookRole, type WebhookRoleOptions } from "../../services/webhook/role.js";
 import type { WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
@@ -40,17 +41,18 @@ export async function startWebhookHarness(): Promise<WebhookHarness> {
       roles.push(role);
       return role;
     },
-    async waitForDeliveries(runId, done, timeoutMs = 20_000) {
-      const until = Date.now() + timeoutMs;
-      for (;;) {
-        const d = await listDeliveries(nc, runId);
-        if (done(d)) return d;
-        if (Date.now() > until)
+    waitForDeliveries(runId, done, timeoutMs = 20_000) {
+      return vi.waitFor(
+        async () => {
+          const d = await listDeliveries(nc, runId);
+          if (done(d)) return d;
+          // On timeout, the last of these is the error.
           throw new Error(
             `deliveries of ${runId} not as expected after ${timeoutMs} ms: ${JSON.stringify(d.map((x) => ({ id: x.deliveryId, state: x.state, attempts: x.attempts.length })))}`,
           );
-        await new Promise((r) => setTimeout(r, 50));
-      }
+        },
+        { timeout: timeoutMs },
+      );
     },
     async close() {
       for (const r of roles) await r.close();

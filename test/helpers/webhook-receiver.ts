@@ -3,6 +3,7 @@
 // way the test says, by the request's number on that path.
 import http from "node:http";
 import type { AddressInfo, Socket } from "node:net";
+import { vi } from "vitest";
 
 export interface ReceivedRequest {
   /** Without the query. */
@@ -35,7 +36,6 @@ export interface Receiver {
 export async function startReceiver(answer: (path: string, n: number) => Answer): Promise<Receiver> {
   const requests: ReceivedRequest[] = [];
   const sockets = new Set<Socket>();
-  const waiters = new Set<() => void>();
   const server = http.createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
@@ -50,7 +50,6 @@ export async function startReceiver(answer: (path: string, n: number) => Answer)
         headers: req.headers,
         body: Buffer.concat(chunks),
       });
-      for (const w of waiters) w();
       const a = answer(path, requests.filter((r) => r.path === path).length);
       if (a === "hang") return;
       const { status, headers } = typeof a === "number" ? { status: a, headers: {} } : a;
@@ -70,20 +69,14 @@ export async function startReceiver(answer: (path: string, n: number) => Answer)
     requests,
     to,
     waitFor: (path, count, timeoutMs = 20_000) =>
-      new Promise((resolve, reject) => {
-        const check = () => {
-          if (to(path).length < count) return;
-          waiters.delete(check);
-          clearTimeout(timer);
-          resolve(to(path));
-        };
-        const timer = setTimeout(() => {
-          waiters.delete(check);
-          reject(new Error(`${path} got ${to(path).length} of ${count} requests in ${timeoutMs} ms`));
-        }, timeoutMs);
-        waiters.add(check);
-        check();
-      }),
+      vi.waitFor(
+        () => {
+          const got = to(path);
+          if (got.length < count) throw new Error(`${path} got ${got.length} of ${count} requests in ${timeoutMs} ms`);
+          return got;
+        },
+        { timeout: timeoutMs, interval: 10 },
+      ),
     close: () =>
       new Promise<void>((resolve) => {
         for (const s of sockets) s.destroy();
