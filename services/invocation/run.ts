@@ -5,7 +5,7 @@ import type { HandlerContext } from "@connectrpc/connect";
 import { v7 } from "uuid";
 import type { RunRequest, RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
 import type { InvokeRequest, RunRecord } from "../runs/index.js";
-import { httpExchange } from "../server/index.js";
+import { appRequestHeaders, httpExchange } from "../server/index.js";
 import { cortexBody, cortexFunction, customPath, findApp, webhookEndpoint } from "./checks.js";
 import type { InvocationDeps } from "./deps.js";
 import { enqueue } from "./enqueue.js";
@@ -13,27 +13,7 @@ import { runSync } from "./sync.js";
 
 /** Query parameters that belong to skiff, not to a Custom app. */
 const OWN_PARAMS = ["async", "webhookEndpoint"];
-/** Request headers a Custom app never sees: credentials and skiff's own. */
-const PRIVATE_HEADERS = new Set([
-  "authorization",
-  "x-webhook-secret",
-  "idempotency-key",
-  "host",
-  "content-length",
-  "content-type",
-  "te",
-  "x-request-id",
-]);
 const NO_HEADERS: Record<string, string> = {};
-
-function forwardedHeaders(h: Headers, contentType: string): Record<string, string> {
-  const out: Record<string, string> = {};
-  h.forEach((value, name) => {
-    if (!PRIVATE_HEADERS.has(name) && !name.startsWith("connect-") && !name.startsWith("grpc-")) out[name] = value;
-  });
-  if (contentType !== "") out["content-type"] = contentType;
-  return out;
-}
 
 function forwardedQuery(ctx: HandlerContext): string {
   const query = httpExchange(ctx)?.query;
@@ -62,7 +42,8 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
     method: cortex ? "POST" : (httpExchange(ctx)?.method ?? "POST"),
     path,
     query: cortex ? "" : forwardedQuery(ctx),
-    headers: cortex ? NO_HEADERS : forwardedHeaders(ctx.requestHeader, contentType),
+    // A Custom app gets the caller's headers that apps get, and the body's content type.
+    headers: cortex ? NO_HEADERS : appRequestHeaders(ctx.requestHeader, contentType),
     body,
   };
   const now = new Date().toISOString();

@@ -25,7 +25,7 @@ import {
   encodeRequest,
 } from "../runs/index.js";
 import type { AppRecord } from "../apps/index.js";
-import { setHttpStatus } from "../server/index.js";
+import { isPassedToCaller, setHttpStatus } from "../server/index.js";
 import { subjects } from "../nats/index.js";
 import { storeWebhookSecret } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
@@ -59,8 +59,6 @@ async function localRunnerHas(deps: InvocationDeps, app: AppRecord, signal: Abor
 
 /** Beyond response_grace_period, how long a gateway waits for a runner's answer (the runner times the run out first). */
 const REPLY_MARGIN_MS = 5_000;
-/** Response headers of an app that a caller gets from skiff instead. */
-const OWN_RESPONSE_HEADERS = new Set(["content-type", "content-length", "x-request-id"]);
 
 export async function runSync(
   deps: InvocationDeps,
@@ -136,7 +134,8 @@ function answer(ctx: HandlerContext, record: RunRecord, res: InvokeResponse, cus
   const headers: Record<string, string> = {};
   if (custom) {
     for (const name in res.headers) {
-      if (OWN_RESPONSE_HEADERS.has(name) || name.startsWith("grpc-") || name.startsWith("connect-")) continue;
+      // Content-Type travels with the body (it is the RPC's own header).
+      if (name === "content-type" || !isPassedToCaller(name)) continue;
       const value = res.headers[name];
       if (Array.isArray(value)) for (const v of value) ctx.responseHeader.append(name, v);
       else ctx.responseHeader.set(name, value);

@@ -1,37 +1,22 @@
 // Turning a replica's HTTP answer into the caller's final answer, and the
 // caller's request into the replica's.
 import type http from "node:http";
+import { appRequestHeaders, isPassedToCaller } from "../server/index.js";
 import type { Exchange } from "./replica.js";
-
-/** Headers that belong to one connection, not to the request or response. */
-const HOP_BY_HOP = new Set([
-  "connection",
-  "keep-alive",
-  "proxy-authenticate",
-  "proxy-authorization",
-  "proxy-connection",
-  "te",
-  "trailer",
-  "transfer-encoding",
-  "upgrade",
-]);
 
 const JSON_HEADERS = { "content-type": "application/json" } as const;
 
-/** A Custom app's request: the caller's headers, but Host and hop-by-hop ones, plus the run id and the body length. */
+/**
+ * A Custom app's request: the caller's headers that apps get (the gateway
+ * filtered them already; a runner does not rely on it), plus the run id and
+ * the body length.
+ */
 export function forwardHeaders(
   headers: Record<string, string>,
   runId: string,
   length: number,
 ): http.OutgoingHttpHeaders {
-  const out: http.OutgoingHttpHeaders = {};
-  for (const name in headers) {
-    const lower = name.toLowerCase();
-    if (!HOP_BY_HOP.has(lower) && lower !== "host" && lower !== "content-length") out[lower] = headers[name];
-  }
-  out["x-request-id"] = runId;
-  out["content-length"] = length;
-  return out;
+  return { ...appRequestHeaders(Object.entries(headers)), "x-request-id": runId, "content-length": length };
 }
 
 /** A Cortex shim's request: JSON arguments and the run id. */
@@ -39,12 +24,12 @@ export function cortexHeaders(runId: string, length: number): http.OutgoingHttpH
   return { "content-type": "application/json", "content-length": length, "x-request-id": runId };
 }
 
-/** A Custom app's response headers as they came, less those of the connection. */
+/** A Custom app's response headers that its caller gets (Content-Type among them). */
 export function passHeaders(headers: http.IncomingHttpHeaders): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
   for (const name in headers) {
     const value = headers[name];
-    if (value !== undefined && !HOP_BY_HOP.has(name)) out[name] = value;
+    if (value !== undefined && isPassedToCaller(name)) out[name] = value;
   }
   return out;
 }

@@ -8,7 +8,7 @@ export interface InvokeRequest {
   path: string;
   /** Without the leading "?"; "" for none. */
   query: string;
-  /** Lower-case names. Hop-by-hop headers and Host are not forwarded. */
+  /** Lower-case names; only those that apps get (see server/headers.ts). */
   headers: Record<string, string>;
   body: Uint8Array;
   signal?: AbortSignal;
@@ -16,7 +16,7 @@ export interface InvokeRequest {
 
 export interface InvokeResponse {
   status: number;
-  /** As the replica sent them, but for hop-by-hop headers; set-cookie may repeat. */
+  /** Those the replica sent that its caller gets, Content-Type among them (see server/headers.ts); set-cookie may repeat. */
   headers: Record<string, string | string[]>;
   body: Uint8Array;
   /** From handing the request to a replica to the end of its response. */

@@ -1,7 +1,8 @@
 // The one port: HTTP/1.1 and h2c for Connect, gRPC, gRPC-Web and REST (the
-// HTTP/JSON transcoder in rest/), health probes, OpenAPI documents and the
-// dashboard's static files.
+// HTTP/JSON transcoder in rest/), health probes, OpenAPI documents, the
+// dashboard's static files, and which headers cross between callers and apps.
 export { HealthState, healthRoutes } from "./health.js";
+export { appRequestHeaders, isPassedToCaller } from "./headers.js";
 export { codeFromString, codeHttpStatus, errorBody } from "./rest/errors.js";
 export { httpExchange, setHttpStatus } from "./rest/http-exchange.js";
 export { SKIFF_APIS, openapiDocument, openapiDocuments } from "./rest/openapi.js";

@@ -45,6 +45,7 @@ import { Code, createContextValues } from "@connectrpc/connect";
 import type { UniversalHandler, UniversalServerResponse } from "@connectrpc/connect/protocol";
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
+import { isRestExchangeHeader, isRpcExchangeResponseHeader } from "../headers.js";
 import { kHttpExchange, type HttpExchange } from "./http-exchange.js";
 import { httpBindings, resolveFieldPath, type HttpBinding, type Variable } from "./http-rules.js";
 import type { Logger } from "../../config/index.js";
@@ -261,23 +262,6 @@ function decodeJson(desc: DescMessage, json: JsonValue): Message {
 
 // --- the call ---------------------------------------------------------------
 
-/** Request headers that describe the REST exchange itself, not the call: never passed to the handler. */
-const HOP_BY_HOP = new Set([
-  "connection",
-  "keep-alive",
-  "proxy-connection",
-  "transfer-encoding",
-  "te",
-  "trailer",
-  "upgrade",
-  "http2-settings",
-  "accept-encoding",
-]);
-
-function isProtocolHeader(name: string): boolean {
-  return HOP_BY_HOP.has(name) || name.startsWith("content-") || name.startsWith("connect-") || name.startsWith("grpc-");
-}
-
 async function callHandler(
   req: NodeRequest,
   res: NodeResponse,
@@ -300,7 +284,7 @@ async function callHandler(
 function handlerHeaders(req: NodeRequest): Headers {
   const out = new Headers();
   for (const [name, value] of Object.entries(req.headers)) {
-    if (value === undefined || name.startsWith(":") || isProtocolHeader(name)) continue;
+    if (value === undefined || name.startsWith(":") || isRestExchangeHeader(name)) continue;
     for (const v of Array.isArray(value) ? value : [value]) {
       try {
         out.append(name, v);
@@ -391,15 +375,10 @@ function jsonPayload(json: JsonValue): Payload {
   return { contentType: "application/json", bytes: Buffer.from(JSON.stringify(json)) };
 }
 
-/** Response headers of the handler that belong to the Connect exchange, not to the REST caller. */
-function isProtocolResponseHeader(name: string): boolean {
-  return isProtocolHeader(name) || name.startsWith("trailer-") || name === "set-cookie";
-}
-
 function copyResponseHeaders(from: Headers | undefined, res: NodeResponse): void {
   if (!from) return;
   from.forEach((value, name) => {
-    if (!isProtocolResponseHeader(name)) res.setHeader(name, value);
+    if (!isRpcExchangeResponseHeader(name)) res.setHeader(name, value);
   });
   const cookies = from.getSetCookie();
   if (cookies.length > 0) res.setHeader("set-cookie", cookies);
