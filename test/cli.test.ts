@@ -1,34 +1,17 @@
 // The `skiff` command (bin/skiff.js) against a test skiff.
-import { execFile } from "node:child_process";
 import { mkdtemp, mkdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runCli } from "./helpers/cli.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
-
-const bin = path.join(import.meta.dirname, "..", "bin", "skiff.js");
-
-interface Result {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
 
 describe("skiff CLI", () => {
   let t: TestSkiff;
   let cwd: string;
 
   /** Runs the CLI in an empty folder, with the given environment on top of PATH and HOME. */
-  const skiff = (args: string[], env: Record<string, string> = {}, dir = cwd): Promise<Result> =>
-    new Promise((resolve) => {
-      execFile(
-        process.execPath,
-        [bin, ...args],
-        { cwd: dir, env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env } },
-        (err, stdout, stderr) =>
-          resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
-      );
-    });
+  const skiff = (args: string[], env: Record<string, string> = {}, dir = cwd) => runCli(args, { env, cwd: dir });
   const asAdmin = (args: string[]) => skiff(args, { SKIFF_URL: t.url, SKIFF_TOKEN: t.adminToken });
 
   beforeAll(async () => {

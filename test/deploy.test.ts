@@ -1,7 +1,7 @@
 // Deploying apps through the `skiff` CLI against a test skiff, and calling
 // them through the Runner of its runner role; a second runner process
 // picking up the same deployments.
-import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { spawn } from "node:child_process";
 import { mkdtemp, readdir, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -9,34 +9,20 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { Runner } from "../services/runner/runner.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
+import { runCli, spawnCli } from "./helpers/cli.js";
 import { rawTar, TOML } from "./helpers/raw-tar.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
-const bin = path.join(ROOT, "bin", "skiff.js");
 const P = "p-dev";
 const MAX_BUNDLE = 256 * 1024;
-
-interface Result {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
 
 let t: TestSkiff;
 let runner: Runner;
 let tmp: string;
 
-const skiff = (args: string[]): Promise<Result> =>
-  new Promise((resolve) => {
-    execFile(
-      process.execPath,
-      [bin, ...args],
-      { cwd: tmp, env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken } },
-      (err, stdout, stderr) =>
-        resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
-    );
-  });
+const cliEnv = () => ({ SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken });
+const skiff = (args: string[]) => runCli(args, { env: cliEnv(), cwd: tmp });
 
 /** Resolves once the runner serves `version` of `app`. */
 const served = (app: string, version: number) =>
@@ -262,9 +248,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
       expect.stringMatching(/^\S+Z hello-python-v1-\w+ \[run-logs-1\] greeting Logs$/),
     ]);
 
-    const follow: ChildProcess = spawn(process.execPath, [bin, "logs", "hello-python", "--follow", "--limit", "1"], {
-      env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken },
-    });
+    const follow = spawnCli(["logs", "hello-python", "--follow", "--limit", "1"], { env: cliEnv() });
     let out = "";
     follow.stdout!.on("data", (c: Buffer) => (out += c.toString()));
     try {

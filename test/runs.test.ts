@@ -1,6 +1,5 @@
 // The run API and the life of async runs: events for each state change,
 // cancel (queued and running), idempotency, the queue cap, listing.
-import { execFile } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -8,6 +7,7 @@ import { fromBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { RunEventSchema, type RunEvent } from "../gen/skiff/events/v1/events_pb.js";
+import { runCli } from "./helpers/cli.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
 import { silentLogger } from "../services/config/logger.js";
@@ -209,16 +209,7 @@ describe("runs - listing", () => {
 });
 
 describe("runs - CLI", () => {
-  const cli = (args: string[]) =>
-    new Promise<{ code: number; stdout: string; stderr: string }>((resolve) => {
-      execFile(
-        process.execPath,
-        [path.resolve(import.meta.dirname, "..", "bin", "skiff.js"), ...args],
-        { env: { PATH: process.env.PATH, HOME: process.env.HOME, SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken } },
-        (err, stdout, stderr) =>
-          resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
-      );
-    });
+  const cli = (args: string[]) => runCli(args, { env: { SKIFF_URL: t.url, SKIFF_TOKEN: t.devToken } });
 
   it("skiff run (sync and --async), skiff runs, skiff run-status", async () => {
     const sync = await cli(["run", "many/add", "--data", '{"a":40,"b":2}']);
