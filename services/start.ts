@@ -132,6 +132,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
   const health = new HealthState();
   const nats = await connectNats({
     url: config.natsUrl,
+    credentials: config,
     dataDir: config.dataDir,
     logger,
     name: `skiff ${config.roles.join(",")}`,

@@ -78,6 +78,7 @@ describe("skiff process", () => {
   it.each([
     [{ SKIFF_PORT: "eighty" }, [], /SKIFF_PORT/],
     [{}, ["--roles", "chef"], /--roles: unknown role "chef"/],
+    [{ SKIFF_NATS_USER: "skiff" }, [], /SKIFF_NATS_PASSWORD: SKIFF_NATS_USER is set but SKIFF_NATS_PASSWORD is not/],
   ])("a bad setting %j %j stops it with exit code 2 and a message naming it", async (env, args, message) => {
     const child = startMain(env as Record<string, string>, args as string[]);
     let stderr = "";

@@ -1,5 +1,6 @@
 // Configuration: defaults, overridden by SKIFF_* environment variables,
 // validated once at start with a message that names the variable.
+import { readFileSync } from "node:fs";
 import { parseCidr, parsePrivateKey, parseSecretsKey } from "./parse.js";
 
 export const DEFAULT_HOST = "127.0.0.1";
@@ -23,6 +24,13 @@ export interface Config {
   dataDir: string;
   /** NATS server to use; undefined means "probe the local default, else start one". */
   natsUrl: string | undefined;
+  /** Path of a NATS .creds file (user JWT and nkey seed); at most one of creds, user+password, token. */
+  natsCreds: string | undefined;
+  natsUser: string | undefined;
+  /** Secret: never logged. */
+  natsPassword: string | undefined;
+  /** Secret: never logged. */
+  natsToken: string | undefined;
   maxBodyBytes: number;
   /** Largest app bundle, gzipped and unpacked alike. */
   maxBundleBytes: number;
@@ -102,6 +110,71 @@ function adminToken(raw: string, variable: string): string {
   return raw;
 }
 
+/** The settings that say how skiff authenticates to NATS. */
+export type NatsCredentials = Partial<Pick<Config, "natsCreds" | "natsUser" | "natsPassword" | "natsToken">>;
+
+/** How skiff authenticates to NATS, made from NatsCredentials by natsAuth(). */
+export type NatsAuth =
+  { kind: "creds"; file: string } | { kind: "user"; user: string; password: string } | { kind: "token"; token: string };
+
+const NATS_AUTH_CHOICES = "SKIFF_NATS_CREDS, or SKIFF_NATS_USER with SKIFF_NATS_PASSWORD, or SKIFF_NATS_TOKEN";
+
+/**
+ * The one way of authenticating to NATS that the settings name; undefined when
+ * they name none. Throws ConfigError naming the variables when they conflict
+ * (never with their values: passwords and tokens are secrets).
+ */
+export function natsAuth(c: NatsCredentials): NatsAuth | undefined {
+  if ((c.natsUser === undefined) !== (c.natsPassword === undefined)) {
+    const [set, unset] =
+      c.natsUser === undefined
+        ? ["SKIFF_NATS_PASSWORD", "SKIFF_NATS_USER"]
+        : ["SKIFF_NATS_USER", "SKIFF_NATS_PASSWORD"];
+    throw new ConfigError(unset, `${set} is set but ${unset} is not: set both or neither`);
+  }
+  const given = [
+    c.natsCreds !== undefined ? ["SKIFF_NATS_CREDS"] : [],
+    c.natsUser !== undefined ? ["SKIFF_NATS_USER", "SKIFF_NATS_PASSWORD"] : [],
+    c.natsToken !== undefined ? ["SKIFF_NATS_TOKEN"] : [],
+  ].filter((vars) => vars.length > 0);
+  if (given.length > 1) {
+    const vars = given.flat();
+    throw new ConfigError(
+      vars.join(", "),
+      `these set more than one way to authenticate to NATS; set only one: ${NATS_AUTH_CHOICES}`,
+    );
+  }
+  if (c.natsCreds !== undefined) return { kind: "creds", file: c.natsCreds };
+  if (c.natsUser !== undefined && c.natsPassword !== undefined)
+    return { kind: "user", user: c.natsUser, password: c.natsPassword };
+  if (c.natsToken !== undefined) return { kind: "token", token: c.natsToken };
+  return undefined;
+}
+
+/** A .creds file as nsc writes it: a user JWT block, then an nkey seed block. */
+const CREDS_BLOCKS = /-{3,}BEGIN [^\n]*JWT-{3,}\s*\n\s*\S+\s*\n[\s\S]*-{3,}BEGIN [^\n]*SEED-{3,}\s*\n\s*S\S+/;
+
+/** A readable .creds file; its contents (a secret) never appear in the message. */
+function credsFile(raw: string, variable: string): string {
+  let text: string;
+  try {
+    text = readFileSync(raw, "utf8");
+  } catch (err) {
+    throw new ConfigError(variable, `cannot read the NATS credentials file ${raw}: ${(err as Error).message}`);
+  }
+  if (!CREDS_BLOCKS.test(text))
+    throw new ConfigError(
+      variable,
+      `${raw} is not a NATS credentials file: expected a user JWT block and an nkey seed block, as nsc writes them`,
+    );
+  return raw;
+}
+
+/** A secret taken as it is (no trimming); empty means unset. Never echoed in messages. */
+function secret(raw: string): string | undefined {
+  return raw === "" ? undefined : raw;
+}
+
 const LOG_LEVELS = ["trace", "debug", "info", "warn", "error", "fatal", "silent"];
 
 export function parseRoles(raw: string, variable: string): Role[] {
@@ -145,8 +218,36 @@ export const SETTINGS: Setting<keyof Config>[] = [
     key: "natsUrl",
     env: "SKIFF_NATS_URL",
     fallback: "",
-    doc: `NATS server(s), comma-separated. Unset: use ${DEFAULT_NATS_PROBE_URL} when a server answers there, else start \`nats-server\` with JetStream in the data folder.`,
+    doc: `NATS server(s), comma-separated. Unset: use ${DEFAULT_NATS_PROBE_URL} when a server answers there, else start \`nats-server\` with JetStream in the data folder, admitting only an nkey that skiff generates (seed in \`SKIFF_DATA_DIR/nats/skiff.nk\`).`,
     parse: (raw) => (raw.trim() === "" ? undefined : raw.trim()),
+  },
+  {
+    key: "natsCreds",
+    env: "SKIFF_NATS_CREDS",
+    fallback: "",
+    doc: `Path of a NATS credentials file (\`.creds\`: a user JWT and its nkey seed, as \`nsc\` writes it) that skiff connects with; read again on each reconnect. At most one way to authenticate may be set: \`SKIFF_NATS_CREDS\`, \`SKIFF_NATS_USER\` with \`SKIFF_NATS_PASSWORD\`, or \`SKIFF_NATS_TOKEN\`. With none, skiff connects without credentials and warns at start when the server lets it in. A \`nats-server\` that skiff starts itself uses its own generated credentials instead.`,
+    parse: optional(credsFile),
+  },
+  {
+    key: "natsUser",
+    env: "SKIFF_NATS_USER",
+    fallback: "",
+    doc: "NATS user name; needs `SKIFF_NATS_PASSWORD`.",
+    parse: optional((raw) => raw),
+  },
+  {
+    key: "natsPassword",
+    env: "SKIFF_NATS_PASSWORD",
+    fallback: "",
+    doc: "Password of `SKIFF_NATS_USER`, taken as it is; never logged.",
+    parse: secret,
+  },
+  {
+    key: "natsToken",
+    env: "SKIFF_NATS_TOKEN",
+    fallback: "",
+    doc: "NATS authorization token, taken as it is; never logged.",
+    parse: secret,
   },
   {
     key: "maxBodyBytes",
@@ -272,7 +373,9 @@ export function loadConfig(env: Env = process.env, overrides: Partial<Config> = 
     const raw = env[s.env];
     out[s.key] = s.parse(raw === undefined ? s.fallback : raw, s.env);
   }
-  return { ...(out as unknown as Config), ...overrides };
+  const config = { ...(out as unknown as Config), ...overrides };
+  natsAuth(config); // conflicting NATS credentials stop skiff here, before it connects anywhere
+  return config;
 }
 
 /** The configuration table README shows, made from SETTINGS so it cannot drift. */

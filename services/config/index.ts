@@ -8,9 +8,10 @@ export {
   DEFAULT_PORT,
   MAX_RUN_SECONDS,
   loadConfig,
+  natsAuth,
   parseRoles,
 } from "./config.js";
-export type { Config, Role } from "./config.js";
+export type { Config, NatsAuth, NatsCredentials, Role } from "./config.js";
 export { createLogger } from "./logger.js";
 export type { Logger } from "./logger.js";
 export { SECRETS_KEY_BYTES, SecretsKeyError, parseCidr, parsePrivateKey, parseSecretsKey } from "./parse.js";

@@ -1,10 +1,28 @@
 // NATS wiring: which server to use (SKIFF_NATS_URL, else one answering at the
-// probe URL, else a nats-server started here) and provisioning of every
-// stream, KV bucket and object store that nats-layout.ts lists.
-import { mkdir, writeFile } from "node:fs/promises";
+// probe URL, else a nats-server started here), with which credentials, and
+// provisioning of every stream, KV bucket and object store that layout.ts lists.
+//
+// A started server admits one user, identified by an nkey that skiff generates
+// once and keeps in `<dataDir>/nats/skiff.nk` (the seed, mode 0600); its config
+// holds only the public key. A server that accepts clients without credentials
+// is used, but skiff warns: anything that reaches it could read the signing
+// keys in KV and mint admin tokens.
+import { readFileSync } from "node:fs";
+import { chmod, link, mkdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { connect, ErrorCode, NatsError, type NatsConnection } from "nats";
-import { DEFAULT_NATS_PROBE_URL, type Logger } from "../config/index.js";
+import {
+  connect,
+  credsAuthenticator,
+  ErrorCode,
+  NatsError,
+  nkeyAuthenticator,
+  nkeys,
+  tokenAuthenticator,
+  usernamePasswordAuthenticator,
+  type Authenticator,
+  type NatsConnection,
+} from "nats";
+import { DEFAULT_NATS_PROBE_URL, natsAuth, type Logger, type NatsAuth, type NatsCredentials } from "../config/index.js";
 import { JetStreamDisabledError, NatsConnectError, NatsStartError, messageOf } from "./errors.js";
 import { findOnPath, NATS_SERVER_BINARY, spawnNatsServer, type NatsServerProcess } from "./server-process.js";
 
@@ -20,6 +38,8 @@ export const DEFAULT_NATS_RECONNECT_WAIT_MS = 1_000;
 export const DEFAULT_NATS_DRAIN_TIMEOUT_MS = 5_000;
 /** Largest message a started server accepts: app bundles and results are chunked below it. */
 export const STARTED_SERVER_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024;
+/** The nkey seed of a started server's one user, in `<dataDir>/nats` (as `nats --nkey` reads it). */
+export const STARTED_SERVER_SEED_FILE = "skiff.nk";
 
 export interface ConnectNatsOptions {
   /** SKIFF_NATS_URL: one URL or several, comma-separated. */
@@ -32,6 +52,9 @@ export interface ConnectNatsOptions {
   name?: string;
   /** Folders searched for nats-server, in PATH syntax; default the PATH. */
   searchPath?: string;
+  /** SKIFF_NATS_CREDS, SKIFF_NATS_USER + SKIFF_NATS_PASSWORD or SKIFF_NATS_TOKEN, checked as loadConfig checks
+   * them. Used for SKIFF_NATS_URL and the probe URL; a started server has its own generated ones. */
+  credentials?: NatsCredentials;
 }
 
 export interface NatsHandle {
@@ -42,49 +65,116 @@ export interface NatsHandle {
   embedded: boolean;
   /** Process id of the started server. */
   serverPid?: number;
+  /** False when the server lets clients in without credentials (its INFO has no auth_required). */
+  authRequired: boolean;
   /** Drains the connection, then stops a started server. Safe to call more than once. */
   close(): Promise<void>;
 }
 
 export async function connectNats(opts: ConnectNatsOptions): Promise<NatsHandle> {
   const name = opts.name ?? "skiff";
+  const auth = natsAuth(opts.credentials ?? {});
   if (opts.url !== undefined) {
     // An empty list would make nats.js fall back to localhost:4222, which is not what was asked.
     if (serverList(opts.url).length === 0) throw new NatsConnectError(`SKIFF_NATS_URL names no server: "${opts.url}"`);
-    const nc = await dial(opts.url, name, DEFAULT_NATS_CONNECT_TIMEOUT_MS).catch((err: unknown) => {
-      throw new NatsConnectError(
-        `cannot connect to the NATS server(s) at ${opts.url} given by SKIFF_NATS_URL: ${messageOf(err)}`,
-        { cause: err },
-      );
-    });
+    const nc = await dial(opts.url, name, DEFAULT_NATS_CONNECT_TIMEOUT_MS, authenticator(auth)).catch(
+      (err: unknown) => {
+        throw new NatsConnectError(
+          `cannot connect to the NATS server(s) at ${opts.url} given by SKIFF_NATS_URL: ${messageOf(err)}${authHint(err, auth)}`,
+          { cause: err },
+        );
+      },
+    );
     return ready(nc, opts.url, undefined, opts.logger, "SKIFF_NATS_URL");
   }
 
   const probeUrl = opts.probeUrl ?? DEFAULT_NATS_PROBE_URL;
-  const probed = await dial(probeUrl, name, DEFAULT_NATS_PROBE_TIMEOUT_MS).catch(() => undefined);
+  const probed = await dial(probeUrl, name, DEFAULT_NATS_PROBE_TIMEOUT_MS, authenticator(auth)).catch(
+    (err: unknown) => {
+      // A server answers there but turns skiff away: starting another one would split the cluster's state.
+      if (isAuthError(err)) {
+        throw new NatsConnectError(
+          `the NATS server at ${probeUrl} refused the connection: ${messageOf(err)}${authHint(err, auth)}; or set SKIFF_NATS_URL`,
+          { cause: err },
+        );
+      }
+      return undefined;
+    },
+  );
   if (probed !== undefined) return ready(probed, probeUrl, undefined, opts.logger, "probe");
+  if (auth !== undefined)
+    opts.logger.warn(
+      { probeUrl },
+      `NATS credentials are set (SKIFF_NATS_*) but no server answers at ${probeUrl}: starting nats-server with credentials of its own; set SKIFF_NATS_URL to use a particular server`,
+    );
 
-  const server = await startServer(opts, probeUrl);
-  const nc = await dial(server.url, name, DEFAULT_NATS_CONNECT_TIMEOUT_MS).catch(async (err: unknown) => {
-    await server.stop();
-    throw new NatsStartError(`started nats-server at ${server.url} but cannot connect to it: ${messageOf(err)}`, {
-      cause: err,
-    });
-  });
+  const { server, seed } = await startServer(opts, probeUrl);
+  const nc = await dial(server.url, name, DEFAULT_NATS_CONNECT_TIMEOUT_MS, nkeyAuthenticator(seed)).catch(
+    async (err: unknown) => {
+      await server.stop();
+      throw new NatsStartError(`started nats-server at ${server.url} but cannot connect to it: ${messageOf(err)}`, {
+        cause: err,
+      });
+    },
+  );
   return ready(nc, server.url, server, opts.logger, "started");
 }
 
-function dial(url: string, name: string, timeout: number): Promise<NatsConnection> {
+function dial(
+  url: string,
+  name: string,
+  timeout: number,
+  authenticator: Authenticator | undefined,
+): Promise<NatsConnection> {
   return connect({
     servers: serverList(url),
     name,
     timeout,
+    ...(authenticator === undefined ? {} : { authenticator }),
     maxReconnectAttempts: -1,
     reconnectTimeWait: DEFAULT_NATS_RECONNECT_WAIT_MS,
     // A stack trace captured per request costs ~8% of a sync call's CPU; errors still say what failed.
     noAsyncTraces: true,
   });
 }
+
+function authenticator(auth: NatsAuth | undefined): Authenticator | undefined {
+  switch (auth?.kind) {
+    case undefined:
+      return undefined;
+    case "creds":
+      // Read at each (re)connect, so a renewed file is picked up without a restart.
+      return credsAuthenticator(() => readFileSync(auth.file));
+    case "user":
+      return usernamePasswordAuthenticator(auth.user, auth.password);
+    case "token":
+      return tokenAuthenticator(auth.token);
+  }
+}
+
+function isAuthError(err: unknown): boolean {
+  return (
+    err instanceof NatsError &&
+    (err.code === ErrorCode.AuthorizationViolation ||
+      err.code === ErrorCode.AuthenticationExpired ||
+      err.code === ErrorCode.BadCreds)
+  );
+}
+
+/** What to do about a refused connection, naming the variables and never their values. */
+function authHint(err: unknown, auth: NatsAuth | undefined): string {
+  if (!isAuthError(err)) return "";
+  if (auth === undefined) return `; the server requires credentials: set ${NATS_AUTH_VARIABLES}`;
+  const given =
+    auth.kind === "creds"
+      ? `SKIFF_NATS_CREDS (${auth.file})`
+      : auth.kind === "user"
+        ? "SKIFF_NATS_USER and SKIFF_NATS_PASSWORD"
+        : "SKIFF_NATS_TOKEN";
+  return `; the server does not accept the credentials of ${given}`;
+}
+
+const NATS_AUTH_VARIABLES = "SKIFF_NATS_CREDS, SKIFF_NATS_USER and SKIFF_NATS_PASSWORD, or SKIFF_NATS_TOKEN";
 
 function serverList(url: string): string[] {
   return url
@@ -118,16 +208,23 @@ async function ready(
     });
   }
   const serverPid = server?.pid;
+  const authRequired = nc.info?.auth_required === true;
   const via = {
     SKIFF_NATS_URL: "given by SKIFF_NATS_URL",
     probe: "answering at the probe URL",
     started: "started in the data folder",
   }[how];
   logger.info(
-    { url, embedded: server !== undefined, serverPid, version: nc.info?.version },
+    { url, embedded: server !== undefined, serverPid, version: nc.info?.version, authRequired },
     `using NATS server ${url} (${via})`,
   );
-  return { nc, url, embedded: server !== undefined, serverPid, close };
+  if (!authRequired) {
+    logger.warn(
+      { url, authRequired },
+      `NATS at ${url} accepts connections without credentials: any process that can reach it, app replicas included, can read and write skiff's state (signing keys, tokens, runs); run it with authorization and set ${NATS_AUTH_VARIABLES}`,
+    );
+  }
+  return { nc, url, embedded: server !== undefined, serverPid, authRequired, close };
 }
 
 async function shutdown(nc: NatsConnection, server: NatsServerProcess | undefined): Promise<void> {
@@ -144,29 +241,39 @@ async function shutdown(nc: NatsConnection, server: NatsServerProcess | undefine
   await server?.stop();
 }
 
-async function startServer(opts: ConnectNatsOptions, probeUrl: string): Promise<NatsServerProcess> {
+async function startServer(
+  opts: ConnectNatsOptions,
+  probeUrl: string,
+): Promise<{ server: NatsServerProcess; seed: Uint8Array }> {
   const binary = await findOnPath(NATS_SERVER_BINARY, opts.searchPath);
   if (binary === undefined) {
     throw new NatsStartError(
       `no NATS server answers at ${probeUrl} and nats-server is not on the PATH: install it (apt-get install nats-server) or set SKIFF_NATS_URL to a NATS server with JetStream`,
     );
   }
+  // The folder holds the seed and the JetStream store (signing keys among it): owner only.
   const dir = path.resolve(opts.dataDir, "nats");
-  await mkdir(dir, { recursive: true });
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  await chmod(dir, 0o700);
+  const seedFile = path.join(dir, STARTED_SERVER_SEED_FILE);
+  const seed = await startedServerSeed(seedFile, opts.logger);
   const configFile = path.join(dir, "nats-server.conf");
-  await writeFile(configFile, serverConfig(dir));
+  await writeFile(configFile, serverConfig(dir, nkeys.fromSeed(seed).getPublicKey()));
   const server = await spawnNatsServer({
     binary,
     args: ["-c", configFile],
     portsDir: dir,
     onLog: (line) => logServerLine(opts.logger, line),
   });
-  opts.logger.info({ serverPid: server.pid, url: server.url, storeDir: dir }, "started nats-server with JetStream");
-  return server;
+  opts.logger.info(
+    { serverPid: server.pid, url: server.url, storeDir: dir, seedFile },
+    `started nats-server with JetStream; it admits only the nkey in ${seedFile}`,
+  );
+  return { server, seed };
 }
 
-/** The max_payload option exists only in a config file, so the started server gets one. */
-function serverConfig(dir: string): string {
+/** The max_payload option and the authorization block exist only in a config file, so the started server gets one. */
+function serverConfig(dir: string, userNkey: string): string {
   // JSON string literals are valid quoted strings in the NATS config format.
   return [
     "# Written by skiff each time it starts nats-server; edits are overwritten.",
@@ -175,8 +282,44 @@ function serverConfig(dir: string): string {
     `max_payload: ${STARTED_SERVER_MAX_PAYLOAD_BYTES}`,
     `ports_file_dir: ${JSON.stringify(dir)}`,
     `jetstream { store_dir: ${JSON.stringify(dir)} }`,
+    `authorization { users: [ { nkey: ${JSON.stringify(userNkey)} } ] }`,
     "",
   ].join("\n");
+}
+
+/**
+ * The seed of the started server's user: made on first start, then read back,
+ * so a restart on the same data folder admits the same key (and any tool given
+ * the file keeps working).
+ */
+async function startedServerSeed(file: string, logger: Logger): Promise<Uint8Array> {
+  const fresh = nkeys.createUser().getSeed();
+  // Written aside, then linked into place: the file never exists half-written, and of two
+  // processes starting at once, one makes it and both use it.
+  const aside = `${file}.${process.pid}.tmp`;
+  await rm(aside, { force: true });
+  await writeFile(aside, `${new TextDecoder().decode(fresh)}\n`, { mode: 0o600, flag: "wx" });
+  try {
+    await link(aside, file);
+    return fresh;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
+  } finally {
+    await rm(aside, { force: true });
+  }
+  if (((await stat(file)).mode & 0o077) !== 0) {
+    await chmod(file, 0o600);
+    logger.warn({ file }, "the NATS seed file was readable by others; now it is the owner's only (0600)");
+  }
+  const seed = new TextEncoder().encode((await readFile(file, "utf8")).trim());
+  try {
+    if (nkeys.fromSeed(seed).getPublicKey().startsWith("U")) return seed;
+  } catch {
+    // not a seed at all
+  }
+  throw new NatsStartError(
+    `${file} does not hold the nkey seed of a NATS user (SU…) for the server skiff starts; remove it and skiff makes a new one`,
+  );
 }
 
 function logServerLine(logger: Logger, line: string): void {
