@@ -8,7 +8,6 @@ import { RunStore, type RunRecord } from "../services/runs/store.js";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { startTestSkiff } from "../test/helpers/skiff.js";
 
-const RUNS = Number(process.env.BENCH_RUNS ?? 100_000);
 const SAMPLES = 200;
 const P = "p-dev";
 const APP = "bench";
@@ -29,7 +28,17 @@ async function sample(fn: () => Promise<unknown>): Promise<number> {
   return median(times);
 }
 
-export async function benchRunListing(): Promise<void> {
+export interface ListingResult {
+  runs: number;
+  /** The first page of ListRuns over HTTP, median. */
+  pageMs: number;
+  /** One KV get of a run record, median: the baseline. */
+  kvGetMs: number;
+  /** How long a process took to start with that many runs stored. */
+  startS: number;
+}
+
+export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 100_000)): Promise<ListingResult> {
   const nats = await startNatsServer();
   let t: Awaited<ReturnType<typeof startTestSkiff>> | undefined;
   try {
@@ -92,6 +101,7 @@ export async function benchRunListing(): Promise<void> {
     console.log(
       `  ListRuns second page, 500 a page:           ${deep.toFixed(3)} ms  = ${(deep / kvGet).toFixed(2)} x baseline`,
     );
+    return { runs: RUNS, pageMs: page, kvGetMs: kvGet, startS: loadS };
   } finally {
     await t?.close();
     await nats.stop();

@@ -1,13 +1,24 @@
-// `npm run bench`: every benchmark, one after the other.
+// `npm run bench` (`-- --quick` for a shorter run): the run pipeline against
+// direct calls and nginx, webhook latency, cold starts, revocation, memory,
+// and run listing; writes bench/results/latest.json and prints the ratios.
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { benchPipeline, writeResults } from "./pipeline.js";
 import { benchRunListing } from "./run-listing.js";
-import { benchSyncInvoke } from "./sync-invoke.js";
 
-const BENCHES: [string, () => Promise<void>][] = [
-  ["run-listing", benchRunListing],
-  ["sync-invoke", benchSyncInvoke],
-];
+const argv = process.argv.slice(2);
+const quick = argv.includes("--quick");
 
-for (const [name, bench] of BENCHES) {
-  console.log(`== ${name}`);
-  await bench();
-}
+console.log("== pipeline");
+const results = await benchPipeline(argv);
+console.log("== run listing");
+const listing = await benchRunListing(quick ? 100_000 : 1_000_000);
+results.list_runs_ms = Number(listing.pageMs.toFixed(3));
+results.ratios.list_runs_vs_kv_get = Number((listing.pageMs / listing.kvGetMs).toFixed(2));
+const soak = await readFile(path.join(import.meta.dirname, "results", "soak.json"), "utf8").then(
+  (t) => JSON.parse(t) as { rss_mb: { end: number } },
+  () => undefined,
+);
+results.rss_mb.after_soak = soak?.rss_mb.end ?? null;
+const file = await writeResults("latest.json", results);
+console.log(`\n${JSON.stringify(results.ratios, null, 2)}\nwritten to ${path.relative(process.cwd(), file)}`);

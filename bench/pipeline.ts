@@ -1,0 +1,358 @@
+// The run pipeline against references measured in the same run: the same
+// echo server called directly, behind nginx (one worker, keep-alive), and
+// as skiff's Custom app; a Node Cortex app; sync at 1 and 32 connections,
+// async accept at 32 (wrk is the load). Then webhook latency (a run's end
+// to its delivery at a local receiver), cold starts against the bare
+// runtime's start, revocation across two processes, and skiff's memory.
+// Writes bench/results/latest.json; ratios, not times, are the result.
+//
+//   --quick: shorter cases (about 2 minutes in all).
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import http from "node:http";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { performance } from "node:perf_hooks";
+import { startNatsServer, type TestNats } from "../test/helpers/nats-server.js";
+import { deployFolder } from "./deploy.js";
+import { startSkiffProcess, type SkiffProcess } from "./skiff-process.js";
+import {
+  ECHO_SERVER,
+  ensureTools,
+  percentile,
+  round,
+  rssMb,
+  serveNode,
+  startNginx,
+  stop,
+  wrk,
+  type Latency,
+  type WrkResult,
+} from "./tools.js";
+
+const P = "p-dev";
+const CUSTOM = "bench-echo";
+const CORTEX = "bench-add";
+
+export interface PipelineResults {
+  machine: { cores: number; node: string; quick: boolean; date: string };
+  sync_c1: { direct: Latency; nginx: Latency; skiff: Latency; cortex: Latency };
+  sync: { direct: Latency; nginx: Latency; skiff: Latency; cortex: Latency };
+  async_accept: Latency;
+  webhook: { p50_ms: number; p99_ms: number };
+  cold_start_ms: { node: number; python: number; node_floor: number; python_floor: number };
+  revocation_ms: { p50: number; p99: number };
+  rss_mb: { idle: number; loaded: number; after_soak: number | null };
+  list_runs_ms: number | null;
+  errors: Record<string, number>;
+  ratios: Record<string, number>;
+}
+
+const latency = (r: WrkResult): Latency => ({ rps: r.rps, p50_ms: round(r.p50_ms, 3), p99_ms: round(r.p99_ms, 3) });
+
+function appToml(name: string, runtime: string, scaling: string): string {
+  return `[app]\nname = "${name}"\n[runtime]\n${runtime}\n[scaling]\n${scaling}\n`;
+}
+
+/** Time from the first call to its answer for an app with no replica, and the bare runtime's own start. */
+async function coldStarts(skiff: SkiffProcess, tmp: string, rounds: number) {
+  const scaling = "min_replicas = 0\nmax_replicas = 1\ncooldown = 1";
+  await deployFolder(skiff, tmp, {
+    "skiff.toml": appToml("cold-node", 'kind = "cortex"\nlanguage = "node"\nentry = "index.mjs"', scaling),
+    "index.mjs": "export function hi() { return 'hi'; }\n",
+  });
+  await deployFolder(skiff, tmp, {
+    "skiff.toml": appToml("cold-python", 'kind = "cortex"\nlanguage = "python"\nentry = "main.py"', scaling),
+    "main.py": "def hi():\n    return 'hi'\n",
+  });
+  const call = async (app: string) => {
+    const t0 = performance.now();
+    const res = await fetch(`${skiff.url}/v4/${P}/${app}/hi`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${skiff.devToken}`, "content-type": "application/json" },
+      body: "{}",
+    });
+    await res.text();
+    if (res.status !== 200) throw new Error(`${app} answered ${res.status}`);
+    return performance.now() - t0;
+  };
+  const measure = async (app: string) => {
+    await call(app); // the deployment is prepared on the first call's runner
+    const times: number[] = [];
+    for (let i = 0; i < rounds; i++) {
+      await waitNoReplica(skiff, app);
+      times.push(await call(app));
+    }
+    return percentile(times, 0.5);
+  };
+  const floor = async (command: string, args: string[]) => {
+    const times: number[] = [];
+    for (let i = 0; i < rounds; i++) times.push(await bareStart(command, args));
+    return percentile(times, 0.5);
+  };
+  return {
+    node: round(await measure("cold-node"), 1),
+    python: round(await measure("cold-python"), 1),
+    node_floor: round(
+      await floor(process.execPath, [
+        "-e",
+        "require('http').createServer((q,s)=>s.end('hi')).listen(0,'127.0.0.1',function(){console.log('port '+this.address().port)})",
+      ]),
+      1,
+    ),
+    python_floor: round(
+      await floor("python3", [
+        "-c",
+        "import http.server as h\nclass H(h.BaseHTTPRequestHandler):\n def do_GET(s):\n  s.send_response(200);s.end_headers();s.wfile.write(b'hi')\n def log_message(*a): pass\ns=h.HTTPServer(('127.0.0.1',0),H)\nprint('port',s.server_address[1],flush=True)\ns.serve_forever()",
+      ]),
+      1,
+    ),
+  };
+}
+
+async function waitNoReplica(skiff: SkiffProcess, app: string): Promise<void> {
+  for (let i = 0; i < 300; i++) {
+    const res = await fetch(`${skiff.url}/v2/projects/${P}/apps/${app}`, {
+      headers: { authorization: `Bearer ${skiff.devToken}` },
+    });
+    const body = (await res.json()) as { app?: { replicas?: unknown[] } };
+    if ((body.app?.replicas ?? []).length === 0) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`${app} kept a replica for 30 s after its cooldown`);
+}
+
+/** Spawn a runtime with a one-line HTTP server and get its first answer: the floor of any cold start. */
+async function bareStart(command: string, args: string[]): Promise<number> {
+  const t0 = performance.now();
+  const child: ChildProcess = spawn(command, args, { stdio: ["ignore", "pipe", "inherit"] });
+  try {
+    const port = await new Promise<number>((resolve, reject) => {
+      let out = "";
+      child.once("exit", (c) => reject(new Error(`${command} exited ${c}`)));
+      child.stdout!.on("data", (d: Buffer) => {
+        out += d.toString();
+        const m = /port (\d+)/.exec(out);
+        if (m) resolve(Number(m[1]));
+      });
+    });
+    await (await fetch(`http://127.0.0.1:${port}/`)).text();
+    return performance.now() - t0;
+  } finally {
+    await stop(child);
+  }
+}
+
+/** Sync calls that name a webhook: from the moment the caller has its answer to the receiver's. */
+async function webhookLatency(skiff: SkiffProcess, calls: number) {
+  const arrivals = new Map<string, number>();
+  const receiver = http.createServer((req, res) => {
+    const id = String(req.headers["x-request-id"] ?? "");
+    req.resume();
+    req.on("end", () => {
+      if (!arrivals.has(id)) arrivals.set(id, performance.now());
+      res.end("ok");
+    });
+  });
+  await new Promise<void>((r) => receiver.listen(0, "127.0.0.1", r));
+  const hook = encodeURIComponent(`http://127.0.0.1:${(receiver.address() as { port: number }).port}/hook`);
+  const answered = new Map<string, number>();
+  try {
+    for (let i = 0; i < calls; i++) {
+      const res = await fetch(`${skiff.url}/v4/${P}/${CORTEX}/add?webhookEndpoint=${hook}`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${skiff.devToken}`, "content-type": "application/json" },
+        body: JSON.stringify({ a: i, b: 1 }),
+      });
+      await res.text();
+      answered.set(res.headers.get("x-request-id") ?? "", performance.now());
+    }
+    for (let i = 0; i < 200 && arrivals.size < calls; i++) await new Promise((r) => setTimeout(r, 50));
+    const delays = [...answered].filter(([id]) => arrivals.has(id)).map(([id, t]) => arrivals.get(id)! - t);
+    if (delays.length < calls) throw new Error(`only ${delays.length} of ${calls} webhooks arrived`);
+    return { p50_ms: round(percentile(delays, 0.5)), p99_ms: round(percentile(delays, 0.99)) };
+  } finally {
+    receiver.close();
+  }
+}
+
+/** A service account deleted through one process: how long until another process refuses its token. */
+async function revocation(skiff: SkiffProcess, other: SkiffProcess, rounds: number) {
+  const admin = { authorization: `Bearer ${skiff.adminToken}`, "content-type": "application/json" };
+  const times: number[] = [];
+  const expires = new Date(Date.now() + 24 * 3600_000).toISOString();
+  for (let i = 0; i < rounds; i++) {
+    const made = await fetch(`${skiff.url}/v2/projects/${P}/service-accounts`, {
+      method: "POST",
+      headers: admin,
+      body: JSON.stringify({ name: `revoke-${i}`, expires_at: expires }),
+    });
+    const { token, service_account } = (await made.json()) as {
+      token: string;
+      service_account: { service_account_id: string };
+    };
+    const identity = () =>
+      fetch(`${other.url}/v2/identity`, { headers: { authorization: `Bearer ${token}` } }).then(async (r) => {
+        await r.arrayBuffer();
+        return r.status;
+      });
+    for (let j = 0; (await identity()) !== 200; j++) {
+      if (j > 1000) throw new Error("the other process never accepted the new token");
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    const t0 = performance.now();
+    const del = await fetch(`${skiff.url}/v2/projects/${P}/service-accounts/${service_account.service_account_id}`, {
+      method: "DELETE",
+      headers: admin,
+    });
+    await del.arrayBuffer();
+    while ((await identity()) !== 401) {
+      if (performance.now() - t0 > 10_000) throw new Error("the token still worked 10 s after its account was deleted");
+    }
+    times.push(performance.now() - t0);
+  }
+  return { p50: round(percentile(times, 0.5)), p99: round(percentile(times, 0.99)) };
+}
+
+export async function benchPipeline(argv: string[] = process.argv.slice(2)): Promise<PipelineResults> {
+  const quick = argv.includes("--quick");
+  const seconds = quick ? 3 : 10;
+  ensureTools();
+  const tmp = await mkdtemp(path.join(tmpdir(), "skiff-bench-"));
+  const children: ChildProcess[] = [];
+  let nats: TestNats | undefined;
+  let skiff: SkiffProcess | undefined;
+  let other: SkiffProcess | undefined;
+  try {
+    const direct = await serveNode(ECHO_SERVER);
+    children.push(direct.child);
+    const nginx = await startNginx(path.join(tmp, "nginx"), direct.port);
+    children.push(nginx.child);
+    nats = await startNatsServer();
+    skiff = await startSkiffProcess({
+      natsUrl: nats.url,
+      dataDir: path.join(tmp, "data"),
+      env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
+    });
+    const scaling = "min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 64\ncooldown = 600";
+    await deployFolder(skiff, tmp, {
+      "skiff.toml": appToml(
+        CUSTOM,
+        'kind = "custom"\ncommand = ["node", "server.mjs"]\nhealthcheck = "/health"',
+        scaling,
+      ),
+      "server.mjs": ECHO_SERVER,
+    });
+    await deployFolder(skiff, tmp, {
+      "skiff.toml": appToml(CORTEX, 'kind = "cortex"\nlanguage = "node"\nentry = "index.mjs"', scaling),
+      "index.mjs": "export function add({ a, b }) { return a + b; }\n",
+    });
+    const auth = { Authorization: `Bearer ${skiff.devToken}` };
+    const echoBody = JSON.stringify({ hello: "world", n: 42 });
+    const addBody = JSON.stringify({ a: 1, b: 2 });
+    // Both apps answer (the first call waits for the fresh deployment), then a warm-up.
+    const urls = {
+      direct: `http://127.0.0.1:${direct.port}/echo`,
+      nginx: `http://127.0.0.1:${nginx.port}/echo`,
+      skiff: `${skiff.url}/v4/${P}/${CUSTOM}/echo`,
+      cortex: `${skiff.url}/v4/${P}/${CORTEX}/add`,
+    };
+    for (const [url, body] of [
+      [urls.skiff, echoBody],
+      [urls.cortex, addBody],
+    ]) {
+      const res = await fetch(url, { method: "POST", headers: { ...auth, "content-type": "application/json" }, body });
+      if (res.status !== 200) throw new Error(`${url} answered ${res.status}: ${await res.text()}`);
+      await res.text();
+    }
+    await new Promise((r) => setTimeout(r, 2000));
+    const idle = await rssMb(skiff.pid);
+    const errors: Record<string, number> = {};
+    const run = async (name: string, url: string, body: string, connections: number, status = 200, secs = seconds) => {
+      const r = await wrk(
+        { url, body, headers: url.startsWith(skiff!.url) ? auth : {}, status, connections, seconds: secs },
+        tmp,
+      );
+      errors[name] = r.errors;
+      console.log(
+        `  ${name.padEnd(22)} ${String(r.rps).padStart(7)} req/s  p50 ${r.p50_ms.toFixed(3)} ms  p99 ${r.p99_ms.toFixed(3)} ms  errors ${r.errors}`,
+      );
+      return latency(r);
+    };
+    // Warm-up of every path (JIT, connection pools, replicas).
+    for (const url of [urls.direct, urls.nginx, urls.skiff]) await run("warm-up", url, echoBody, 32, 200, 2);
+    await run("warm-up", urls.cortex, addBody, 32, 200, 2);
+
+    console.log(`sync, 1 connection, ${seconds} s a case:`);
+    const sync_c1 = {
+      direct: await run("direct c=1", urls.direct, echoBody, 1),
+      nginx: await run("nginx c=1", urls.nginx, echoBody, 1),
+      skiff: await run("skiff custom c=1", urls.skiff, echoBody, 1),
+      cortex: await run("skiff cortex c=1", urls.cortex, addBody, 1),
+    };
+    console.log(`sync, 32 connections:`);
+    const sync = {
+      direct: await run("direct c=32", urls.direct, echoBody, 32),
+      nginx: await run("nginx c=32", urls.nginx, echoBody, 32),
+      skiff: await run("skiff custom c=32", urls.skiff, echoBody, 32),
+      cortex: await run("skiff cortex c=32", urls.cortex, addBody, 32),
+    };
+    console.log(`async accept, 32 connections:`);
+    const async_accept = await run("skiff async c=32", `${urls.cortex}?async=true`, addBody, 32, 202);
+    const loaded = await rssMb(skiff.pid);
+
+    console.log("webhook delivery, cold starts, revocation:");
+    const webhook = await webhookLatency(skiff, quick ? 50 : 200);
+    console.log(`  webhook p50 ${webhook.p50_ms} ms, p99 ${webhook.p99_ms} ms`);
+    const cold_start_ms = await coldStarts(skiff, tmp, quick ? 3 : 7);
+    console.log(`  cold start ${JSON.stringify(cold_start_ms)}`);
+    other = await startSkiffProcess({
+      natsUrl: nats.url,
+      dataDir: path.join(tmp, "data-other"),
+      roles: "management",
+      env: { SKIFF_ADMIN_TOKEN: skiff.adminToken },
+    });
+    const revocation_ms = await revocation(skiff, other, quick ? 5 : 20);
+    console.log(`  revocation ${JSON.stringify(revocation_ms)}`);
+
+    const results: PipelineResults = {
+      machine: {
+        cores: (await import("node:os")).cpus().length,
+        node: process.version,
+        quick,
+        date: new Date().toISOString(),
+      },
+      sync_c1,
+      sync,
+      async_accept,
+      webhook,
+      cold_start_ms,
+      revocation_ms,
+      rss_mb: { idle, loaded, after_soak: null },
+      list_runs_ms: null,
+      errors,
+      ratios: {
+        sync_skiff_vs_nginx: round(sync.skiff.rps / sync.nginx.rps),
+        sync_cortex_vs_nginx: round(sync.cortex.rps / sync.nginx.rps),
+        sync_c1_added_p50_ms: round(sync_c1.skiff.p50_ms - sync_c1.direct.p50_ms, 3),
+        cold_start_node_vs_floor: round(cold_start_ms.node / cold_start_ms.node_floor),
+        cold_start_python_vs_floor: round(cold_start_ms.python / cold_start_ms.python_floor),
+      },
+    };
+    return results;
+  } finally {
+    await other?.stop();
+    await skiff?.stop();
+    for (const c of children) await stop(c);
+    await nats?.stop();
+    await rm(tmp, { recursive: true, force: true });
+  }
+}
+
+export async function writeResults(name: string, data: unknown): Promise<string> {
+  const dir = path.join(import.meta.dirname, "results");
+  await mkdir(dir, { recursive: true });
+  const file = path.join(dir, name);
+  await writeFile(file, `${JSON.stringify(data, null, 2)}\n`);
+  return file;
+}

@@ -1,0 +1,64 @@
+// skiff as the benchmarks see it: `services/main.ts` in its own process, on
+// its own NATS server and data folder, exactly as `npm start` runs it, so
+// that its CPU and memory are its own and not the load generator's.
+import { spawn, type ChildProcess } from "node:child_process";
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { stop } from "./tools.js";
+
+const ROOT = path.resolve(import.meta.dirname, "..");
+
+export interface SkiffProcess {
+  url: string;
+  pid: number;
+  adminToken: string;
+  devToken: string;
+  child: ChildProcess;
+  stop(): Promise<void>;
+}
+
+export async function startSkiffProcess(opts: {
+  natsUrl: string;
+  dataDir: string;
+  env?: Record<string, string>;
+  roles?: string;
+}): Promise<SkiffProcess> {
+  const child = spawn(
+    process.execPath,
+    ["--import", "tsx", "services/main.ts", ...(opts.roles ? ["--roles", opts.roles] : [])],
+    {
+      cwd: ROOT,
+      env: {
+        ...process.env,
+        SKIFF_PORT: "0",
+        SKIFF_DATA_DIR: opts.dataDir,
+        SKIFF_NATS_URL: opts.natsUrl,
+        SKIFF_LOG_LEVEL: "info",
+        CI: "1",
+        ...opts.env,
+      },
+      stdio: ["ignore", "pipe", "inherit"],
+    },
+  );
+  const url = await new Promise<string>((resolve, reject) => {
+    let out = "";
+    child.once("exit", (code) => reject(new Error(`skiff exited (${code}) before serving:\n${out.slice(-2000)}`)));
+    child.stdout!.on("data", (d: Buffer) => {
+      out += d.toString();
+      const m = /"msg":"skiff serves (http:\/\/[^ "]+)/.exec(out);
+      if (m) {
+        resolve(m[1]);
+        out = "";
+      } else if (out.length > 1_000_000) out = out.slice(-100_000);
+    });
+  });
+  const token = (name: string) => readFile(path.join(opts.dataDir, name), "utf8").then((t) => t.trim());
+  return {
+    url,
+    pid: child.pid!,
+    adminToken: opts.env?.SKIFF_ADMIN_TOKEN ?? (await token("admin-token")),
+    devToken: opts.roles && !opts.roles.includes("management") ? "" : await token("dev-token"),
+    child,
+    stop: () => stop(child),
+  };
+}
