@@ -1,6 +1,7 @@
 // Writes the committed OpenAPI documents (gen/openapi/*.json). Run by
-// `npm run generate` after `buf generate`; openapiFiles() lets a test check
-// the committed files are fresh without writing them.
+// `npm run generate` after `buf generate`; `--out <folder>` writes them
+// elsewhere, which lets a test compare what a fresh process writes with the
+// committed files.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -15,13 +16,17 @@ export function openapiFiles(): Record<string, string> {
   );
 }
 
-function writeOpenapiFiles(): void {
+/** Writes the files under `into` (the repository, or another folder for a test to compare). */
+function writeOpenapiFiles(into: string): void {
   for (const [file, text] of Object.entries(openapiFiles())) {
-    const path = join(ROOT, file);
+    const path = join(into, file);
     mkdirSync(dirname(path), { recursive: true });
     writeFileSync(path, text);
   }
 }
 
 // Importing this module (as the freshness test does) must not write.
-if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) writeOpenapiFiles();
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const out = process.argv.indexOf("--out");
+  writeOpenapiFiles(out >= 0 && process.argv[out + 1] ? process.argv[out + 1] : ROOT);
+}

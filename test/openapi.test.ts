@@ -1,5 +1,9 @@
+import { execFile } from "node:child_process";
 import { readFileSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { promisify } from "node:util";
 import { createRegistry, type DescFile } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
 import { file_skiff_invocation_v4_invocation } from "../gen/skiff/invocation/v4/invocation_pb.js";
@@ -15,6 +19,7 @@ import { parseTemplate } from "../services/server/rest/http-rules.js";
 import { openapiFiles } from "../scripts/write-openapi.js";
 
 const root = join(import.meta.dirname, "..");
+const run = promisify(execFile);
 
 function documentFor(file: string): OpenApiDocument {
   const api = SKIFF_APIS.find((a) => a.file === file);
@@ -117,6 +122,7 @@ describe("openapi - management document", () => {
         created_at: { type: "string", format: "date-time" },
         expires_at: { type: "string", format: "date-time" },
       },
+      required: ["service_account_id", "name"],
     });
     const deployment = schemas["skiff.management.v2.Deployment"]?.properties;
     expect(deployment?.bundle_bytes).toEqual({ type: "string", format: "int64" });
@@ -136,7 +142,8 @@ describe("openapi - management document", () => {
 
   it("error responses reference the Error schema {code, message}", () => {
     const del = management.paths[path]?.delete;
-    for (const status of ["400", "401", "403", "404", "413", "429", "503"]) {
+    expect(Object.keys(del?.responses ?? {})).toEqual(["200", "400", "401", "403", "404", "413", "500", "503"]);
+    for (const status of ["400", "401", "403", "404", "413", "500", "503"]) {
       expect(del?.responses[status]?.content?.["application/json"]?.schema, status).toEqual({
         $ref: "#/components/schemas/Error",
       });
@@ -145,6 +152,45 @@ describe("openapi - management document", () => {
       properties: { code: { type: "string" }, message: { type: "string" } },
       required: ["code", "message"],
     });
+  });
+
+  it("lists 415 where the body is JSON and 409 where the handler can conflict", () => {
+    const statuses = (p: string, m: "get" | "post" | "delete") =>
+      Object.keys(management.paths[p]?.[m]?.responses ?? {});
+    expect(statuses("/v2/projects/{project_id}/service-accounts", "post")).toEqual([
+      "200",
+      "400",
+      "401",
+      "403",
+      "404",
+      "409",
+      "413",
+      "415",
+      "500",
+      "503",
+    ]);
+    expect(statuses("/v2/projects", "post")).toContain("409");
+    // DeployApp takes the bundle as raw bytes: no 415.
+    expect(statuses("/v2/projects/{project_id}/apps", "post")).not.toContain("415");
+    expect(statuses("/v2/projects", "get")).not.toContain("415");
+    expect(management.info.description).toMatch(/405/);
+  });
+
+  it("marks required fields: what a new service account needs, and what ProtoJSON always writes", () => {
+    const body = management.paths["/v2/projects/{project_id}/service-accounts"]?.post?.requestBody;
+    expect(body?.required).toBe(true);
+    expect(body?.content["application/json"]?.schema.required).toEqual(["name", "expires_at"]);
+    const schemas = management.components.schemas;
+    expect(schemas["skiff.management.v2.ListProjectsResponse"]?.required).toEqual(["projects"]);
+    expect(schemas["skiff.management.v2.CreateServiceAccountResponse"]?.required).toEqual(["token"]);
+    // Creating a project needs nothing: an id is made up when none is given.
+    expect(management.paths["/v2/projects"]?.post?.requestBody?.required).toBe(false);
+  });
+
+  it("gives every operation a summary and the document a server", () => {
+    for (const [, op] of operations(management)) expect(op.summary, op.operationId).toMatch(/^[A-Z][a-z]+( [a-z]+)+$/);
+    expect(management.paths["/v2/projects"]?.get?.summary).toBe("List projects");
+    expect(management.servers).toEqual([{ url: "/", description: expect.any(String) }]);
   });
 
   it("streaming methods, which have no http rule, are left out", () => {
@@ -180,20 +226,67 @@ describe("openapi - invocation document", () => {
     ]);
   });
 
-  it("passes the body through as binary both ways", () => {
-    const binary = { "*/*": { schema: { type: "string", format: "binary" } } };
-    expect(run?.requestBody?.content).toEqual(binary);
-    expect(run?.responses["200"]?.content).toEqual(binary);
+  it("types the body as JSON: an object for Cortex apps, any JSON value for Custom apps", () => {
+    expect(run?.summary).toBe("Run an app");
+    expect(run?.requestBody?.content).toEqual({
+      "application/json": {
+        schema: {
+          anyOf: [{ $ref: "#/components/schemas/CortexRunInput" }, { $ref: "#/components/schemas/CustomRunInput" }],
+        },
+      },
+    });
+    const schemas = invocation.components.schemas;
+    expect(schemas.CortexRunInput).toMatchObject({ type: "object", additionalProperties: true });
+    expect(schemas.CustomRunInput?.type).toBeUndefined();
+    expect(run?.description).toMatch(/Custom app/);
+  });
+
+  it("types the sync answer as the Cortex envelope, and its 500 as the Cortex error envelope or {code, message}", () => {
+    expect(run?.responses["200"]?.content).toEqual({
+      "application/json": { schema: { $ref: "#/components/schemas/CortexRunResult" } },
+    });
+    expect(invocation.components.schemas.CortexRunResult).toMatchObject({
+      type: "object",
+      required: ["run_id", "result", "run_time_ms"],
+    });
+    expect(run?.responses["500"]?.content?.["application/json"]?.schema).toEqual({
+      anyOf: [{ $ref: "#/components/schemas/CortexRunError" }, { $ref: "#/components/schemas/Error" }],
+    });
+    expect(invocation.components.schemas.CortexRunError).toMatchObject({
+      required: ["run_id", "error"],
+      properties: { error: { required: ["type", "message"] } },
+    });
   });
 
   it("answers an async call 202 with a body of only run_id", () => {
-    const schema = run?.responses["202"]?.content?.["application/json"]?.schema;
-    expect(schema).toEqual({
+    expect(run?.responses["202"]?.content?.["application/json"]?.schema).toEqual({
+      $ref: "#/components/schemas/RunAccepted",
+    });
+    expect(invocation.components.schemas.RunAccepted).toEqual({
       type: "object",
-      properties: { run_id: { type: "string" } },
+      description: expect.any(String),
+      properties: { run_id: { type: "string", description: expect.any(String) } },
       required: ["run_id"],
       additionalProperties: false,
     });
+  });
+
+  it("lists the statuses a run can answer, 429 with Retry-After", () => {
+    expect(Object.keys(run?.responses ?? {})).toEqual([
+      "200",
+      "202",
+      "400",
+      "401",
+      "403",
+      "404",
+      "413",
+      "429",
+      "499",
+      "500",
+      "503",
+      "504",
+    ]);
+    expect(run?.responses["429"]?.headers?.["Retry-After"]).toMatchObject({ schema: { type: "integer" } });
   });
 
   it("declares X-Request-Id on every response, errors included", () => {
@@ -254,7 +347,7 @@ describe("openapi - component schemas", () => {
     );
     const messages = Object.values(documents)
       .flatMap((doc) => Object.entries(doc.components.schemas))
-      .filter(([typeName]) => typeName !== "Error");
+      .filter(([typeName]) => typeName.includes("."));
     expect(messages.length).toBeGreaterThan(10);
     for (const [typeName, schema] of messages) {
       const desc = registry.getMessage(typeName);
@@ -280,8 +373,15 @@ describe("openapi - paths and files", () => {
     }
   });
 
-  it("writes the same text on every run", () => {
-    expect(openapiFiles()).toEqual(openapiFiles());
-    expect(JSON.parse(openapiFiles()["gen/openapi/management.v2.json"] ?? "")).toEqual(management);
-  });
+  it("a separate process writes the committed text", async () => {
+    const out = await mkdtemp(join(tmpdir(), "skiff-openapi-"));
+    try {
+      await run(join(root, "node_modules", ".bin", "tsx"), ["scripts/write-openapi.ts", "--out", out], { cwd: root });
+      for (const rel of Object.keys(openapiFiles()))
+        expect(readFileSync(join(out, rel), "utf8"), rel).toBe(readFileSync(join(root, rel), "utf8"));
+    } finally {
+      await rm(out, { recursive: true, force: true });
+    }
+    expect(JSON.parse(readFileSync(join(root, "gen/openapi/management.v2.json"), "utf8"))).toEqual(management);
+  }, 60_000);
 });

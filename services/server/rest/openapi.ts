@@ -6,11 +6,15 @@
 import { ScalarType, type DescField, type DescMessage, type DescService } from "@bufbuild/protobuf";
 import { InvocationService } from "../../../gen/skiff/invocation/v4/invocation_pb.js";
 import { ManagementService } from "../../../gen/skiff/management/v2/management_pb.js";
+import { FeatureSet_FieldPresence } from "@bufbuild/protobuf/wkt";
 import { httpBindings, type HttpBinding, type PathTemplate } from "./http-rules.js";
+
+const IMPLICIT = FeatureSet_FieldPresence.IMPLICIT;
 
 export interface SchemaObject {
   $ref?: string;
   type?: "string" | "integer" | "number" | "boolean" | "object" | "array";
+  title?: string;
   format?: string;
   description?: string;
   enum?: string[];
@@ -20,6 +24,7 @@ export interface SchemaObject {
   properties?: Record<string, SchemaObject>;
   required?: string[];
   additionalProperties?: SchemaObject | boolean;
+  anyOf?: SchemaObject[];
 }
 
 export interface ParameterObject {
@@ -46,11 +51,15 @@ export interface ResponseObject {
 }
 
 export interface RequestBodyObject {
+  description?: string;
+  required?: boolean;
   content: Record<string, MediaTypeObject>;
 }
 
 export interface OperationObject {
   operationId: string;
+  summary: string;
+  description?: string;
   tags: string[];
   parameters: ParameterObject[];
   requestBody?: RequestBodyObject;
@@ -68,9 +77,16 @@ export interface OpenApiInfo {
   description: string;
 }
 
+export interface ServerObject {
+  url: string;
+  description: string;
+}
+
 export interface OpenApiDocument {
   openapi: "3.1.0";
   info: OpenApiInfo;
+  servers: ServerObject[];
+  tags: { name: string; description: string }[];
   paths: Record<string, PathItemObject>;
   components: {
     schemas: Record<string, SchemaObject>;
@@ -80,35 +96,119 @@ export interface OpenApiDocument {
 
 /** What a method's handler adds to its HTTP answer beyond its http rule. */
 interface OperationExtras {
-  /** Responses besides the rule's 200 (e.g. a status set with setHttpStatus). */
-  responses: Record<string, ResponseObject>;
+  /** A summary better than the one made from the method name. */
+  summary?: string;
+  description?: string;
+  /** Replaces the request body the rule implies (an HttpBody that the handler reads as JSON). */
+  requestBody?: RequestBodyObject;
+  /** Responses besides, or instead of, the rule's 200 (e.g. a status set with setHttpStatus). */
+  responses?: Record<string, ResponseObject>;
+  /** Error statuses the handler answers beyond COMMON_ERRORS (see ERROR_RESPONSES). */
+  errors?: string[];
   /** Headers present on every response of the method, errors included. */
-  responseHeaders: Record<string, HeaderObject>;
+  responseHeaders?: Record<string, HeaderObject>;
   /** Request headers the handler reads. */
-  requestHeaders: ParameterObject[];
+  requestHeaders?: ParameterObject[];
+  /** Component schemas the extras refer to. */
+  schemas?: Record<string, SchemaObject>;
 }
 
+const BEARER = "bearer";
+const ERROR_SCHEMA = "Error";
+
+const RETRY_AFTER: HeaderObject = {
+  description: "Seconds to wait before calling again.",
+  schema: { type: "integer", minimum: 0 },
+};
+
+/** The Cortex runtime's answers and the async acknowledgement, which are JSON although Run's message says HttpBody. */
+const RUN_SCHEMAS: Record<string, SchemaObject> = {
+  CortexRunInput: {
+    type: "object",
+    additionalProperties: true,
+    description: "Cortex app: a JSON object whose fields are the function's keyword arguments (an empty body is {}).",
+  },
+  CustomRunInput: {
+    description:
+      "Custom app: any JSON value, or with another Content-Type any bytes; the app receives the body unchanged.",
+  },
+  CortexRunResult: {
+    type: "object",
+    description: "Cortex app, 200: the function's return value in an envelope.",
+    properties: {
+      run_id: { type: "string", description: "The run id, equal to the X-Request-Id header." },
+      result: { description: "The function's return value, any JSON value." },
+      run_time_ms: { type: "number", description: "How long the function ran, in milliseconds." },
+    },
+    required: ["run_id", "result", "run_time_ms"],
+  },
+  CortexRunError: {
+    type: "object",
+    description: "Cortex app: the function raised (500) or could not be called with this body (400, 404).",
+    properties: {
+      run_id: { type: "string" },
+      error: {
+        type: "object",
+        properties: {
+          type: { type: "string", description: 'The exception\'s class, e.g. "ValueError".' },
+          message: { type: "string" },
+        },
+        required: ["type", "message"],
+      },
+    },
+    required: ["run_id", "error"],
+  },
+  RunAccepted: {
+    type: "object",
+    description: "async=true: the run is durably queued; the body holds only the run id.",
+    properties: { run_id: { type: "string", description: "The run id, equal to the X-Request-Id header." } },
+    required: ["run_id"],
+    additionalProperties: false,
+  },
+};
+
+/** An error answer of Run: skiff's own `{code, message}`, or a Cortex function's error envelope. */
+const RUN_ERROR_CONTENT = jsonContent({
+  anyOf: [{ $ref: schemaRef("CortexRunError") }, { $ref: schemaRef(ERROR_SCHEMA) }],
+});
+
 /**
- * The spec's invocation specifics that google.api.http cannot express, keyed
- * by "<service type name>.<method name>". Keep every such extra here.
+ * What handlers do that google.api.http cannot express, keyed by
+ * "<service type name>.<method name>". Keep every such extra here.
  */
 const DOCUMENTED_EXTRAS: Readonly<Record<string, OperationExtras>> = {
   "skiff.invocation.v4.InvocationService.Run": {
+    summary: "Run an app",
+    description:
+      "Synchronous by default: the answer is the function's response. A Cortex app answers 200 with the envelope " +
+      "`{run_id, result, run_time_ms}`, or its error envelope `{run_id, error: {type, message}}`. A Custom app's " +
+      "answer passes through unchanged (its own status, headers and body, any content type): the schemas below " +
+      "describe Cortex apps. With `async=true` the run is durably queued and the answer is 202 `{run_id}`; the " +
+      "result goes to `webhookEndpoint` when given.",
+    requestBody: {
+      description: "What the app receives. Cortex: a JSON object of keyword arguments. Custom: any body.",
+      required: false,
+      content: jsonContent({ anyOf: [{ $ref: schemaRef("CortexRunInput") }, { $ref: schemaRef("CustomRunInput") }] }),
+    },
     responses: {
+      "200": {
+        description:
+          "The sync answer. Cortex app: the envelope {run_id, result, run_time_ms}. Custom app: the app's own " +
+          "answer, unchanged (any JSON value or content type; this schema then does not apply).",
+        content: jsonContent({ $ref: schemaRef("CortexRunResult") }),
+      },
       "202": {
         description: "Accepted (async=true): the run is durably queued. The body holds only the run id.",
-        content: {
-          "application/json": {
-            schema: {
-              type: "object",
-              properties: { run_id: { type: "string" } },
-              required: ["run_id"],
-              additionalProperties: false,
-            },
-          },
-        },
+        content: jsonContent({ $ref: schemaRef("RunAccepted") }),
       },
+      "400": {
+        description: "Invalid argument: a malformed parameter, webhookEndpoint or body.",
+        content: RUN_ERROR_CONTENT,
+      },
+      "404": { description: "No such project, app or function.", content: RUN_ERROR_CONTENT },
+      "500": { description: "A Cortex function raised (error envelope), or a skiff bug.", content: RUN_ERROR_CONTENT },
     },
+    errors: ["429", "499", "504"],
     responseHeaders: {
       "X-Request-Id": { description: "The run id; equal to run_id of an async call.", schema: { type: "string" } },
     },
@@ -128,23 +228,48 @@ const DOCUMENTED_EXTRAS: Readonly<Record<string, OperationExtras>> = {
         schema: { type: "string" },
       },
     ],
+    schemas: RUN_SCHEMAS,
   },
+  "skiff.management.v2.ManagementService.CreateProject": { errors: ["409"] },
+  "skiff.management.v2.ManagementService.CreateServiceAccount": { errors: ["409"] },
 };
 
-const BEARER = "bearer";
-const ERROR_SCHEMA = "Error";
-
-/** Error statuses a Connect code maps to on the REST path (DESIGN.md, Contracts). */
-const ERROR_RESPONSES: Readonly<Record<string, string>> = {
-  "400": "Invalid argument.",
-  "401": "Missing, malformed or expired bearer token.",
-  "403": "The token may not act on this resource.",
-  "404": "Not found.",
-  "413": "Request body too large.",
-  "429": "Too many requests.",
-  "503": "Unavailable; retry later.",
-  "504": "Deadline exceeded.",
+/** Request body fields the handler refuses to go without (400 when missing), by message type name. */
+const REQUIRED_FIELDS: Readonly<Record<string, readonly string[]>> = {
+  "skiff.management.v2.CreateServiceAccountRequest": ["name", "expires_at"],
 };
+
+/**
+ * Error statuses every operation can answer: 400 (a bad parameter), 401 and
+ * 403 (the auth interceptor), 404 (an unknown resource or path), 413 (every
+ * request body is read under the size limit), 500 (a bug) and 503 (the
+ * token cannot be checked right now, NATS unavailable).
+ */
+const COMMON_ERRORS = ["400", "401", "403", "404", "413", "500", "503"] as const;
+
+/** Every error status skiff's REST path answers, with the Connect codes behind it (DESIGN.md, Contracts). */
+const ERROR_RESPONSES: Readonly<Record<string, ResponseObject>> = {
+  "400": errorResponse("Invalid argument (invalid_argument, failed_precondition, out_of_range)."),
+  "401": errorResponse("Missing, malformed, expired or revoked bearer token (unauthenticated)."),
+  "403": errorResponse("The token may not act on this resource (permission_denied)."),
+  "404": errorResponse("Not found (not_found)."),
+  "409": errorResponse("Conflict: it already exists, or a concurrent change won; retry (already_exists, aborted)."),
+  "413": errorResponse("Request body too large (resource_exhausted)."),
+  "415": errorResponse("The request body is not JSON (its Content-Type says otherwise)."),
+  "429": {
+    ...errorResponse("Too many requests: the app's queue or replicas are full (resource_exhausted)."),
+    headers: { "Retry-After": RETRY_AFTER },
+  },
+  "499": errorResponse("The run was cancelled while the caller waited (canceled)."),
+  "500": errorResponse("Internal error: a bug in skiff (internal)."),
+  "503": errorResponse("Unavailable: no runner can take the app, or NATS is unreachable; retry (unavailable)."),
+  "504": errorResponse("The run outlasted the app's response_grace_period (deadline_exceeded)."),
+};
+
+/** Said once per document: a status no single operation owns. */
+const METHOD_NOT_ALLOWED =
+  "Errors are JSON `{code, message}`. A path called with a method it does not have answers 405 " +
+  "(`unimplemented`) with an `Allow` header.";
 
 const HTTP_BODY = "google.api.HttpBody";
 
@@ -215,12 +340,21 @@ export function openapiDocument(services: readonly DescService[], info: OpenApiI
     if (item[method]) throw new OpenApiError(`two http rules bind ${method.toUpperCase()} ${path}`);
     item[method] = operation(binding, uniqueOperationId(operationIds, binding.method.name), schemas);
   }
+  const extraSchemas: Record<string, SchemaObject> = {};
+  for (const binding of httpBindings(services))
+    Object.assign(extraSchemas, DOCUMENTED_EXTRAS[methodKey(binding)]?.schemas);
   return {
     openapi: "3.1.0",
-    info: { ...info },
+    info: { ...info, description: `${info.description}\n\n${METHOD_NOT_ALLOWED}` },
+    // Relative to the document's own URL: the server that serves it.
+    servers: [{ url: "/", description: "The skiff server that serves this document." }],
+    tags: services.map((service) => ({
+      name: service.name,
+      description: `${service.typeName}; also served over Connect, gRPC and gRPC-Web at /${service.typeName}/<method>.`,
+    })),
     paths,
     components: {
-      schemas: { ...schemas.build(), [ERROR_SCHEMA]: errorSchema() },
+      schemas: sortedByName({ ...schemas.build(), ...extraSchemas, [ERROR_SCHEMA]: errorSchema() }),
       securitySchemes: { [BEARER]: { type: "http", scheme: "bearer", description: "Authorization: Bearer <token>" } },
     },
   };
@@ -269,19 +403,39 @@ export function openapiPath(template: PathTemplate): string {
 
 function operation(binding: HttpBinding, operationId: string, schemas: SchemaRegistry): OperationObject {
   const extras = DOCUMENTED_EXTRAS[methodKey(binding)];
-  const requestBody = requestBodyOf(binding, schemas);
+  const requestBody = extras?.requestBody ?? requestBodyOf(binding, schemas);
+  const statuses = [...COMMON_ERRORS, ...(isJsonBody(binding) ? ["415"] : []), ...(extras?.errors ?? [])];
+  const errors = Object.fromEntries(statuses.map((status) => [status, ERROR_RESPONSES[status]]));
+  if (Object.values(errors).some((r) => r === undefined))
+    throw new OpenApiError(`${methodKey(binding)}: an error status without a description`);
   const responses = withHeaders(
-    sortedByStatus({ "200": successResponse(binding, schemas), ...extras?.responses, ...errorResponses() }),
+    sortedByStatus({ "200": successResponse(binding, schemas), ...errors, ...extras?.responses }),
     extras?.responseHeaders,
   );
   return {
     operationId,
+    summary: extras?.summary ?? summaryOf(binding.method.name),
+    ...(extras?.description !== undefined && { description: extras.description }),
     tags: [binding.service.name],
     parameters: [...pathParameters(binding), ...queryParameters(binding), ...(extras?.requestHeaders ?? [])],
     ...(requestBody && { requestBody }),
     responses,
     security: [{ [BEARER]: [] }],
   };
+}
+
+/** "ListServiceAccounts" → "List service accounts". */
+export function summaryOf(methodName: string): string {
+  const words = methodName.split(/(?<=[a-z0-9])(?=[A-Z])/).map((w, i) => (i === 0 ? w : w.toLowerCase()));
+  return words.join(" ");
+}
+
+/** Whether the transcoder parses the request body as JSON (and so answers 415 to another media type). */
+function isJsonBody(binding: HttpBinding): boolean {
+  if (binding.body === "") return false;
+  if (binding.body === "*") return binding.method.input.typeName !== HTTP_BODY;
+  const field = topField(binding.method.input, binding.body);
+  return !(field.fieldKind === "message" && field.message.typeName === HTTP_BODY);
 }
 
 function pathParameters(binding: HttpBinding): ParameterObject[] {
@@ -351,7 +505,8 @@ function requestBodyOf(binding: HttpBinding, schemas: SchemaRegistry): RequestBo
   if (binding.body === "*") {
     if (input.typeName === HTTP_BODY) return { content: binaryContent() };
     const pathFields = binding.template.variables.map((v) => v.fieldPath);
-    return { content: jsonContent(schemas.messageWithout(input, pathFields)) };
+    const schema = schemas.messageWithout(input, pathFields);
+    return { required: (schema.required?.length ?? 0) > 0, content: jsonContent(schema) };
   }
   return { content: fieldContent(topField(input, binding.body), schemas) };
 }
@@ -379,12 +534,8 @@ function jsonContent(schema: SchemaObject): Record<string, MediaTypeObject> {
   return { "application/json": { schema } };
 }
 
-function errorResponses(): Record<string, ResponseObject> {
-  const out: Record<string, ResponseObject> = {};
-  for (const [status, description] of Object.entries(ERROR_RESPONSES)) {
-    out[status] = { description, content: jsonContent({ $ref: schemaRef(ERROR_SCHEMA) }) };
-  }
-  return out;
+function errorResponse(description: string): ResponseObject {
+  return { description, content: jsonContent({ $ref: schemaRef(ERROR_SCHEMA) }) };
 }
 
 function errorSchema(): SchemaObject {
@@ -396,6 +547,10 @@ function errorSchema(): SchemaObject {
     },
     required: ["code", "message"],
   };
+}
+
+function sortedByName(schemas: Record<string, SchemaObject>): Record<string, SchemaObject> {
+  return Object.fromEntries(Object.entries(schemas).sort(([a], [b]) => compareCodeUnits(a, b)));
 }
 
 function sortedByStatus(responses: Record<string, ResponseObject>): Record<string, ResponseObject> {
@@ -511,6 +666,17 @@ function specialSchema(message: DescMessage): SchemaObject | undefined {
 }
 
 /**
+ * Whether the transcoder's JSON (alwaysEmitImplicit) always has the field:
+ * lists, maps and fields of implicit presence; not messages, proto3
+ * `optional` fields or oneof members, which are left out when unset.
+ */
+function alwaysWritten(field: DescField): boolean {
+  if (field.fieldKind === "list" || field.fieldKind === "map") return true;
+  if (field.fieldKind === "message" || field.oneof !== undefined) return false;
+  return field.presence === IMPLICIT;
+}
+
+/**
  * Hands out schemas for fields and messages, collecting every message it
  * refers to so that build() emits exactly the component schemas referenced.
  */
@@ -530,7 +696,8 @@ class SchemaRegistry {
    * where path-bound fields are not part of the body); a plain $ref when none.
    */
   messageWithout(message: DescMessage, excluded: readonly string[][]): SchemaObject {
-    if (excluded.length === 0) return this.message(message);
+    const special = specialSchema(message);
+    if (special) return special;
     const properties: Record<string, SchemaObject> = {};
     for (const field of message.fields) {
       const inside = excluded.filter((p) => p[0] === field.name);
@@ -543,7 +710,8 @@ class SchemaRegistry {
             )
           : this.field(field);
     }
-    return { type: "object", properties };
+    const required = (REQUIRED_FIELDS[message.typeName] ?? []).filter((name) => name in properties);
+    return { type: "object", properties, ...(required.length > 0 && { required: [...required] }) };
   }
 
   field(field: DescField): SchemaObject {
@@ -574,10 +742,12 @@ class SchemaRegistry {
     return [...this.messages.values()].filter((m) => !built.has(m.typeName));
   }
 
+  /** Component schemas describe answers: every field that ProtoJSON always writes is required. */
   private objectSchema(message: DescMessage): SchemaObject {
     const properties: Record<string, SchemaObject> = {};
     for (const field of message.fields) properties[field.name] = this.field(field);
-    return { type: "object", properties };
+    const required = message.fields.filter(alwaysWritten).map((f) => f.name);
+    return { type: "object", properties, ...(required.length > 0 && { required }) };
   }
 
   private mapValue(field: DescField & { fieldKind: "map" }): SchemaObject {
