@@ -153,6 +153,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
   };
   try {
     health.setNatsConnected(true);
+    health.natsAuth = nats.authRequired;
     watchNats(nats, health, logger);
     await provision(nats.nc, logger);
     health.setProvisioned();

@@ -383,4 +383,10 @@ describe("nats auth - a server that lets anyone in", () => {
     }
   });
 
+  test("and /readyz of a skiff using it says nats_auth: false", async () => {
+    const t = await startTestSkiff();
+    cleanups.push(() => t.close());
+    const readyz = await fetch(`${t.url}/readyz`);
+    expect(await readyz.json()).toEqual({ status: "ready", nats_auth: false });
+  });
 });

@@ -10,6 +10,8 @@ export class HealthState {
   private natsConnected = false;
   private provisioned = false;
   private stopping = false;
+  /** Whether the NATS server requires credentials; /readyz says `"nats_auth": false` when it does not. */
+  natsAuth: boolean | undefined;
   /** Fully-qualified names of the services this process serves. */
   readonly services = new Set<string>();
 

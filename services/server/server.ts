@@ -101,7 +101,14 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   // Plain HTTP endpoints that are not RPCs: probes and documents.
   const plain = new Map<string, (res: NodeResponse) => void>([
     ["/healthz", (res) => sendJson(res, health.live ? 200 : 503, { status: health.live ? "ok" : "nats disconnected" })],
-    ["/readyz", (res) => sendJson(res, health.ready ? 200 : 503, { status: health.ready ? "ready" : "not ready" })],
+    [
+      "/readyz",
+      (res) =>
+        sendJson(res, health.ready ? 200 : 503, {
+          status: health.ready ? "ready" : "not ready",
+          ...(health.natsAuth === false ? { nats_auth: false } : {}),
+        }),
+    ],
   ]);
   for (const [path, make] of Object.entries(opts.documents ?? {})) {
     let cached: string | undefined;
