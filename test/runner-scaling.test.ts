@@ -62,7 +62,12 @@ function get(p: string, query = "", more: Partial<InvokeRequest> = {}): InvokeRe
 
 const call = (r: Runner, p: string, query = "", more: Partial<InvokeRequest> = {}) =>
   r.invoke("p", "behave", get(p, query, more));
-const pidOf = (res: InvokeResponse) => (JSON.parse(Buffer.from(res.body).toString()) as { pid: number }).pid;
+/**
+ * The host pid of the replica that answered: in a sandbox the app's own pid is its namespace's (the same in
+ * every replica), so the runner's record of the replica is the one to compare and to probe.
+ */
+const pidOf = (res: InvokeResponse) =>
+  changes.find((c) => c.replica.replicaId === res.replicaId && c.replica.pid !== undefined)?.replica.pid ?? -1;
 const alive = (pid: number) => {
   try {
     process.kill(pid, 0);

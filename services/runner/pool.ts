@@ -27,7 +27,8 @@ import {
 } from "../runs/index.js";
 import { NODE_SHIM, PYTHON_SHIM, SYSTEM_PYTHON } from "./prepare.js";
 import { freePort, type PortLeases } from "./ports.js";
-import { Replica } from "./replica.js";
+import { Replica, type ReplicaSpec } from "./replica.js";
+import { APP_MOUNT, CHANNEL_FD, projectUid, SHIM_MOUNT, type SandboxOptions } from "./sandbox.js";
 import { cortexEnvelope, cortexHeaders, forwardHeaders, passHeaders } from "./responses.js";
 import type { AppDeployment, AppLogLine, PreparedDeployment, ReplicaChange } from "./types.js";
 
@@ -45,7 +46,11 @@ export interface PoolOptions {
   killGraceMs: number;
   healthIntervalMs: number;
   unhealthyAfter: number;
+  sandbox: SandboxOptions;
 }
+
+/** The port a sandboxed Custom app listens on inside its own network namespace, unless it names one. */
+export const SANDBOX_APP_PORT = 8080;
 
 interface Waiter {
   pool: AppPool;
@@ -305,37 +310,57 @@ export class AppPool {
     return undefined;
   }
 
+  /** The command of a sandboxed replica: the shim on its channel, or the app behind the relay. */
+  private sandboxedCommand(): [string, string[]] {
+    const { runtime } = this.deployment.config;
+    const fd = String(CHANNEL_FD);
+    if (runtime.kind === "custom") {
+      const port = String(runtime.port ?? SANDBOX_APP_PORT);
+      const relay = `${process.execPath} ${SHIM_MOUNT}/relay.mjs ${fd} ${port} &\nunset PWD\nexec "$@" ${fd}<&-`;
+      return ["/bin/sh", ["-c", relay, "sh", ...runtime.command]];
+    }
+    if (runtime.language === "python") {
+      const venv =
+        this.prepared.python && path.posix.join(APP_MOUNT, path.relative(this.deployment.dir, this.prepared.python));
+      return [venv ?? SYSTEM_PYTHON, ["-u", `${SHIM_MOUNT}/cortex.py`, "--fd", fd, runtime.entry]];
+    }
+    return [process.execPath, [`${SHIM_MOUNT}/cortex.mjs`, "--fd", fd, runtime.entry]];
+  }
+
   private async makeReplica(replicaId: string, delayMs: number): Promise<Replica> {
     const d = this.deployment;
     const { runtime } = d.config;
+    const sandboxed = this.o.sandbox.enabled;
     let command: string;
     let args: string[];
-    if (runtime.kind === "custom") [command, args] = [runtime.command[0], runtime.command.slice(1)];
+    if (sandboxed) [command, args] = this.sandboxedCommand();
+    else if (runtime.kind === "custom") [command, args] = [runtime.command[0], runtime.command.slice(1)];
     else if (runtime.language === "python")
       [command, args] = [this.prepared.python ?? SYSTEM_PYTHON, ["-u", PYTHON_SHIM, runtime.entry]];
     else [command, args] = [process.execPath, [NODE_SHIM, runtime.entry]];
-    const replica = new Replica(
-      {
-        projectId: d.projectId,
-        appName: d.appName,
-        version: d.version,
-        replicaId,
-        source: d.dir,
-        workDir: path.join(this.o.workDir, d.projectId, d.appName, replicaId),
-        command,
-        args,
-        env: d.config.env,
-        port: runtime.kind === "custom" && runtime.port !== undefined ? runtime.port : 0,
-        healthcheck: runtime.kind === "custom" ? runtime.healthcheck : "/health",
-        startTimeoutMs: this.o.startTimeoutMs,
-      },
-      {
-        agent: this.o.agent,
-        logger: this.o.logger,
-        onLog: this.o.onLog,
-        onExit: (r, code, signal) => this.exited(r, code, signal),
-      },
-    );
+    const fixedPort = runtime.kind === "custom" && runtime.port !== undefined ? runtime.port : undefined;
+    const spec: ReplicaSpec = {
+      projectId: d.projectId,
+      appName: d.appName,
+      version: d.version,
+      replicaId,
+      source: d.dir,
+      workDir: path.join(this.o.workDir, d.projectId, d.appName, replicaId),
+      command,
+      args,
+      env: d.config.env,
+      port: sandboxed ? (fixedPort ?? SANDBOX_APP_PORT) : (fixedPort ?? 0),
+      healthcheck: runtime.kind === "custom" ? runtime.healthcheck : "/health",
+      startTimeoutMs: this.o.startTimeoutMs,
+      sandbox: sandboxed ? { uid: projectUid(d.projectId), limits: this.o.sandbox.limits } : undefined,
+    };
+    if (sandboxed && runtime.kind === "custom") spec.commandCheck = runtime.command[0];
+    const replica = new Replica(spec, {
+      agent: this.o.agent,
+      logger: this.o.logger,
+      onLog: this.o.onLog,
+      onExit: (r, code, signal) => this.exited(r, code, signal),
+    });
     this.replicas.push(replica);
     this.changed(replica);
     if (delayMs > 0) await new Promise((r) => setTimeout(r, delayMs));

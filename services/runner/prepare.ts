@@ -10,19 +10,37 @@
 //         when no package index can provide them. (A Custom Python app
 //         vendors its packages: its command runs with the replica PATH.)
 //
-// Installs run with installEnv(): the machine's package settings, none of
-// the platform's own variables.
+// Every step runs in the sandbox (sandbox.ts) as the deployment's own
+// build uid, unless the sandbox is off: installs see the folder writable at
+// /app and the network not at all (a package index must be reachable
+// without it, e.g. vendored packages or a local path); the import check sees
+// it as a replica does. Installs run with installEnv(): the machine's
+// package settings, none of the platform's own variables.
+//
+// A failure is reported without the tools' output or any path of this
+// machine (it could quote any file the step can read): a generic reason, the
+// app file and line when known; the output goes to the runner's log.
 import { spawn } from "node:child_process";
-import { readFile, rm } from "node:fs/promises";
+import { chmod, chown, lchown, lstat, mkdir, readdir, readFile, rm } from "node:fs/promises";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 import type { AppConfig } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { PrepareFailed } from "../runs/index.js";
-import { installEnv, replicaEnv } from "./replica-env.js";
+import { installEnv, REPLICA_PATH, replicaEnv } from "./replica-env.js";
+import {
+  APP_MOUNT,
+  buildUid,
+  DEFAULT_SANDBOX,
+  runsAsRoot,
+  SHIM_DIR,
+  SHIM_MOUNT,
+  signalSandbox,
+  spawnSandboxed,
+  type SandboxOptions,
+} from "./sandbox.js";
 import type { PreparedDeployment } from "./types.js";
 
-export const SHIM_DIR = path.join(path.dirname(fileURLToPath(import.meta.url)), "shims");
+export { SHIM_DIR };
 export const PYTHON_SHIM = path.join(SHIM_DIR, "cortex.py");
 export const NODE_SHIM = path.join(SHIM_DIR, "cortex.mjs");
 /** The system interpreter, found on the replica PATH. */
@@ -37,26 +55,50 @@ export interface CommandResult {
   stderr: string;
 }
 
-/** Runs a command to its end, in its own process group so a timeout kills all of it. */
-export function runCommand(
-  command: string,
-  args: string[],
-  opts: { cwd: string; env: Record<string, string>; timeoutMs: number },
-): Promise<CommandResult> {
+interface StepOptions {
+  cwd: string;
+  env: Record<string, string>;
+  timeoutMs: number;
+  /** Run in the sandbox (the folder at /app), writable for installs. */
+  sandbox?: { options: SandboxOptions; writable: boolean };
+}
+
+/** Runs a command to its end, in its own process group (or sandbox) so a timeout kills all of it. */
+export function runCommand(command: string, args: string[], opts: StepOptions): Promise<CommandResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(command, args, {
-      cwd: opts.cwd,
-      env: opts.env,
-      stdio: ["ignore", "pipe", "pipe"],
-      detached: true,
-    });
+    const sb = opts.sandbox;
+    const sandboxed = sb?.options.enabled
+      ? spawnSandboxed({
+          appDir: opts.cwd,
+          writableApp: sb.writable,
+          uid: buildUid(opts.cwd),
+          // Installs may need room for a package cache in /tmp.
+          limits: sb.writable
+            ? { ...sb.options.limits, tmpMb: Math.max(sb.options.limits.tmpMb, 1024) }
+            : sb.options.limits,
+          command,
+          args,
+          env: opts.env,
+        })
+      : undefined;
+    const child =
+      sandboxed?.child ??
+      spawn(command, args, {
+        cwd: opts.cwd,
+        env: opts.env,
+        stdio: ["ignore", "pipe", "pipe"],
+        detached: true,
+      });
     let stdout = "";
     let stderr = "";
-    child.stdout.setEncoding("utf8").on("data", (c: string) => (stdout = (stdout + c).slice(-1_000_000)));
-    child.stderr.setEncoding("utf8").on("data", (c: string) => (stderr = (stderr + c).slice(-1_000_000)));
+    child.stdout!.setEncoding("utf8").on("data", (c: string) => (stdout = (stdout + c).slice(-1_000_000)));
+    child.stderr!.setEncoding("utf8").on("data", (c: string) => (stderr = (stderr + c).slice(-1_000_000)));
+    let timedOut = false;
     const timer = setTimeout(() => {
+      timedOut = true;
       stderr += `\n(stopped after ${opts.timeoutMs} ms)`;
-      if (child.pid !== undefined) process.kill(-child.pid, "SIGKILL");
+      if (sandboxed) signalSandbox(sandboxed, "SIGKILL");
+      else if (child.pid !== undefined) process.kill(-child.pid, "SIGKILL");
     }, opts.timeoutMs);
     child.on("error", (err) => {
       clearTimeout(timer);
@@ -64,7 +106,7 @@ export function runCommand(
     });
     child.on("close", (code) => {
       clearTimeout(timer);
-      resolve({ code, stdout, stderr });
+      resolve({ code: timedOut ? null : code, stdout, stderr });
     });
   });
 }
@@ -87,27 +129,55 @@ async function exists(file: string): Promise<boolean> {
   return (await readText(file)) !== undefined;
 }
 
-async function installNode(dir: string, timeoutMs: number, logger: Logger): Promise<void> {
-  const text = await readText(path.join(dir, "package.json"));
+/** How a step ended, for a message: its exit code or that it ran out of time. */
+const ended = (r: CommandResult, what: string) =>
+  r.code === null ? `${what} did not finish in time` : `${what} exited with ${r.code}`;
+
+interface Context {
+  dir: string;
+  timeoutMs: number;
+  logger: Logger;
+  sandbox: SandboxOptions;
+}
+
+/** Where a step sees the app folder, and the environment of an install. */
+function installSetting(c: Context): { cwd: string; env: Record<string, string> } {
+  if (!c.sandbox.enabled) return { cwd: c.dir, env: installEnv() };
+  return { cwd: c.dir, env: { ...installEnv(), PATH: REPLICA_PATH, HOME: "/tmp" } };
+}
+
+async function installNode(c: Context): Promise<void> {
+  const text = await readText(path.join(c.dir, "package.json"));
   if (text === undefined) return;
   let pkg: { dependencies?: Record<string, string> };
   try {
     pkg = JSON.parse(text) as typeof pkg;
-  } catch (err) {
-    throw new PrepareFailed(`package.json is not valid JSON: ${(err as Error).message}`, { cause: err });
+  } catch {
+    throw new PrepareFailed("package.json is not valid JSON");
   }
   if (Object.keys(pkg.dependencies ?? {}).length === 0) return;
-  const ci = await exists(path.join(dir, "package-lock.json"));
+  const ci = await exists(path.join(c.dir, "package-lock.json"));
   const args = [ci ? "ci" : "install", "--omit=dev", "--no-audit", "--no-fund", "--install-links"];
-  logger.info({ dir, command: `npm ${args.join(" ")}` }, "installing the app's npm dependencies");
-  const r = await runCommand("npm", args, { cwd: dir, env: installEnv(), timeoutMs });
-  if (r.code !== 0) throw new PrepareFailed(`npm ${args[0]} failed for package.json:\n${tail(r.stderr || r.stdout)}`);
+  c.logger.info({ dir: c.dir, command: `npm ${args.join(" ")}` }, "installing the app's npm dependencies");
+  const r = await runCommand("npm", args, { ...installSetting(c), timeoutMs: c.timeoutMs, sandbox: step(c, true) });
+  if (r.code !== 0) {
+    c.logger.warn({ dir: c.dir, output: tail(r.stderr || r.stdout) }, `npm ${args[0]} failed`);
+    const code = /^npm (?:ERR!|error) code ([A-Z][A-Z0-9_]{1,40})$/m.exec(r.stderr)?.[1];
+    throw new PrepareFailed(
+      `npm ${args[0]} failed for package.json (${ended(r, "npm")}${code ? `, code ${code}` : ""})`,
+    );
+  }
 }
 
-/** pip's ERROR lines, which say what failed; its retry warnings only repeat themselves. */
-function pipErrors(output: string): string {
-  const errors = output.split("\n").filter((l) => l.startsWith("ERROR:"));
-  return errors.length > 0 ? errors.join("\n") : tail(output);
+/** Requirement names pip found no distribution for, as the app wrote them (checked to be requirement-shaped). */
+function missingRequirements(output: string): string[] {
+  const names: string[] = [];
+  for (const m of output.matchAll(/No matching distribution found for ([^\n]{1,200})/g)) {
+    const req = m[1].trim();
+    if (/^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]*\])?\s*([<>=!~]=?=?\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*$/.test(req))
+      names.push(req);
+  }
+  return names;
 }
 
 /** True when requirements.txt names at least one requirement. */
@@ -115,77 +185,171 @@ function hasRequirements(text: string): boolean {
   return text.split(/\r?\n/).some((l) => l.replace(/#.*$/, "").trim() !== "");
 }
 
-async function installPython(dir: string, timeoutMs: number, logger: Logger): Promise<string | undefined> {
-  const text = await readText(path.join(dir, "requirements.txt"));
+function step(c: Context, writable: boolean): StepOptions["sandbox"] {
+  return c.sandbox.enabled ? { options: c.sandbox, writable } : undefined;
+}
+
+async function installPython(c: Context): Promise<string | undefined> {
+  const text = await readText(path.join(c.dir, "requirements.txt"));
   if (text === undefined || !hasRequirements(text)) return undefined;
-  const venv = path.join(dir, ".skiff", "venv");
-  const env = installEnv();
-  logger.info({ dir }, "installing the app's requirements.txt into a venv");
-  const made = await runCommand(SYSTEM_PYTHON, ["-m", "venv", venv], { cwd: dir, env, timeoutMs });
-  if (made.code !== 0)
-    throw new PrepareFailed(
-      `could not create a Python venv for requirements.txt:\n${tail(made.stderr || made.stdout)}`,
-    );
-  const python = path.join(venv, "bin", "python");
+  const venvRel = path.join(".skiff", "venv");
+  const venv = path.join(c.dir, venvRel);
+  // In the sandbox the folder is /app: the venv works wherever the folder is bound later.
+  const venvSeen = c.sandbox.enabled ? path.posix.join(APP_MOUNT, venvRel) : venv;
+  const setting = installSetting(c);
+  c.logger.info({ dir: c.dir }, "installing the app's requirements.txt into a venv");
+  const made = await runCommand(SYSTEM_PYTHON, ["-m", "venv", venvSeen], {
+    ...setting,
+    timeoutMs: c.timeoutMs,
+    sandbox: step(c, true),
+  });
+  if (made.code !== 0) {
+    c.logger.warn({ dir: c.dir, output: tail(made.stderr || made.stdout) }, "python -m venv failed");
+    throw new PrepareFailed(`could not create a Python venv for requirements.txt (${ended(made, "python -m venv")})`);
+  }
   const pip = await runCommand(
-    python,
+    path.posix.join(venvSeen, "bin", "python"),
     ["-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-r", "requirements.txt"],
-    { cwd: dir, env, timeoutMs },
+    { ...setting, timeoutMs: c.timeoutMs, sandbox: step(c, true) },
   );
   if (pip.code !== 0) {
     await rm(venv, { recursive: true, force: true });
+    const output = pip.stderr + "\n" + pip.stdout;
+    c.logger.warn({ dir: c.dir, output: tail(output) }, "pip install -r requirements.txt failed");
+    const missing = missingRequirements(output);
+    if (missing.length > 0)
+      throw new PrepareFailed(
+        `could not install requirements.txt: no reachable package index provides them (${ended(pip, "pip")}). ` +
+          `Vendor the packages into the app folder, or make a package index reachable from the runner.\n` +
+          `Not found: ${missing.join(", ")}`,
+      );
+    const line = /\(from line (\d+) of requirements\.txt\)/.exec(output)?.[1];
     throw new PrepareFailed(
-      `could not install requirements.txt: no reachable package index provides them (pip exited with ${pip.code}). ` +
-        `Vendor the packages into the app folder, or make a package index reachable from the runner.\n${pipErrors(pip.stderr || pip.stdout)}`,
+      `could not install requirements.txt (${ended(pip, "pip")})` +
+        (line ? `: line ${line} of requirements.txt cannot be installed as written` : "") +
+        ". A requirements file may name packages and options, not files outside the app folder.",
     );
   }
-  return python;
+  return path.join(venv, "bin", "python");
+}
+
+/** Why a module did not load, from the shim's last line: its error's type, code and app file:line only. */
+function loadFailure(entry: string, stdoutLast: string, r: CommandResult): PrepareFailed {
+  let info: { type?: unknown; code?: unknown; where?: unknown } | undefined;
+  try {
+    info = (JSON.parse(stdoutLast) as { error?: typeof info }).error;
+  } catch {
+    info = undefined;
+  }
+  const type = typeof info?.type === "string" && /^[A-Za-z_][\w.]{0,80}$/.test(info.type) ? info.type : undefined;
+  const code = typeof info?.code === "string" && /^[A-Z][A-Z0-9_]{1,60}$/.test(info.code) ? info.code : undefined;
+  const where =
+    typeof info?.where === "string" && /^[\w./@+-]{1,200}:\d{1,7}$/.test(info.where) && !info.where.startsWith("/")
+      ? info.where
+      : undefined;
+  if (!type)
+    return new PrepareFailed(`cannot load ${entry}:\nthe module did not load (${ended(r, "the import check")})`);
+  const known: Record<string, string> = {
+    ERR_MODULE_NOT_FOUND: "Cannot find module (an import names a file or package the app does not have)",
+    ModuleNotFoundError: "Cannot find module (an import names a module the app does not have)",
+  };
+  const what = known[code ?? type] ?? "raised while the module was imported";
+  return new PrepareFailed(
+    `cannot load ${entry}:\n${type}${code ? ` [${code}]` : ""}: ${what}${where ? ` at ${where}` : ""}`,
+  );
 }
 
 /** Runs a shim in --list mode: the public functions, as the replica will serve them. */
-async function listFunctions(
-  dir: string,
-  config: AppConfig,
-  python: string | undefined,
-  timeoutMs: number,
-): Promise<string[]> {
+async function listFunctions(c: Context, config: AppConfig, python: string | undefined): Promise<string[]> {
   if (config.runtime.kind !== "cortex") return [];
   const { language, entry } = config.runtime;
+  const sandboxed = c.sandbox.enabled;
+  const shim = (name: string) => (sandboxed ? `${SHIM_MOUNT}/${name}` : path.join(SHIM_DIR, name));
+  const venv = python && sandboxed ? path.posix.join(APP_MOUNT, path.relative(c.dir, python)) : python;
   const [command, args] =
     language === "python"
-      ? [python ?? SYSTEM_PYTHON, ["-u", PYTHON_SHIM, "--list", entry]]
-      : [process.execPath, [NODE_SHIM, "--list", entry]];
-  const r = await runCommand(command, args, { cwd: dir, env: replicaEnv(config.env, dir, 0), timeoutMs });
+      ? [venv ?? SYSTEM_PYTHON, ["-u", shim("cortex.py"), "--list", entry]]
+      : [process.execPath, [shim("cortex.mjs"), "--list", entry]];
+  const r = await runCommand(command, args, {
+    cwd: c.dir,
+    env: replicaEnv(config.env, sandboxed ? APP_MOUNT : c.dir, 0),
+    timeoutMs: c.timeoutMs,
+    sandbox: step(c, false),
+  });
   const last = r.stdout.trimEnd().split("\n").pop() ?? "";
   if (r.code === 0) {
     try {
       const names = JSON.parse(last) as unknown;
       if (Array.isArray(names) && names.every((n) => typeof n === "string")) return names as string[];
     } catch {
-      // reported below with the output
+      // reported below
     }
   }
-  throw new PrepareFailed(`cannot load ${entry}:\n${tail(r.stderr || r.stdout)}`);
+  c.logger.warn({ dir: c.dir, entry, output: tail(r.stderr || r.stdout) }, `cannot load ${entry}`);
+  throw loadFailure(entry, last, r);
+}
+
+/**
+ * Makes the folder readable by every sandbox uid and, when skiff is root,
+ * owned by skiff again (deploy-time steps ran as a build uid). Links are
+ * neither followed nor changed.
+ */
+async function settle(dir: string, owner: { uid: number; gid: number } | undefined): Promise<void> {
+  const walk = async (p: string): Promise<void> => {
+    const st = await lstat(p);
+    if (owner && (st.uid !== owner.uid || st.gid !== owner.gid)) await lchown(p, owner.uid, owner.gid);
+    if (st.isSymbolicLink()) return;
+    const mode = st.mode & 0o7777;
+    const want = st.isDirectory() || mode & 0o111 ? mode | 0o555 : mode | 0o444;
+    // No set-id bits, no writes by others.
+    const clean = want & ~0o6000 & ~0o022;
+    if (clean !== mode) await chmod(p, clean);
+    if (st.isDirectory()) for (const name of await readdir(p)) await walk(path.join(p, name));
+  };
+  await walk(dir);
+}
+
+/** Before installs as the build uid: the folder and .skiff are its to write; the bundle's files stay skiff's. */
+async function openForBuild(dir: string): Promise<void> {
+  await settle(dir, undefined);
+  if (!runsAsRoot()) return;
+  const uid = buildUid(dir);
+  await chown(dir, uid, uid);
+  const skiff = path.join(dir, ".skiff");
+  await mkdir(skiff, { recursive: true });
+  const st = await lstat(skiff);
+  if (!st.isDirectory()) throw new PrepareFailed(".skiff in the app folder is reserved for skiff");
+  await chown(skiff, uid, uid);
 }
 
 /**
  * Installs the dependencies of the app in `dir` and lists its Cortex
- * functions. Throws PrepareFailed with the installer's own words.
+ * functions. Throws PrepareFailed with a reason that quotes no file.
  */
 export async function prepareDeployment(
   dir: string,
   config: AppConfig,
   logger: Logger,
-  opts: { timeoutMs?: number } = {},
+  opts: { timeoutMs?: number; sandbox?: SandboxOptions } = {},
 ): Promise<PreparedDeployment> {
-  const timeoutMs = opts.timeoutMs ?? DEFAULT_INSTALL_TIMEOUT_MS;
-  const { runtime } = config;
-  if (runtime.kind === "cortex" && runtime.language === "python") {
-    const python = await installPython(dir, timeoutMs, logger);
-    const functions = await listFunctions(dir, config, python, timeoutMs);
-    return python === undefined ? { functions } : { functions, python };
+  const sandbox = opts.sandbox ?? DEFAULT_SANDBOX;
+  const c: Context = { dir, timeoutMs: opts.timeoutMs ?? DEFAULT_INSTALL_TIMEOUT_MS, logger, sandbox };
+  if (sandbox.enabled) await openForBuild(dir);
+  try {
+    const { runtime } = config;
+    if (runtime.kind === "cortex" && runtime.language === "python") {
+      const python = await installPython(c);
+      const functions = await listFunctions(c, config, python);
+      return python === undefined ? { functions } : { functions, python };
+    }
+    await installNode(c);
+    if (runtime.kind === "custom") return {};
+    return { functions: await listFunctions(c, config, undefined) };
+  } finally {
+    if (sandbox.enabled) await settle(dir, ownerOfSkiff());
   }
-  await installNode(dir, timeoutMs, logger);
-  if (runtime.kind === "custom") return {};
-  return { functions: await listFunctions(dir, config, undefined, timeoutMs) };
+}
+
+function ownerOfSkiff(): { uid: number; gid: number } | undefined {
+  return runsAsRoot() ? { uid: process.getuid!(), gid: process.getgid!() } : undefined;
 }

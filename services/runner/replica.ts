@@ -1,14 +1,29 @@
-// One replica: a child process in its own working folder and process group,
-// serving HTTP on 127.0.0.1:port. It knows how to start (until its
-// healthcheck answers 200), answer one HTTP exchange, be probed, and stop
-// (SIGTERM, then SIGKILL after a grace). Scheduling is the pool's.
+// One replica: a child process serving HTTP. Sandboxed (the default, see
+// sandbox.ts), it runs in its own namespaces and the runner reaches it only
+// through a Unix socket that the runner creates in the replica's folder and
+// hands over as fd 3 (its channel); unsandboxed (SKIFF_SANDBOX=off), it runs
+// in its own working folder and process group, serving 127.0.0.1:port. It
+// knows how to start (until its healthcheck answers 200), answer one HTTP
+// exchange, be probed, and stop (SIGTERM, then SIGKILL after a grace; in a
+// sandbox SIGKILL ends every process inside). Scheduling is the pool's.
 import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync } from "node:fs";
 import http from "node:http";
-import { rm } from "node:fs/promises";
+import { mkdir, rename, rm } from "node:fs/promises";
+import net from "node:net";
+import path from "node:path";
 import type { Logger } from "../config/index.js";
 import { StartFailed } from "../runs/index.js";
 import { readLines } from "./log-lines.js";
-import { makeWorkDir, replicaEnv } from "./replica-env.js";
+import { makeWorkDir, REPLICA_PATH, replicaEnv } from "./replica-env.js";
+import {
+  APP_MOUNT,
+  exitSignal,
+  signalSandbox,
+  spawnSandboxed,
+  type SandboxedProcess,
+  type SandboxLimits,
+} from "./sandbox.js";
 import type { AppLogLine, ReplicaInfo, ReplicaState } from "./types.js";
 
 /** How long after a run's answer a line of the replica still counts as that run's. */
@@ -19,8 +34,9 @@ export interface ReplicaSpec {
   appName: string;
   version: number;
   replicaId: string;
-  /** Deployment folder, copied to workDir. */
+  /** Deployment folder: shared read-only in a sandbox, else copied to workDir. */
   source: string;
+  /** The replica's own folder: its channel in a sandbox, else its working folder. */
   workDir: string;
   command: string;
   args: string[];
@@ -28,6 +44,31 @@ export interface ReplicaSpec {
   port: number;
   healthcheck: string;
   startTimeoutMs: number;
+  /** Set: run in a sandbox with this uid and these limits. */
+  sandbox?: { uid: number; limits: SandboxLimits };
+  /** The program a sandboxed command finally runs (a Custom app's, behind the relay), checked before starting. */
+  commandCheck?: string;
+}
+
+/** The channel's socket in a replica's folder. */
+export const CHANNEL_SOCKET = "channel.sock";
+
+/** Whether a command would be found in a sandbox: on the replica PATH, or a file of the app. */
+function commandExists(command: string, appDir: string): boolean {
+  if (command.includes("/")) {
+    if (command.startsWith(APP_MOUNT + "/")) return existsSync(path.join(appDir, command.slice(APP_MOUNT.length)));
+    return path.isAbsolute(command) ? existsSync(command) : existsSync(path.join(appDir, command));
+  }
+  return REPLICA_PATH.split(":").some((dir) => existsSync(path.join(dir, command)));
+}
+
+/** Listens on a Unix socket and gives back its fd; the runner's own copy is closed once the child has it. */
+function listenChannel(socketPath: string): Promise<net.Server> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.on("error", reject);
+    server.listen(socketPath, () => resolve(server));
+  });
 }
 
 export interface ReplicaHooks {
@@ -73,6 +114,9 @@ export class Replica {
   /** The run that ended last while no other ran, and when: its last lines may come after its answer. */
   private lastRun: { id: string; endedAt: number } | undefined;
   private child: ChildProcess | undefined;
+  private sandboxed: SandboxedProcess | undefined;
+  /** Where requests go: the channel's socket, or 127.0.0.1:port. */
+  private endpoint: { socketPath?: string; host: string; port: number };
   private closed = false;
   private readonly stderrTail: string[] = [];
   private readonly exited: Promise<void>;
@@ -83,6 +127,10 @@ export class Replica {
     private readonly hooks: ReplicaHooks,
   ) {
     this.exited = new Promise((resolve) => (this.markExited = resolve));
+    this.endpoint = spec.sandbox
+      ? // host and port as http.request fills them in, so that the agent's pool name matches getName(endpoint)
+        { socketPath: path.join(spec.workDir, CHANNEL_SOCKET), host: "localhost", port: 80 }
+      : { host: "127.0.0.1", port: spec.port };
   }
 
   get id(): string {
@@ -109,20 +157,51 @@ export class Replica {
     };
   }
 
-  /** Copies the folder, spawns the command and waits for the healthcheck. */
-  async start(): Promise<void> {
+  /** Spawns the command in its sandbox, with its channel as fd 3. */
+  private async spawnSandboxed(): Promise<ChildProcess> {
+    const s = this.spec;
+    const program = s.commandCheck ?? s.command;
+    if (!commandExists(program, s.source)) throw new StartFailed(`cannot start ${program}: spawn ${program} ENOENT`);
+    await rm(s.workDir, { recursive: true, force: true });
+    await mkdir(s.workDir, { recursive: true, mode: 0o700 });
+    // libuv removes a listening socket's path when it closes: bind a name, then move the socket to its own.
+    const binding = path.join(s.workDir, `${CHANNEL_SOCKET}.new`);
+    const server = await listenChannel(binding);
+    try {
+      const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
+      this.sandboxed = spawnSandboxed({
+        appDir: s.source,
+        uid: s.sandbox!.uid,
+        limits: s.sandbox!.limits,
+        command: s.command,
+        args: s.args,
+        env: replicaEnv(s.env, APP_MOUNT, s.port),
+        fds: [fd],
+      });
+      await rename(binding, path.join(s.workDir, CHANNEL_SOCKET));
+    } finally {
+      server.close();
+    }
+    return this.sandboxed.child;
+  }
+
+  /** Spawns the command in a copy of the folder, in its own process group. */
+  private async spawnPlain(): Promise<ChildProcess> {
     const s = this.spec;
     await makeWorkDir(s.source, s.workDir);
-    if (this.stopping) {
-      await rm(s.workDir, { recursive: true, force: true });
-      throw new StartFailed("the replica was stopped during start");
-    }
-    const child = spawn(s.command, s.args, {
+    return spawn(s.command, s.args, {
       cwd: s.workDir,
       env: replicaEnv(s.env, s.workDir, s.port),
       stdio: ["ignore", "pipe", "pipe"],
       detached: true, // its own process group: stop() reaches the app's children too
     });
+  }
+
+  /** Spawns the command (in its sandbox, or in a copy of the folder) and waits for the healthcheck. */
+  async start(): Promise<void> {
+    const s = this.spec;
+    if (this.stopping) throw new StartFailed("the replica was stopped during start");
+    const child = s.sandbox ? await this.spawnSandboxed() : await this.spawnPlain();
     this.child = child;
     let spawnError: Error | undefined;
     child.on("error", (err) => (spawnError = err));
@@ -135,7 +214,7 @@ export class Replica {
     child.on("close", (code, signal) => {
       this.closed = true;
       this.state = "stopped";
-      this.hooks.onExit(this, code, signal);
+      this.hooks.onExit(this, code, s.sandbox ? ((exitSignal(code, signal) ?? null) as NodeJS.Signals | null) : signal);
       // Stopped means its folder is gone too, so that a caller that waited may remove what holds it.
       void rm(s.workDir, { recursive: true, force: true }).finally(() => this.markExited());
     });
@@ -143,10 +222,12 @@ export class Replica {
     const deadline = Date.now() + s.startTimeoutMs;
     while (true) {
       if (spawnError) throw new StartFailed(`cannot start ${s.command}: ${spawnError.message}`, { cause: spawnError });
-      if (!this.alive)
+      if (!this.alive) {
+        const sig = s.sandbox ? exitSignal(child.exitCode, child.signalCode) : undefined;
         throw new StartFailed(
-          `the replica exited during start (code ${child.exitCode ?? child.signalCode})${this.stderrQuote()}`,
+          `the replica exited during start (${sig ? `signal ${sig}` : `code ${child.exitCode ?? child.signalCode}`})${this.stderrQuote()}`,
         );
+      }
       if (this.stopping) throw new StartFailed("the replica was stopped during start");
       if ((await this.probe(s.healthcheck, 1000)) === 200) break;
       if (Date.now() > deadline) {
@@ -199,14 +280,11 @@ export class Replica {
   /** GET path; the status, or 0 when the replica did not answer in time. */
   probe(path: string, timeoutMs: number): Promise<number> {
     return new Promise((resolve) => {
-      const req = http.get(
-        { host: "127.0.0.1", port: this.spec.port, path, agent: this.hooks.agent, timeout: timeoutMs },
-        (res) => {
-          res.resume();
-          res.on("end", () => resolve(res.statusCode ?? 0));
-          res.on("error", () => resolve(0));
-        },
-      );
+      const req = http.get({ ...this.endpoint, path, agent: this.hooks.agent, timeout: timeoutMs }, (res) => {
+        res.resume();
+        res.on("end", () => resolve(res.statusCode ?? 0));
+        res.on("error", () => resolve(0));
+      });
       req.on("timeout", () => req.destroy());
       req.on("error", () => resolve(0));
     });
@@ -221,21 +299,18 @@ export class Replica {
     onRequest: (req: http.ClientRequest) => void,
   ): Promise<Exchange> {
     return new Promise((resolve, reject) => {
-      const req = http.request(
-        { host: "127.0.0.1", port: this.spec.port, method, path, headers, agent: this.hooks.agent },
-        (res) => {
-          const chunks: Buffer[] = [];
-          res.on("data", (c: Buffer) => chunks.push(c));
-          res.on("end", () =>
-            resolve({
-              status: res.statusCode ?? 502,
-              headers: res.headers,
-              body: chunks.length === 1 ? chunks[0] : Buffer.concat(chunks),
-            }),
-          );
-          res.on("error", reject);
-        },
-      );
+      const req = http.request({ ...this.endpoint, method, path, headers, agent: this.hooks.agent }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (c: Buffer) => chunks.push(c));
+        res.on("end", () =>
+          resolve({
+            status: res.statusCode ?? 502,
+            headers: res.headers,
+            body: chunks.length === 1 ? chunks[0] : Buffer.concat(chunks),
+          }),
+        );
+        res.on("error", reject);
+      });
       req.on("error", reject);
       onRequest(req);
       req.end(body);
@@ -259,7 +334,7 @@ export class Replica {
    * that drains on SIGTERM waits for every connection to close.
    */
   dropIdleSockets(): void {
-    const idle = this.hooks.agent.freeSockets[this.hooks.agent.getName({ host: "127.0.0.1", port: this.spec.port })];
+    const idle = this.hooks.agent.freeSockets[this.hooks.agent.getName(this.endpoint)];
     for (const socket of idle ?? []) socket.destroy();
   }
 
@@ -277,6 +352,7 @@ export class Replica {
     // The whole group: a leader that is gone may leave children behind.
     const pid = this.child?.pid;
     if (pid === undefined || this.closed) return;
+    if (this.sandboxed) return signalSandbox(this.sandboxed, sig);
     try {
       process.kill(-pid, sig);
     } catch {

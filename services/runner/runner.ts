@@ -25,13 +25,15 @@
 // ReplicaCrashed, Cancelled or StartFailed (see errors.ts).
 //
 // Replicas see only PATH=/usr/local/bin:/usr/bin:/bin, HOME (their own
-// folder), LANG=C.UTF-8, the app's [env] and PORT (see replica-env.ts).
+// folder), LANG=C.UTF-8, the app's [env] and PORT (see replica-env.ts), and
+// run in a sandbox (sandbox.ts) unless it is turned off.
 import http from "node:http";
 import type { Logger } from "../config/index.js";
 import { AppNotFound, Overloaded, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
 import { AppPool, type PoolOptions } from "./pool.js";
 import { PortLeases } from "./ports.js";
 import { prepareDeployment } from "./prepare.js";
+import { DEFAULT_SANDBOX, type SandboxOptions } from "./sandbox.js";
 import type { AppDeployment, AppLogLine, ReplicaChange, ReplicaInfo } from "./types.js";
 
 export const DEFAULT_QUEUE_LIMIT = 100;
@@ -61,6 +63,8 @@ export interface RunnerOptions {
   healthIntervalMs?: number;
   /** Failed healthchecks in a row that restart a replica (default 3). */
   unhealthyAfter?: number;
+  /** The sandbox of replicas and deploy-time steps (default: on, with the default limits). */
+  sandbox?: SandboxOptions;
 }
 
 export class Runner {
@@ -87,6 +91,7 @@ export class Runner {
       killGraceMs: opts.killGraceMs ?? DEFAULT_KILL_GRACE_MS,
       healthIntervalMs: opts.healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
       unhealthyAfter: opts.unhealthyAfter ?? DEFAULT_UNHEALTHY_AFTER,
+      sandbox: opts.sandbox ?? DEFAULT_SANDBOX,
     };
   }
 
@@ -127,7 +132,8 @@ export class Runner {
 
   private async swap(d: AppDeployment): Promise<void> {
     if (this.closed) throw new Overloaded("the runner is shutting down", 1);
-    const prepared = d.prepared ?? (await prepareDeployment(d.dir, d.config, this.opts.logger));
+    const prepared =
+      d.prepared ?? (await prepareDeployment(d.dir, d.config, this.opts.logger, { sandbox: this.pool.sandbox }));
     const old = this.current(d.projectId, d.appName);
     const pool = new AppPool(d, prepared, this.pool);
     const fixedPort = d.config.runtime.kind === "custom" && d.config.runtime.port !== undefined;

@@ -1,7 +1,14 @@
 // Serves a Cortex Node app: the exported functions of one ES module over HTTP.
 //
 //   node cortex.mjs ENTRY           serve on 127.0.0.1:$PORT
+//   node cortex.mjs --fd N ENTRY    serve on the listening socket fd N (the
+//                                   sandbox's channel, a Unix socket)
 //   node cortex.mjs --list ENTRY    print the public function names as JSON
+//
+// When the module cannot be loaded, --list prints the stack to stderr (the
+// runner's log) and, as its last stdout line, only {"error": {"type",
+// "code", "where"}}: the error's name and code and the app file and line it
+// came from, never its message, which may quote any file the module read.
 //
 // GET /health answers 200 once the module is loaded (it is loaded before the
 // port opens). POST /{function} calls function(body) with the JSON object of
@@ -68,14 +75,39 @@ async function call(functions, req, res, raw) {
   reply(res, 200, body);
 }
 
+/** The app file and line an error came from, relative to the working folder. */
+function where(err) {
+  const home = pathToFileURL(process.cwd()).href + "/";
+  const text = `${err instanceof Error ? err.stack : ""}`;
+  for (const m of text.matchAll(/(file:\/\/[^\s):]+):(\d+)/g)) {
+    if (m[1].startsWith(home)) return `${decodeURIComponent(m[1].slice(home.length))}:${m[2]}`;
+  }
+  return null;
+}
+
 async function main(argv) {
   const listing = argv[0] === "--list";
-  const args = listing ? argv.slice(1) : argv;
+  let args = listing ? argv.slice(1) : argv;
+  let fd;
+  if (args[0] === "--fd" && args.length > 1) {
+    fd = Number(args[1]);
+    args = args.slice(2);
+  }
   if (args.length !== 1) {
-    console.error("usage: cortex.mjs [--list] ENTRY");
+    console.error("usage: cortex.mjs [--list | --fd N] ENTRY");
     return 2;
   }
-  const functions = await publicFunctions(args[0]);
+  let functions;
+  try {
+    functions = await publicFunctions(args[0]);
+  } catch (err) {
+    if (!listing) throw err;
+    console.error(err instanceof Error ? err.stack : err);
+    const type = err instanceof Error ? err.name : typeof err;
+    const code = typeof err?.code === "string" ? err.code : null;
+    process.stdout.write(`\n${JSON.stringify({ error: { type, code, where: where(err) } })}\n`);
+    return 1;
+  }
   if (listing) {
     process.stdout.write(`\n${JSON.stringify([...functions.keys()].sort())}\n`);
     return 0;
@@ -89,7 +121,8 @@ async function main(argv) {
   });
   // close() waits for requests in flight and drops idle keep-alive sockets.
   process.on("SIGTERM", () => server.close(() => process.exit(0)));
-  server.listen(Number(process.env.PORT), "127.0.0.1");
+  if (fd !== undefined) server.listen({ fd });
+  else server.listen(Number(process.env.PORT), "127.0.0.1");
   return undefined;
 }
 

@@ -1,7 +1,14 @@
 """Serves a Cortex Python app: the public functions of one module over HTTP.
 
     python3 -u cortex.py ENTRY           serve on 127.0.0.1:$PORT
+    python3 -u cortex.py --fd N ENTRY    serve on the listening socket fd N
+                                         (the sandbox's channel, a Unix socket)
     python3 -u cortex.py --list ENTRY    print the public function names as JSON
+
+When the module cannot be loaded, --list prints the traceback to stderr (the
+runner's log) and, as its last stdout line, only {"error": {"type", "where"}}:
+the exception's type and the app file and line it came from, never its
+message, which may quote any file the module read.
 
 Only the standard library, so an app needs nothing installed to run.
 
@@ -65,6 +72,9 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):
         pass  # the runner logs requests; stderr is the app's own
 
+    def address_string(self):
+        return "runner"  # a Unix socket peer has no address
+
     def setup(self):
         super().setup()
         self.server.connections.add(self)
@@ -125,8 +135,11 @@ class Server(ThreadingHTTPServer):
     daemon_threads = False  # server_close() waits for requests in flight
     draining = False
 
-    def __init__(self, address, functions):
-        super().__init__(address, Handler)
+    def __init__(self, address, functions, fd=None):
+        super().__init__(address, Handler, bind_and_activate=fd is None)
+        if fd is not None:
+            self.socket.close()
+            self.socket = socket.socket(fileno=fd)
         self.functions = functions
         self.connections = set()
 
@@ -142,18 +155,45 @@ class Server(ThreadingHTTPServer):
                     pass
 
 
+def where(err):
+    """The app file and line an exception came from, relative to the working folder."""
+    home = os.getcwd() + os.sep
+    if isinstance(err, SyntaxError) and err.filename and os.path.abspath(err.filename).startswith(home):
+        return f"{os.path.relpath(err.filename)}:{err.lineno or 0}"
+    found = None
+    for frame in traceback.extract_tb(err.__traceback__):
+        if os.path.abspath(frame.filename).startswith(home):
+            found = f"{os.path.relpath(frame.filename)}:{frame.lineno}"
+    return found
+
+
 def main(argv):
     listing = argv[:1] == ["--list"]
+    fd = None
     args = argv[1:] if listing else argv
+    if args[:1] == ["--fd"] and len(args) > 1:
+        fd = int(args[1])
+        args = args[2:]
     if len(args) != 1:
-        print("usage: cortex.py [--list] ENTRY", file=sys.stderr)
+        print("usage: cortex.py [--list | --fd N] ENTRY", file=sys.stderr)
         return 2
-    functions = public_functions(load(args[0]))
+    try:
+        functions = public_functions(load(args[0]))
+    except BaseException as err:  # noqa: B036 - reported without its message
+        if not listing:
+            raise
+        traceback.print_exc()
+        print()
+        print(json.dumps({"error": {"type": type(err).__name__, "where": where(err)}}))
+        return 1
     if listing:
         print()
         print(json.dumps(sorted(functions)))
         return 0
-    server = Server(("127.0.0.1", int(os.environ["PORT"])), functions)
+    if fd is not None:
+        server = Server(None, functions, fd=fd)
+    else:
+        server = Server(("127.0.0.1", int(os.environ["PORT"])), functions)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.drain).start())
     server.serve_forever()
     server.server_close()

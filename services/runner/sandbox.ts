@@ -1,0 +1,334 @@
+// The sandbox every replica and every deploy-time step runs in: bubblewrap
+// (`bwrap`) with its own mount, pid, ipc, uts and network namespaces.
+//
+// Inside, a process sees:
+//   /usr (and /bin, /lib… as the host has them), a few files of /etc (TLS
+//     certificates, resolv.conf, hosts, nsswitch.conf, localtime,
+//     alternatives), and the runtimes (node, python3) read-only;
+//   /app: its working folder and HOME, a size-limited tmpfs in which every
+//     top-level entry of the deployment is bound read-only, so replicas
+//     share one unpacked deployment and may still write new files next to
+//     it (deploy-time installs get the deployment itself, writable);
+//   /tmp: a size-limited tmpfs; /skiff: the shims, read-only;
+//   a fresh /proc (only its own processes) and a minimal /dev;
+//   a network namespace of its own with only loopback: no NATS, no skiff
+//     port, no other replica, no outside world. Requests come through a
+//     Unix socket the runner made and handed over as fd 3.
+// It runs as an unprivileged uid derived from its project (replicas) or
+// its bundle (deploy-time steps). When skiff runs as root that is a real
+// host uid (bwrap keeps CAP_SETUID/CAP_SETGID only long enough for
+// `setpriv` to drop to it, with no_new_privs); otherwise a user namespace
+// maps it to skiff's own uid. rlimits (`prlimit`) bound its address space,
+// processes, file size and CPU time; killing the namespace's first process
+// ends everything inside, `setsid` or not.
+import { execFileSync, spawn, type ChildProcess, type StdioOptions } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, lstatSync, readdirSync, readlinkSync, realpathSync } from "node:fs";
+import { constants } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+export interface SandboxLimits {
+  /** Address space per process (RLIMIT_AS), MiB. */
+  memoryMb: number;
+  /** Processes and threads of the sandbox's uid (RLIMIT_NPROC). */
+  pids: number;
+  /** Largest file it may write (RLIMIT_FSIZE), MiB. */
+  fileMb: number;
+  /** Size of each of its tmpfs folders, /app and /tmp, MiB. */
+  tmpMb: number;
+  /** CPU seconds per process (RLIMIT_CPU); 0: no limit. */
+  cpuSeconds: number;
+}
+
+export interface SandboxOptions {
+  /** False only when SKIFF_SANDBOX=off: processes run as skiff's own children, unconfined. */
+  enabled: boolean;
+  limits: SandboxLimits;
+}
+
+export const DEFAULT_SANDBOX_LIMITS: SandboxLimits = {
+  memoryMb: 2048,
+  pids: 512,
+  fileMb: 100,
+  tmpMb: 100,
+  cpuSeconds: 0,
+};
+
+export const DEFAULT_SANDBOX: SandboxOptions = { enabled: true, limits: DEFAULT_SANDBOX_LIMITS };
+
+/** Where a sandboxed process finds its app folder, working folder and HOME. */
+export const APP_MOUNT = "/app";
+/** Where the shims are, read-only. */
+export const SHIM_MOUNT = "/skiff";
+/** The fd on which a sandboxed replica receives the listening socket of its channel. */
+export const CHANNEL_FD = 3;
+
+export const SHIM_DIR = path.join(path.dirname(fileURLToPath(import.meta.url)), "shims");
+const BWRAP_CANDIDATES = ["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"];
+const PRLIMIT = "/usr/bin/prlimit";
+const SETPRIV = "/usr/bin/setpriv";
+const ETC_FILES = [
+  "/etc/ssl",
+  "/etc/ca-certificates",
+  "/etc/ca-certificates.conf",
+  "/etc/resolv.conf",
+  "/etc/hosts",
+  "/etc/nsswitch.conf",
+  "/etc/localtime",
+  "/etc/alternatives",
+  "/etc/ld.so.cache",
+  "/etc/ld.so.conf",
+  "/etc/ld.so.conf.d",
+  "/etc/mime.types",
+  "/etc/python3",
+  "/etc/python3.11",
+];
+/** Sandbox uids: replicas from PROJECT_UID_BASE, deploy-time steps from BUILD_UID_BASE, each a range of UID_RANGE. */
+const PROJECT_UID_BASE = 200_000;
+const BUILD_UID_BASE = 1_300_000;
+const UID_RANGE = 1_000_000;
+
+function uidOf(base: number, key: string): number {
+  return base + (createHash("sha256").update(key).digest().readUInt32BE(0) % UID_RANGE);
+}
+
+/** The uid (and gid) of a project's replicas. */
+export const projectUid = (projectId: string): number => uidOf(PROJECT_UID_BASE, projectId);
+/** The uid of deploy-time steps of one deployment folder. */
+export const buildUid = (key: string): number => uidOf(BUILD_UID_BASE, key);
+
+export const runsAsRoot = (): boolean => process.getuid?.() === 0;
+
+export function bwrapPath(): string | undefined {
+  return BWRAP_CANDIDATES.find((p) => existsSync(p));
+}
+
+/** The runtime folders outside /usr that sandboxes need read-only: node's and python3's prefixes. */
+function runtimeMounts(): string[] {
+  const out = new Set<string>();
+  const add = (binary: string | undefined) => {
+    if (!binary) return;
+    let real: string;
+    try {
+      real = realpathSync(binary);
+    } catch {
+      return;
+    }
+    if (real.startsWith("/usr/")) return;
+    out.add(path.dirname(path.dirname(real)));
+  };
+  add(process.execPath);
+  for (const dir of ["/usr/local/bin", "/usr/bin", "/bin"]) {
+    const p = path.join(dir, "python3");
+    if (existsSync(p)) {
+      add(p);
+      break;
+    }
+  }
+  return [...out];
+}
+
+let cachedBase: string[] | undefined;
+
+/** The mounts every sandbox has: system folders, /etc files, runtimes, /proc, /dev, shims. */
+function baseMounts(): string[] {
+  if (cachedBase) return cachedBase;
+  const args: string[] = ["--ro-bind", "/usr", "/usr"];
+  for (const top of ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]) {
+    let st;
+    try {
+      st = lstatSync(top);
+    } catch {
+      continue;
+    }
+    if (st.isSymbolicLink()) args.push("--symlink", readlinkSync(top), top);
+    else if (st.isDirectory()) args.push("--ro-bind", top, top);
+  }
+  // bwrap makes missing parents 0700 (as root): make them readable first.
+  const made = new Set<string>();
+  const parents = (p: string) => {
+    const chain: string[] = [];
+    for (let d = path.dirname(p); d !== "/" && !made.has(d); d = path.dirname(d)) chain.unshift(d);
+    for (const d of chain) {
+      made.add(d);
+      args.push("--perms", "0755", "--dir", d);
+    }
+  };
+  for (const p of [...ETC_FILES.filter((f) => existsSync(f)), ...runtimeMounts()]) {
+    parents(p);
+    args.push("--ro-bind", p, p);
+  }
+  args.push("--proc", "/proc", "--dev", "/dev", "--ro-bind", SHIM_DIR, SHIM_MOUNT);
+  cachedBase = args;
+  return args;
+}
+
+export interface SandboxSpec {
+  /** Host folder of the app: bound read-only entry by entry into a tmpfs /app, or whole and writable. */
+  appDir: string;
+  /** true: deploy-time install, /app is the folder itself, writable. */
+  writableApp?: boolean;
+  uid: number;
+  limits: SandboxLimits;
+  command: string;
+  args: string[];
+  env: Record<string, string>;
+  /** Extra fds for the sandboxed command, from fd 3 on (the channel). */
+  fds?: number[];
+}
+
+/** The bwrap command line for a spec; the info fd is the one after the passed fds. */
+export function sandboxArgv(spec: SandboxSpec, infoFd: number): string[] {
+  const { limits } = spec;
+  const mb = (n: number) => String(n * 1024 * 1024);
+  const args = [
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-net",
+    "--unshare-cgroup-try",
+    "--die-with-parent",
+    "--new-session",
+    "--hostname",
+    "app",
+    ...baseMounts(),
+    "--perms",
+    "1777",
+    "--size",
+    mb(limits.tmpMb),
+    "--tmpfs",
+    "/tmp",
+  ];
+  if (spec.writableApp) args.push("--bind", spec.appDir, APP_MOUNT);
+  else {
+    args.push("--perms", "0777", "--size", mb(limits.tmpMb), "--tmpfs", APP_MOUNT);
+    for (const name of readdirSync(spec.appDir)) {
+      const host = path.join(spec.appDir, name);
+      const inside = path.posix.join(APP_MOUNT, name);
+      const st = lstatSync(host);
+      if (st.isSymbolicLink()) args.push("--symlink", readlinkSync(host), inside);
+      else args.push("--ro-bind", host, inside);
+    }
+  }
+  args.push("--chdir", APP_MOUNT, "--info-fd", String(infoFd));
+  const limit = [
+    PRLIMIT,
+    `--as=${mb(limits.memoryMb)}`,
+    `--nproc=${limits.pids}`,
+    `--fsize=${mb(limits.fileMb)}`,
+    "--core=0",
+  ];
+  if (limits.cpuSeconds > 0) limit.push(`--cpu=${limits.cpuSeconds}`);
+  limit.push("--");
+  if (runsAsRoot()) {
+    // A real unprivileged host uid: bwrap keeps only what setpriv needs to drop to it.
+    args.push("--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--");
+    args.push(...limit, SETPRIV, `--reuid=${spec.uid}`, `--regid=${spec.uid}`, "--clear-groups", "--no-new-privs");
+    args.push("--inh-caps=-all", "--");
+  } else {
+    args.splice(0, 0, "--unshare-user", "--disable-userns", "--uid", String(spec.uid), "--gid", String(spec.uid));
+    args.push("--", ...limit);
+  }
+  args.push(spec.command, ...spec.args);
+  return args;
+}
+
+export interface SandboxedProcess {
+  child: ChildProcess;
+  /** Host pid of the sandbox's first process, once bwrap has said it. */
+  initPid: () => number | undefined;
+  /** Resolves once bwrap has said the init pid (or has exited). */
+  ready: Promise<void>;
+}
+
+/** Spawns `spec` in a sandbox; stdout and stderr are pipes. */
+export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
+  const bwrap = bwrapPath();
+  if (!bwrap) throw new Error("bwrap (bubblewrap) is not installed");
+  const fds = spec.fds ?? [];
+  const infoFd = CHANNEL_FD + fds.length;
+  const stdio: StdioOptions = ["ignore", "pipe", "pipe", ...fds, "pipe"];
+  const child = spawn(bwrap, sandboxArgv(spec, infoFd), {
+    env: spec.env,
+    stdio,
+    detached: true,
+  });
+  let pid: number | undefined;
+  const info = child.stdio[infoFd] as NodeJS.ReadableStream | null;
+  const ready = new Promise<void>((resolve) => {
+    if (!info) return resolve();
+    let text = "";
+    info.setEncoding("utf8");
+    info.on("data", (c: string) => {
+      text += c;
+      const m = /"child-pid"\s*:\s*(\d+)/.exec(text);
+      if (m && pid === undefined) {
+        pid = Number(m[1]);
+        resolve();
+      }
+    });
+    info.on("end", () => resolve());
+    info.on("error", () => resolve());
+    child.on("close", () => resolve());
+  });
+  return { child, initPid: () => pid, ready };
+}
+
+/**
+ * Signals a sandboxed process: SIGKILL ends the whole sandbox (the kernel
+ * kills every process of a pid namespace whose first process dies); other
+ * signals go to the session of the sandbox (the command and the children it
+ * did not move to sessions of their own).
+ */
+export function signalSandbox(p: SandboxedProcess, sig: NodeJS.Signals): void {
+  const init = p.initPid();
+  const tryKill = (pid: number, s: NodeJS.Signals) => {
+    try {
+      process.kill(pid, s);
+    } catch {
+      // already gone
+    }
+  };
+  if (sig === "SIGKILL" || init === undefined) {
+    if (init !== undefined) tryKill(init, "SIGKILL");
+    if (p.child.pid !== undefined) tryKill(-p.child.pid, "SIGKILL");
+    return;
+  }
+  tryKill(-init, sig);
+}
+
+/** The signal a bwrap exit code stands for, if any. */
+export function exitSignal(code: number | null, signal: NodeJS.Signals | null): string | undefined {
+  if (signal) return signal;
+  if (code === null || code <= 128) return undefined;
+  return Object.entries(constants.signals as Record<string, number>).find(([, n]) => n === code - 128)?.[0];
+}
+
+/** Why a sandbox probe failed, or undefined when bwrap works here with these settings. */
+export function probeSandbox(limits: SandboxLimits): string | undefined {
+  const bwrap = bwrapPath();
+  if (!bwrap) return "bwrap (Debian package bubblewrap) is not installed";
+  for (const tool of [PRLIMIT, ...(runsAsRoot() ? [SETPRIV] : [])])
+    if (!existsSync(tool)) return `${tool} (util-linux) is missing`;
+  const spec: SandboxSpec = {
+    appDir: SHIM_DIR,
+    uid: projectUid("probe"),
+    limits,
+    command: "/bin/sh",
+    args: ["-c", `test -r ${SHIM_MOUNT}/cortex.mjs && test "$(id -u)" = "${projectUid("probe")}" && echo sandbox-ok`],
+    env: { PATH: "/usr/bin:/bin" },
+  };
+  try {
+    const out = execFileSync(bwrap, sandboxArgv(spec, CHANNEL_FD), {
+      env: spec.env,
+      stdio: ["ignore", "pipe", "pipe", "pipe"],
+      timeout: 10_000,
+    }).toString();
+    if (!out.includes("sandbox-ok")) return `the probe sandbox did not run as expected: ${out.trim().slice(0, 200)}`;
+  } catch (err) {
+    const e = err as { stderr?: Buffer; message: string };
+    return `bwrap fails here: ${(e.stderr?.toString() || e.message).trim().slice(0, 300)}`;
+  }
+  return undefined;
+}
