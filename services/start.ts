@@ -8,6 +8,7 @@ import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { startInvocationRole } from "./invocation/index.js";
 import { startManagementRole } from "./management/index.js";
 import {
+  configureSandbox,
   deploymentsDir,
   startRunnerRole,
   type RunnerRole,
@@ -130,6 +131,9 @@ export function webhookAllowedCidrs(config: Config, logger: Logger): string[] {
 
 export async function startSkiff(config: Config, logger: Logger): Promise<Skiff> {
   const health = new HealthState();
+  // App code (replicas, deploy-time steps) runs only in a sandbox unless SKIFF_SANDBOX=off.
+  if (config.roles.includes("runner") || config.roles.includes("management"))
+    health.sandbox = configureSandbox(config, logger).enabled;
   const nats = await connectNats({
     url: config.natsUrl,
     credentials: config,

@@ -34,6 +34,14 @@ describe("config", () => {
       resultTtlSeconds: 86_400,
       maxQueuedRuns: 10_000,
       runAckWaitMs: 30_000,
+      sandbox: "on",
+      replicaMemoryMb: 2048,
+      replicaPids: 512,
+      replicaFileMb: 100,
+      replicaTmpMb: 100,
+      replicaCpuSeconds: 0,
+      maxBundleFiles: 20_000,
+      maxAppsPerProject: 100,
     });
   });
 

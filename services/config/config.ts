@@ -53,6 +53,18 @@ export interface Config {
   maxQueuedRuns: number;
   /** Ack deadline of the async run queue's consumers; a lost runner's run is retried after it. */
   runAckWaitMs: number;
+  /** "on": apps and deploy-time steps run in a bubblewrap sandbox (skiff refuses to start without one); "off": unconfined. */
+  sandbox: "on" | "off";
+  /** Per replica (and deploy-time step): address space (MiB), processes, largest file (MiB), tmpfs size (MiB), CPU seconds (0: none). */
+  replicaMemoryMb: number;
+  replicaPids: number;
+  replicaFileMb: number;
+  replicaTmpMb: number;
+  replicaCpuSeconds: number;
+  /** Most entries (files, folders, links) in one bundle. */
+  maxBundleFiles: number;
+  /** Most apps one project may have; a deploy of a new app beyond it is refused with 429. */
+  maxAppsPerProject: number;
 }
 
 export class ConfigError extends Error {
@@ -363,6 +375,66 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: "30000",
     doc: "How long a runner may go silent on an async run before the run is given to another runner (runners check in every third of it); at most 3 attempts in all.",
     parse: integer(1000, 10 * 60_000),
+  },
+  {
+    key: "sandbox",
+    env: "SKIFF_SANDBOX",
+    fallback: "on",
+    doc: "`on`: every replica and every deploy-time step (dependency install, import check) runs in a bubblewrap sandbox (see docs/security.md); a runner or management process that cannot make one (no `bwrap`, or its probe fails) refuses to start. `off`: apps run unconfined as skiff's own user, said loudly at start and on `/readyz` (its answer then carries `sandbox: off`); only for code you trust.",
+    parse: (raw, variable) => {
+      const v = raw.trim();
+      if (v !== "on" && v !== "off") throw new ConfigError(variable, `must be on or off, got "${raw}"`);
+      return v;
+    },
+  },
+  {
+    key: "replicaMemoryMb",
+    env: "SKIFF_REPLICA_MEMORY_MB",
+    fallback: "2048",
+    doc: "Address space of each process in a sandbox (RLIMIT_AS), MiB; an allocation beyond it fails (Python raises MemoryError, Node stops).",
+    parse: integer(256, 1024 * 1024),
+  },
+  {
+    key: "replicaPids",
+    env: "SKIFF_REPLICA_PIDS",
+    fallback: "512",
+    doc: "Processes and threads of one project's sandboxes (RLIMIT_NPROC of its uid); a fork beyond it fails.",
+    parse: integer(16, 1_000_000),
+  },
+  {
+    key: "replicaFileMb",
+    env: "SKIFF_REPLICA_FILE_MB",
+    fallback: "100",
+    doc: "Largest file a sandboxed process may write (RLIMIT_FSIZE), MiB; writing past it ends the process (SIGXFSZ).",
+    parse: integer(1, 1024 * 1024),
+  },
+  {
+    key: "replicaTmpMb",
+    env: "SKIFF_REPLICA_TMP_MB",
+    fallback: "100",
+    doc: "Size of each of a replica's two memory-backed writable folders, `/app` (its working folder and HOME, over the read-only deployment) and `/tmp`, MiB; a write beyond it fails with ENOSPC. Deploy-time installs get at least 1024 for their package cache.",
+    parse: integer(1, 1024 * 1024),
+  },
+  {
+    key: "replicaCpuSeconds",
+    env: "SKIFF_REPLICA_CPU_SECONDS",
+    fallback: "0",
+    doc: "CPU seconds each sandboxed process may use in its life (RLIMIT_CPU; a replica past it is ended and replaced); 0: no limit.",
+    parse: integer(0, 365 * 24 * 60 * 60),
+  },
+  {
+    key: "maxBundleFiles",
+    env: "SKIFF_MAX_BUNDLE_FILES",
+    fallback: "20000",
+    doc: "Most entries (files, folders, links) in one app bundle; a bundle with more is refused (400).",
+    parse: integer(1, 10_000_000),
+  },
+  {
+    key: "maxAppsPerProject",
+    env: "SKIFF_MAX_APPS_PER_PROJECT",
+    fallback: "100",
+    doc: "Most apps one project may have; deploying a new app beyond it is refused with 429 (a new version of an existing app is not).",
+    parse: integer(1, 1_000_000),
   },
 ];
 

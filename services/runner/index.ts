@@ -5,6 +5,7 @@ export type { LogLineRecord } from "./app-logs.js";
 export { DeploymentCache, prepareBundle } from "./deployment-cache.js";
 export type { ReplicaRecord } from "./replica-publisher.js";
 export { deploymentsDir, startRunnerRole } from "./role.js";
+export { configureSandbox } from "./sandbox.js";
 export type { RunnerRole } from "./role.js";
 export { startRunServices } from "./run-services.js";
 export type { RunServices } from "./run-services.js";

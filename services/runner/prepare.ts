@@ -30,7 +30,7 @@ import { installEnv, REPLICA_PATH, replicaEnv } from "./replica-env.js";
 import {
   APP_MOUNT,
   buildUid,
-  DEFAULT_SANDBOX,
+  processSandbox,
   runsAsRoot,
   SHIM_DIR,
   SHIM_MOUNT,
@@ -332,7 +332,7 @@ export async function prepareDeployment(
   logger: Logger,
   opts: { timeoutMs?: number; sandbox?: SandboxOptions } = {},
 ): Promise<PreparedDeployment> {
-  const sandbox = opts.sandbox ?? DEFAULT_SANDBOX;
+  const sandbox = opts.sandbox ?? processSandbox();
   const c: Context = { dir, timeoutMs: opts.timeoutMs ?? DEFAULT_INSTALL_TIMEOUT_MS, logger, sandbox };
   if (sandbox.enabled) await openForBuild(dir);
   try {

@@ -33,7 +33,7 @@ import { AppNotFound, Overloaded, type InvokeRequest, type InvokeResponse } from
 import { AppPool, type PoolOptions } from "./pool.js";
 import { PortLeases } from "./ports.js";
 import { prepareDeployment } from "./prepare.js";
-import { DEFAULT_SANDBOX, type SandboxOptions } from "./sandbox.js";
+import { processSandbox, type SandboxOptions } from "./sandbox.js";
 import type { AppDeployment, AppLogLine, ReplicaChange, ReplicaInfo } from "./types.js";
 
 export const DEFAULT_QUEUE_LIMIT = 100;
@@ -63,7 +63,7 @@ export interface RunnerOptions {
   healthIntervalMs?: number;
   /** Failed healthchecks in a row that restart a replica (default 3). */
   unhealthyAfter?: number;
-  /** The sandbox of replicas and deploy-time steps (default: on, with the default limits). */
+  /** The sandbox of replicas and deploy-time steps (default: the process's, see configureSandbox; on with default limits). */
   sandbox?: SandboxOptions;
 }
 
@@ -91,7 +91,7 @@ export class Runner {
       killGraceMs: opts.killGraceMs ?? DEFAULT_KILL_GRACE_MS,
       healthIntervalMs: opts.healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
       unhealthyAfter: opts.unhealthyAfter ?? DEFAULT_UNHEALTHY_AFTER,
-      sandbox: opts.sandbox ?? DEFAULT_SANDBOX,
+      sandbox: opts.sandbox ?? processSandbox(),
     };
   }
 

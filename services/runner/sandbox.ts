@@ -332,3 +332,58 @@ export function probeSandbox(limits: SandboxLimits): string | undefined {
   }
   return undefined;
 }
+
+let processDefault: SandboxOptions = DEFAULT_SANDBOX;
+
+/** The sandbox settings of this process (configureSandbox's), used where no other is passed. */
+export const processSandbox = (): SandboxOptions => processDefault;
+
+export interface SandboxSettings {
+  sandbox: "on" | "off";
+  replicaMemoryMb: number;
+  replicaPids: number;
+  replicaFileMb: number;
+  replicaTmpMb: number;
+  replicaCpuSeconds: number;
+}
+
+interface WarnLogger {
+  warn(obj: object, msg: string): void;
+  info(obj: object, msg: string): void;
+}
+
+/**
+ * Checks that this host can sandbox apps with these settings and makes them
+ * this process's default. Throws when it cannot and SKIFF_SANDBOX is not
+ * off; says loudly when it is off.
+ */
+export function configureSandbox(settings: SandboxSettings, logger: WarnLogger): SandboxOptions {
+  const limits: SandboxLimits = {
+    memoryMb: settings.replicaMemoryMb,
+    pids: settings.replicaPids,
+    fileMb: settings.replicaFileMb,
+    tmpMb: settings.replicaTmpMb,
+    cpuSeconds: settings.replicaCpuSeconds,
+  };
+  if (settings.sandbox === "off") {
+    logger.warn(
+      { sandbox: "off" },
+      "SKIFF_SANDBOX=off: DEPLOYED APPS RUN UNCONFINED as skiff's own user and can read skiff's data folder, " +
+        "its environment and other apps, and reach NATS. Only for code you trust.",
+    );
+    processDefault = { enabled: false, limits };
+    return processDefault;
+  }
+  const failure = probeSandbox(limits);
+  if (failure)
+    throw new Error(
+      `cannot sandbox apps on this host: ${failure}. Install bubblewrap (apt-get install bubblewrap) and util-linux, ` +
+        "or set SKIFF_SANDBOX=off to run apps unconfined (never for untrusted code).",
+    );
+  processDefault = { enabled: true, limits };
+  logger.info(
+    { sandbox: "on", hostUid: runsAsRoot(), ...limits },
+    "apps run in a bubblewrap sandbox (own namespaces, no network, read-only deployment, rlimits)",
+  );
+  return processDefault;
+}

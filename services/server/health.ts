@@ -12,6 +12,8 @@ export class HealthState {
   private stopping = false;
   /** Whether the NATS server requires credentials; /readyz says `"nats_auth": false` when it does not. */
   natsAuth: boolean | undefined;
+  /** Whether apps run sandboxed; /readyz says `"sandbox": "off"` when they do not. */
+  sandbox: boolean | undefined;
   /** Fully-qualified names of the services this process serves. */
   readonly services = new Set<string>();
 

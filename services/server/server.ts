@@ -107,6 +107,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
         sendJson(res, health.ready ? 200 : 503, {
           status: health.ready ? "ready" : "not ready",
           ...(health.natsAuth === false ? { nats_auth: false } : {}),
+          ...(health.sandbox === false ? { sandbox: "off" } : {}),
         }),
     ],
   ]);
