@@ -222,6 +222,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       host: config.host,
       port: config.port,
       maxBodyBytes: config.maxBodyBytes,
+      connections: config,
       // An app bundle may be larger than an ordinary request body.
       bodyLimits: new Map([[ManagementService.method.deployApp, Math.max(config.maxBodyBytes, config.maxBundleBytes)]]),
       logger,

@@ -11,6 +11,11 @@ export const DEFAULT_MAX_BUNDLE_BYTES = 100 * 1024 * 1024;
 export const DEFAULT_LOG_LEVEL = "info";
 export const DEFAULT_NATS_PROBE_URL = "nats://127.0.0.1:4222";
 export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
+export const DEFAULT_FIRST_BYTES_TIMEOUT_MS = 10_000;
+export const DEFAULT_HEADERS_TIMEOUT_MS = 20_000;
+export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 5_000;
+export const DEFAULT_HTTP2_IDLE_TIMEOUT_MS = 60_000;
+export const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 256;
 export const DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000;
 /** Longest a run may take (spec section 8: 12 hours). */
 export const MAX_RUN_SECONDS = 12 * 60 * 60;
@@ -34,6 +39,17 @@ export interface Config {
   maxBodyBytes: number;
   /** Largest app bundle, gzipped and unpacked alike. */
   maxBundleBytes: number;
+  /** A new connection's first bytes (HTTP/1.1 or HTTP/2 preface) must arrive within it. */
+  firstBytesTimeoutMs: number;
+  /** An HTTP/1.1 request head must be complete within it (from the start, or from the end of keep-alive idling). */
+  headersTimeoutMs: number;
+  /** HTTP/1.1 idle time between requests. */
+  keepAliveTimeoutMs: number;
+  /** HTTP/2 time without an open stream. */
+  http2IdleTimeoutMs: number;
+  /** Open connections in all; undefined: half the open-file limit. */
+  maxConnections: number | undefined;
+  maxConnectionsPerAddress: number;
   logLevel: string;
   roles: Role[];
   shutdownTimeoutMs: number;
@@ -274,6 +290,48 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: String(DEFAULT_MAX_BUNDLE_BYTES),
     doc: "Largest app bundle, both the gzipped upload and the tar inside it; a larger one is refused and nothing is deployed.",
     parse: integer(1024, 16 * 1024 * 1024 * 1024),
+  },
+  {
+    key: "firstBytesTimeoutMs",
+    env: "SKIFF_FIRST_BYTES_TIMEOUT_MS",
+    fallback: String(DEFAULT_FIRST_BYTES_TIMEOUT_MS),
+    doc: "How long a new connection may take to send the first bytes of HTTP/1.1 or of the HTTP/2 preface; a connection still silent then is closed.",
+    parse: integer(1, 3_600_000),
+  },
+  {
+    key: "headersTimeoutMs",
+    env: "SKIFF_HEADERS_TIMEOUT_MS",
+    fallback: String(DEFAULT_HEADERS_TIMEOUT_MS),
+    doc: "How long an HTTP/1.1 request head (request line and headers) may take to arrive in full, counted from the connection's start or, between keep-alive requests, from the end of the previous answer; a slower connection is closed. A request whose head has arrived is never cut by a timeout, however long it runs.",
+    parse: integer(1, 3_600_000),
+  },
+  {
+    key: "keepAliveTimeoutMs",
+    env: "SKIFF_KEEP_ALIVE_TIMEOUT_MS",
+    fallback: String(DEFAULT_KEEP_ALIVE_TIMEOUT_MS),
+    doc: "How long an HTTP/1.1 connection may stay silent between requests before it is closed.",
+    parse: integer(1, 3_600_000),
+  },
+  {
+    key: "http2IdleTimeoutMs",
+    env: "SKIFF_HTTP2_IDLE_TIMEOUT_MS",
+    fallback: String(DEFAULT_HTTP2_IDLE_TIMEOUT_MS),
+    doc: "How long an HTTP/2 connection may go without an open stream (a call in progress) before it is closed with GOAWAY; a stream whose headers never complete is not open, so this also bounds slow headers.",
+    parse: integer(1, 3_600_000),
+  },
+  {
+    key: "maxConnections",
+    env: "SKIFF_MAX_CONNECTIONS",
+    fallback: "",
+    doc: "Open connections in all. At the cap a new connection closes the longest-idle one (no request in progress), or is refused when none is idle. Unset: half the process's open-file limit (`ulimit -n`), or 4096 where it cannot be read.",
+    parse: optional(integer(1, 1_000_000)),
+  },
+  {
+    key: "maxConnectionsPerAddress",
+    env: "SKIFF_MAX_CONNECTIONS_PER_ADDRESS",
+    fallback: String(DEFAULT_MAX_CONNECTIONS_PER_ADDRESS),
+    doc: "Open connections from one remote address; a new one beyond it is closed at once. Behind a proxy or load balancer every connection comes from its address: raise it there.",
+    parse: integer(1, 1_000_000),
   },
   {
     key: "logLevel",

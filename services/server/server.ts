@@ -9,7 +9,16 @@ import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { createServiceImplSpec, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
 import type { UniversalHandler } from "@connectrpc/connect/protocol";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { MAX_RUN_SECONDS, type Logger } from "../config/index.js";
+import {
+  DEFAULT_FIRST_BYTES_TIMEOUT_MS,
+  DEFAULT_HEADERS_TIMEOUT_MS,
+  DEFAULT_HTTP2_IDLE_TIMEOUT_MS,
+  DEFAULT_KEEP_ALIVE_TIMEOUT_MS,
+  DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+  MAX_RUN_SECONDS,
+  type Logger,
+} from "../config/index.js";
+import { ConnectionGuard, type Connection, type ConnectionLimits } from "./connections.js";
 import type { HealthState } from "./health.js";
 import { isApiPath, type StaticHandler } from "./static-files.js";
 import { createTranscoder, type NodeHandler } from "./rest/transcoder.js";
@@ -34,7 +43,18 @@ export interface ServerOptions {
   documents?: Record<string, () => unknown>;
   /** Answers GET and HEAD requests for paths that are not API paths (the dashboard). */
   site?: StaticHandler;
+  /** Deadlines of connections that are not serving a request, and the connection caps; default the config's defaults. */
+  connections?: Partial<ConnectionLimits>;
 }
+
+const DEFAULT_CONNECTION_LIMITS: ConnectionLimits = {
+  firstBytesTimeoutMs: DEFAULT_FIRST_BYTES_TIMEOUT_MS,
+  headersTimeoutMs: DEFAULT_HEADERS_TIMEOUT_MS,
+  keepAliveTimeoutMs: DEFAULT_KEEP_ALIVE_TIMEOUT_MS,
+  http2IdleTimeoutMs: DEFAULT_HTTP2_IDLE_TIMEOUT_MS,
+  maxConnections: undefined,
+  maxConnectionsPerAddress: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+};
 
 export interface SkiffServer {
   /** Base URL, e.g. http://127.0.0.1:8080 */
@@ -83,6 +103,11 @@ function limitedRouter(router: ConnectRouter, limits: ReadonlyMap<DescMethod, nu
 }
 
 const HTTP2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n");
+
+/** The options that are set, so that an undefined one keeps its default. */
+function definedOnly<T extends object>(options: T): Partial<T> {
+  return Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)) as Partial<T>;
+}
 
 function sendJson(res: NodeResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
@@ -165,27 +190,32 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     adapter(req, res);
   };
 
+  const limits: ConnectionLimits = { ...DEFAULT_CONNECTION_LIMITS, ...definedOnly(opts.connections ?? {}) };
+  const guard = new ConnectionGuard(limits, logger);
   const h1 = http.createServer(
     {
-      // Long synchronous runs are legitimate: no whole-request timeout.
+      // Long synchronous runs are legitimate: no whole-request timeout. The
+      // head's deadline is the guard's (Node's headersTimeout never starts
+      // for sockets handed over by emit("connection")).
       requestTimeout: 0,
-      headersTimeout: 60_000,
-      keepAliveTimeout: 5_000,
+      headersTimeout: 0,
+      // A silent socket between requests (socket inactivity, as Node does it).
+      keepAliveTimeout: limits.keepAliveTimeoutMs,
     },
     track,
   );
+  h1.on("request", (req: http.IncomingMessage, res: http.ServerResponse) => guard.http1Request(req.socket, res));
   const h2 = http2.createServer({}, track);
-  const sessions = new Set<http2.ServerHttp2Session>();
-  h2.on("session", (s) => {
-    sessions.add(s);
-    s.once("close", () => sessions.delete(s));
+  let handing: Connection | undefined;
+  h2.on("session", (session) => {
+    // emit("connection") makes the session synchronously, for the socket being handed over.
+    if (handing) guard.startHttp2(handing, session);
   });
 
-  const sockets = new Set<net.Socket>();
   const tcp = net.createServer((socket) => {
-    sockets.add(socket);
-    socket.once("close", () => sockets.delete(socket));
     socket.on("error", () => socket.destroy());
+    const conn = guard.admit(socket);
+    if (!conn) return;
     let head = Buffer.alloc(0);
     const peek = (chunk: Buffer) => {
       head = Buffer.concat([head, chunk]);
@@ -197,8 +227,18 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
       socket.unshift(head);
       // Both servers read what was unshifted; http2 drains it on the next
       // tick, so the socket must stay paused for it (flowing would lose it).
-      (isH2 ? h2 : h1).emit("connection", socket);
-      if (!isH2) socket.resume();
+      if (isH2) {
+        handing = conn;
+        try {
+          h2.emit("connection", socket);
+        } finally {
+          handing = undefined;
+        }
+      } else {
+        guard.startHttp1(conn);
+        h1.emit("connection", socket);
+        socket.resume();
+      }
     };
     socket.on("data", peek);
   });
@@ -220,8 +260,8 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
       stopping = true;
       health.setStopping();
       tcp.close();
-      h1.closeIdleConnections();
-      for (const s of sessions) s.close(); // GOAWAY: finish open streams, accept no new ones
+      // Idle HTTP/1.1 connections close now; HTTP/2 sessions get GOAWAY: open streams finish, no new ones.
+      guard.stop();
       if (inFlight > 0) {
         logger.info({ inFlight, graceMs }, "waiting for in-flight requests");
         await new Promise<void>((resolve) => {
@@ -230,9 +270,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
         });
       }
       shutdown.abort();
-      h1.closeAllConnections();
-      for (const s of sessions) s.destroy();
-      for (const s of sockets) s.destroy();
+      guard.destroyAll();
     },
   };
 }
