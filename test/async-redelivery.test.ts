@@ -87,7 +87,7 @@ beforeAll(async () => {
   await deploy(
     tmp,
     t.management(),
-    cortexApp("slow", "max_replicas = 2\nreplica_concurrency = 2\nresponse_grace_period = 60"),
+    cortexApp("slow", { max_replicas: 2, replica_concurrency: 2, response_grace_period: 60 }),
   );
 }, 60_000);
 afterAll(async () => {

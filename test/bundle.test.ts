@@ -1,12 +1,13 @@
 // Bundle rules: what packApp takes from a folder, and what unpackBundle
 // refuses before writing anything.
 import { randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm, symlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { gzipSync } from "node:zlib";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { BundleError, packApp, sha256, unpackBundle } from "../services/apps/bundle.js";
+import { writeApp } from "./helpers/apps.js";
 import { rawTar, TOML, type RawEntry } from "./helpers/raw-tar.js";
 
 let tmp: string;
@@ -14,15 +15,6 @@ beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-bundle-"));
 });
 afterAll(() => rm(tmp, { recursive: true, force: true }));
-
-async function folder(files: Record<string, string>): Promise<string> {
-  const dir = await mkdtemp(path.join(tmp, "app-"));
-  for (const [name, content] of Object.entries(files)) {
-    await mkdir(path.dirname(path.join(dir, name)), { recursive: true });
-    await writeFile(path.join(dir, name), content);
-  }
-  return dir;
-}
 
 async function refusal(bytes: Buffer, maxBytes = 1024 * 1024): Promise<BundleError> {
   const dest = await mkdtemp(path.join(tmp, "dest-"));
@@ -38,7 +30,7 @@ async function refusal(bytes: Buffer, maxBytes = 1024 * 1024): Promise<BundleErr
 
 describe("bundle - pack", () => {
   it("honours .gitignore and .skiffignore, always leaves out .git, node_modules and .skiff", async () => {
-    const dir = await folder({
+    const dir = await writeApp(tmp, {
       "skiff.toml": TOML,
       "server.mjs": "",
       ".gitignore": "*.log\nbuild/\n",
@@ -68,20 +60,20 @@ describe("bundle - pack", () => {
   });
 
   it("is reproducible: the same folder gives the same digest", async () => {
-    const dir = await folder({ "skiff.toml": TOML, "a.txt": "a" });
+    const dir = await writeApp(tmp, { "skiff.toml": TOML, "a.txt": "a" });
     expect(sha256((await packApp(dir)).bytes)).toBe(sha256((await packApp(dir)).bytes));
   });
 
   it("keeps a link inside the folder, refuses one that points out, needs skiff.toml", async () => {
-    const inside = await folder({ "skiff.toml": TOML, "data/a.txt": "a" });
+    const inside = await writeApp(tmp, { "skiff.toml": TOML, "data/a.txt": "a" });
     await symlink("data/a.txt", path.join(inside, "link.txt"));
     expect((await packApp(inside)).files).toContain("link.txt");
-    const outside = await folder({ "skiff.toml": TOML });
+    const outside = await writeApp(tmp, { "skiff.toml": TOML });
     await symlink("../../etc/passwd", path.join(outside, "passwd"));
     await expect(packApp(outside)).rejects.toThrow(
       /passwd is a link to \.\.\/\.\.\/etc\/passwd, outside the app folder/,
     );
-    await expect(packApp(await folder({ "main.py": "" }))).rejects.toThrow(/skiff\.toml not found/);
+    await expect(packApp(await writeApp(tmp, { "main.py": "" }))).rejects.toThrow(/skiff\.toml not found/);
   });
 });
 

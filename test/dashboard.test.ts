@@ -3,13 +3,14 @@
 // run that failed marked `async` and `failure` live, its webhook attempts and
 // a redelivery, and the apps page. Each page's screenshot goes to
 // test-results/screenshots/.
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { packApp } from "../services/apps/bundle.js";
+import { skiffToml, writeApp } from "./helpers/apps.js";
 import { collectProblems, ensureDashboardBuilt, launchChromium, screenshot } from "./helpers/browser.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 import { startReceiver, type Receiver } from "./helpers/webhook-receiver.js";
@@ -29,18 +30,17 @@ let problems: string[];
 
 /** A Cortex app with a function that raises and one that answers. */
 async function deployDemo(): Promise<void> {
-  const dir = await mkdtemp(path.join(tmp, "app-"));
-  await writeFile(
-    path.join(dir, "skiff.toml"),
-    `[app]\nname = "${APP}"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "index.mjs"\n[scaling]\nmax_replicas = 1\n`,
-  );
-  await writeFile(
-    path.join(dir, "index.mjs"),
-    [
+  const dir = await writeApp(tmp, {
+    "skiff.toml": skiffToml({
+      name: APP,
+      runtime: { kind: "cortex", language: "node", entry: "index.mjs" },
+      scaling: { max_replicas: 1 },
+    }),
+    "index.mjs": [
       "export function boom() { throw new RangeError('the dial went past eleven'); }",
       "export function hello({ name }) { return { message: `Hello, ${name}!` }; }",
     ].join("\n"),
-  );
+  });
   await t
     .management()
     .deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes } });

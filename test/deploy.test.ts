@@ -9,6 +9,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { Runner } from "../services/runner/runner.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
+import { skiffToml, writeApp, type Scaling } from "./helpers/apps.js";
 import { runCli, spawnCli } from "./helpers/cli.js";
 import { rawTar, TOML } from "./helpers/raw-tar.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
@@ -44,14 +45,9 @@ function request(
 }
 const json = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString("utf8")) as Record<string, unknown>;
 
-async function appFolder(files: Record<string, string>): Promise<string> {
-  const dir = await mkdtemp(path.join(tmp, "app-"));
-  for (const [name, content] of Object.entries(files)) await writeFile(path.join(dir, name), content);
-  return dir;
-}
-
-const nodeApp = (name: string, scaling: string, version: string) => ({
-  "skiff.toml": `[app]\nname = "${name}"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "index.mjs"\n[scaling]\n${scaling}\n`,
+/** A Cortex Node app whose function `version` answers `version`. */
+const nodeApp = (name: string, scaling: Scaling, version: string) => ({
+  "skiff.toml": skiffToml({ name, runtime: { kind: "cortex", language: "node", entry: "index.mjs" }, scaling }),
   "index.mjs": `export async function version() { await new Promise((r) => setTimeout(r, 20)); return "${version}"; }\n`,
 });
 
@@ -117,7 +113,12 @@ describe("deploy - refusals: nothing is deployed", () => {
       /skiff\.toml:8: scaling\.response_grace_period must be between 1 and 43200, got 50000/,
     ],
   ])("config error, %s: the CLI shows key and line, exit 1", async (_name, scaling, message) => {
-    const res = await skiff(["deploy", await appFolder(nodeApp("bad-config", scaling, "v1"))]);
+    // Written by hand: a wrong value on line 8.
+    const toml = `[app]\nname = "bad-config"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "index.mjs"\n[scaling]\n${scaling}\n`;
+    const res = await skiff([
+      "deploy",
+      await writeApp(tmp, { ...nodeApp("bad-config", {}, "v1"), "skiff.toml": toml }),
+    ]);
     expect(res.code).toBe(1);
     expect(res.stderr).toMatch(message);
     expect(await appNames()).not.toContain("bad-config");
@@ -141,7 +142,7 @@ describe("deploy - refusals: nothing is deployed", () => {
   });
 
   it("a folder with a symlink out of it is refused by the CLI before uploading", async () => {
-    const dir = await appFolder(nodeApp("linked", "", "v1"));
+    const dir = await writeApp(tmp, nodeApp("linked", {}, "v1"));
     await symlink("/etc/passwd", path.join(dir, "passwd"));
     const res = await skiff(["deploy", dir]);
     expect(res.code).toBe(2);
@@ -149,7 +150,7 @@ describe("deploy - refusals: nothing is deployed", () => {
   });
 
   it("a bundle over SKIFF_MAX_BUNDLE_BYTES, compressed or unpacked", async () => {
-    const noise = await appFolder(nodeApp("too-big", "", "v1"));
+    const noise = await writeApp(tmp, nodeApp("too-big", {}, "v1"));
     await writeFile(path.join(noise, "noise.bin"), (await import("node:crypto")).randomBytes(MAX_BUNDLE + 1024));
     const res = await skiff(["deploy", noise]);
     expect(res.code).toBe(1);
@@ -158,7 +159,7 @@ describe("deploy - refusals: nothing is deployed", () => {
         `bundle refused: the bundle is \\d+ bytes, more than the limit of ${MAX_BUNDLE} bytes \\(SKIFF_MAX_BUNDLE_BYTES\\)`,
       ),
     );
-    const zeros = await appFolder(nodeApp("too-big", "", "v1"));
+    const zeros = await writeApp(tmp, nodeApp("too-big", {}, "v1"));
     await writeFile(path.join(zeros, "zeros.bin"), Buffer.alloc(MAX_BUNDLE * 2));
     expect((await skiff(["deploy", zeros])).stderr).toMatch(/unpacks to more than the limit/);
     expect(await appNames()).not.toContain("too-big");
@@ -170,7 +171,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
     expect(
       await skiff([
         "deploy",
-        await appFolder(nodeApp("swap", "min_replicas = 1\nmax_replicas = 4\nreplica_concurrency = 4", "v1")),
+        await writeApp(tmp, nodeApp("swap", { min_replicas: 1, max_replicas: 4, replica_concurrency: 4 }, "v1")),
       ]),
     ).toMatchObject({ code: 0 });
     await served("swap", 1);
@@ -187,7 +188,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
     await vi.waitUntil(() => answers.length >= 8, { timeout: 20_000 });
     const res = await skiff([
       "deploy",
-      await appFolder(nodeApp("swap", "min_replicas = 1\nmax_replicas = 4\nreplica_concurrency = 4", "v2")),
+      await writeApp(tmp, nodeApp("swap", { min_replicas: 1, max_replicas: 4, replica_concurrency: 4 }, "v2")),
     ]);
     expect(res).toMatchObject({ code: 0, stdout: expect.stringContaining("deployed swap version 2") });
     await served("swap", 2);
@@ -261,7 +262,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
   });
 
   it("DeleteApp stops the replicas and the app is gone", async () => {
-    expect(await skiff(["deploy", await appFolder(nodeApp("doomed", "min_replicas = 1", "v1"))])).toMatchObject({
+    expect(await skiff(["deploy", await writeApp(tmp, nodeApp("doomed", { min_replicas: 1 }, "v1"))])).toMatchObject({
       code: 0,
     });
     await served("doomed", 1);
@@ -306,7 +307,7 @@ describe("deploy - a second runner process", () => {
     );
     const exited = new Promise((resolve) => child.once("exit", resolve));
     try {
-      expect(await skiff(["deploy", await appFolder(nodeApp("warm", "min_replicas = 1", "v1"))])).toMatchObject({
+      expect(await skiff(["deploy", await writeApp(tmp, nodeApp("warm", { min_replicas: 1 }, "v1"))])).toMatchObject({
         code: 0,
       });
       await served("warm", 1);

@@ -21,7 +21,7 @@ beforeAll(async () => {
   await deploy(
     tmp,
     t.management(),
-    cortexApp("calc", "max_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 2"),
+    cortexApp("calc", { max_replicas: 2, replica_concurrency: 4, response_grace_period: 2 }),
   );
   const { packApp } = await import("../services/apps/bundle.js");
   await t.management().deployApp({

@@ -11,6 +11,7 @@ import { prepareDeployment } from "../services/runner/prepare.js";
 import { Runner } from "../services/runner/runner.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
 import type { AppLogLine } from "../services/runner/types.js";
+import { skiffToml, type CortexRuntime } from "./helpers/apps.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
 let tmp: string;
@@ -67,8 +68,10 @@ function request(p: string, body: unknown = {}, more: Partial<InvokeRequest> = {
 
 const json = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString("utf8")) as Record<string, unknown>;
 
-const custom = (name: string, extra = "") =>
-  `[app]\nname = "${name}"\n[runtime]\nkind = "custom"\ncommand = ["node", "server.mjs"]\n${extra}`;
+const custom = (name: string, env?: Record<string, string>) =>
+  skiffToml({ name, runtime: { kind: "custom", command: ["node", "server.mjs"] }, env });
+const cortex = (name: string, language: CortexRuntime["language"], entry: string) =>
+  skiffToml({ name, runtime: { kind: "cortex", language, entry } });
 
 describe("runner - runtimes", () => {
   it("cortex python (example): the envelope, a raised exception as 500 with type and message, traceback only in the log", async () => {
@@ -178,7 +181,7 @@ describe("runner - runtimes", () => {
   });
 
   it("cortex python: only public functions defined in the module are exposed; others are FunctionNotFound without a replica", async () => {
-    const toml = `[app]\nname = "exposure"\n[runtime]\nkind = "cortex"\nlanguage = "python"\nentry = "main.py"\n`;
+    const toml = cortex("exposure", "python", "main.py");
     const dir = await app("test/fixtures/apps/py-exposure");
     expect(await prepareDeployment(dir, parseAppConfig(toml), silentLogger)).toEqual({
       functions: ["fail", "later", "public", "square"],
@@ -215,7 +218,7 @@ describe("runner - runtimes", () => {
     try {
       const { runner, name } = await deploy(
         "test/fixtures/apps/behave",
-        custom("behave", '[env]\nGREETING = "hi"\nLANG = "en_US.UTF-8"\n'),
+        custom("behave", { GREETING: "hi", LANG: "en_US.UTF-8" }),
       );
       const res = await runner.invoke(
         "p-test",
@@ -260,7 +263,7 @@ describe("runner - runtimes", () => {
   });
 
   it("a package.json dependency (a local file: package) is installed at deploy", async () => {
-    const toml = `[app]\nname = "deps"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "index.mjs"\n`;
+    const toml = cortex("deps", "node", "index.mjs");
     const { runner } = await deploy("test/fixtures/apps/node-deps", toml);
     const res = await runner.invoke("p-test", "deps", request("/run", { name: "Kim" }));
     expect(json(res.body).result).toBe("greetings, Kim");
@@ -278,7 +281,7 @@ describe("runner - runtimes", () => {
       PIP_TIMEOUT: "2",
     });
     try {
-      const toml = `[app]\nname = "reqs"\n[runtime]\nkind = "cortex"\nlanguage = "python"\nentry = "main.py"\n`;
+      const toml = cortex("reqs", "python", "main.py");
       const err = await deploy("test/fixtures/apps/py-reqs", toml).catch((e: unknown) => e);
       expect(err).toBeInstanceOf(PrepareFailed);
       expect((err as Error).message).toMatch(
@@ -295,9 +298,7 @@ describe("runner - runtimes", () => {
 
   it("a Cortex module that fails to import is refused at deploy with its error", async () => {
     const dir = await app("test/fixtures/apps/py-exposure");
-    const config = parseAppConfig(
-      `[app]\nname = "broken"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "missing.mjs"\n`,
-    );
+    const config = parseAppConfig(cortex("broken", "node", "missing.mjs"));
     await expect(prepareDeployment(dir, config, silentLogger)).rejects.toThrow(
       /^cannot load missing\.mjs:\n.*Cannot find module/s,
     );
@@ -305,14 +306,18 @@ describe("runner - runtimes", () => {
 
   it("a replica that exits at start: StartFailed quoting its stderr, at deploy (min_replicas) and on invoke", async () => {
     const toml = (min: number) =>
-      `[app]\nname = "dies"\n[runtime]\nkind = "custom"\ncommand = ["node", "-e", "console.error('cannot bind'); process.exit(2)"]\n[scaling]\nmin_replicas = ${min}\n`;
+      skiffToml({
+        name: "dies",
+        runtime: { kind: "custom", command: ["node", "-e", "console.error('cannot bind'); process.exit(2)"] },
+        scaling: { min_replicas: min },
+      });
     const failed = await deploy("test/fixtures/apps/behave", toml(1)).catch((e: unknown) => e);
     expect(failed).toBeInstanceOf(StartFailed);
     expect((failed as Error).message).toMatch(/exited during start \(code 2\).*cannot bind/s);
     expect(runner?.replicas("p-test", "dies")).toEqual([]);
     const { runner: r } = await deploy("test/fixtures/apps/behave", toml(0));
     await expect(r.invoke("p-test", "dies", request("/x"))).rejects.toThrow(StartFailed);
-    const missing = `[app]\nname = "nocmd"\n[runtime]\nkind = "custom"\ncommand = ["no-such-program-xyz"]\n`;
+    const missing = skiffToml({ name: "nocmd", runtime: { kind: "custom", command: ["no-such-program-xyz"] } });
     const { runner: r2 } = await deploy("test/fixtures/apps/behave", missing);
     await expect(r2.invoke("p-test", "nocmd", request("/x"))).rejects.toThrow(
       /cannot start no-such-program-xyz: spawn no-such-program-xyz ENOENT/,

@@ -11,6 +11,7 @@ import { freePort } from "../services/runner/ports.js";
 import { Runner, type RunnerOptions } from "../services/runner/runner.js";
 import type { InvokeRequest, InvokeResponse } from "../services/runs/invoke.js";
 import type { ReplicaChange } from "../services/runner/types.js";
+import { skiffToml, type CustomRuntime, type Scaling } from "./helpers/apps.js";
 
 const BEHAVE = path.resolve(import.meta.dirname, "fixtures/apps/behave");
 let tmp: string;
@@ -27,14 +28,21 @@ afterEach(async () => {
 });
 afterAll(() => rm(tmp, { recursive: true, force: true }));
 
-function toml(scaling: string, runtime = "", env = ""): string {
-  return `[app]\nname = "behave"\n[runtime]\nkind = "custom"\ncommand = ["node", "server.mjs"]\n${runtime}\n[env]\n${env}\n[scaling]\n${scaling}\n`;
+interface More {
+  runtime?: Partial<CustomRuntime>;
+  env?: Record<string, string>;
 }
 
-async function deploy(
-  scaling: string,
-  opts: { runtime?: string; env?: string; runner?: Partial<RunnerOptions> } = {},
-): Promise<Runner> {
+function toml(scaling: Scaling, { runtime, env }: More = {}): string {
+  return skiffToml({
+    name: "behave",
+    runtime: { kind: "custom", command: ["node", "server.mjs"], ...runtime },
+    env,
+    scaling,
+  });
+}
+
+async function deploy(scaling: Scaling, opts: More & { runner?: Partial<RunnerOptions> } = {}): Promise<Runner> {
   runner = new Runner({
     workDir: path.join(tmp, "work"),
     logger: silentLogger,
@@ -50,7 +58,7 @@ async function deploy(
     appName: "behave",
     version: 1,
     dir: BEHAVE,
-    config: parseAppConfig(toml(scaling, opts.runtime, opts.env)),
+    config: parseAppConfig(toml(scaling, opts)),
   });
   return runner;
 }
@@ -90,7 +98,7 @@ function peakLive(): number {
 
 describe("runner - scaling and replica life", () => {
   it("cold start: no replica until the first request, then one", async () => {
-    const r = await deploy("cooldown = 30");
+    const r = await deploy({ cooldown: 30 });
     expect(r.replicas("p", "behave")).toEqual([]);
     const res = await call(r, "/sleep", "ms=0");
     expect(res.status).toBe(200);
@@ -101,14 +109,14 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("min_replicas are warm at deploy and stay through the cooldown", async () => {
-    const r = await deploy("min_replicas = 2\nmax_replicas = 3\ncooldown = 1");
+    const r = await deploy({ min_replicas: 2, max_replicas: 3, cooldown: 1 });
     expect(r.replicas("p", "behave").map((x) => x.state)).toEqual(["ready", "ready"]);
     await new Promise((res) => setTimeout(res, 1600));
     expect(r.replicas("p", "behave")).toHaveLength(2);
   });
 
   it("scales up to max_replicas under concurrent load, and not beyond", async () => {
-    const r = await deploy("max_replicas = 3\nreplica_concurrency = 1");
+    const r = await deploy({ max_replicas: 3, replica_concurrency: 1 });
     const results = await Promise.all(Array.from({ length: 9 }, () => call(r, "/sleep", "ms=300")));
     expect(results.every((x) => x.status === 200)).toBe(true);
     expect(new Set(results.map(pidOf)).size).toBe(3);
@@ -116,7 +124,7 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("at most replica_concurrency requests at once on a replica; the rest wait", async () => {
-    const r = await deploy("max_replicas = 1\nreplica_concurrency = 2");
+    const r = await deploy({ max_replicas: 1, replica_concurrency: 2 });
     await call(r, "/sleep", "ms=0");
     const started = Date.now();
     let peak = 0;
@@ -129,7 +137,7 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("bounded queue: a request past the queue limit, or waiting past queueWaitMs, is Overloaded", async () => {
-    const r = await deploy("max_replicas = 1", { runner: { queueLimit: 2, queueWaitMs: 700 } });
+    const r = await deploy({ max_replicas: 1 }, { runner: { queueLimit: 2, queueWaitMs: 700 } });
     await call(r, "/sleep", "ms=0");
     const busy = call(r, "/sleep", "ms=1000");
     const queued = [call(r, "/sleep", "ms=0"), call(r, "/sleep", "ms=0")];
@@ -143,7 +151,7 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("a replica idle for cooldown stops: scale to zero", async () => {
-    const r = await deploy("cooldown = 1");
+    const r = await deploy({ cooldown: 1 });
     const pid = pidOf(await call(r, "/sleep", "ms=0"));
     expect(r.replicas("p", "behave")).toHaveLength(1);
     await expect.poll(() => r.replicas("p", "behave"), { timeout: 3000, interval: 50 }).toEqual([]);
@@ -153,7 +161,7 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("a run past response_grace_period fails with RunTimeout; its replica is replaced", async () => {
-    const r = await deploy("response_grace_period = 1", { env: 'IGNORE_SIGTERM = "1"' });
+    const r = await deploy({ response_grace_period: 1 }, { env: { IGNORE_SIGTERM: "1" } });
     const pid = pidOf(await call(r, "/sleep", "ms=0"));
     // Unbounded, this 10 s run would answer 200; the bound makes it a RunTimeout.
     const err = await call(r, "/sleep", "ms=10000").catch((e: unknown) => e);
@@ -166,7 +174,7 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("graceful stop: SIGTERM lets in-flight work finish", async () => {
-    const r = await deploy("response_grace_period = 5");
+    const r = await deploy({ response_grace_period: 5 });
     const pid = pidOf(await call(r, "/sleep", "ms=0"));
     const inFlight = call(r, "/sleep", "ms=600");
     await new Promise((res) => setTimeout(res, 100));
@@ -179,7 +187,7 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("graceful stop: a replica that ignores SIGTERM is SIGKILLed after response_grace_period, failing its run", async () => {
-    const r = await deploy("response_grace_period = 1", { env: 'IGNORE_SIGTERM = "1"' });
+    const r = await deploy({ response_grace_period: 1 }, { env: { IGNORE_SIGTERM: "1" } });
     const pid = pidOf(await call(r, "/sleep", "ms=0"));
     const inFlight = call(r, "/sleep", "ms=5000").catch((e: unknown) => e);
     await new Promise((res) => setTimeout(res, 100));
@@ -193,7 +201,7 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("crash: in-flight requests fail with ReplicaCrashed; the next request gets a new replica", async () => {
-    const r = await deploy("replica_concurrency = 2\nmax_replicas = 1");
+    const r = await deploy({ replica_concurrency: 2, max_replicas: 1 });
     const pid = pidOf(await call(r, "/sleep", "ms=0"));
     const other = call(r, "/sleep", "ms=2000").catch((e: unknown) => e);
     await new Promise((res) => setTimeout(res, 50));
@@ -206,7 +214,7 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("a crashed replica under min_replicas is restarted on its own", async () => {
-    const r = await deploy("min_replicas = 1");
+    const r = await deploy({ min_replicas: 1 });
     const [first] = r.replicas("p", "behave");
     await call(r, "/crash").catch(() => undefined);
     await expect
@@ -218,14 +226,14 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("a failing healthcheck restarts the replica", async () => {
-    const r = await deploy("max_replicas = 1");
+    const r = await deploy({ max_replicas: 1 });
     const pid = pidOf(await call(r, "/sick"));
     await expect.poll(() => alive(pid), { timeout: 3000, interval: 50 }).toBe(false);
     expect(pidOf(await call(r, "/sleep", "ms=0"))).not.toBe(pid);
   });
 
   it("a failing readycheck takes the replica out of routing until it passes again", async () => {
-    const r = await deploy("max_replicas = 1", { runtime: 'readycheck = "/ready"' });
+    const r = await deploy({ max_replicas: 1 }, { runtime: { readycheck: "/ready" } });
     const pid = pidOf(await call(r, "/unready", "ms=800"));
     await expect.poll(() => r.replicas("p", "behave")[0]?.routable, { timeout: 2000, interval: 20 }).toBe(false);
     const started = Date.now();
@@ -236,9 +244,12 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("redeploy: requests in flight and arriving during deploy() all succeed; the new version serves after", async () => {
-    const r = await deploy("min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 5", {
-      env: 'VERSION = "1"',
-    });
+    const r = await deploy(
+      { min_replicas: 1, max_replicas: 2, replica_concurrency: 4, response_grace_period: 5 },
+      {
+        env: { VERSION: "1" },
+      },
+    );
     const version = (res: InvokeResponse) =>
       (JSON.parse(Buffer.from(res.body).toString()) as { env: { VERSION: string } }).env.VERSION;
     const inFlight = Array.from({ length: 4 }, () => call(r, "/sleep", "ms=400"));
@@ -250,9 +261,8 @@ describe("runner - scaling and replica life", () => {
     })();
     const config = parseAppConfig(
       toml(
-        "min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 4\nresponse_grace_period = 5",
-        "",
-        'VERSION = "2"',
+        { min_replicas: 1, max_replicas: 2, replica_concurrency: 4, response_grace_period: 5 },
+        { env: { VERSION: "2" } },
       ),
     );
     await r.deploy({ projectId: "p", appName: "behave", version: 2, dir: BEHAVE, config });
@@ -272,12 +282,12 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("redeploy: requests queued for the old version are served by the new one at once", async () => {
-    const r = await deploy("max_replicas = 1\nresponse_grace_period = 5", { env: 'VERSION = "1"' });
+    const r = await deploy({ max_replicas: 1, response_grace_period: 5 }, { env: { VERSION: "1" } });
     await call(r, "/sleep", "ms=0");
     const order: string[] = [];
     const busy = call(r, "/sleep", "ms=1500").then((x) => (order.push("busy"), x));
     const queued = call(r, "/env").then((x) => (order.push("queued"), x));
-    const config = parseAppConfig(toml("max_replicas = 1\nresponse_grace_period = 5", "", 'VERSION = "2"'));
+    const config = parseAppConfig(toml({ max_replicas: 1, response_grace_period: 5 }, { env: { VERSION: "2" } }));
     await r.deploy({ projectId: "p", appName: "behave", version: 2, dir: BEHAVE, config });
     const res = await queued;
     expect((JSON.parse(Buffer.from(res.body).toString()) as { env: { VERSION: string } }).env.VERSION).toBe("2");
@@ -286,7 +296,7 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("Cancelled: an aborted run fails at once and its replica stays; a cancelled queued request never runs", async () => {
-    const r = await deploy("max_replicas = 1");
+    const r = await deploy({ max_replicas: 1 });
     const pid = pidOf(await call(r, "/sleep", "ms=0"));
     const ac = new AbortController();
     const running = call(r, "/sleep", "ms=3000", { signal: ac.signal }).catch((e: unknown) => e);
@@ -308,11 +318,11 @@ describe("runner - scaling and replica life", () => {
   it("a fixed port: one replica on this machine whatever max_replicas says", async () => {
     const port = await freePort();
     // The app ignores PORT here: it is told the fixed port through [env].
-    const r = await deploy("max_replicas = 3", { runtime: `port = ${port}`, env: `FIXED = "${port}"` });
+    const r = await deploy({ max_replicas: 3 }, { runtime: { port }, env: { FIXED: String(port) } });
     const results = await Promise.all(Array.from({ length: 3 }, () => call(r, "/sleep", "ms=100")));
     expect(new Set(results.map(pidOf)).size).toBe(1);
     expect(peakLive()).toBe(1);
-    const config = parseAppConfig(toml("max_replicas = 3", `port = ${port}`, `FIXED = "${port}"`));
+    const config = parseAppConfig(toml({ max_replicas: 3 }, { runtime: { port }, env: { FIXED: String(port) } }));
     await r.deploy({ projectId: "p", appName: "behave", version: 2, dir: BEHAVE, config });
     expect(pidOf(await call(r, "/sleep", "ms=0"))).not.toBe(pidOf(results[0]));
   });

@@ -34,12 +34,12 @@ beforeAll(async () => {
   await deploy(
     tmp,
     t.management(),
-    cortexApp("one", "max_replicas = 1\nreplica_concurrency = 1\nmin_replicas = 1\nresponse_grace_period = 30"),
+    cortexApp("one", { max_replicas: 1, replica_concurrency: 1, min_replicas: 1, response_grace_period: 30 }),
   );
   await deploy(
     tmp,
     t.management(),
-    cortexApp("many", "max_replicas = 2\nreplica_concurrency = 8\nresponse_grace_period = 30"),
+    cortexApp("many", { max_replicas: 2, replica_concurrency: 8, response_grace_period: 30 }),
   );
   // The apps on the runner.
   await vi.waitUntil(() => t.skiff.runner!.version(P, "one") === 1 && t.skiff.runner!.version(P, "many") === 1, {

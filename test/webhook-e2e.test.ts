@@ -61,7 +61,7 @@ describe("webhooks end to end", () => {
   beforeAll(async () => {
     t = await startTestSkiff({ env: { SKIFF_WEBHOOK_ALLOWED_CIDRS: "127.0.0.0/8" } });
     receiver = await holdingReceiver();
-    await deploy(tmpdir(), t.management(), cortexApp("hooks", "min_replicas = 1"));
+    await deploy(tmpdir(), t.management(), cortexApp("hooks", { min_replicas: 1 }));
   }, 60_000);
   afterAll(async () => {
     await receiver?.close();

@@ -2,6 +2,7 @@
 // link targets that no honest packer writes.
 import { gzipSync } from "node:zlib";
 import { Header, type HeaderData } from "tar";
+import { skiffToml } from "./apps.js";
 
 export interface RawEntry {
   path: string;
@@ -32,4 +33,4 @@ export function rawTar(entries: RawEntry[]): Buffer {
   return gzipSync(Buffer.concat(blocks));
 }
 
-export const TOML = '[app]\nname = "raw"\n[runtime]\nkind = "custom"\ncommand = ["node", "server.mjs"]\n';
+export const TOML = skiffToml({ name: "raw", runtime: { kind: "custom", command: ["node", "server.mjs"] } });

@@ -1,17 +1,16 @@
 // Apps for the run tests, deployed for real through DeployApp, and small
 // helpers to call them over REST.
-import { mkdtemp, writeFile } from "node:fs/promises";
-import path from "node:path";
 import type { Client } from "@connectrpc/connect";
 import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { packApp } from "../../services/apps/bundle.js";
+import { skiffToml, writeApp, type Scaling } from "./apps.js";
 
 export const P = "p-dev";
 
 /** A Cortex Node app: add, fail (raises), sleep (ms), _hidden (private). */
-export function cortexApp(name: string, scaling: string): Record<string, string> {
+export function cortexApp(name: string, scaling: Scaling): Record<string, string> {
   return {
-    "skiff.toml": `[app]\nname = "${name}"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "index.mjs"\n[scaling]\n${scaling}\n`,
+    "skiff.toml": skiffToml({ name, runtime: { kind: "cortex", language: "node", entry: "index.mjs" }, scaling }),
     "index.mjs": [
       "export function add({ a, b }) { return a + b; }",
       "export function fail() { throw new TypeError('nope'); }",
@@ -27,8 +26,7 @@ export async function deploy(
   client: Client<typeof ManagementService>,
   files: Record<string, string>,
 ): Promise<void> {
-  const dir = await mkdtemp(path.join(tmp, "app-"));
-  for (const [name, content] of Object.entries(files)) await writeFile(path.join(dir, name), content);
+  const dir = await writeApp(tmp, files);
   await client.deployApp({
     projectId: P,
     bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
