@@ -14,9 +14,8 @@ import {
   type RunnerRole,
   DeploymentCache,
   type Runner,
-  startRunServices,
-  type RunServices,
 } from "./runner/index.js";
+import { openRunContext, type RunContext } from "./runs/index.js";
 import { AppRegistry } from "./apps/index.js";
 import { startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
@@ -49,8 +48,10 @@ interface RoleContext {
   logger: Logger;
   /** Shared by the management and runner roles of one process. */
   deployments: DeploymentCache | undefined;
-  /** The process's app registry and runner, when the runner role runs here. */
-  apps: AppRegistry | undefined;
+  /** The process's app registry and run helpers. */
+  apps: AppRegistry;
+  runs: RunContext;
+  /** The process's runner, when the runner role runs here. */
   runner: Runner | undefined;
   /** Called on close, before NATS closes. */
   onClose: (close: () => void) => void;
@@ -60,21 +61,20 @@ interface RoleContext {
 
 /** Roles that serve RPCs on the port; the others work from NATS alone. */
 const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> = {
-  invocation: async ({ config, nats, logger, apps, runner, onClose, webhookAllowedCidrs }) => {
+  invocation: async ({ config, nats, logger, apps, runs, runner, webhookAllowedCidrs }) => {
     const role = await startInvocationRole({
       nc: nats.nc,
       logger,
       registry: apps,
+      runs,
       runner,
-      resultTtlSeconds: config.resultTtlSeconds,
       maxQueuedRuns: config.maxQueuedRuns,
       webhookAllowedCidrs,
       secretsKey: config.secretsKey,
     });
-    onClose(() => role.close());
     return { service: InvocationService, routes: role.routes };
   },
-  management: async ({ config, nats, auth, logger, deployments }) => {
+  management: async ({ config, nats, auth, logger, deployments, runs, onClose }) => {
     const role = await startManagementRole({
       nc: nats.nc,
       auth,
@@ -82,10 +82,11 @@ const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> =
       signingKey: config.signingKey,
       adminToken: config.adminToken,
       maxBundleBytes: config.maxBundleBytes,
-      resultTtlSeconds: config.resultTtlSeconds,
+      runs,
       deployments,
       logger,
     });
+    onClose(() => role.close());
     return { service: ManagementService, routes: role.routes };
   },
 };
@@ -143,15 +144,15 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
   });
   let auth: Auth | undefined;
   let apps: AppRegistry | undefined;
-  let runner: RunnerRole | undefined;
+  let runs: RunContext | undefined;
+  let runnerRole: RunnerRole | undefined;
   let webhook: { close(): Promise<void> } | undefined;
-  let runs: RunServices | undefined;
   const closers: (() => void)[] = [];
   const stopRoles = async () => {
     await webhook?.close();
     for (const close of closers.splice(0)) close();
-    await runs?.close();
-    await runner?.close();
+    await runnerRole?.close();
+    runs?.close();
     apps?.close();
     auth?.close();
   };
@@ -166,23 +167,20 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     const deployments = runsRunner
       ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger })
       : undefined;
-    if (runsRunner) {
+    // One registry and one set of run helpers for every role of the process that uses them.
+    if (config.roles.some((r) => r !== "webhook")) {
       apps = await AppRegistry.start(nats.nc, logger);
-      runner = await startRunnerRole({
+      runs = await openRunContext(nats.nc, { resultTtlSeconds: config.resultTtlSeconds });
+    }
+    if (runsRunner) {
+      runnerRole = await startRunnerRole({
         nc: nats.nc,
         dataDir: config.dataDir,
         logger,
-        maxBundleBytes: config.maxBundleBytes,
-        registry: apps,
-        deployments,
-      });
-      runs = await startRunServices({
-        nc: nats.nc,
-        runner: runner.runner,
-        registry: apps,
-        logger,
-        resultTtlSeconds: config.resultTtlSeconds,
-        ackWaitMs: config.runAckWaitMs,
+        registry: apps!,
+        deployments: deployments!,
+        runs: runs!,
+        runAckWaitMs: config.runAckWaitMs,
       });
     }
 
@@ -210,8 +208,9 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
             auth,
             logger,
             deployments,
-            apps,
-            runner: runner?.runner,
+            apps: apps!,
+            runs: runs!,
+            runner: runnerRole?.runner,
             onClose: (c) => closers.push(c),
             webhookAllowedCidrs: allowedCidrs,
           }),
@@ -246,7 +245,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       port: server.port,
       nats,
       health,
-      runner: runner?.runner,
+      runner: runnerRole?.runner,
       apps,
       async close() {
         await server.close(config.shutdownTimeoutMs);

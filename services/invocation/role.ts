@@ -1,14 +1,14 @@
 // The invocation role of a process: the views and handles its handlers use.
-// It follows the app registry (the process's own when another role already
-// does) and, when the runner role runs in this process too, calls that
-// runner directly for sync runs.
+// It follows the process's app registry and uses its run helpers and, when
+// the runner role runs in this process too, calls that runner directly for
+// sync runs.
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
 import type { Runner } from "../runner/index.js";
-import { AppRegistry } from "../apps/index.js";
+import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets } from "../nats/index.js";
-import { RunControl, RunResults, RunStore, BodyTransfer } from "../runs/index.js";
+import type { RunContext } from "../runs/index.js";
 import { createSecretBox, secretsBucket, AddressGuard } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { routes } from "./routes.js";
@@ -16,11 +16,12 @@ import { routes } from "./routes.js";
 export interface InvocationRoleOptions {
   nc: NatsConnection;
   logger: Logger;
-  /** The process's registry, when another role follows one; else the role starts its own. */
-  registry?: AppRegistry;
+  /** The process's app registry. */
+  registry: AppRegistry;
+  /** The process's run helpers. */
+  runs: RunContext;
+  /** This process's runner, when the runner role runs here. */
   runner?: Runner;
-  /** SKIFF_RESULT_TTL, seconds. */
-  resultTtlSeconds: number;
   /** SKIFF_MAX_QUEUED_RUNS. */
   maxQueuedRuns: number;
   /** SKIFF_WEBHOOK_ALLOWED_CIDRS. */
@@ -31,26 +32,21 @@ export interface InvocationRoleOptions {
 
 export interface InvocationRole {
   routes(router: ConnectRouter): void;
-  close(): void;
 }
 
 export async function startInvocationRole(opts: InvocationRoleOptions): Promise<InvocationRole> {
-  const { nc, logger } = opts;
+  const { nc, logger, runs } = opts;
   const js = nc.jetstream();
-  const registry = opts.registry ?? (await AppRegistry.start(nc, logger));
-  const results = new RunResults(js, nc, opts.resultTtlSeconds);
-  const control = new RunControl();
-  control.listen(nc);
   const deps: InvocationDeps = {
     nc,
     js,
     jsm: await nc.jetstreamManager(),
-    registry,
+    registry: opts.registry,
     runner: opts.runner,
-    runs: await RunStore.open(nc),
-    results,
-    transfer: new BodyTransfer(nc, () => results.objects()),
-    control,
+    runs: runs.store,
+    results: runs.results,
+    transfer: runs.transfer,
+    control: runs.control,
     secrets: await secretsBucket(nc),
     box: await createSecretBox(nc, { key: opts.secretsKey }),
     idempotency: await js.views.kv(buckets.idempotency.name, { bindOnly: true }),
@@ -58,11 +54,5 @@ export async function startInvocationRole(opts: InvocationRoleOptions): Promise<
     maxQueuedRuns: opts.maxQueuedRuns,
     logger,
   };
-  return {
-    routes: (router) => routes(router, deps),
-    close() {
-      control.close();
-      if (opts.registry === undefined) registry.close();
-    },
-  };
+  return { routes: (router) => routes(router, deps) };
 }

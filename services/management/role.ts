@@ -9,6 +9,7 @@ import { type Auth, issueToken } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets, objectStores } from "../nats/index.js";
 import { prepareBundle, type DeploymentCache } from "../runner/index.js";
+import type { RunContext } from "../runs/index.js";
 import { ensureAdminToken, ensureDevAccount } from "./bootstrap.js";
 import { AppObserver } from "./app-observe.js";
 import { AppStore } from "./app-store.js";
@@ -28,8 +29,8 @@ export interface ManagementRoleOptions {
   adminToken: string | undefined;
   /** SKIFF_MAX_BUNDLE_BYTES. */
   maxBundleBytes: number;
-  /** SKIFF_RESULT_TTL, seconds. */
-  resultTtlSeconds: number;
+  /** The process's run helpers. */
+  runs: RunContext;
   /**
    * The runner role's cache when this process runs one: a bundle prepared to
    * check a deployment is then the one its replicas run, not prepared twice.
@@ -40,8 +41,8 @@ export interface ManagementRoleOptions {
 
 export interface ManagementRole {
   routes(router: ConnectRouter): void;
-  /** Where the admin token is (undefined: it came from SKIFF_ADMIN_TOKEN) and the dev token. */
-  files: { adminToken: string | undefined; devToken: string };
+  /** Stops following run records and sweeping results. */
+  close(): void;
 }
 
 export async function startManagementRole(opts: ManagementRoleOptions): Promise<ManagementRole> {
@@ -51,7 +52,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
     projects: new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true })),
     serviceAccounts: new ServiceAccountStore(await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true })),
     apps: await appDeps(opts),
-    runs: await startRunApi({ nc: opts.nc, logger: opts.logger, resultTtlSeconds: opts.resultTtlSeconds }),
+    runs: await startRunApi({ nc: opts.nc, logger: opts.logger, runs: opts.runs }),
     issueToken: (subject) => issueToken(key, subject),
     logger: opts.logger,
   };
@@ -70,7 +71,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
     { adminTokenFile: adminToken ?? null, devTokenFile: devToken, kid: key.kid },
     `admin token: ${adminToken ?? "from SKIFF_ADMIN_TOKEN"}; dev token (project p-dev): ${devToken}`,
   );
-  return { routes: (router) => routes(router, deps), files: { adminToken, devToken } };
+  return { routes: (router) => routes(router, deps), close: () => deps.runs.close() };
 }
 
 async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {

@@ -21,10 +21,9 @@ import type { Logger } from "../config/index.js";
 import {
   requestCancel,
   publishRunEvent,
-  RunResults,
   isFinal,
   RUN_STATUSES,
-  RunStore,
+  type RunContext,
   type RunRecord,
   type RunStatus,
   runMessage,
@@ -48,8 +47,8 @@ const RUN_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 export interface RunApiOptions {
   nc: NatsConnection;
   logger: Logger;
-  /** SKIFF_RESULT_TTL, seconds. */
-  resultTtlSeconds: number;
+  /** The process's run helpers: the store of run records and the results. */
+  runs: Pick<RunContext, "store" | "results">;
 }
 
 export interface RunApi {
@@ -80,8 +79,7 @@ const token = {
 export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   const { nc, logger } = opts;
   const js = nc.jetstream();
-  const runs = await RunStore.open(nc);
-  const results = new RunResults(js, nc, opts.resultTtlSeconds);
+  const { store: runs, results } = opts.runs;
   const index = await RunIndex.start(nc, logger);
   const sweeper = setInterval(() => {
     if (!nc.isClosed())

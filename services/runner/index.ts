@@ -7,7 +7,5 @@ export type { ReplicaRecord } from "./replica-publisher.js";
 export { deploymentsDir, startRunnerRole } from "./role.js";
 export { configureSandbox } from "./sandbox.js";
 export type { RunnerRole } from "./role.js";
-export { startRunServices } from "./run-services.js";
-export type { RunServices } from "./run-services.js";
 export type { Runner } from "./runner.js";
 export type { PreparedDeployment } from "./types.js";

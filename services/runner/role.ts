@@ -1,5 +1,6 @@
 // The runner role of a process: keeps its Runner in step with the app
-// registry. For each app record it fetches the bundle from object store
+// registry, and takes runs in for the apps it has deployed (run-intake.ts).
+// For each app record it fetches the bundle from object store
 // `skiff-bundles` into `<dataDir>/deployments/<digest>/` (once per machine),
 // deploys it, and removes the app when its record is deleted. Replicas are
 // published to KV `skiff-replicas` and their log lines to SKIFF_LOGS.
@@ -10,26 +11,30 @@
 // deploying each one.
 import path from "node:path";
 import type { NatsConnection, ObjectStore } from "nats";
-import { AppRegistry, appKey, type AppRecord } from "../apps/index.js";
+import { appKey, type AppRecord, type AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { objectStores } from "../nats/index.js";
+import type { RunContext } from "../runs/index.js";
 import { logPublisher } from "./app-logs.js";
-import { DeploymentCache } from "./deployment-cache.js";
+import type { DeploymentCache } from "./deployment-cache.js";
 import { DEFAULT_REPLICA_REFRESH_MS, ReplicaPublisher } from "./replica-publisher.js";
+import { startRunIntake } from "./run-intake.js";
 import { Runner, type RunnerOptions } from "./runner.js";
 import type { AppLogLine } from "./types.js";
 
 export interface RunnerRoleOptions {
   nc: NatsConnection;
-  /** Deployments go to `<dataDir>/deployments`, replica folders to `<dataDir>/replicas`. */
+  /** Replica folders go to `<dataDir>/replicas`. */
   dataDir: string;
   logger: Logger;
-  /** SKIFF_MAX_BUNDLE_BYTES: bundles are checked again when unpacked here. */
-  maxBundleBytes: number;
-  /** The process's registry, when other roles use one too; else the role starts its own. */
-  registry?: AppRegistry;
-  /** The process's deployment cache, when the management role shares it. */
-  deployments?: DeploymentCache;
+  /** The process's app registry. */
+  registry: AppRegistry;
+  /** The process's deployment cache (`<dataDir>/deployments`), shared with its management role. */
+  deployments: DeploymentCache;
+  /** The process's run helpers. */
+  runs: RunContext;
+  /** SKIFF_RUN_ACK_WAIT_MS: ack deadline of the run consumers. */
+  runAckWaitMs: number;
   /** Tuning of the Runner (timeouts, queue limits). */
   runnerOptions?: Omit<RunnerOptions, "workDir" | "logger" | "onLog" | "onReplicaChange">;
   /** How often replicas are re-published to KV (default a third of the bucket's TTL). */
@@ -38,8 +43,11 @@ export interface RunnerRoleOptions {
 
 export interface RunnerRole {
   runner: Runner;
-  deployments: DeploymentCache;
-  /** Stops following the registry, stops every replica gracefully, withdraws the published replicas. */
+  /**
+   * Stops taking runs (those under way finish), stops following the
+   * registry, stops every replica gracefully, withdraws the published
+   * replicas.
+   */
   close(): Promise<void>;
 }
 
@@ -48,11 +56,7 @@ const PRUNE_EVERY_MS = 60 * 60 * 1000;
 export const deploymentsDir = (dataDir: string): string => path.join(path.resolve(dataDir), "deployments");
 
 export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRole> {
-  const { nc, logger } = opts;
-  const registry = opts.registry ?? (await AppRegistry.start(nc, logger));
-  const ownRegistry = opts.registry === undefined;
-  const deployments =
-    opts.deployments ?? new DeploymentCache(deploymentsDir(opts.dataDir), { maxBytes: opts.maxBundleBytes, logger });
+  const { nc, logger, registry, deployments } = opts;
   const bundles: ObjectStore = await nc.jetstream().views.os(objectStores.bundles.name);
   const publisher = await ReplicaPublisher.start(nc, logger);
   const publishLog = logPublisher(nc);
@@ -98,6 +102,8 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
       deployed.delete(key);
       await runner.remove(projectId, appName);
       logger.info({ app: key }, "app removed");
+      // Its prepared folder goes now, not at the next hourly prune.
+      void prune();
       return;
     }
     const want = record.deployment;
@@ -150,17 +156,30 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   for (const record of registry.list()) schedule(record.project_id, record.app_name);
   logger.info({ apps: registry.list().length }, "runner role follows the app registry");
 
+  const stopDeploying = async () => {
+    closed = true;
+    clearInterval(pruner);
+    stopWatching();
+    await Promise.allSettled([...queues.values()]);
+    await runner.close();
+    await publisher.close();
+  };
+  const intake = await startRunIntake({
+    nc,
+    runner,
+    registry,
+    runs: opts.runs,
+    logger,
+    ackWaitMs: opts.runAckWaitMs,
+  }).catch(async (err: unknown) => {
+    await stopDeploying();
+    throw err;
+  });
   return {
     runner,
-    deployments,
     async close() {
-      closed = true;
-      clearInterval(pruner);
-      stopWatching();
-      await Promise.allSettled([...queues.values()]);
-      await runner.close();
-      await publisher.close();
-      if (ownRegistry) registry.close();
+      await intake.close();
+      await stopDeploying();
     },
   };
 }

@@ -37,7 +37,6 @@ import {
 import type { AppRef } from "./deployed-apps.js";
 import type { Runner } from "./runner.js";
 
-export const DEFAULT_RUN_ACK_WAIT_MS = 30_000;
 /** How long one pull waits for messages before pulling again. */
 const PULL_EXPIRES_MS = 5_000;
 const RETRY_AFTER_ERROR_MS = 2_000;

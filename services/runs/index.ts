@@ -1,6 +1,9 @@
-// Runs: their states and records, their protobuf messages, events, results, how a run ended, the
-// invoke contract between gateway and runner (and its errors), the wire
-// format on NATS, and cancelling a run from any process.
+// Runs: their states and records, their protobuf messages, events, results,
+// how a run ended, the invoke contract between gateway and runner (and its
+// errors), the wire format on NATS, cancelling a run from any process, and
+// the set of these helpers that a process builds once (RunContext).
+export { openRunContext } from "./context.js";
+export type { RunContext } from "./context.js";
 export { RunControl, broadcastAbort, requestCancel } from "./control.js";
 export { runMessage } from "./convert.js";
 export {
