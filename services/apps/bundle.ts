@@ -8,13 +8,18 @@
 // makes the same bytes and the same digest (runners cache by digest).
 //
 // unpackBundle() reads the whole bundle before writing anything and refuses
-// it when any entry is an absolute path, has a `..` segment, is a link that
-// points out of the folder, lies below a link, or is not a plain file,
-// folder or link (devices, FIFOs); when the gzip bytes or the tar inside
-// exceed the limit (SKIFF_MAX_BUNDLE_BYTES); or when `skiff.toml` is not at
-// its root.
+// it when any entry is an absolute path, has a `..` segment, lies below a
+// link, is under `.skiff/` (skiff's own), or is not a plain file, folder or
+// link (devices, FIFOs); when a link's target points out of the folder or
+// passes through another link (so `d -> .` then `e -> d/d/../..` cannot
+// climb out, whatever the text of the path says); when it has more entries
+// than SKIFF_MAX_BUNDLE_FILES; when the gzip bytes or the tar inside exceed
+// the limit (SKIFF_MAX_BUNDLE_BYTES); or when `skiff.toml` is not at its
+// root. Once written, every symbolic link is resolved by the file system
+// and must land on a file or folder inside the app folder; otherwise the
+// folder is removed and the bundle refused.
 import { createHash } from "node:crypto";
-import { lstat, mkdir, readdir, readFile, readlink } from "node:fs/promises";
+import { lstat, mkdir, readdir, readFile, readlink, realpath, rm } from "node:fs/promises";
 import path from "node:path";
 import { gunzipSync } from "node:zlib";
 import ignore, { type Ignore } from "ignore";
@@ -24,6 +29,12 @@ import { APP_CONFIG_FILE } from "./app-config.js";
 /** Never packed, whatever the ignore files say. */
 export const ALWAYS_EXCLUDED = [".git", "node_modules", ".skiff"];
 export const IGNORE_FILES = [".gitignore", ".skiffignore"];
+/** Most entries in a bundle when the caller names no limit (SKIFF_MAX_BUNDLE_FILES). */
+export const DEFAULT_MAX_BUNDLE_FILES = 20_000;
+/** The bundle limits of this process, set once at start from the configuration. */
+export const bundleLimits = { maxFiles: DEFAULT_MAX_BUNDLE_FILES, maxAppsPerProject: 100 };
+/** A folder of the app that skiff writes (dependencies' venv, its marker); never in a bundle. */
+const RESERVED = ".skiff";
 /** Stamped on every packed entry so that packing is reproducible. */
 const FIXED_MTIME = new Date("2000-01-01T00:00:00Z");
 const GZIP_MAGIC = [0x1f, 0x8b];
@@ -110,6 +121,36 @@ export async function packApp(dir: string): Promise<PackedApp> {
 
 const ALLOWED_TYPES = new Set(["File", "OldFile", "ContiguousFile", "Directory", "SymbolicLink", "Link"]);
 
+/**
+ * Whether a link target, resolved segment by segment from the link's folder,
+ * stays inside the root without passing through any other link (a link may
+ * only be the last segment). Text alone cannot tell where `d/d/..` lands
+ * when `d` is a link, so links through links are refused.
+ */
+function targetStaysInside(entryPath: string, target: string, hard: boolean, links: ReadonlySet<string>): boolean {
+  if (!linkStaysInside(entryPath, target, hard)) return false;
+  const from = hard
+    ? []
+    : path.posix
+        .dirname(entryPath)
+        .split("/")
+        .filter((s) => s !== "" && s !== ".");
+  const segments = target.split("/").filter((s) => s !== "" && s !== ".");
+  const cur = [...from];
+  for (let i = 0; i < segments.length; i++) {
+    const seg = segments[i];
+    if (seg === "..") {
+      if (cur.length === 0) return false;
+      cur.pop();
+      continue;
+    }
+    cur.push(seg);
+    // Hard links are made with the path as written: no link anywhere in it.
+    if (links.has(cur.join("/")) && (hard || i < segments.length - 1)) return false;
+  }
+  return true;
+}
+
 /** The checks of one entry; returns its normalized path. */
 function checkEntry(entry: ReadEntry, links: Set<string>): string {
   const raw = entry.path;
@@ -124,6 +165,8 @@ function checkEntry(entry: ReadEntry, links: Set<string>): string {
       `bundle entry ${shown} is a ${entry.type}; only files, folders and links are allowed`,
     );
   const normal = segments.join("/");
+  if (segments[0] === RESERVED)
+    throw new BundleError("invalid", `bundle entry ${shown} is under ${RESERVED}/, which skiff keeps for itself`);
   for (let i = 1; i < segments.length; i++) {
     if (links.has(segments.slice(0, i).join("/")))
       throw new BundleError("invalid", `bundle entry ${shown} lies below a link`);
@@ -149,7 +192,11 @@ export interface BundleInfo {
 }
 
 /** Decompresses and checks a bundle without writing anything; throws BundleError. */
-export async function inspectBundle(bytes: Uint8Array, opts: { maxBytes: number }): Promise<BundleInfo> {
+export async function inspectBundle(
+  bytes: Uint8Array,
+  opts: { maxBytes: number; maxFiles?: number },
+): Promise<BundleInfo> {
+  const maxFiles = opts.maxFiles ?? bundleLimits.maxFiles;
   if (bytes.length === 0) throw new BundleError("invalid", "the bundle is empty: send a gzipped tar of the app folder");
   if (bytes.length > opts.maxBytes)
     throw new BundleError(
@@ -173,12 +220,27 @@ export async function inspectBundle(bytes: Uint8Array, opts: { maxBytes: number 
   }
   const entries: string[] = [];
   const links = new Set<string>();
+  const targets: { path: string; target: string; hard: boolean }[] = [];
   let failure: Error | undefined;
   const parser = new Parser({
     strict: true,
     onReadEntry: (entry) => {
       try {
-        if (!failure) entries.push(checkEntry(entry, links));
+        if (!failure) {
+          const normal = checkEntry(entry, links);
+          entries.push(normal);
+          if (entries.length > maxFiles)
+            throw new BundleError(
+              "invalid",
+              `the bundle has more than ${maxFiles} entries, the most allowed (SKIFF_MAX_BUNDLE_FILES)`,
+            );
+          if (entry.type === "SymbolicLink" || entry.type === "Link")
+            targets.push({
+              path: normal,
+              target: (entry.linkpath ?? "").replaceAll("\\", "/"),
+              hard: entry.type === "Link",
+            });
+        }
       } catch (err) {
         failure = err as Error;
       }
@@ -194,13 +256,25 @@ export async function inspectBundle(bytes: Uint8Array, opts: { maxBytes: number 
     parser.end(tar);
   });
   if (failure) throw failure;
+  // With every link known: no target may pass through one, whichever came first in the tar.
+  for (const t of targets) {
+    if (!targetStaysInside(t.path, t.target, t.hard, links))
+      throw new BundleError(
+        "invalid",
+        `bundle entry ${JSON.stringify(t.path.slice(0, 200))} is a link whose target leaves the app folder or passes through another link`,
+      );
+  }
   if (!entries.includes(APP_CONFIG_FILE))
     throw new BundleError("invalid", `the bundle has no ${APP_CONFIG_FILE} at its root`);
   return { tar, entries: entries.filter((e) => e !== "") };
 }
 
 /** Checks a bundle (see the header), then writes it into `dest`, which is created. */
-export async function unpackBundle(bytes: Uint8Array, dest: string, opts: { maxBytes: number }): Promise<BundleInfo> {
+export async function unpackBundle(
+  bytes: Uint8Array,
+  dest: string,
+  opts: { maxBytes: number; maxFiles?: number },
+): Promise<BundleInfo> {
   const info = await inspectBundle(bytes, opts);
   await mkdir(dest, { recursive: true });
   const unpack = extract({ cwd: dest, strict: true, preserveOwner: false, preservePaths: false });
@@ -211,5 +285,32 @@ export async function unpackBundle(bytes: Uint8Array, dest: string, opts: { maxB
     unpack.on("close", () => resolve());
     unpack.end(info.tar);
   });
+  try {
+    await checkWrittenLinks(dest);
+  } catch (err) {
+    await rm(dest, { recursive: true, force: true });
+    await mkdir(dest, { recursive: true });
+    throw err;
+  }
   return info;
+}
+
+/** Every symbolic link under `dest`, as the file system resolves it, must land on something inside `dest`. */
+async function checkWrittenLinks(dest: string): Promise<void> {
+  const root = await realpath(dest);
+  const walk = async (rel: string): Promise<void> => {
+    for (const e of await readdir(path.join(root, rel), { withFileTypes: true })) {
+      const p = rel === "" ? e.name : `${rel}/${e.name}`;
+      if (e.isDirectory()) await walk(p);
+      else if (e.isSymbolicLink()) {
+        const real = await realpath(path.join(root, p)).catch(() => undefined);
+        if (real === undefined || (real !== root && !real.startsWith(root + path.sep)))
+          throw new BundleError(
+            "invalid",
+            `bundle entry ${JSON.stringify(p.slice(0, 200))} is a link that does not resolve to a file or folder of the app`,
+          );
+      }
+    }
+  };
+  await walk("");
 }

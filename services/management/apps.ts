@@ -6,7 +6,7 @@
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { PrepareFailed } from "../runs/index.js";
-import { APP_NAME_PATTERN, AppConfigError, BundleError, sha256 } from "../apps/index.js";
+import { APP_NAME_PATTERN, AppConfigError, BundleError, bundleLimits, sha256 } from "../apps/index.js";
 import { actorOf, principalOf } from "../auth/index.js";
 import { DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT } from "./app-observe.js";
 import { audit } from "./audit.js";
@@ -59,6 +59,14 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
         ready = await deps.apps.prepare(digest, bytes);
       } catch (err) {
         throw refusal(err) ?? err;
+      }
+      if (!(await store.get(projectId, ready.config.app.name))) {
+        const count = (await store.list(projectId)).length;
+        if (count >= bundleLimits.maxAppsPerProject)
+          throw new ConnectError(
+            `project ${projectId} has ${count} apps, the most it may have (SKIFF_MAX_APPS_PER_PROJECT): delete one, or deploy a new version of an existing app`,
+            Code.ResourceExhausted,
+          );
       }
       const record = await store.deploy({
         projectId,

@@ -3,9 +3,17 @@
 // installed once per machine however many apps, versions or processes use
 // it. A deployment is prepared in a staging folder and renamed into place
 // only once ready, so a folder under its digest is always complete; what it
-// learned (Cortex functions, the venv) is kept in `.skiff/prepared.json`.
+// learned (Cortex functions, the venv) is kept in `.skiff/prepared.json`,
+// written only into a real `.skiff` folder and never through a link.
+//
+// Replicas share the folder read-only (sandbox.ts binds it), so nothing is
+// copied per replica. Folders no app lists any more are removed at the next
+// prune: at once when this process made or used them, after
+// PRUNE_MIN_AGE_MS otherwise (another process may be preparing one whose
+// record does not exist yet).
 import { randomBytes } from "node:crypto";
-import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { constants } from "node:fs";
+import { lstat, mkdir, open, readdir, readFile, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { loadAppConfig, type AppConfig, BundleError, sha256, unpackBundle } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
@@ -13,8 +21,8 @@ import { prepareDeployment } from "./prepare.js";
 import type { PreparedDeployment } from "./types.js";
 
 const MARKER = path.join(".skiff", "prepared.json");
-/** A folder younger than this is never pruned: a deploy may be preparing it before its record exists. */
-export const PRUNE_MIN_AGE_MS = 60 * 60 * 1000;
+/** A folder this process does not know, younger than this, is not pruned: another may be preparing it before its record exists. */
+export const PRUNE_MIN_AGE_MS = 10 * 60 * 1000;
 
 export interface PreparedBundle {
   /** The unpacked, prepared app folder. */
@@ -44,9 +52,29 @@ export async function prepareBundle(
   return { config, prepared };
 }
 
+/** Writes `.skiff/prepared.json` into `dir`: `.skiff` must be a folder (not a link), the file must not exist. */
+async function writeMarker(dir: string, marker: Marker): Promise<void> {
+  const skiff = path.join(dir, ".skiff");
+  await mkdir(skiff, { recursive: true });
+  const st = await lstat(skiff);
+  if (!st.isDirectory()) throw new BundleError("invalid", ".skiff in the app folder is not a folder");
+  const file = await open(
+    path.join(dir, MARKER),
+    constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW,
+    0o644,
+  );
+  try {
+    await file.writeFile(JSON.stringify(marker));
+  } finally {
+    await file.close();
+  }
+}
+
 export class DeploymentCache {
   /** Preparations under way in this process, by digest. */
   private readonly pending = new Map<string, Promise<PreparedBundle>>();
+  /** Digests this process prepared or loaded: no other process is preparing them. */
+  private readonly known = new Set<string>();
 
   constructor(
     readonly root: string,
@@ -78,7 +106,8 @@ export class DeploymentCache {
 
   /**
    * Removes the prepared folders (and leftover staging folders) of bundles
-   * that no app keeps any more, once they are older than PRUNE_MIN_AGE_MS.
+   * that no app keeps any more: at once for those this process knows, once
+   * older than PRUNE_MIN_AGE_MS for others.
    * `keep`: the digests of every deployment the app records still list.
    * Returns the digests removed.
    */
@@ -91,9 +120,13 @@ export class DeploymentCache {
         continue;
       const dir = path.join(this.root, name);
       const info = await stat(dir).catch(() => undefined);
-      if (!info || now - info.mtimeMs < PRUNE_MIN_AGE_MS) continue;
+      if (!info) continue;
+      if (!(digest && this.known.has(digest)) && now - info.mtimeMs < PRUNE_MIN_AGE_MS) continue;
       await rm(dir, { recursive: true, force: true });
-      if (digest) removed.push(digest);
+      if (digest) {
+        this.known.delete(digest);
+        removed.push(digest);
+      }
     }
     return removed;
   }
@@ -109,6 +142,7 @@ export class DeploymentCache {
     const prepared: PreparedDeployment = {};
     if (marker.functions) prepared.functions = marker.functions;
     if (marker.python) prepared.python = path.join(dir, marker.python);
+    this.known.add(digest);
     return { dir, config: await loadAppConfig(dir), prepared };
   }
 
@@ -123,8 +157,7 @@ export class DeploymentCache {
         functions: prepared.functions,
         python: prepared.python && path.relative(staging, prepared.python),
       };
-      await mkdir(path.join(staging, ".skiff"), { recursive: true });
-      await writeFile(path.join(staging, MARKER), JSON.stringify(marker));
+      await writeMarker(staging, marker);
       await rename(staging, this.dirOf(digest)).catch(async (err: NodeJS.ErrnoException) => {
         // Another process on this machine finished the same bundle first: use theirs.
         if (err.code !== "ENOTEMPTY" && err.code !== "EEXIST") throw err;

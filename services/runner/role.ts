@@ -104,6 +104,8 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
       logger.info({ app: key }, "app removed");
       // Its prepared folder goes now, not at the next hourly prune.
       void prune();
+      // Its prepared folder goes now, not at the next hourly prune.
+      void prune();
       return;
     }
     const want = record.deployment;

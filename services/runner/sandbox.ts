@@ -27,6 +27,7 @@ import { existsSync, lstatSync, readdirSync, readlinkSync, realpathSync } from "
 import { constants } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { bundleLimits } from "../apps/index.js";
 
 export interface SandboxLimits {
   /** Address space per process (RLIMIT_AS), MiB. */
@@ -345,6 +346,9 @@ export interface SandboxSettings {
   replicaFileMb: number;
   replicaTmpMb: number;
   replicaCpuSeconds: number;
+  /** Bundle limits of this process, applied here too since the same roles (runner, management) unpack bundles. */
+  maxBundleFiles?: number;
+  maxAppsPerProject?: number;
 }
 
 interface WarnLogger {
@@ -354,7 +358,7 @@ interface WarnLogger {
 
 /**
  * Checks that this host can sandbox apps with these settings and makes them
- * this process's default. Throws when it cannot and SKIFF_SANDBOX is not
+ * this process's default (with the bundle limits). Throws when it cannot and SKIFF_SANDBOX is not
  * off; says loudly when it is off.
  */
 export function configureSandbox(settings: SandboxSettings, logger: WarnLogger): SandboxOptions {
@@ -365,6 +369,8 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
     tmpMb: settings.replicaTmpMb,
     cpuSeconds: settings.replicaCpuSeconds,
   };
+  if (settings.maxBundleFiles !== undefined) bundleLimits.maxFiles = settings.maxBundleFiles;
+  if (settings.maxAppsPerProject !== undefined) bundleLimits.maxAppsPerProject = settings.maxAppsPerProject;
   if (settings.sandbox === "off") {
     logger.warn(
       { sandbox: "off" },
