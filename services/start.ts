@@ -1,5 +1,6 @@
 // Composes a skiff process from its configuration: NATS, provisioning, the
-// roles it runs and the one port that serves them.
+// roles it runs (one table, ROLES, says what each starts, serves and
+// closes) and the one port that serves them.
 import path from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter } from "@connectrpc/connect";
@@ -7,14 +8,7 @@ import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { startInvocationRole } from "./invocation/index.js";
 import { startManagementRole } from "./management/index.js";
-import {
-  configureSandbox,
-  deploymentsDir,
-  startRunnerRole,
-  type RunnerRole,
-  DeploymentCache,
-  type Runner,
-} from "./runner/index.js";
+import { configureSandbox, deploymentsDir, startRunnerRole, DeploymentCache, type Runner } from "./runner/index.js";
 import { openRunContext, type RunContext } from "./runs/index.js";
 import { AppRegistry } from "./apps/index.js";
 import { startAuth, type Auth } from "./auth/index.js";
@@ -30,66 +24,125 @@ export interface Skiff {
   health: HealthState;
   /** The runner of the runner role, when this process runs it. */
   runner: Runner | undefined;
-  /** The app registry, when a role of this process follows it. */
-  apps: AppRegistry | undefined;
   /** Graceful stop: no new requests, in-flight ones finish (up to the shutdown timeout), NATS closes. */
   close(): Promise<void>;
 }
 
-interface RpcRole {
-  service: DescService;
-  routes: (router: ConnectRouter) => void;
-}
-
-interface RoleContext {
+/**
+ * What the roles of one process share. The registry, the run helpers and
+ * auth are built when the first role that uses them starts, and closed once
+ * every role has stopped.
+ */
+interface Shared {
   config: Config;
   nats: NatsHandle;
-  auth: Auth;
   logger: Logger;
-  /** Shared by the management and runner roles of one process. */
-  deployments: DeploymentCache | undefined;
-  /** The process's app registry and run helpers. */
-  apps: AppRegistry;
-  runs: RunContext;
-  /** The process's runner, when the runner role runs here. */
-  runner: Runner | undefined;
-  /** Called on close, before NATS closes. */
-  onClose: (close: () => void) => void;
   /** Address ranges webhooks may reach despite the SSRF guard (resolved once). */
   webhookAllowedCidrs: string[];
+  /** The runner role's deployment cache, which the management role uses too when both run here. */
+  deployments: DeploymentCache | undefined;
+  registry(): Promise<AppRegistry>;
+  runs(): Promise<RunContext>;
+  auth(): Promise<Auth>;
+  /** The runner role's runner, once that role started. */
+  runner: Runner | undefined;
 }
 
-/** Roles that serve RPCs on the port; the others work from NATS alone. */
-const RPC_ROLES: Partial<Record<Role, (ctx: RoleContext) => Promise<RpcRole>>> = {
-  invocation: async ({ config, nats, logger, apps, runs, runner, webhookAllowedCidrs }) => {
-    const role = await startInvocationRole({
-      nc: nats.nc,
-      logger,
-      registry: apps,
-      runs,
-      runner,
-      maxQueuedRuns: config.maxQueuedRuns,
-      webhookAllowedCidrs,
-      secretsKey: config.secretsKey,
-    });
-    return { service: InvocationService, routes: role.routes };
+/** A role once started. */
+interface StartedRole {
+  /** The handlers of its RPC service. */
+  routes?: (router: ConnectRouter) => void;
+  /** Stops it; called once the port is closed, in the reverse of the start order. */
+  close?: () => void | Promise<void>;
+}
+
+interface RoleSpec {
+  /** The RPC service it serves on the port; a role without one works from NATS alone. */
+  service?: DescService;
+  start(shared: Shared): Promise<StartedRole>;
+}
+
+/**
+ * Every role, in the order they start; they stop in reverse. The runner
+ * comes first: the invocation role hands sync runs to this process's runner
+ * directly.
+ */
+const ROLES: Record<Role, RoleSpec> = {
+  // Replicas, deployments, and the runs it takes in (sync over NATS, async
+  // queues); closing stops taking runs, then stops the replicas.
+  runner: {
+    async start(shared) {
+      const { config, nats, logger } = shared;
+      const runnerRole = await startRunnerRole({
+        nc: nats.nc,
+        dataDir: config.dataDir,
+        logger,
+        registry: await shared.registry(),
+        deployments: shared.deployments!,
+        runs: await shared.runs(),
+        runAckWaitMs: config.runAckWaitMs,
+      });
+      shared.runner = runnerRole.runner;
+      return runnerRole;
+    },
   },
-  management: async ({ config, nats, auth, logger, deployments, runs, onClose }) => {
-    const role = await startManagementRole({
-      nc: nats.nc,
-      auth,
-      dataDir: config.dataDir,
-      signingKey: config.signingKey,
-      adminToken: config.adminToken,
-      maxBundleBytes: config.maxBundleBytes,
-      runs,
-      deployments,
-      logger,
-    });
-    onClose(() => role.close());
-    return { service: ManagementService, routes: role.routes };
+  // Consumes run events and delivers webhooks; closing lets the attempts under way finish.
+  webhook: {
+    start: ({ config, nats, logger, webhookAllowedCidrs }) =>
+      startWebhookRole({
+        nc: nats.nc,
+        logger,
+        allowedCidrs: webhookAllowedCidrs,
+        timeoutMs: config.webhookTimeoutMs,
+        secretsKey: config.secretsKey,
+      }),
+  },
+  // InvocationService; nothing of its own to close.
+  invocation: {
+    service: InvocationService,
+    async start(shared) {
+      const { config, nats, logger } = shared;
+      return startInvocationRole({
+        nc: nats.nc,
+        logger,
+        registry: await shared.registry(),
+        runs: await shared.runs(),
+        runner: shared.runner,
+        maxQueuedRuns: config.maxQueuedRuns,
+        webhookAllowedCidrs: shared.webhookAllowedCidrs,
+        secretsKey: config.secretsKey,
+      });
+    },
+  },
+  // ManagementService (and the dashboard); closing stops its run index and results sweeper.
+  management: {
+    service: ManagementService,
+    async start(shared) {
+      const { config, nats, logger } = shared;
+      return startManagementRole({
+        nc: nats.nc,
+        auth: await shared.auth(),
+        dataDir: config.dataDir,
+        signingKey: config.signingKey,
+        adminToken: config.adminToken,
+        maxBundleBytes: config.maxBundleBytes,
+        runs: await shared.runs(),
+        deployments: shared.deployments,
+        logger,
+      });
+    },
   },
 };
+
+/** A part built on first use; its `close` is queued on `closers` then. */
+function onFirstUse<T>(build: () => Promise<T>, close: (part: T) => void, closers: (() => void)[]): () => Promise<T> {
+  let part: Promise<T> | undefined;
+  return () =>
+    (part ??= build().then((built) => {
+      closers.push(() => close(built));
+      return built;
+    }));
+}
 
 /** The built dashboard (`npm run build:dashboard`, run by `npm start`). */
 const dashboardSite = () =>
@@ -142,19 +195,11 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     logger,
     name: `skiff ${config.roles.join(",")}`,
   });
-  let auth: Auth | undefined;
-  let apps: AppRegistry | undefined;
-  let runs: RunContext | undefined;
-  let runnerRole: RunnerRole | undefined;
-  let webhook: { close(): Promise<void> } | undefined;
-  const closers: (() => void)[] = [];
+  const started: StartedRole[] = [];
+  const closeShared: (() => void)[] = [];
   const stopRoles = async () => {
-    await webhook?.close();
-    for (const close of closers.splice(0)) close();
-    await runnerRole?.close();
-    runs?.close();
-    apps?.close();
-    auth?.close();
+    for (const role of started.splice(0).reverse()) await role.close?.();
+    for (const close of closeShared.splice(0).reverse()) close();
   };
   try {
     health.setNatsConnected(true);
@@ -163,59 +208,41 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     await provision(nats.nc, logger);
     health.setProvisioned();
 
-    const runsRunner = config.roles.includes("runner");
-    const deployments = runsRunner
-      ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger })
-      : undefined;
-    // One registry and one set of run helpers for every role of the process that uses them.
-    if (config.roles.some((r) => r !== "webhook")) {
-      apps = await AppRegistry.start(nats.nc, logger);
-      runs = await openRunContext(nats.nc, { resultTtlSeconds: config.resultTtlSeconds });
+    const shared: Shared = {
+      config,
+      nats,
+      logger,
+      webhookAllowedCidrs: webhookAllowedCidrs(config, logger),
+      deployments: config.roles.includes("runner")
+        ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger })
+        : undefined,
+      registry: onFirstUse(
+        () => AppRegistry.start(nats.nc, logger),
+        (registry) => registry.close(),
+        closeShared,
+      ),
+      runs: onFirstUse(
+        () => openRunContext(nats.nc, { resultTtlSeconds: config.resultTtlSeconds }),
+        (runs) => runs.close(),
+        closeShared,
+      ),
+      auth: onFirstUse(
+        () => startAuth(nats.nc, logger),
+        (auth) => auth.close(),
+        closeShared,
+      ),
+      runner: undefined,
+    };
+    const rpc: { service: DescService; routes: (router: ConnectRouter) => void }[] = [];
+    for (const name of Object.keys(ROLES) as Role[]) {
+      if (!config.roles.includes(name)) continue;
+      const spec = ROLES[name];
+      const role = await spec.start(shared);
+      started.push(role);
+      if (spec.service && role.routes) rpc.push({ service: spec.service, routes: role.routes });
     }
-    if (runsRunner) {
-      runnerRole = await startRunnerRole({
-        nc: nats.nc,
-        dataDir: config.dataDir,
-        logger,
-        registry: apps!,
-        deployments: deployments!,
-        runs: runs!,
-        runAckWaitMs: config.runAckWaitMs,
-      });
-    }
-
-    const allowedCidrs = webhookAllowedCidrs(config, logger);
-    if (config.roles.includes("webhook")) {
-      webhook = await startWebhookRole({
-        nc: nats.nc,
-        logger,
-        allowedCidrs,
-        timeoutMs: config.webhookTimeoutMs,
-        secretsKey: config.secretsKey,
-      });
-    }
-
-    const starters = config.roles.map((r) => RPC_ROLES[r]).filter((r) => r !== undefined);
     // Every RPC is authenticated; the views behind it are loaded before the port opens.
-    const rpc: RpcRole[] = [];
-    if (starters.length > 0) {
-      auth = await startAuth(nats.nc, logger);
-      for (const start of starters)
-        rpc.push(
-          await start({
-            config,
-            nats,
-            auth,
-            logger,
-            deployments,
-            apps: apps!,
-            runs: runs!,
-            runner: runnerRole?.runner,
-            onClose: (c) => closers.push(c),
-            webhookAllowedCidrs: allowedCidrs,
-          }),
-        );
-    }
+    const auth = rpc.length > 0 ? await shared.auth() : undefined;
     for (const r of rpc) health.services.add(r.service.typeName);
     const server = await startServer({
       host: config.host,
@@ -245,8 +272,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       port: server.port,
       nats,
       health,
-      runner: runnerRole?.runner,
-      apps,
+      runner: shared.runner,
       async close() {
         await server.close(config.shutdownTimeoutMs);
         await stopRoles();
