@@ -1,7 +1,7 @@
 // Authentication of every RPC by one Connect interceptor, so Connect, gRPC,
 // gRPC-Web and REST (the transcoder calls the same handlers with the same
-// interceptors) are checked alike. Only grpc.health.v1.Health stays open,
-// for probes.
+// interceptors) are checked alike. Only grpc.health.v1.Health (for probes)
+// and server reflection (the schema, public anyway) stay open.
 //
 // 401 `unauthenticated`: no token, or a token refused for any reason (the
 // message does not say which). 403 `permission_denied`: a service account's
@@ -10,6 +10,8 @@ import type { DescMethod } from "@bufbuild/protobuf";
 import { Code, ConnectError, createContextKey, type HandlerContext, type Interceptor } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
 import { Health } from "../../gen/grpc/health/v1/health_pb.js";
+import { ServerReflection } from "../../gen/grpc/reflection/v1/reflection_pb.js";
+import { ServerReflection as ServerReflectionAlpha } from "../../gen/grpc/reflection/v1alpha/reflection_pb.js";
 import { AccountDirectory } from "./accounts.js";
 import { AdminTokens } from "./admin-tokens.js";
 import { Authenticator, type Principal, type ServiceAccountPrincipal } from "./authenticator.js";
@@ -23,8 +25,8 @@ export const kPrincipal = createContextKey<Principal | undefined>(undefined, {
   description: "skiff authenticated principal",
 });
 
-/** Services callable without a token. */
-const OPEN_SERVICES = new Set([Health.typeName]);
+/** Services callable without a token: health, and reflection (it shows only the schema, public in OpenAPI too). */
+const OPEN_SERVICES = new Set([Health.typeName, ServerReflection.typeName, ServerReflectionAlpha.typeName]);
 
 const CHALLENGE = { "www-authenticate": 'Bearer realm="skiff"' };
 

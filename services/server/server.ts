@@ -20,6 +20,8 @@ import {
 } from "../config/index.js";
 import { ConnectionGuard, type Connection, type ConnectionLimits } from "./connections.js";
 import type { HealthState } from "./health.js";
+import { answerUnimplemented, isGrpcRequest, minimalGrpcMessages } from "./grpc-status.js";
+import { reflectionRoutes } from "./reflection.js";
 import { isApiPath, type StaticHandler } from "./static-files.js";
 import { createTranscoder, type NodeHandler } from "./rest/transcoder.js";
 
@@ -151,12 +153,16 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     const read = req.method === "GET" || req.method === "HEAD";
     if (endpoint && read) return endpoint(res);
     if (opts.site && read && !isApiPath(path)) return opts.site(req, res);
+    // A gRPC call of a method no service here has: gRPC's UNIMPLEMENTED, not REST's 404.
+    if (isGrpcRequest(req)) return answerUnimplemented(req, res);
     transcode!(req, res);
   };
 
   const adapter = connectNodeAdapter({
     routes: (router) => {
       opts.routes(limitedRouter(router, opts.bodyLimits ?? new Map()));
+      // Last: it lists the services registered before it.
+      reflectionRoutes(router);
       handlers = router.handlers;
     },
     fallback,
@@ -187,6 +193,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     });
     // While stopping, HTTP/1.1 keep-alive connections close after their answer.
     if (stopping && req.httpVersionMajor === 1) res.setHeader("connection", "close");
+    if (isGrpcRequest(req)) minimalGrpcMessages(res);
     adapter(req, res);
   };
 
