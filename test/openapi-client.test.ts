@@ -41,7 +41,8 @@ const created = await management.POST("/v2/projects/{project_id}/service-account
 });
 if (created.error) throw new Error(\`CreateServiceAccount: \${created.error.message}\`);
 const token: string = created.data.token;
-const serviceAccountId: string = created.data.service_account?.service_account_id ?? "";
+const serviceAccountId: string = created.data.service_account.service_account_id;
+const expiresAt: string = created.data.service_account.expires_at;
 
 const runPath = { project_id: project, app_name: app, path: "add" };
 const auth = { Authorization: \`Bearer \${token}\` };
@@ -68,6 +69,7 @@ const deleted = await management.DELETE("/v2/projects/{project_id}/service-accou
 console.log(JSON.stringify({
   projectIds,
   serviceAccountId,
+  expiresAt,
   sync: { status: sync.response.status, runId: syncRunId, body: sync.data, requestId: sync.response.headers.get("x-request-id") },
   async: { status: queued.response.status, runId: asyncRunId, body: queued.data, requestId: queued.response.headers.get("x-request-id") },
   deleteStatus: deleted.response.status,
@@ -148,12 +150,14 @@ describe("openapi - a generated client", () => {
     const seen = JSON.parse(stdout) as {
       projectIds: string[];
       serviceAccountId: string;
+      expiresAt: string;
       sync: { status: number; runId: string; body: { run_id: string; result: unknown }; requestId: string };
       async: { status: number; runId: string; body: unknown; requestId: string };
       deleteStatus: number;
     };
     expect(seen.projectIds).toContain(P);
     expect(seen.serviceAccountId).not.toBe("");
+    expect(Date.parse(seen.expiresAt)).toBeGreaterThan(Date.now());
     expect(seen.sync).toMatchObject({ status: 200, body: { result: 5 } });
     expect(seen.sync.runId).toBe(seen.sync.requestId);
     expect(seen.async.status).toBe(202);

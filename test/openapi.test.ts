@@ -122,7 +122,7 @@ describe("openapi - management document", () => {
         created_at: { type: "string", format: "date-time" },
         expires_at: { type: "string", format: "date-time" },
       },
-      required: ["service_account_id", "name"],
+      required: ["service_account_id", "name", "created_at", "expires_at"],
     });
     const deployment = schemas["skiff.management.v2.Deployment"]?.properties;
     expect(deployment?.bundle_bytes).toEqual({ type: "string", format: "int64" });
@@ -182,7 +182,9 @@ describe("openapi - management document", () => {
     expect(body?.content["application/json"]?.schema.required).toEqual(["name", "expires_at"]);
     const schemas = management.components.schemas;
     expect(schemas["skiff.management.v2.ListProjectsResponse"]?.required).toEqual(["projects"]);
-    expect(schemas["skiff.management.v2.CreateServiceAccountResponse"]?.required).toEqual(["token"]);
+    expect(schemas["skiff.management.v2.CreateServiceAccountResponse"]?.required).toEqual(["service_account", "token"]);
+    // A message field that no handler is known to set always stays optional.
+    expect(schemas["skiff.management.v2.GetAppResponse"]?.required).toBeUndefined();
     // Creating a project needs nothing: an id is made up when none is given.
     expect(management.paths["/v2/projects"]?.post?.requestBody?.required).toBe(false);
   });

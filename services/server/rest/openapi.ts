@@ -234,6 +234,21 @@ const DOCUMENTED_EXTRAS: Readonly<Record<string, OperationExtras>> = {
   "skiff.management.v2.ManagementService.CreateServiceAccount": { errors: ["409"] },
 };
 
+/**
+ * Message fields of answers that the handlers always set, by message type
+ * name (ProtoJSON leaves an unset message field out, so the descriptors
+ * alone cannot say it is always there). Each is set by a converter in
+ * services/management/convert.ts or by the handler's return.
+ */
+const SET_BY_HANDLERS: Readonly<Record<string, readonly string[]>> = {
+  "skiff.management.v2.Project": ["created_at"],
+  "skiff.management.v2.ServiceAccount": ["created_at", "expires_at"],
+  "skiff.management.v2.CreateProjectResponse": ["project"],
+  "skiff.management.v2.GetProjectResponse": ["project"],
+  "skiff.management.v2.CreateServiceAccountResponse": ["service_account"],
+  "skiff.management.v2.GetServiceAccountResponse": ["service_account"],
+};
+
 /** Request body fields the handler refuses to go without (400 when missing), by message type name. */
 const REQUIRED_FIELDS: Readonly<Record<string, readonly string[]>> = {
   "skiff.management.v2.CreateServiceAccountRequest": ["name", "expires_at"],
@@ -742,11 +757,12 @@ class SchemaRegistry {
     return [...this.messages.values()].filter((m) => !built.has(m.typeName));
   }
 
-  /** Component schemas describe answers: every field that ProtoJSON always writes is required. */
+  /** Component schemas describe answers: every field that ProtoJSON always writes, or a handler always sets, is required. */
   private objectSchema(message: DescMessage): SchemaObject {
     const properties: Record<string, SchemaObject> = {};
     for (const field of message.fields) properties[field.name] = this.field(field);
-    const required = message.fields.filter(alwaysWritten).map((f) => f.name);
+    const setByHandler = SET_BY_HANDLERS[message.typeName] ?? [];
+    const required = message.fields.filter((f) => alwaysWritten(f) || setByHandler.includes(f.name)).map((f) => f.name);
     return { type: "object", properties, ...(required.length > 0 && { required }) };
   }
 
