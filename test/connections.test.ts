@@ -2,8 +2,10 @@
 // sockets: the first-bytes, header, keep-alive and HTTP/2 idle deadlines,
 // the caps per address and in all, and requests in progress that no deadline
 // may cut.
+import { spawn, type ChildProcess } from "node:child_process";
 import http2 from "node:http2";
 import net from "node:net";
+import path from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { silentLogger } from "../services/config/logger.js";
@@ -17,10 +19,12 @@ type Server = Awaited<ReturnType<typeof startServer>>;
 const servers: Server[] = [];
 const sockets: net.Socket[] = [];
 const timers: NodeJS.Timeout[] = [];
+const children: ChildProcess[] = [];
 
 afterEach(async () => {
   for (const t of timers.splice(0)) clearInterval(t);
   for (const s of sockets.splice(0)) s.destroy();
+  for (const c of children.splice(0)) c.kill("SIGKILL");
   await Promise.all(servers.splice(0).map((s) => s.close(100)));
 });
 
@@ -258,4 +262,36 @@ describe("connection caps", () => {
     expect(connectionCap(undefined)).toBe(files === undefined ? 4096 : Math.floor(files / 2));
     expect(connectionCap(10)).toBe(10);
   });
+});
+
+describe("connections under a small open-file limit", () => {
+  it("idle sockets beyond the limit do not stop new requests: the default cap makes room", async () => {
+    const fixture = path.join(import.meta.dirname, "fixtures", "one-port-server.ts");
+    // One process (tsx as a loader, not its CLI's wrapper), so that killing it leaves nothing behind.
+    const child = spawn("sh", ["-c", `ulimit -n 256 && exec "${process.execPath}" --import tsx "${fixture}"`], {
+      stdio: ["ignore", "pipe", "inherit"],
+    });
+    children.push(child);
+    const url = await new Promise<string>((resolve, reject) => {
+      let out = "";
+      child.stdout.on("data", (c: Buffer) => {
+        out += c.toString();
+        const line = out.split("\n").find((l) => l.startsWith("http://"));
+        if (line) resolve(line.trim());
+      });
+      child.once("exit", (code) => reject(new Error(`the server exited (${code})`)));
+    });
+    const port = Number(new URL(url).port);
+    // More idle sockets than the server has file descriptors.
+    for (let i = 0; i < 300; i++) {
+      const socket = net.connect({ host: "127.0.0.1", port });
+      socket.on("error", () => {});
+      sockets.push(socket);
+      await new Promise((resolve) => socket.once("connect", resolve).once("close", resolve));
+    }
+    for (let i = 0; i < 3; i++) {
+      const res = await fetch(`${url}/healthz`, { headers: { connection: "close" } });
+      expect(res.status).toBe(200);
+    }
+  }, 60_000);
 });
