@@ -243,8 +243,12 @@ export class AppPool {
       if (err instanceof FunctionNotFound) throw err;
       if (failure || r.stopReason) throw failure ?? r.stopReason;
       this.quarantine(r);
+      // A sandbox limit that ended the replica is the clearer reason: its exit follows the broken connection closely.
+      if (r.spec.sandbox) await Promise.race([r.whenExited(), new Promise((res) => setTimeout(res, 250))]);
       throw new ReplicaCrashed(
-        `replica ${r.id} of app ${this.owner} failed during the run: ${(err as Error).message}`,
+        r.limitReason
+          ? `replica ${r.id} of app ${this.owner} was stopped during the run: ${r.limitReason}`
+          : `replica ${r.id} of app ${this.owner} failed during the run: ${(err as Error).message}`,
         { cause: err },
       );
     } finally {
@@ -404,8 +408,10 @@ export class AppPool {
     if (!r.stopping) {
       this.crashes++;
       this.o.logger.warn(
-        { app: this.owner, replica: r.id, code, signal },
-        "replica exited on its own; in-flight requests fail",
+        { app: this.owner, replica: r.id, code, signal, limit: r.limitReason },
+        r.limitReason
+          ? `replica stopped by its sandbox: ${r.limitReason}; in-flight requests fail`
+          : "replica exited on its own; in-flight requests fail",
       );
     }
     this.scale();

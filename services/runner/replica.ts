@@ -9,8 +9,10 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import http from "node:http";
-import { mkdir, rename, rm } from "node:fs/promises";
+import { createHash } from "node:crypto";
+import { lstat, mkdir, rename, rm } from "node:fs/promises";
 import net from "node:net";
+import os from "node:os";
 import path from "node:path";
 import type { Logger } from "../config/index.js";
 import { StartFailed } from "../runs/index.js";
@@ -52,6 +54,29 @@ export interface ReplicaSpec {
 
 /** The channel's socket in a replica's folder. */
 export const CHANNEL_SOCKET = "channel.sock";
+/** What runtimes write when an allocation fails (V8's fatal OOM, Python's MemoryError, malloc). */
+const OUT_OF_MEMORY = /out of memory|MemoryError|Allocation failed|Cannot allocate memory/i;
+/** Longest Unix socket path with room for the ".new" of its binding (sun_path holds 107 bytes). */
+const MAX_SOCKET_PATH = 100;
+
+/**
+ * Where a replica's channel socket goes: its own folder, or, when that path
+ * is too long for a Unix socket, a private folder of this user under the
+ * system's temporary folder (0700, checked to be ours).
+ */
+export function channelPath(workDir: string, replicaId: string): string {
+  const inFolder = path.join(workDir, CHANNEL_SOCKET);
+  if (Buffer.byteLength(inFolder) <= MAX_SOCKET_PATH) return inFolder;
+  const short = createHash("sha256").update(workDir).update(replicaId).digest("hex").slice(0, 16);
+  return path.join(os.tmpdir(), `skiff-channels-${process.getuid?.() ?? 0}`, `${short}.sock`);
+}
+
+async function privateFolder(dir: string): Promise<void> {
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  const st = await lstat(dir);
+  if (!st.isDirectory() || st.uid !== process.getuid?.() || (st.mode & 0o077) !== 0)
+    throw new StartFailed(`${dir} is not a private folder of this user; cannot place replica channels there`);
+}
 
 /** Whether a command would be found in a sandbox: on the replica PATH, or a file of the app. */
 function commandExists(command: string, appDir: string): boolean {
@@ -119,6 +144,10 @@ export class Replica {
   private endpoint: { socketPath?: string; host: string; port: number };
   private closed = false;
   private readonly stderrTail: string[] = [];
+  /** A line of its stderr said it ran out of memory. */
+  private outOfMemory = false;
+  /** Why the process ended on its own when a sandbox limit ended it, once it has ended. */
+  limitReason: string | undefined;
   private readonly exited: Promise<void>;
   private markExited!: () => void;
 
@@ -129,7 +158,7 @@ export class Replica {
     this.exited = new Promise((resolve) => (this.markExited = resolve));
     this.endpoint = spec.sandbox
       ? // host and port as http.request fills them in, so that the agent's pool name matches getName(endpoint)
-        { socketPath: path.join(spec.workDir, CHANNEL_SOCKET), host: "localhost", port: 80 }
+        { socketPath: channelPath(spec.workDir, spec.replicaId), host: "localhost", port: 80 }
       : { host: "127.0.0.1", port: spec.port };
   }
 
@@ -164,8 +193,10 @@ export class Replica {
     if (!commandExists(program, s.source)) throw new StartFailed(`cannot start ${program}: spawn ${program} ENOENT`);
     await rm(s.workDir, { recursive: true, force: true });
     await mkdir(s.workDir, { recursive: true, mode: 0o700 });
+    const socketPath = this.endpoint.socketPath!;
+    if (path.dirname(socketPath) !== s.workDir) await privateFolder(path.dirname(socketPath));
     // libuv removes a listening socket's path when it closes: bind a name, then move the socket to its own.
-    const binding = path.join(s.workDir, `${CHANNEL_SOCKET}.new`);
+    const binding = `${socketPath}.new`;
     const server = await listenChannel(binding);
     try {
       const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
@@ -178,7 +209,7 @@ export class Replica {
         env: replicaEnv(s.env, APP_MOUNT, s.port),
         fds: [fd],
       });
-      await rename(binding, path.join(s.workDir, CHANNEL_SOCKET));
+      await rename(binding, socketPath);
     } finally {
       server.close();
     }
@@ -208,15 +239,21 @@ export class Replica {
     readLines(child.stdout!, (text) => this.log("stdout", text));
     readLines(child.stderr!, (text) => {
       this.stderrTail.push(text);
+      if (s.sandbox && !this.outOfMemory && OUT_OF_MEMORY.test(text)) this.outOfMemory = true;
       if (this.stderrTail.length > START_ERROR_LINES) this.stderrTail.shift();
       this.log("stderr", text);
     });
     child.on("close", (code, signal) => {
       this.closed = true;
       this.state = "stopped";
+      if (s.sandbox) this.limitReason = this.limitHit(exitSignal(code, signal));
       this.hooks.onExit(this, code, s.sandbox ? ((exitSignal(code, signal) ?? null) as NodeJS.Signals | null) : signal);
       // Stopped means its folder is gone too, so that a caller that waited may remove what holds it.
-      void rm(s.workDir, { recursive: true, force: true }).finally(() => this.markExited());
+      const socket = this.endpoint.socketPath;
+      const removeSocket = socket && path.dirname(socket) !== s.workDir ? rm(socket, { force: true }) : undefined;
+      void Promise.all([rm(s.workDir, { recursive: true, force: true }), removeSocket]).finally(() =>
+        this.markExited(),
+      );
     });
 
     const deadline = Date.now() + s.startTimeoutMs;
@@ -238,6 +275,17 @@ export class Replica {
     }
     this.state = "ready";
     this.readyAt = this.idleSince = Date.now();
+  }
+
+  /** Which sandbox limit most likely ended the process, from its signal and its last words. */
+  private limitHit(sig: string | undefined): string | undefined {
+    const l = this.spec.sandbox?.limits;
+    if (!l || this.stopping) return undefined;
+    if (sig === "SIGXFSZ") return `it wrote a file past the limit of ${l.fileMb} MiB (SKIFF_REPLICA_FILE_MB)`;
+    if (sig === "SIGXCPU") return `it used its ${l.cpuSeconds} CPU seconds (SKIFF_REPLICA_CPU_SECONDS)`;
+    if (this.outOfMemory)
+      return `it ran out of memory: ${l.memoryMb} MiB of address space per process (SKIFF_REPLICA_MEMORY_MB)`;
+    return undefined;
   }
 
   private stderrQuote(): string {
