@@ -71,7 +71,55 @@ async function* scoped<T>(messages: AsyncIterable<T>, p: ServiceAccountPrincipal
   }
 }
 
-export function authInterceptor(auth: Pick<Authenticator, "authenticate">, logger: Logger): Interceptor {
+/**
+ * How often the token of an open stream (WatchRuns, TailAppLogs) is checked
+ * again: a stream ends with `unauthenticated` at most this long after its
+ * token expired or its service account (or admin token) was deleted. A check
+ * costs a few map lookups.
+ */
+export const STREAM_RECHECK_MS = 250;
+
+/**
+ * The messages of a streaming answer while its token stays valid; the stream
+ * ends with `unauthenticated` once it does not. A check that cannot be
+ * answered (NATS unreachable) keeps the stream going, as the token's fate is
+ * unknown.
+ */
+async function* whileValid<T>(
+  messages: AsyncIterable<T>,
+  valid: () => Promise<boolean>,
+  everyMs: number,
+): AsyncGenerator<T> {
+  const it = messages[Symbol.asyncIterator]();
+  let timer: NodeJS.Timeout | undefined;
+  const revoked = new Promise<never>((_, reject) => {
+    const check = async () => {
+      const ok = await valid().catch(() => true);
+      if (ok) timer = setTimeout(check, everyMs);
+      else reject(new ConnectError("the token expired or was revoked", Code.Unauthenticated, CHALLENGE));
+    };
+    timer = setTimeout(check, everyMs);
+  });
+  revoked.catch(() => undefined);
+  try {
+    for (;;) {
+      const next = await Promise.race([it.next(), revoked]);
+      if (next.done) return;
+      yield next.value;
+    }
+  } finally {
+    clearTimeout(timer);
+    // Not awaited: a handler waiting for its next message ends through its
+    // context's signal, which Connect aborts when the call ends.
+    void it.return?.();
+  }
+}
+
+export function authInterceptor(
+  auth: Pick<Authenticator, "authenticate">,
+  logger: Logger,
+  recheckMs = STREAM_RECHECK_MS,
+): Interceptor {
   return (next) => async (req) => {
     if (OPEN_SERVICES.has(req.service.typeName)) return next(req);
     const token = bearerToken(req.header.get("authorization"));
@@ -91,12 +139,15 @@ export function authInterceptor(auth: Pick<Authenticator, "authenticate">, logge
     if (!principal) throw new ConnectError("invalid bearer token", Code.Unauthenticated, CHALLENGE);
     req.contextValues.set(kPrincipal, principal);
     const field = principal.kind === "service_account" ? projectField(req.method) : null;
-    if (principal.kind === "admin" || field === null) return next(req);
-    if (!req.stream) {
+    let res;
+    if (principal.kind === "admin" || field === null) res = await next(req);
+    else if (!req.stream) {
       checkScope(principal, field, req.message);
-      return next(req);
-    }
-    return next({ ...req, message: scoped(req.message, principal, field) });
+      res = await next(req);
+    } else res = await next({ ...req, message: scoped(req.message, principal, field) });
+    if (!res.stream) return res;
+    const valid = async () => (await auth.authenticate(token)) !== undefined;
+    return { ...res, message: whileValid(res.message, valid, recheckMs) };
   };
 }
 
