@@ -1,0 +1,154 @@
+// Bundles that try to climb out of the app folder through links, or to make
+// skiff write through one, and the limits on entries.
+import { lstat, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { gzipSync } from "node:zlib";
+import { Header, type HeaderData } from "tar";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { BundleError, unpackBundle } from "../services/apps/bundle.js";
+import { silentLogger } from "../services/config/logger.js";
+import { DeploymentCache } from "../services/runner/deployment-cache.js";
+import { sha256 } from "../services/apps/bundle.js";
+
+const TOML = `[app]\nname = "links"\n[runtime]\nkind = "custom"\ncommand = ["node", "server.mjs"]\n`;
+
+interface Entry {
+  path: string;
+  type?: HeaderData["type"];
+  linkpath?: string;
+  body?: string;
+}
+
+function tarOf(entries: Entry[]): Buffer {
+  const blocks: Buffer[] = [];
+  for (const e of [{ path: "skiff.toml", body: TOML }, ...entries]) {
+    const body = Buffer.from(e.body ?? "");
+    const h = new Header({
+      path: e.path,
+      type: e.type ?? "File",
+      linkpath: e.linkpath,
+      size: body.length,
+      mode: e.type === "Directory" ? 0o755 : 0o644,
+      mtime: new Date(0),
+      uid: 0,
+      gid: 0,
+    });
+    const block = Buffer.alloc(512);
+    h.encode(block, 0);
+    blocks.push(block, body, Buffer.alloc((512 - (body.length % 512)) % 512));
+  }
+  blocks.push(Buffer.alloc(1024));
+  return gzipSync(Buffer.concat(blocks));
+}
+
+let tmp: string;
+beforeAll(async () => {
+  tmp = await mkdtemp(path.join(tmpdir(), "skiff-links-"));
+});
+afterAll(() => rm(tmp, { recursive: true, force: true }));
+
+async function refused(entries: Entry[], opts: { maxFiles?: number } = {}): Promise<string> {
+  const dest = await mkdtemp(path.join(tmp, "dest-"));
+  const err = await unpackBundle(tarOf(entries), dest, { maxBytes: 1024 * 1024, ...opts }).then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(BundleError);
+  expect((err as BundleError).reason).toBe("invalid");
+  expect(await readdir(dest)).toEqual([]);
+  return (err as Error).message;
+}
+
+const deep = (n: number) => Array.from({ length: n }, (_, i) => `a${i + 1}`).join("/");
+
+describe("bundle - links that would climb out", () => {
+  it("a link through a link to '.': d/d/d/../../.. reads as inside but lands outside", async () => {
+    expect(
+      await refused([
+        { path: "d", type: "SymbolicLink", linkpath: "." },
+        { path: "e", type: "SymbolicLink", linkpath: "d/d/d/../../../etc" },
+      ]),
+    ).toMatch(/passes through another link|leaves the app folder/);
+  });
+
+  it("the a1/…/a10/s/.. chain: ten steps down through a link to '.', ten up: text says inside, the kernel says /", async () => {
+    const down = Array.from({ length: 10 }, () => "a1").join("/");
+    const up = Array.from({ length: 10 }, () => "..").join("/");
+    expect(
+      await refused([
+        { path: "a1", type: "SymbolicLink", linkpath: "." },
+        { path: "root", type: "SymbolicLink", linkpath: `${down}/${up}/etc` },
+      ]),
+    ).toMatch(/passes through another link/);
+    // A plain climb is refused by its text already.
+    expect(await refused([{ path: "up", type: "SymbolicLink", linkpath: `${deep(2)}/${"../".repeat(3)}` }])).toMatch(
+      /outside the app folder|leaves the app folder/,
+    );
+  });
+
+  it("the order in the tar does not matter: a link defined after the one that passes through it", async () => {
+    expect(
+      await refused([
+        { path: "e", type: "SymbolicLink", linkpath: "d/d/../.." },
+        { path: "d", type: "SymbolicLink", linkpath: "." },
+      ]),
+    ).toMatch(/passes through another link/);
+  });
+
+  it("a hard link whose target passes through a symbolic link", async () => {
+    expect(
+      await refused([
+        { path: "d", type: "SymbolicLink", linkpath: "." },
+        { path: "h", type: "Link", linkpath: "d/d/../../etc/passwd" },
+      ]),
+    ).toMatch(/passes through another link|leaves the app folder/);
+  });
+
+  it("a dangling link, which the file system cannot resolve inside the folder", async () => {
+    expect(await refused([{ path: "nowhere", type: "SymbolicLink", linkpath: "no-such-file" }])).toMatch(
+      /does not resolve to a file or folder of the app/,
+    );
+  });
+
+  it(".skiff/ is skiff's: a bundle cannot place prepared.json or a link there", async () => {
+    expect(await refused([{ path: ".skiff/prepared.json", body: '{"python":"../../../bin/sh"}' }])).toMatch(/\.skiff/);
+    expect(await refused([{ path: ".skiff", type: "SymbolicLink", linkpath: "." }])).toMatch(/\.skiff/);
+  });
+
+  it("more entries than SKIFF_MAX_BUNDLE_FILES", async () => {
+    const many = Array.from({ length: 20 }, (_, i) => ({ path: `f${i}.txt`, body: "x" }));
+    expect(await refused(many, { maxFiles: 10 })).toMatch(/more than 10 entries.*SKIFF_MAX_BUNDLE_FILES/);
+  });
+
+  it("links that stay inside, through real folders only, are kept", async () => {
+    const dest = await mkdtemp(path.join(tmp, "ok-"));
+    await unpackBundle(
+      tarOf([
+        { path: "lib/util.mjs", body: "export const x = 1;\n" },
+        { path: "current", type: "SymbolicLink", linkpath: "lib" },
+        { path: "lib/again.mjs", type: "SymbolicLink", linkpath: "../lib/util.mjs" },
+      ]),
+      dest,
+      { maxBytes: 1024 * 1024 },
+    );
+    expect((await lstat(path.join(dest, "current"))).isSymbolicLink()).toBe(true);
+    expect(await readFile(path.join(dest, "current", "util.mjs"), "utf8")).toContain("x = 1");
+  });
+});
+
+describe("deployment cache - prepared.json is never written through a link", () => {
+  it("a prepared deployment has a real .skiff folder and its marker; the bundle could not provide either", async () => {
+    const root = await mkdtemp(path.join(tmp, "cache-"));
+    const cache = new DeploymentCache(root, { maxBytes: 1024 * 1024, logger: silentLogger });
+    const bytes = tarOf([{ path: "server.mjs", body: "" }]);
+    const ready = await cache.get(sha256(bytes), async () => bytes);
+    expect((await lstat(path.join(ready.dir, ".skiff"))).isDirectory()).toBe(true);
+    expect((await lstat(path.join(ready.dir, ".skiff", "prepared.json"))).isFile()).toBe(true);
+    // A bundle that brings its own .skiff is refused before anything is written.
+    const evil = tarOf([{ path: ".skiff", type: "SymbolicLink", linkpath: "/tmp" }]);
+    await expect(cache.get(sha256(evil), async () => evil)).rejects.toBeInstanceOf(BundleError);
+    await writeFile(path.join(tmp, "untouched"), "");
+    expect((await readdir(root)).filter((n) => n.startsWith(".staging"))).toEqual([]);
+  });
+});
