@@ -153,13 +153,13 @@ const dashboardSite = () =>
 
 function watchNats(handle: NatsHandle, health: HealthState, logger: Logger): void {
   void (async () => {
-    for await (const s of handle.nc.status()) {
-      if (s.type === "disconnect") {
+    for await (const status of handle.nc.status()) {
+      if (status.type === "disconnect") {
         health.setNatsConnected(false);
-        logger.warn({ server: s.data }, "NATS disconnected");
-      } else if (s.type === "reconnect") {
+        logger.warn({ server: status.data }, "NATS disconnected");
+      } else if (status.type === "reconnect") {
         health.setNatsConnected(true);
-        logger.info({ server: s.data }, "NATS reconnected");
+        logger.info({ server: status.data }, "NATS reconnected");
       }
     }
   })();
@@ -243,7 +243,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     }
     // Every RPC is authenticated; the views behind it are loaded before the port opens.
     const auth = rpc.length > 0 ? await shared.auth() : undefined;
-    for (const r of rpc) health.services.add(r.service.typeName);
+    for (const { service } of rpc) health.services.add(service.typeName);
     const server = await startServer({
       host: config.host,
       port: config.port,
@@ -253,10 +253,10 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       bodyLimits: new Map([[ManagementService.method.deployApp, Math.max(config.maxBodyBytes, config.maxBundleBytes)]]),
       logger,
       health,
-      restServices: rpc.map((r) => r.service),
+      restServices: rpc.map(({ service }) => service),
       routes: (router) => {
         healthRoutes(router, health);
-        for (const r of rpc) r.routes(router);
+        for (const { routes } of rpc) routes(router);
       },
       documents: openapiDocuments(),
       // The dashboard comes with the management role, whose API it uses.

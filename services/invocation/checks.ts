@@ -9,7 +9,7 @@ import { type AddressGuard, InvalidWebhookEndpointError, validateWebhookEndpoint
 const EMPTY_OBJECT = new TextEncoder().encode("{}");
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
-const quoted = (s: string) => JSON.stringify(s.length > 80 ? `${s.slice(0, 80)}...` : s);
+const quoted = (text: string) => JSON.stringify(text.length > 80 ? `${text.slice(0, 80)}...` : text);
 
 export function findApp(registry: AppRegistry, projectId: string, appName: string): AppRecord {
   const app = registry.get(projectId, appName);

@@ -80,11 +80,11 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
 /** A record written for a run that never reached the queue: it must not read `queued` forever. */
 async function markUnqueued(deps: InvocationDeps, record: RunRecord, cause: unknown): Promise<void> {
   try {
-    const final = await deps.runs.update(record.project_id, record.app_name, record.run_id, (r) =>
-      r.status !== "queued"
+    const final = await deps.runs.update(record.project_id, record.app_name, record.run_id, (current) =>
+      current.status !== "queued"
         ? undefined
         : {
-            ...r,
+            ...current,
             status: "failure",
             finished_at: new Date().toISOString(),
             error: { type: "not_queued", message: "the run could not be queued" },

@@ -24,15 +24,15 @@ export async function claimIdempotencyKey(
   key: string,
   runId: string,
 ): Promise<string> {
-  const k = kvKey(projectId, appName, key);
+  const entryKey = kvKey(projectId, appName, key);
   for (;;) {
     try {
-      await kv.create(k, runId);
+      await kv.create(entryKey, runId);
       return runId;
     } catch (err) {
       if (!isWrongRevision(err)) throw err;
     }
-    const entry = await kv.get(k);
+    const entry = await kv.get(entryKey);
     // Released between our create and get: claim again.
     if (entry?.operation === "PUT") return entry.string();
   }
@@ -45,8 +45,8 @@ export async function releaseIdempotencyKey(
   key: string,
   runId: string,
 ): Promise<void> {
-  const k = kvKey(projectId, appName, key);
-  const entry = await kv.get(k).catch(() => null);
+  const entryKey = kvKey(projectId, appName, key);
+  const entry = await kv.get(entryKey).catch(() => null);
   if (entry?.operation === "PUT" && entry.string() === runId)
-    await kv.delete(k, { previousSeq: entry.revision }).catch(() => undefined);
+    await kv.delete(entryKey, { previousSeq: entry.revision }).catch(() => undefined);
 }

@@ -18,9 +18,9 @@ const NO_HEADERS: Record<string, string> = {};
 function forwardedQuery(ctx: HandlerContext): string {
   const query = httpExchange(ctx)?.query;
   if (!query || query.size === 0) return "";
-  const q = new URLSearchParams(query);
-  for (const p of OWN_PARAMS) q.delete(p);
-  return q.toString();
+  const params = new URLSearchParams(query);
+  for (const name of OWN_PARAMS) params.delete(name);
+  return params.toString();
 }
 
 export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerContext): Promise<RunResponse> {

@@ -53,7 +53,7 @@ async function localRunnerHas(deps: InvocationDeps, app: AppRecord, signal: Abor
     const version = runner.version(app.project_id, app.app_name);
     if ((version ?? 0) >= app.deployment.version) return true;
     if (signal.aborted || Date.now() >= end) return version !== undefined;
-    await new Promise((r) => setTimeout(r, 50));
+    await new Promise((resolve) => setTimeout(resolve, 50));
   }
 }
 
@@ -137,7 +137,7 @@ function answer(ctx: HandlerContext, record: RunRecord, res: InvokeResponse, cus
       // Content-Type travels with the body (it is the RPC's own header).
       if (name === "content-type" || !isPassedToCaller(name)) continue;
       const value = res.headers[name];
-      if (Array.isArray(value)) for (const v of value) ctx.responseHeader.append(name, v);
+      if (Array.isArray(value)) for (const each of value) ctx.responseHeader.append(name, each);
       else ctx.responseHeader.set(name, value);
       headers[name] = Array.isArray(value) ? value.join(", ") : value;
     }

@@ -87,7 +87,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   }, SWEEP_EVERY_MS);
   sweeper.unref();
 
-  async function record(projectId: string, appName: string, runId: string): Promise<RunRecord> {
+  async function findRecord(projectId: string, appName: string, runId: string): Promise<RunRecord> {
     names(projectId, appName, runId);
     const cur = await runs.get(projectId, appName, runId);
     if (!cur) throw new ConnectError(`run ${runId} not found in app ${appName}`, Code.NotFound);
@@ -95,9 +95,9 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   }
 
   /** Sets a run `cancelled` unless it is final; publishes the event when this call did it. */
-  async function markCancelled(r: RunRecord, from: RunStatus, message: string): Promise<RunRecord | undefined> {
-    const final = await runs.update(r.project_id, r.app_name, r.run_id, (cur) =>
-      cur.status !== from || (from === "running" && cur.attempts !== r.attempts)
+  async function markCancelled(record: RunRecord, from: RunStatus, message: string): Promise<RunRecord | undefined> {
+    const final = await runs.update(record.project_id, record.app_name, record.run_id, (cur) =>
+      cur.status !== from || (from === "running" && cur.attempts !== record.attempts)
         ? undefined
         : { ...cur, status: "cancelled", finished_at: new Date().toISOString(), error: { type: "cancelled", message } },
     );
@@ -105,10 +105,10 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     return final;
   }
 
-  async function settled(r: RunRecord): Promise<RunRecord> {
+  async function settled(record: RunRecord): Promise<RunRecord> {
     const end = Date.now() + CANCEL_SETTLE_MS;
     for (;;) {
-      const cur = (await runs.get(r.project_id, r.app_name, r.run_id))?.record ?? r;
+      const cur = (await runs.get(record.project_id, record.app_name, record.run_id))?.record ?? record;
       if (isFinal(cur.status) || Date.now() > end) return cur;
       await new Promise((res) => setTimeout(res, 20));
     }
@@ -116,18 +116,19 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
 
   async function cancel(projectId: string, appName: string, runId: string): Promise<RunRecord> {
     for (;;) {
-      const r = await record(projectId, appName, runId);
-      if (isFinal(r.status)) throw new ConnectError(`run ${runId} is already ${r.status}`, Code.FailedPrecondition);
-      if (r.status === "queued") {
-        const done = await markCancelled(r, "queued", "cancelled while queued");
+      const record = await findRecord(projectId, appName, runId);
+      if (isFinal(record.status))
+        throw new ConnectError(`run ${runId} is already ${record.status}`, Code.FailedPrecondition);
+      if (record.status === "queued") {
+        const done = await markCancelled(record, "queued", "cancelled while queued");
         if (done) return done;
         continue; // a runner took it meanwhile
       }
-      const answer = r.runner ? await requestCancel(nc, r.runner, runId) : "gone";
-      if (answer === "aborted") return settled(r);
+      const answer = record.runner ? await requestCancel(nc, record.runner, runId) : "gone";
+      if (answer === "aborted") return settled(record);
       // Its process is gone (or no longer has it): nobody else will finish the record.
       const done = await markCancelled(
-        r,
+        record,
         "running",
         answer === "gone" ? "cancelled; the process running it was gone" : "cancelled",
       );
@@ -152,30 +153,30 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
         status: req.status === "" ? undefined : (req.status as RunStatus),
       });
       return {
-        runs: page.runs.map((r) => runMessage(r)),
+        runs: page.runs.map((record) => runMessage(record)),
         nextPageToken: page.next === undefined ? "" : token.encode(page.next),
       };
     },
     async getRun(req) {
-      const r = await record(req.projectId, req.appName, req.runId);
-      const run = runMessage(r, await results.read(r));
-      run.webhookDeliveries = await listDeliveries(nc, r.run_id);
+      const record = await findRecord(req.projectId, req.appName, req.runId);
+      const run = runMessage(record, await results.read(record));
+      run.webhookDeliveries = await listDeliveries(nc, record.run_id);
       return { run };
     },
     async listWebhookDeliveries(req) {
-      const r = await record(req.projectId, req.appName, req.runId);
-      return { deliveries: await listDeliveries(nc, r.run_id) };
+      const record = await findRecord(req.projectId, req.appName, req.runId);
+      return { deliveries: await listDeliveries(nc, record.run_id) };
     },
     async redeliverWebhook(req) {
-      const r = await record(req.projectId, req.appName, req.runId);
-      if (!isFinal(r.status))
+      const record = await findRecord(req.projectId, req.appName, req.runId);
+      if (!isFinal(record.status))
         throw new ConnectError(
-          `run ${r.run_id} is ${r.status}: there is no result to deliver yet`,
+          `run ${record.run_id} is ${record.status}: there is no result to deliver yet`,
           Code.FailedPrecondition,
         );
       try {
-        const delivery = await redeliver(nc, r.run_id);
-        logger.info({ runId: r.run_id, deliveryId: delivery.deliveryId }, "webhook redelivery requested");
+        const delivery = await redeliver(nc, record.run_id);
+        logger.info({ runId: record.run_id, deliveryId: delivery.deliveryId }, "webhook redelivery requested");
         return { delivery };
       } catch (err) {
         if (err instanceof RedeliveryError) throw new ConnectError(err.message, Code.FailedPrecondition);
@@ -183,25 +184,28 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       }
     },
     async cancelRun(req) {
-      const r = await cancel(req.projectId, req.appName, req.runId);
-      logger.info({ runId: r.run_id, app: `${r.project_id}/${r.app_name}`, status: r.status }, "run cancel requested");
-      return { run: runMessage(r) };
+      const record = await cancel(req.projectId, req.appName, req.runId);
+      logger.info(
+        { runId: record.run_id, app: `${record.project_id}/${record.app_name}`, status: record.status },
+        "run cancel requested",
+      );
+      return { run: runMessage(record) };
     },
     async *watchRuns(req, ctx: HandlerContext): AsyncIterable<WatchRunsResponse> {
       if (req.appName !== "") names(req.projectId, req.appName);
       const pending: RunRecord[] = [];
       let wake: (() => void) | undefined;
-      const stop = index.onChange((r) => {
-        if (r.project_id !== req.projectId || (req.appName !== "" && r.app_name !== req.appName)) return;
-        pending.push(r);
+      const stop = index.onChange((record) => {
+        if (record.project_id !== req.projectId || (req.appName !== "" && record.app_name !== req.appName)) return;
+        pending.push(record);
         wake?.();
       });
       const onAbort = () => wake?.();
       ctx.signal.addEventListener("abort", onAbort);
       try {
         while (!ctx.signal.aborted) {
-          const r = pending.shift();
-          if (r) yield create(WatchRunsResponseSchema, { run: runMessage(r) });
+          const record = pending.shift();
+          if (record) yield create(WatchRunsResponseSchema, { run: runMessage(record) });
           else await new Promise<void>((res) => (wake = res));
         }
       } finally {

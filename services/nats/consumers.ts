@@ -24,7 +24,7 @@ export async function ensureConsumer(
   };
   try {
     const info = await jsm.consumers.info(spec.stream, spec.name);
-    if (UPDATABLE.every((k) => info.config[k] === settings[k])) return "unchanged";
+    if (UPDATABLE.every((key) => info.config[key] === settings[key])) return "unchanged";
     await jsm.consumers.update(spec.stream, spec.name, settings);
     return "updated";
   } catch (err) {

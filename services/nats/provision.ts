@@ -43,11 +43,11 @@ export async function provision(nc: NatsConnection, logger: Logger): Promise<voi
   const jsm = await nc.jetstreamManager();
   const js = nc.jetstream();
   const targets = [
-    ...Object.values(streams).map((s) => streamTarget(jsm, s)),
-    ...Object.values(buckets).map((b) => bucketTarget(js, b)),
-    ...Object.values(objectStores).map((o) => objectStoreTarget(js, o)),
+    ...Object.values(streams).map((spec) => streamTarget(jsm, spec)),
+    ...Object.values(buckets).map((spec) => bucketTarget(js, spec)),
+    ...Object.values(objectStores).map((spec) => objectStoreTarget(js, spec)),
   ];
-  await Promise.all(targets.map((t) => ensure(jsm, t, logger)));
+  await Promise.all(targets.map((target) => ensure(jsm, target, logger)));
 }
 
 function streamTarget(jsm: JetStreamManager, spec: StreamSpec): Target {
@@ -130,14 +130,16 @@ async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamIn
 
 /** Updates what JetStream lets us update; reports what it does not. */
 async function reconcile(jsm: JetStreamManager, target: Target, info: StreamInfo, logger: Logger): Promise<void> {
-  const fixed = FIXED.filter((k) => info.config[k] !== target.want[k]);
+  const fixed = FIXED.filter((key) => info.config[key] !== target.want[key]);
   if (fixed.length > 0) {
     logger.warn(
       { kind: target.kind, name: target.name, have: pick(info.config, fixed), want: pick(target.want, fixed) },
       `${target.kind} ${target.name} differs from the layout in settings JetStream cannot change (${fixed.join(", ")}); using it as it is`,
     );
   }
-  const changed = UPDATABLE.filter((k) => target.want[k] !== undefined && !sameValue(info.config[k], target.want[k]));
+  const changed = UPDATABLE.filter(
+    (key) => target.want[key] !== undefined && !sameValue(info.config[key], target.want[key]),
+  );
   if (changed.length === 0) return;
   const update = pick(target.want, changed) as Partial<StreamUpdateConfig>;
   try {
@@ -162,5 +164,5 @@ function sameValue(have: unknown, want: unknown): boolean {
 }
 
 function pick<T extends object, K extends keyof T>(obj: T, keys: readonly K[]): Partial<Pick<T, K>> {
-  return Object.fromEntries(keys.map((k) => [k, obj[k]])) as Partial<Pick<T, K>>;
+  return Object.fromEntries(keys.map((key) => [key, obj[key]])) as Partial<Pick<T, K>>;
 }

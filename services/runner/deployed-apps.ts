@@ -21,12 +21,12 @@ export function followDeployedApps(
   const serving = new Map<string, AppRef>();
   const check = () => {
     const now = new Set<string>();
-    for (const a of registry.list()) {
-      if (runner.version(a.project_id, a.app_name) === undefined) continue;
-      const key = `${a.project_id}.${a.app_name}`;
+    for (const app of registry.list()) {
+      if (runner.version(app.project_id, app.app_name) === undefined) continue;
+      const key = `${app.project_id}.${app.app_name}`;
       now.add(key);
       if (!serving.has(key)) {
-        const ref = { projectId: a.project_id, appName: a.app_name };
+        const ref = { projectId: app.project_id, appName: app.app_name };
         serving.set(key, ref);
         on.added(ref);
       }

@@ -1,7 +1,7 @@
 // The runner's side of sync runs sent over NATS: for each app deployed
 // here, a subscription to `skiff.invoke.{project}.{app}` in queue group
 // "runners", so one runner hosting the app takes each request. The answer
-// is the runner's InvokeResponse or its typed error (run-wire.ts); the
+// is the runner's InvokeResponse or its typed error (runs/wire.ts); the
 // gateway that asked writes the run record.
 import type { Msg, NatsConnection, Subscription } from "nats";
 import type { Logger } from "../config/index.js";
@@ -29,12 +29,12 @@ export interface DispatchDeps {
 export class SyncDispatch {
   private readonly subs = new Map<string, Subscription>();
 
-  constructor(private readonly d: DispatchDeps) {}
+  constructor(private readonly deps: DispatchDeps) {}
 
   add(app: AppRef): void {
     const key = `${app.projectId}.${app.appName}`;
     if (this.subs.has(key)) return;
-    const sub = this.d.nc.subscribe(subjects.invoke(app.projectId, app.appName), {
+    const sub = this.deps.nc.subscribe(subjects.invoke(app.projectId, app.appName), {
       queue: subjects.invokeQueueGroup,
       callback: (err, msg) => {
         if (!err) void this.answer(app, msg);
@@ -55,7 +55,7 @@ export class SyncDispatch {
   }
 
   private async answer(app: AppRef, msg: Msg): Promise<void> {
-    const { runner, transfer, control, logger } = this.d;
+    const { runner, transfer, control, logger } = this.deps;
     let runId = "";
     try {
       const req = await decodeRequest(transfer, msg.data);

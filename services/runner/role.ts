@@ -65,7 +65,7 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     workDir: path.join(path.resolve(opts.dataDir), "replicas"),
     logger,
     onLog: publishLog,
-    onReplicaChange: (c) => publisher.changed(c),
+    onReplicaChange: (change) => publisher.changed(change),
   });
 
   /** What this runner deployed, by app key: a recreated app starts at version 1 again, so the digest counts too. */
@@ -102,8 +102,6 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
       deployed.delete(key);
       await runner.remove(projectId, appName);
       logger.info({ app: key }, "app removed");
-      // Its prepared folder goes now, not at the next hourly prune.
-      void prune();
       // Its prepared folder goes now, not at the next hourly prune.
       void prune();
       return;
@@ -146,14 +144,16 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   /** Prepared folders of bundles no app lists any more go, now and then, so the disk does not fill. */
   const prune = () =>
     deployments
-      .prune(new Set(registry.list().flatMap((r) => r.deployments.map((d) => d.digest))))
+      .prune(new Set(registry.list().flatMap((record) => record.deployments.map((deployment) => deployment.digest))))
       .then((gone) => gone.length > 0 && logger.info({ digests: gone }, "removed prepared deployments no app uses"))
       .catch((err: unknown) => logger.warn({ err }, "cannot prune prepared deployments"));
   const pruner = setInterval(() => void prune(), PRUNE_EVERY_MS).unref();
   void prune();
 
-  const stopWatching = registry.onChange((c) =>
-    c.kind === "put" ? schedule(c.record.project_id, c.record.app_name) : schedule(c.projectId, c.appName),
+  const stopWatching = registry.onChange((change) =>
+    change.kind === "put"
+      ? schedule(change.record.project_id, change.record.app_name)
+      : schedule(change.projectId, change.appName),
   );
   for (const record of registry.list()) schedule(record.project_id, record.app_name);
   logger.info({ apps: registry.list().length }, "runner role follows the app registry");

@@ -25,17 +25,17 @@ export function followLostRuns(
 ): Subscription {
   const js = nc.jetstream();
   const jsmP = nc.jetstreamManager();
-  const failLost = async (a: Advisory) => {
+  const failLost = async (advisory: Advisory) => {
     const jsm = await jsmP;
-    const msg = await jsm.streams.getMessage(streams.runs.name, { seq: a.stream_seq });
+    const msg = await jsm.streams.getMessage(streams.runs.name, { seq: advisory.stream_seq });
     // skiff.runs.queue.{project}.{app}
     const [, , , projectId, appName] = msg.subject.split(".");
     const { run_id: runId, body_object: object } = requestMeta(msg.data);
-    const final = await runs.update(projectId, appName, runId, (r) =>
-      isFinal(r.status)
+    const final = await runs.update(projectId, appName, runId, (record) =>
+      isFinal(record.status)
         ? undefined
         : {
-            ...r,
+            ...record,
             status: "failure",
             finished_at: new Date().toISOString(),
             error: {
@@ -52,20 +52,20 @@ export function followLostRuns(
       );
     }
     await transfer.drop(object);
-    await jsm.streams.deleteMessage(streams.runs.name, a.stream_seq, false);
+    await jsm.streams.deleteMessage(streams.runs.name, advisory.stream_seq, false);
   };
   return nc.subscribe(MAX_DELIVERIES_ADVISORY, {
     queue: subjects.invokeQueueGroup,
-    callback: (err, m) => {
+    callback: (err, msg) => {
       if (err) return;
       let advisory: Advisory;
       try {
-        advisory = JSON.parse(m.string()) as Advisory;
+        advisory = JSON.parse(msg.string()) as Advisory;
       } catch {
         return;
       }
-      failLost(advisory).catch((e: unknown) =>
-        logger.error({ err: e, seq: advisory.stream_seq }, "cannot fail a run whose runner was lost"),
+      failLost(advisory).catch((error: unknown) =>
+        logger.error({ err: error, seq: advisory.stream_seq }, "cannot fail a run whose runner was lost"),
       );
     },
   });

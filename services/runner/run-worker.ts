@@ -59,7 +59,7 @@ class Requeue extends Error {
   override name = "Requeue";
 }
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 class AppQueue {
   stopped = false;
@@ -68,32 +68,32 @@ class AppQueue {
   private batch: ConsumerMessages | undefined;
 
   constructor(
-    private readonly w: RunWorker,
+    private readonly worker: RunWorker,
     readonly app: AppRef,
   ) {}
 
   private capacity(): number {
-    const scaling = this.w.d.registry.get(this.app.projectId, this.app.appName)?.config.scaling;
+    const scaling = this.worker.deps.registry.get(this.app.projectId, this.app.appName)?.config.scaling;
     return Math.max(1, (scaling?.maxReplicas ?? 1) * (scaling?.replicaConcurrency ?? 1));
   }
 
   async loop(): Promise<void> {
-    const { d } = this.w;
+    const { deps } = this.worker;
     while (!this.stopped) {
       try {
         const spec = consumers.runQueue(this.app.projectId, this.app.appName);
-        await ensureConsumer(d.jsm, spec, d.ackWaitMs);
-        const consumer = await d.js.consumers.get(spec.stream, spec.name);
+        await ensureConsumer(deps.jsm, spec, deps.ackWaitMs);
+        const consumer = await deps.js.consumers.get(spec.stream, spec.name);
         while (!this.stopped) {
           const free = this.capacity() - this.inflight;
           if (free <= 0) {
-            await new Promise<void>((r) => (this.freed = r));
+            await new Promise<void>((resolve) => (this.freed = resolve));
             continue;
           }
           this.batch = await consumer.fetch({ max_messages: free, expires: PULL_EXPIRES_MS });
-          for await (const m of this.batch) {
+          for await (const msg of this.batch) {
             this.inflight++;
-            void this.w.handle(this, m).finally(() => {
+            void this.worker.handle(this, msg).finally(() => {
               this.inflight--;
               this.freed?.();
               this.freed = undefined;
@@ -102,7 +102,7 @@ class AppQueue {
         }
       } catch (err) {
         if (this.stopped) return;
-        d.logger.warn(
+        deps.logger.warn(
           { err, app: `${this.app.projectId}/${this.app.appName}` },
           "pulling async runs failed; pulling again",
         );
@@ -122,14 +122,14 @@ export class RunWorker {
   private readonly queues = new Map<string, AppQueue>();
   private readonly handling = new Set<Promise<void>>();
 
-  constructor(readonly d: WorkerDeps) {}
+  constructor(readonly deps: WorkerDeps) {}
 
   add(app: AppRef): void {
     const key = `${app.projectId}.${app.appName}`;
     if (this.queues.has(key)) return;
-    const q = new AppQueue(this, app);
-    this.queues.set(key, q);
-    void q.loop();
+    const queue = new AppQueue(this, app);
+    this.queues.set(key, queue);
+    void queue.loop();
   }
 
   remove(app: AppRef): void {
@@ -144,67 +144,75 @@ export class RunWorker {
    * process dies, is delivered again after ack_wait).
    */
   async close(): Promise<void> {
-    for (const q of this.queues.values()) q.stop();
+    for (const queue of this.queues.values()) queue.stop();
     this.queues.clear();
-    const grace = new Promise((r) => setTimeout(r, CLOSE_GRACE_MS).unref());
+    const grace = new Promise((resolve) => setTimeout(resolve, CLOSE_GRACE_MS).unref());
     await Promise.race([Promise.allSettled([...this.handling]), grace]);
   }
 
-  handle(q: AppQueue, m: JsMsg): Promise<void> {
-    const p = this.run(q, m);
-    this.handling.add(p);
-    return p.finally(() => this.handling.delete(p));
+  handle(queue: AppQueue, msg: JsMsg): Promise<void> {
+    const handled = this.run(queue, msg);
+    this.handling.add(handled);
+    return handled.finally(() => this.handling.delete(handled));
   }
 
-  private async run(q: AppQueue, m: JsMsg): Promise<void> {
-    const { d } = this;
-    const { projectId, appName } = q.app;
-    const heartbeat = setInterval(() => m.working(), d.ackWaitMs / 3);
+  private async run(queue: AppQueue, msg: JsMsg): Promise<void> {
+    const { deps } = this;
+    const { projectId, appName } = queue.app;
+    const heartbeat = setInterval(() => msg.working(), deps.ackWaitMs / 3);
     let runId = "";
     try {
-      const req = await decodeRequest(d.transfer, m.data, true);
+      const req = await decodeRequest(deps.transfer, msg.data, true);
       runId = req.runId;
-      const cur = await d.runs.get(projectId, appName, runId);
+      const cur = await deps.runs.get(projectId, appName, runId);
       if (!cur) {
-        d.logger.warn({ runId, app: `${projectId}/${appName}` }, "queued run without a record; dropped");
-        return m.term();
+        deps.logger.warn({ runId, app: `${projectId}/${appName}` }, "queued run without a record; dropped");
+        return msg.term();
       }
-      if (isFinal(cur.record.status)) return m.ack();
-      const attempt = m.info.redeliveryCount;
-      const running = await d.runs.update(projectId, appName, runId, (r) =>
-        isFinal(r.status)
+      if (isFinal(cur.record.status)) return msg.ack();
+      const attempt = msg.info.redeliveryCount;
+      const running = await deps.runs.update(projectId, appName, runId, (record) =>
+        isFinal(record.status)
           ? undefined
-          : { ...r, status: "running", started_at: new Date().toISOString(), attempts: attempt, runner: d.control.id },
+          : {
+              ...record,
+              status: "running",
+              started_at: new Date().toISOString(),
+              attempts: attempt,
+              runner: deps.control.id,
+            },
       );
-      if (!running) return m.ack();
-      await publishRunEvent(d.js, running);
+      if (!running) return msg.ack();
+      await publishRunEvent(deps.js, running);
       const controller = new AbortController();
-      const done = this.invoke(q, req, controller.signal).then((o) => finishAsync(d, running, o));
-      d.control.track(runId, controller, done);
+      const done = this.invoke(queue, req, controller.signal).then((outcome) => finishAsync(deps, running, outcome));
+      deps.control.track(runId, controller, done);
       await done;
-      await d.transfer.drop(requestMeta(m.data).body_object);
-      m.ack();
+      await deps.transfer.drop(requestMeta(msg.data).body_object);
+      msg.ack();
     } catch (err) {
       if (!(err instanceof Requeue))
-        d.logger.warn(
+        deps.logger.warn(
           { err, runId, app: `${projectId}/${appName}` },
           "async run step failed; the run goes back to the queue",
         );
-      m.nak(RETRY_AFTER_ERROR_MS);
+      msg.nak(RETRY_AFTER_ERROR_MS);
     } finally {
       clearInterval(heartbeat);
     }
   }
 
   /** The run's outcome; a full app is waited for (the message stays ours through working()). */
-  private async invoke(q: AppQueue, req: InvokeRequest, signal: AbortSignal): Promise<RunOutcome> {
+  private async invoke(queue: AppQueue, req: InvokeRequest, signal: AbortSignal): Promise<RunOutcome> {
     const started = performance.now();
     for (;;) {
       try {
         if (signal.aborted) throw new Cancelled();
-        return outcomeOfAnswer(await this.d.runner.invoke(q.app.projectId, q.app.appName, { ...req, signal }));
+        return outcomeOfAnswer(
+          await this.deps.runner.invoke(queue.app.projectId, queue.app.appName, { ...req, signal }),
+        );
       } catch (err) {
-        if (err instanceof Overloaded && !q.stopped) {
+        if (err instanceof Overloaded && !queue.stopped) {
           await sleep(err.retryAfterSeconds * 1000);
           continue;
         }

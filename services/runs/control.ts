@@ -43,7 +43,7 @@ export class RunControl {
           const run = this.runs.get(msg.string());
           if (!run) return void msg.respond(encoder.encode("unknown"));
           run.controller.abort();
-          const settled = new Promise<void>((r) => setTimeout(r, SETTLE_TIMEOUT_MS).unref());
+          const settled = new Promise<void>((resolve) => setTimeout(resolve, SETTLE_TIMEOUT_MS).unref());
           void Promise.race([run.done, settled]).then(() => msg.respond(encoder.encode("aborted")));
         },
       }),
@@ -67,7 +67,7 @@ export class RunControl {
   }
 
   close(): void {
-    for (const s of this.subs.splice(0)) s.unsubscribe();
+    for (const sub of this.subs.splice(0)) sub.unsubscribe();
   }
 }
 

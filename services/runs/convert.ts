@@ -14,18 +14,18 @@ const timestamp = (iso: string | undefined) => (iso === undefined ? undefined : 
 const decoder = new TextDecoder("utf-8", { fatal: true });
 
 /** What a Run and a RunEvent both say of a run. */
-function runFields(r: RunRecord) {
+function runFields(record: RunRecord) {
   return {
-    runId: r.run_id,
-    projectId: r.project_id,
-    appName: r.app_name,
-    path: r.path,
-    async: r.async,
-    status: r.status,
-    runTimeMs: r.run_time_ms ?? 0,
-    statusCode: r.status_code ?? 0,
-    error: r.error,
-    webhookEndpoint: r.webhook_endpoint ?? "",
+    runId: record.run_id,
+    projectId: record.project_id,
+    appName: record.app_name,
+    path: record.path,
+    async: record.async,
+    status: record.status,
+    runTimeMs: record.run_time_ms ?? 0,
+    statusCode: record.status_code ?? 0,
+    error: record.error,
+    webhookEndpoint: record.webhook_endpoint ?? "",
   };
 }
 
@@ -46,24 +46,24 @@ function resultFields(body: Body | undefined): Pick<Run, "result" | "rawResult">
 }
 
 /** The management API's Run, with its result while kept. */
-export function runMessage(r: RunRecord, result?: Body): Run {
+export function runMessage(record: RunRecord, result?: Body): Run {
   return create(RunSchema, {
-    ...runFields(r),
-    queuedAt: timestamp(r.queued_at),
-    startedAt: timestamp(r.started_at),
-    finishedAt: timestamp(r.finished_at),
-    attempts: r.attempts,
+    ...runFields(record),
+    queuedAt: timestamp(record.queued_at),
+    startedAt: timestamp(record.started_at),
+    finishedAt: timestamp(record.finished_at),
+    attempts: record.attempts,
     ...resultFields(result),
   });
 }
 
 /** The event of the record's current state, carrying the response of a terminal one inline or by object name. */
-export function runEvent(r: RunRecord, response: EventResponse): RunEvent {
+export function runEvent(record: RunRecord, response: EventResponse): RunEvent {
   const event = create(RunEventSchema, {
-    ...runFields(r),
-    time: timestampFromDate(new Date(r.finished_at ?? r.started_at ?? r.queued_at)),
-    attempt: Math.max(1, r.attempts),
-    webhookSigned: r.webhook_signed ?? false,
+    ...runFields(record),
+    time: timestampFromDate(new Date(record.finished_at ?? record.started_at ?? record.queued_at)),
+    attempt: Math.max(1, record.attempts),
+    webhookSigned: record.webhook_signed ?? false,
   });
   if (response && "object" in response) event.responseObject = response.object;
   else if (response) event.response = create(HttpBodySchema, response);

@@ -22,13 +22,13 @@ export function eventResponseLimit(nc: NatsConnection): number {
 /** The response body of a terminal event: inline, or an object in `skiff-results`. */
 export type EventResponse = { contentType: string; data: Uint8Array } | { object: string } | undefined;
 
-const eventBytes = (r: RunRecord, response: EventResponse) => toBinary(RunEventSchema, runEvent(r, response));
-const eventId = (r: RunRecord) => `${r.run_id}.${r.status}.${Math.max(1, r.attempts)}`;
+const eventBytes = (record: RunRecord, response: EventResponse) => toBinary(RunEventSchema, runEvent(record, response));
+const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math.max(1, record.attempts)}`;
 
 /** Publishes the event of the record's current state; resolves once JetStream stored it. */
-export async function publishRunEvent(js: JetStreamClient, r: RunRecord, response?: EventResponse): Promise<void> {
-  await js.publish(subjects.runEvent(r.project_id, r.app_name, r.status), eventBytes(r, response), {
-    msgID: eventId(r),
+export async function publishRunEvent(js: JetStreamClient, record: RunRecord, response?: EventResponse): Promise<void> {
+  await js.publish(subjects.runEvent(record.project_id, record.app_name, record.status), eventBytes(record, response), {
+    msgID: eventId(record),
   });
 }
 
@@ -38,8 +38,10 @@ export async function publishRunEvent(js: JetStreamClient, r: RunRecord, respons
  * have their answer. An event that a webhook depends on is always published
  * with publishRunEvent.
  */
-export function publishRunEventUnacked(nc: NatsConnection, r: RunRecord, response?: EventResponse): void {
-  const h = headers();
-  h.set("Nats-Msg-Id", eventId(r));
-  nc.publish(subjects.runEvent(r.project_id, r.app_name, r.status), eventBytes(r, response), { headers: h });
+export function publishRunEventUnacked(nc: NatsConnection, record: RunRecord, response?: EventResponse): void {
+  const msgHeaders = headers();
+  msgHeaders.set("Nats-Msg-Id", eventId(record));
+  nc.publish(subjects.runEvent(record.project_id, record.app_name, record.status), eventBytes(record, response), {
+    headers: msgHeaders,
+  });
 }

@@ -15,14 +15,14 @@ export interface FinishDeps {
   logger: Logger;
 }
 
-function finalRecord(r: RunRecord, o: RunOutcome, now: Date): RunRecord {
+function finalRecord(record: RunRecord, outcome: RunOutcome, now: Date): RunRecord {
   return {
-    ...r,
-    status: o.status,
+    ...record,
+    status: outcome.status,
     finished_at: now.toISOString(),
-    run_time_ms: o.runTimeMs,
-    status_code: o.statusCode,
-    ...(o.error ? { error: o.error } : {}),
+    run_time_ms: outcome.runTimeMs,
+    status_code: outcome.statusCode,
+    ...(outcome.error ? { error: outcome.error } : {}),
   };
 }
 
@@ -33,16 +33,16 @@ function finalRecord(r: RunRecord, o: RunOutcome, now: Date): RunRecord {
  * published with an acknowledgement (and logged when that fails). Never
  * awaited on the request path.
  */
-export function finishSync(d: FinishDeps & { nc: NatsConnection }, running: RunRecord, o: RunOutcome): void {
+export function finishSync(deps: FinishDeps & { nc: NatsConnection }, running: RunRecord, outcome: RunOutcome): void {
   const now = new Date();
-  const final = finalRecord(running, o, now);
+  const final = finalRecord(running, outcome, now);
   void (async () => {
     // Results of sync runs are not kept (the caller has them); the event carries the body.
-    const { event } = await d.results.keep(running.run_id, o.body, now, false);
-    d.runs.putUnacked(final);
-    if (final.webhook_endpoint) await publishRunEvent(d.js, final, event);
-    else publishRunEventUnacked(d.nc, final, event);
-  })().catch((err: unknown) => d.logger.error({ err, runId: final.run_id }, "cannot publish a run's final event"));
+    const { event } = await deps.results.keep(running.run_id, outcome.body, now, false);
+    deps.runs.putUnacked(final);
+    if (final.webhook_endpoint) await publishRunEvent(deps.js, final, event);
+    else publishRunEventUnacked(deps.nc, final, event);
+  })().catch((err: unknown) => deps.logger.error({ err, runId: final.run_id }, "cannot publish a run's final event"));
 }
 
 /**
@@ -50,12 +50,16 @@ export function finishSync(d: FinishDeps & { nc: NatsConnection }, running: RunR
  * another attempt that finished first wins. Resolves with the record written,
  * or undefined when the run was already final (nothing is published then).
  */
-export async function finishAsync(d: FinishDeps, running: RunRecord, o: RunOutcome): Promise<RunRecord | undefined> {
+export async function finishAsync(
+  deps: FinishDeps,
+  running: RunRecord,
+  outcome: RunOutcome,
+): Promise<RunRecord | undefined> {
   const now = new Date();
-  const { result, event } = await d.results.keep(running.run_id, o.body, now, true);
-  const final = await d.runs.update(running.project_id, running.app_name, running.run_id, (cur) =>
-    isFinal(cur.status) ? undefined : { ...finalRecord(cur, o, now), ...(result ? { result } : {}) },
+  const { result, event } = await deps.results.keep(running.run_id, outcome.body, now, true);
+  const final = await deps.runs.update(running.project_id, running.app_name, running.run_id, (cur) =>
+    isFinal(cur.status) ? undefined : { ...finalRecord(cur, outcome, now), ...(result ? { result } : {}) },
   );
-  if (final) await publishRunEvent(d.js, final, event);
+  if (final) await publishRunEvent(deps.js, final, event);
   return final;
 }

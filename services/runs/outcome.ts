@@ -37,9 +37,9 @@ const decoder = new TextDecoder();
 function answerError(res: InvokeResponse, contentType: string): RunErrorInfo {
   if (contentType.startsWith("application/json")) {
     try {
-      const e = (JSON.parse(decoder.decode(res.body)) as { error?: { type?: unknown; message?: unknown } }).error;
-      if (e && typeof e.type === "string")
-        return { type: e.type, message: typeof e.message === "string" ? e.message : "" };
+      const error = (JSON.parse(decoder.decode(res.body)) as { error?: { type?: unknown; message?: unknown } }).error;
+      if (error && typeof error.type === "string")
+        return { type: error.type, message: typeof error.message === "string" ? error.message : "" };
     } catch {
       // not the envelope: fall through
     }
@@ -48,8 +48,8 @@ function answerError(res: InvokeResponse, contentType: string): RunErrorInfo {
 }
 
 export function contentTypeOf(headers: InvokeResponse["headers"]): string {
-  const v = headers["content-type"];
-  return (Array.isArray(v) ? v[0] : v) ?? "application/octet-stream";
+  const value = headers["content-type"];
+  return (Array.isArray(value) ? value[0] : value) ?? "application/octet-stream";
 }
 
 /** An app answered: 5xx reads failure (a Cortex function that raised answers 500), anything else success. */

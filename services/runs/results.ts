@@ -68,8 +68,8 @@ export class RunResults {
   }
 
   /** The run's result while it is kept; undefined once expired or when none was kept. */
-  async read(r: RunRecord, now = new Date()): Promise<Body | undefined> {
-    const kept = r.result;
+  async read(record: RunRecord, now = new Date()): Promise<Body | undefined> {
+    const kept = record.result;
     if (!kept || Date.parse(kept.expires_at) <= now.getTime()) return undefined;
     if (kept.data !== undefined) return { contentType: kept.content_type, data: Buffer.from(kept.data, "base64") };
     const data = kept.object ? await (await this.objects()).getBlob(kept.object) : null;

@@ -60,15 +60,15 @@ export const runKey = (projectId: string, appName: string, runId: string): strin
 export function decodeRunRecord(entry: KvEntry): RunRecord | undefined {
   if (entry.operation !== "PUT") return undefined;
   try {
-    const r = entry.json<RunRecord>();
-    return r && typeof r.run_id === "string" && typeof r.status === "string" ? r : undefined;
+    const record = entry.json<RunRecord>();
+    return record && typeof record.run_id === "string" && typeof record.status === "string" ? record : undefined;
   } catch {
     return undefined;
   }
 }
 
 const encoder = new TextEncoder();
-const encode = (r: RunRecord) => encoder.encode(JSON.stringify(r));
+const encode = (record: RunRecord) => encoder.encode(JSON.stringify(record));
 
 /** How many times an update re-reads after losing a compare-and-set before giving up. */
 const MAX_CAS_TRIES = 20;
@@ -94,13 +94,13 @@ export class RunStore {
   }
 
   /** Writes the first record of a run; fails if the run id exists. */
-  async create(r: RunRecord): Promise<void> {
-    await this.kv.create(runKey(r.project_id, r.app_name, r.run_id), encode(r));
+  async create(record: RunRecord): Promise<void> {
+    await this.kv.create(runKey(record.project_id, record.app_name, record.run_id), encode(record));
   }
 
   /** Unconditional write, for sync runs whose records only their own gateway writes, in order. */
-  put(r: RunRecord): Promise<number> {
-    return this.kv.put(runKey(r.project_id, r.app_name, r.run_id), encode(r));
+  put(record: RunRecord): Promise<number> {
+    return this.kv.put(runKey(record.project_id, record.app_name, record.run_id), encode(record));
   }
 
   /**
@@ -109,8 +109,11 @@ export class RunStore {
    * gateway. For the bookkeeping of sync runs, whose callers already have
    * their answer; the connection keeps the order of a run's writes.
    */
-  putUnacked(r: RunRecord): void {
-    this.nc.publish(`$KV.${buckets.runs.name}.${runKey(r.project_id, r.app_name, r.run_id)}`, encode(r));
+  putUnacked(record: RunRecord): void {
+    this.nc.publish(
+      `$KV.${buckets.runs.name}.${runKey(record.project_id, record.app_name, record.run_id)}`,
+      encode(record),
+    );
   }
 
   /**
@@ -123,7 +126,7 @@ export class RunStore {
     projectId: string,
     appName: string,
     runId: string,
-    change: (r: RunRecord) => RunRecord | undefined,
+    change: (record: RunRecord) => RunRecord | undefined,
   ): Promise<RunRecord | undefined> {
     const key = runKey(projectId, appName, runId);
     for (let i = 0; i < MAX_CAS_TRIES; i++) {

@@ -55,9 +55,12 @@ function frame(meta: object, body: Uint8Array): Uint8Array {
 
 function unframe<T>(data: Uint8Array): { meta: T; body: Uint8Array } {
   if (data.byteLength < 4) throw new Error("not a run frame");
-  const n = new DataView(data.buffer, data.byteOffset, data.byteLength).getUint32(0);
-  if (4 + n > data.byteLength) throw new Error("truncated run frame");
-  return { meta: JSON.parse(decoder.decode(data.subarray(4, 4 + n))) as T, body: data.subarray(4 + n) };
+  const metaLength = new DataView(data.buffer, data.byteOffset, data.byteLength).getUint32(0);
+  if (4 + metaLength > data.byteLength) throw new Error("truncated run frame");
+  return {
+    meta: JSON.parse(decoder.decode(data.subarray(4, 4 + metaLength))) as T,
+    body: data.subarray(4 + metaLength),
+  };
 }
 
 /** Moves large bodies through the object store. */
@@ -70,16 +73,16 @@ export class BodyTransfer {
     this.limit = nc.info!.max_payload - FRAME_HEADROOM_BYTES;
   }
 
-  /** The body to put in the frame, and the object name when it went to the store instead. */
-  async out(id: string, body: Uint8Array): Promise<{ body: Uint8Array; object?: string }> {
+  /** The sending side: the body to put in the frame, or none and the object it went to when too large for one. */
+  async send(id: string, body: Uint8Array): Promise<{ body: Uint8Array; object?: string }> {
     if (body.byteLength <= this.limit) return { body };
     const name = `transfer.${id}`;
     await (await this.objects()).putBlob({ name }, body);
     return { body: new Uint8Array(0), object: name };
   }
 
-  /** The body a frame carried, read back from the store when it was there, and removed unless `keep`. */
-  async in(body: Uint8Array, object: string | undefined, keep = false): Promise<Uint8Array> {
+  /** The receiving side: the body a frame carried, read back from the store when it was there, and removed unless `keep`. */
+  async receive(body: Uint8Array, object: string | undefined, keep = false): Promise<Uint8Array> {
     if (object === undefined) return body;
     const os = await this.objects();
     const data = await os.getBlob(object);
@@ -95,11 +98,11 @@ export class BodyTransfer {
 }
 
 export async function encodeRequest(
-  t: BodyTransfer,
+  transfer: BodyTransfer,
   req: InvokeRequest,
   transferId = req.runId,
 ): Promise<{ data: Uint8Array; object?: string }> {
-  const { body, object } = await t.out(`${transferId}.request`, req.body);
+  const { body, object } = await transfer.send(`${transferId}.request`, req.body);
   const meta: RequestMeta = {
     run_id: req.runId,
     method: req.method,
@@ -112,9 +115,13 @@ export async function encodeRequest(
 }
 
 /** The request a frame carries; with `keepObject` a stored body stays (an async message may be delivered again). */
-export async function decodeRequest(t: BodyTransfer, data: Uint8Array, keepObject = false): Promise<InvokeRequest> {
+export async function decodeRequest(
+  transfer: BodyTransfer,
+  data: Uint8Array,
+  keepObject = false,
+): Promise<InvokeRequest> {
   const { meta, body } = unframe<RequestMeta>(data);
-  const full = await t.in(body, meta.body_object, keepObject);
+  const full = await transfer.receive(body, meta.body_object, keepObject);
   return {
     runId: meta.run_id,
     method: meta.method,
@@ -130,8 +137,8 @@ export function requestMeta(data: Uint8Array): RequestMeta {
   return unframe<RequestMeta>(data).meta;
 }
 
-export async function encodeReply(t: BodyTransfer, runId: string, res: InvokeResponse): Promise<Uint8Array> {
-  const { body, object } = await t.out(`${runId}.reply`, res.body);
+export async function encodeReply(transfer: BodyTransfer, runId: string, res: InvokeResponse): Promise<Uint8Array> {
+  const { body, object } = await transfer.send(`${runId}.reply`, res.body);
   return frame(
     {
       status: res.status,
@@ -154,7 +161,7 @@ export function encodeErrorReply(err: RunnerError): Uint8Array {
 }
 
 /** The runner's answer, or throws the runner error it reported. */
-export async function decodeReply(t: BodyTransfer, data: Uint8Array): Promise<InvokeResponse> {
+export async function decodeReply(transfer: BodyTransfer, data: Uint8Array): Promise<InvokeResponse> {
   const { meta, body } = unframe<ReplyMeta>(data);
   if ("error" in meta) throw runnerError(meta);
   return {
@@ -162,27 +169,27 @@ export async function decodeReply(t: BodyTransfer, data: Uint8Array): Promise<In
     headers: meta.headers,
     runTimeMs: meta.run_time_ms,
     replicaId: meta.replica_id,
-    body: await t.in(body, meta.body_object),
+    body: await transfer.receive(body, meta.body_object),
   };
 }
 
-function runnerError(m: Extract<ReplyMeta, { error: string }>): Error {
-  switch (m.error) {
+function runnerError(meta: Extract<ReplyMeta, { error: string }>): Error {
+  switch (meta.error) {
     case "Overloaded":
-      return new Overloaded(m.message, m.retry_after ?? 1);
+      return new Overloaded(meta.message, meta.retry_after ?? 1);
     case "RunTimeout":
-      return new RunTimeout(m.seconds ?? 0);
+      return new RunTimeout(meta.seconds ?? 0);
     case "Cancelled":
       return new Cancelled();
     case "ReplicaCrashed":
-      return new ReplicaCrashed(m.message);
+      return new ReplicaCrashed(meta.message);
     case "FunctionNotFound":
-      return new FunctionNotFound(m.app ?? "", m.function ?? "");
+      return new FunctionNotFound(meta.app ?? "", meta.function ?? "");
     case "AppNotFound": {
-      const [p = "", a = ""] = (m.app ?? "").split("/");
+      const [p = "", a = ""] = (meta.app ?? "").split("/");
       return new AppNotFound(p, a);
     }
     default:
-      return new StartFailed(m.message);
+      return new StartFailed(meta.message);
   }
 }

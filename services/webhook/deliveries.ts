@@ -44,22 +44,22 @@ function storeOf(nc: NatsConnection): Promise<DeliveryStore> {
   return store;
 }
 
-export function toWebhookDelivery(r: DeliveryRecord): WebhookDelivery {
+export function toWebhookDelivery(record: DeliveryRecord): WebhookDelivery {
   return create(WebhookDeliverySchema, {
-    deliveryId: r.delivery_id,
-    runId: r.run_id,
-    url: r.url,
-    state: r.state,
-    createdAt: timestampFromDate(new Date(r.created_at)),
-    attempts: r.attempts.map((a) =>
+    deliveryId: record.delivery_id,
+    runId: record.run_id,
+    url: record.url,
+    state: record.state,
+    createdAt: timestampFromDate(new Date(record.created_at)),
+    attempts: record.attempts.map((attempt) =>
       create(WebhookAttemptSchema, {
-        attempt: a.attempt,
-        startedAt: timestampFromDate(new Date(a.started_at)),
-        durationMs: a.duration_ms ?? 0,
-        statusCode: a.status_code ?? 0,
-        error: a.error ?? "",
+        attempt: attempt.attempt,
+        startedAt: timestampFromDate(new Date(attempt.started_at)),
+        durationMs: attempt.duration_ms ?? 0,
+        statusCode: attempt.status_code ?? 0,
+        error: attempt.error ?? "",
         // Empty while the attempt is under way.
-        outcome: a.outcome ?? "",
+        outcome: attempt.outcome ?? "",
       }),
     ),
   });
@@ -87,18 +87,18 @@ export async function redeliver(nc: NatsConnection, runId: string): Promise<Webh
   }
   const event = await terminalEvent(nc, source);
   // Delivery ids count up per run; two concurrent redeliveries get different ones.
-  let n = Math.max(...previous.map((p) => Number(p.delivery_id) || 0)) + 1;
-  let made = await store.create(newDeliveryRecord(event, String(n), source.event_seq));
-  while (!made.created) made = await store.create(newDeliveryRecord(event, String(++n), source.event_seq));
-  event.deliveryId = String(n);
+  let number = Math.max(...previous.map((delivery) => Number(delivery.delivery_id) || 0)) + 1;
+  let made = await store.create(newDeliveryRecord(event, String(number), source.event_seq));
+  while (!made.created) made = await store.create(newDeliveryRecord(event, String(++number), source.event_seq));
+  event.deliveryId = String(number);
   try {
     const js = nc.jetstream();
     await js.publish(subjects.runEvent(event.projectId, event.appName, event.status), toBinary(RunEventSchema, event), {
-      msgID: `${runId}.webhook.${n}`,
+      msgID: `${runId}.webhook.${number}`,
     });
   } catch (err) {
     // Without its event nothing would ever work on the delivery: do not leave it pending.
-    await store.remove(runId, String(n));
+    await store.remove(runId, String(number));
     throw err;
   }
   return toWebhookDelivery(made.record);

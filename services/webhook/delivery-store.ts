@@ -51,13 +51,13 @@ interface RunEntry {
 /** KV keys and subject tokens: no dots, wildcards or spaces. */
 const TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
 
-export function isKeyToken(s: string): boolean {
-  return TOKEN.test(s);
+export function isKeyToken(value: string): boolean {
+  return TOKEN.test(value);
 }
 
 /** What the attempts say about the delivery: one 2xx delivers it; an attempt after which no retry follows fails it. */
 export function stateOf(attempts: readonly AttemptRecord[]): DeliveryState {
-  if (attempts.some((a) => a.outcome === "delivered")) return "delivered";
+  if (attempts.some((attempt) => attempt.outcome === "delivered")) return "delivered";
   return attempts.at(-1)?.outcome === "failed" ? "failed" : "pending";
 }
 
@@ -88,7 +88,7 @@ export class DeliveryStore {
 
   async get(runId: string, deliveryId: string): Promise<Versioned | undefined> {
     const { deliveries, revision } = await this.read(runId);
-    const record = deliveries.find((d) => d.delivery_id === deliveryId);
+    const record = deliveries.find((delivery) => delivery.delivery_id === deliveryId);
     return record === undefined || revision === undefined ? undefined : { record, revision };
   }
 
@@ -96,7 +96,7 @@ export class DeliveryStore {
   async create(record: DeliveryRecord): Promise<Versioned & { created: boolean }> {
     for (;;) {
       const { deliveries, revision } = await this.read(record.run_id);
-      const existing = deliveries.find((d) => d.delivery_id === record.delivery_id);
+      const existing = deliveries.find((delivery) => delivery.delivery_id === record.delivery_id);
       if (existing !== undefined && revision !== undefined) return { record: existing, revision, created: false };
       if (await this.write(record.run_id, [...deliveries, record], revision))
         return { ...(await this.get(record.run_id, record.delivery_id))!, created: true };
@@ -109,7 +109,7 @@ export class DeliveryStore {
     if (cur.revision !== revision) return false;
     return this.write(
       record.run_id,
-      cur.deliveries.map((d) => (d.delivery_id === record.delivery_id ? record : d)),
+      cur.deliveries.map((delivery) => (delivery.delivery_id === record.delivery_id ? record : delivery)),
       revision,
     );
   }
@@ -121,7 +121,7 @@ export class DeliveryStore {
   async modify(
     runId: string,
     deliveryId: string,
-    change: (r: DeliveryRecord) => DeliveryRecord | undefined,
+    change: (record: DeliveryRecord) => DeliveryRecord | undefined,
   ): Promise<{ before: DeliveryRecord; after: DeliveryRecord }> {
     for (;;) {
       const cur = await this.get(runId, deliveryId);
@@ -139,7 +139,7 @@ export class DeliveryStore {
         revision === undefined ||
         (await this.write(
           runId,
-          deliveries.filter((d) => d.delivery_id !== deliveryId),
+          deliveries.filter((delivery) => delivery.delivery_id !== deliveryId),
           revision,
         ))
       )

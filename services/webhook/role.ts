@@ -74,26 +74,26 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
   const consumer = await js.consumers.get(consumers.webhook.stream, WEBHOOK_CONSUMER);
   const messages = await consumer.consume({ max_messages: concurrency });
 
-  const handle = async (m: JsMsg): Promise<void> => {
-    const heartbeat = setInterval(() => m.working(), ackWaitMs / 3);
+  const handle = async (msg: JsMsg): Promise<void> => {
+    const heartbeat = setInterval(() => msg.working(), ackWaitMs / 3);
     try {
       let event;
       try {
-        event = fromBinary(RunEventSchema, m.data);
+        event = fromBinary(RunEventSchema, msg.data);
       } catch (err) {
-        logger.warn({ err, subject: m.subject, seq: m.seq }, "not a skiff.events.v1.RunEvent; skipped");
-        m.ack();
+        logger.warn({ err, subject: msg.subject, seq: msg.seq }, "not a skiff.events.v1.RunEvent; skipped");
+        msg.ack();
         return;
       }
-      const step = await advanceDelivery(deps, event, m.seq);
-      if ("nakMs" in step) m.nak(Math.max(1, Math.ceil(step.nakMs)));
-      else m.ack();
+      const step = await advanceDelivery(deps, event, msg.seq);
+      if ("nakMs" in step) msg.nak(Math.max(1, Math.ceil(step.nakMs)));
+      else msg.ack();
     } catch (err) {
       logger.warn(
-        { err, subject: m.subject, seq: m.seq },
+        { err, subject: msg.subject, seq: msg.seq },
         `webhook delivery step failed; trying again in ${RETRY_AFTER_ERROR_MS} ms`,
       );
-      m.nak(RETRY_AFTER_ERROR_MS);
+      msg.nak(RETRY_AFTER_ERROR_MS);
     } finally {
       clearInterval(heartbeat);
     }
@@ -101,9 +101,9 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
 
   const inflight = new Set<Promise<void>>();
   const loop = (async () => {
-    for await (const m of messages) {
-      const p: Promise<void> = handle(m).finally(() => inflight.delete(p));
-      inflight.add(p);
+    for await (const msg of messages) {
+      const handled: Promise<void> = handle(msg).finally(() => inflight.delete(handled));
+      inflight.add(handled);
       // At most `concurrency` deliveries at once; the pull asks for no more than that many ahead.
       if (inflight.size >= concurrency) await Promise.race(inflight);
     }
