@@ -34,6 +34,8 @@ export interface ServerOptions {
   maxBodyBytes: number;
   /** Methods that take larger bodies than maxBodyBytes (an app bundle), on every protocol. */
   bodyLimits?: ReadonlyMap<DescMethod, number>;
+  /** Methods whose every REST answer carries X-Request-Id (see TranscoderOptions.requestIds). */
+  requestIds?: ReadonlySet<DescMethod>;
   logger: Logger;
   health: HealthState;
   /** Services whose google.api.http rules become REST routes. */
@@ -179,6 +181,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     handlers,
     maxBodyBytes: opts.maxBodyBytes,
     bodyLimits: opts.bodyLimits,
+    requestIds: opts.requestIds,
     logger,
   });
 

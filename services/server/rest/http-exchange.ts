@@ -17,6 +17,8 @@ export interface HttpExchange {
   readonly query: URLSearchParams;
   /** Success status chosen by the handler; undefined means 200. */
   status: number | undefined;
+  /** The X-Request-Id already sent with this answer, for methods that asked for one (TranscoderOptions.requestIds). */
+  readonly requestId?: string;
 }
 
 export const kHttpExchange = createContextKey<HttpExchange | undefined>(undefined, {

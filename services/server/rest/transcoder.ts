@@ -44,6 +44,7 @@ import { reflect, type ReflectMessage } from "@bufbuild/protobuf/reflect";
 import { Code, createContextValues } from "@connectrpc/connect";
 import type { UniversalHandler, UniversalServerResponse } from "@connectrpc/connect/protocol";
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
+import { v7 } from "uuid";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
 import { isRestExchangeHeader, isRpcExchangeResponseHeader } from "../headers.js";
 import { kHttpExchange, type HttpExchange } from "./http-exchange.js";
@@ -63,6 +64,12 @@ export interface TranscoderOptions {
   maxBodyBytes: number;
   /** Methods that take larger bodies than maxBodyBytes (an app bundle), by method. */
   bodyLimits?: ReadonlyMap<DescMethod, number>;
+  /**
+   * Methods whose every REST answer, refusals included (401, 403, 413, …),
+   * carries `X-Request-Id`: the id is made as soon as the route is known and
+   * handed to the handler as `httpExchange(ctx).requestId`.
+   */
+  requestIds?: ReadonlySet<DescMethod>;
   logger: Logger;
 }
 
@@ -143,10 +150,13 @@ async function transcode(
   const query = new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
   const method = req.method ?? "";
   const match = pickRoute(table.match(path), method, path);
+  const requestId = opts.requestIds?.has(match.route.binding.method) ? v7() : undefined;
+  // Set before anything can fail: an error answer's headers are merged with it.
+  if (requestId !== undefined) res.setHeader("x-request-id", requestId);
   const body = await readBody(req, opts.bodyLimits?.get(match.route.binding.method) ?? opts.maxBodyBytes);
   const route = match.route;
   const input = requestMessage(route, match.segments, query, body, header(req, "content-type"));
-  const exchange: HttpExchange = { method, query, status: undefined };
+  const exchange: HttpExchange = { method, query, status: undefined, requestId };
   const uRes = await callHandler(req, res, route, toBinary(route.binding.method.input, input), exchange);
   copyResponseHeaders(uRes.header, res);
   const bytes = await readAll(uRes.body);
