@@ -70,7 +70,6 @@ export async function runSync(
 ): Promise<RunResponse> {
   // The secret must be stored before the terminal event asks the webhook role to sign.
   if (secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, record.run_id, secret);
-  const log = (what: string) => (err: unknown) => deps.logger.error({ err, runId: record.run_id }, what);
   // Bookkeeping of a sync run is not awaited, nor acknowledged (see finishSync).
   deps.runs.putUnacked(record);
   publishRunEventUnacked(deps.nc, record);

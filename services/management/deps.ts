@@ -1,4 +1,4 @@
-// What the management handlers work with; start.ts builds it once per process.
+// What the management handlers work with; role.ts builds it once per process.
 import type { AppConfig } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import type { TokenSubject } from "../auth/index.js";

@@ -6,6 +6,5 @@ export { DeploymentCache, prepareBundle } from "./deployment-cache.js";
 export type { ReplicaRecord } from "./replica-publisher.js";
 export { deploymentsDir, startRunnerRole } from "./role.js";
 export { configureSandbox } from "./sandbox.js";
-export type { RunnerRole } from "./role.js";
 export type { Runner } from "./runner.js";
 export type { PreparedDeployment } from "./types.js";

@@ -1,7 +1,9 @@
 // Why an invocation or a deployment did not produce an app's answer. The
-// gateway maps them to HTTP: AppNotFound and FunctionNotFound 404,
-// Overloaded 429 with Retry-After, RunTimeout 504, Cancelled 499-style
-// "cancelled", the rest 503.
+// gateway maps a run's (outcome.ts) to Connect codes and so to HTTP:
+// FunctionNotFound 404, Overloaded 429 with Retry-After, RunTimeout 504,
+// Cancelled 499 "canceled", ReplicaCrashed, StartFailed and AppNotFound 503
+// (the app exists, but no runner has it deployed). PrepareFailed is a
+// deployment's: ManagementService answers it with failed_precondition.
 
 export type RunnerErrorName =
   | "AppNotFound"

@@ -26,7 +26,7 @@ export type { RunOutcome } from "./outcome.js";
 export { RunResults } from "./results.js";
 export type { Body } from "./results.js";
 export { RUN_STATUSES, isFinal } from "./status.js";
-export type { FinalStatus, RunStatus } from "./status.js";
+export type { RunStatus } from "./status.js";
 export { RunStore, decodeRunRecord, isWrongRevision } from "./store.js";
 export type { RunRecord } from "./store.js";
 export {

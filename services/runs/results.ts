@@ -3,7 +3,8 @@
 //   - For GetRun, for async runs, while SKIFF_RESULT_TTL lasts (0: not kept): inline in the
 //     run record when small, else in object store `skiff-results` under the
 //     run id. Expiry is checked on read: a record past `expires_at` shows no
-//     result, and sweepResults() removes objects older than the TTL.
+//     result, and sweep() removes objects older than both the TTL and the
+//     events' age limit.
 //   - For the terminal event (and so the webhook): inline when it fits an
 //     event, else the same `skiff-results` object, named by `response_object`.
 //     Such an object is kept at least as long as SKIFF_EVENTS keeps events,
@@ -16,7 +17,6 @@ import type { RunRecord, StoredResult } from "./store.js";
 
 /** Largest result kept inside the run record; larger ones go to the object store. */
 export const MAX_INLINE_RESULT_BYTES = 16 * 1024;
-export const DEFAULT_RESULT_TTL_SECONDS = 24 * 60 * 60;
 
 export interface Body {
   contentType: string;

@@ -43,8 +43,6 @@ export interface WebhookRoleOptions {
 }
 
 export interface WebhookRole {
-  /** The guard deliveries go through; validateWebhookEndpoint can use the same. */
-  guard: AddressGuard;
   /** Stops taking messages and lets the attempts under way finish and be recorded. */
   close(): Promise<void>;
 }
@@ -115,7 +113,6 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
 
   let closing: Promise<void> | undefined;
   return {
-    guard,
     close: () =>
       (closing ??= (async () => {
         messages.stop();
