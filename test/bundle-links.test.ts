@@ -10,8 +10,9 @@ import { BundleError, unpackBundle } from "../services/apps/bundle.js";
 import { silentLogger } from "../services/config/logger.js";
 import { DeploymentCache } from "../services/runner/deployment-cache.js";
 import { sha256 } from "../services/apps/bundle.js";
+import { skiffToml } from "./helpers/apps.js";
 
-const TOML = `[app]\nname = "links"\n[runtime]\nkind = "custom"\ncommand = ["node", "server.mjs"]\n`;
+const TOML = skiffToml({ name: "links", runtime: { kind: "custom", command: ["node", "server.mjs"] } });
 
 interface Entry {
   path: string;

@@ -1,7 +1,7 @@
 // Deploy-time steps run in the sandbox, and what they report quotes no file
 // and no path of this machine: a requirements.txt that includes a system
 // file, a module that raises with a file's contents at import.
-import { mkdtemp, readFile, rm, writeFile, mkdir } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -9,6 +9,7 @@ import { parseAppConfig } from "../services/apps/app-config.js";
 import { silentLogger } from "../services/config/logger.js";
 import { PrepareFailed } from "../services/runs/errors.js";
 import { prepareDeployment } from "../services/runner/prepare.js";
+import { skiffToml, writeApp, type CortexRuntime } from "./helpers/apps.js";
 
 let tmp: string;
 let hosts: string;
@@ -18,19 +19,10 @@ beforeAll(async () => {
 });
 afterAll(() => rm(tmp, { recursive: true, force: true }));
 
-async function app(files: Record<string, string>): Promise<string> {
-  const dir = await mkdtemp(path.join(tmp, "app-"));
-  for (const [name, text] of Object.entries(files)) {
-    await mkdir(path.dirname(path.join(dir, name)), { recursive: true });
-    await writeFile(path.join(dir, name), text);
-  }
-  return dir;
-}
+const cortex = (language: CortexRuntime["language"], entry: string) =>
+  parseAppConfig(skiffToml({ name: "a", runtime: { kind: "cortex", language, entry } }));
 
-const cortex = (language: string, entry: string) =>
-  parseAppConfig(`[app]\nname = "a"\n[runtime]\nkind = "cortex"\nlanguage = "${language}"\nentry = "${entry}"\n`);
-
-async function failure(dir: string, language: string, entry: string): Promise<string> {
+async function failure(dir: string, language: CortexRuntime["language"], entry: string): Promise<string> {
   const err = await prepareDeployment(dir, cortex(language, entry), silentLogger).catch((e: unknown) => e);
   expect(err).toBeInstanceOf(PrepareFailed);
   const message = (err as Error).message;
@@ -44,14 +36,17 @@ async function failure(dir: string, language: string, entry: string): Promise<st
 
 describe("deploy-time steps: errors name the app's file and line, never what a file holds", () => {
   it("requirements.txt including a system file: a generic reason", async () => {
-    const dir = await app({ "main.py": "def f():\n    return 1\n", "requirements.txt": "-r /etc/hosts\n" });
+    const dir = await writeApp(tmp, { "main.py": "def f():\n    return 1\n", "requirements.txt": "-r /etc/hosts\n" });
     expect(await failure(dir, "python", "main.py")).toMatch(/^could not install requirements\.txt/);
-    const passwd = await app({ "main.py": "def f():\n    return 1\n", "requirements.txt": "-r /etc/passwd\n" });
+    const passwd = await writeApp(tmp, {
+      "main.py": "def f():\n    return 1\n",
+      "requirements.txt": "-r /etc/passwd\n",
+    });
     expect(await failure(passwd, "python", "main.py")).toMatch(/^could not install requirements\.txt/);
   }, 60_000);
 
   it("a Python module that raises with a file's contents: its type and app file:line only", async () => {
-    const dir = await app({
+    const dir = await writeApp(tmp, {
       "main.py": "import helper\n",
       "helper.py": "\n\nraise RuntimeError(open('/etc/hosts').read())\n",
     });
@@ -61,7 +56,7 @@ describe("deploy-time steps: errors name the app's file and line, never what a f
   });
 
   it("a Node module that throws with a file's contents: its type and app file:line only", async () => {
-    const dir = await app({
+    const dir = await writeApp(tmp, {
       "index.mjs":
         "import { readFileSync } from 'node:fs';\n\nthrow new TypeError(readFileSync('/etc/hosts', 'utf8'));\n",
     });
@@ -71,7 +66,7 @@ describe("deploy-time steps: errors name the app's file and line, never what a f
   });
 
   it("the import check runs in the sandbox: the module sees /app, not the host's folder", async () => {
-    const dir = await app({
+    const dir = await writeApp(tmp, {
       "main.py":
         "import os\nif os.getcwd() != '/app' or os.path.exists('" +
         tmp +

@@ -14,6 +14,7 @@ import type { InvokeRequest } from "../services/runs/invoke.js";
 import { channelPath } from "../services/runner/replica.js";
 import { Runner } from "../services/runner/runner.js";
 import { DEFAULT_SANDBOX_LIMITS, projectUid, type SandboxOptions } from "../services/runner/sandbox.js";
+import { skiffToml, type CortexRuntime } from "./helpers/apps.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
@@ -29,10 +30,8 @@ let nats: TestNats;
 let skiffPort: http.Server;
 const dirs: Record<string, string> = {};
 
-const cortex = (name: string, language: string, entry: string, env = "") =>
-  parseAppConfig(
-    `[app]\nname = "${name}"\n[runtime]\nkind = "cortex"\nlanguage = "${language}"\nentry = "${entry}"\n[env]\n${env}\n`,
-  );
+const cortex = (name: string, language: CortexRuntime["language"], entry: string) =>
+  parseAppConfig(skiffToml({ name, runtime: { kind: "cortex", language, entry } }));
 
 async function copyApp(fixture: string, name: string): Promise<string> {
   const dir = path.join(dataDir, "deployments", name);
@@ -90,14 +89,18 @@ beforeAll(async () => {
     startTimeoutMs: 20_000,
     sandbox: SANDBOX,
   });
-  const victimEnv = 'SECRET = "victim-secret-that-must-not-leak"';
   await runner.deploy({
     projectId: "p-victim",
     appName: "victim",
     version: 1,
     dir: await copyApp("intruder-py", "victim"),
     config: parseAppConfig(
-      `[app]\nname = "victim"\n[runtime]\nkind = "cortex"\nlanguage = "python"\nentry = "main.py"\n[env]\n${victimEnv}\n[scaling]\nmin_replicas = 1\n`,
+      skiffToml({
+        name: "victim",
+        runtime: { kind: "cortex", language: "python", entry: "main.py" },
+        env: { SECRET: "victim-secret-that-must-not-leak" },
+        scaling: { min_replicas: 1 },
+      }),
     ),
   });
   await runner.deploy({
