@@ -10,6 +10,7 @@ const UNIT = [
   "test/app-config.test.ts",
   "test/architecture.test.ts",
   "test/auth-cache.test.ts",
+  "test/bundle-links.test.ts",
   "test/bundle.test.ts",
   "test/config.test.ts",
   "test/dashboard-stats.test.ts",
