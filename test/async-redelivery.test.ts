@@ -121,15 +121,16 @@ describe("async - runners that die", () => {
 
   it("SIGKILL mid-run: another runner runs it again and it succeeds, attempt 2", async () => {
     const first = [...runners][0];
-    const res = await post(`${v4("sleep")}?async=true`, t.devToken, '{"ms":2500}');
+    // Long enough that the first attempt is still running when its runner is killed, however loaded the machine.
+    const res = await post(`${v4("sleep")}?async=true`, t.devToken, '{"ms":10000}');
     const runId = res.json.run_id as string;
     const before = await runningOn(runId, 1);
     await kill(first);
     await startRunner();
-    const done = await reaches(runId, "success", 30_000);
+    const done = await reaches(runId, "success", 45_000);
     expect(done).toMatchObject({ attempts: 2, statusCode: 200 });
     expect(before.attempts).toBe(1);
-  }, 40_000);
+  }, 60_000);
 
   it("a run whose runner dies on every attempt ends in failure (runner_lost) after 3 attempts", async () => {
     const res = await post(`${v4("sleep")}?async=true`, t.devToken, '{"ms":60000}');
