@@ -29,6 +29,7 @@ async function startRunner(): Promise<{ child: ChildProcess; dataDir: string }> 
         PATH: process.env.PATH,
         HOME: process.env.HOME,
         SKIFF_NATS_URL: t.nats.url,
+        SKIFF_PORT: "0",
         SKIFF_DATA_DIR: dataDir,
         SKIFF_RUN_ACK_WAIT_MS: String(ACK_WAIT_MS),
         SKIFF_RESULT_TTL: "0",
