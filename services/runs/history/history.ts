@@ -1,0 +1,132 @@
+// Reading the run history: pages of runs newest first (ListRuns, the
+// dashboard), per-minute figures of an app's last hour (GetAppStats), and
+// deleting runs past their retention. Every query walks one index from a
+// known point and reads at most a page (or an hour of one app), so what it
+// costs does not depend on how many runs are stored.
+import type { RunRecord, RunStatus } from "../store.js";
+import type { Sql } from "./sql.js";
+import type { Tables } from "./schema.js";
+
+export interface ListQuery {
+  pageSize: number;
+  /** Run id the previous page ended with (the page token); the page starts below it. */
+  after?: string;
+  asyncOnly?: boolean;
+  status?: RunStatus;
+}
+
+export interface RunPage {
+  /** Newest first, without results. */
+  runs: RunRecord[];
+  /** The run id to continue after; undefined when there are no more. */
+  next: string | undefined;
+}
+
+/** The runs of one app queued in one minute. */
+export interface MinuteStats {
+  /** Start of the minute, ms since the epoch. */
+  minuteMs: number;
+  runs: number;
+  failures: number;
+  /** Nearest-rank percentiles of the run times of runs that finished (success or failure); 0 when none did. */
+  p50Ms: number;
+  p95Ms: number;
+  p99Ms: number;
+}
+
+/** Rows deleted by one statement of the retention sweep. */
+export const PRUNE_BATCH = 10_000;
+const MINUTE_MS = 60_000;
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+
+/** The smallest UUIDv7 of a time: the ids of runs made before it sort below it. */
+export function idAt(ms: number): string {
+  const hex = Math.max(0, Math.floor(ms)).toString(16).padStart(12, "0").slice(-12);
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-0000-0000-000000000000`;
+}
+
+export class HistoryQueries {
+  constructor(
+    private readonly db: Sql,
+    private readonly t: Tables,
+  ) {}
+
+  /** Runs of one app (or, with `appName` undefined, of every app of the project), newest first. */
+  async list(projectId: string, appName: string | undefined, q: ListQuery): Promise<RunPage> {
+    const params: unknown[] = [projectId];
+    const where = ["project_id = $1"];
+    const param = (v: unknown) => `$${params.push(v)}`;
+    if (appName !== undefined) where.push(`app_name = ${param(appName)}`);
+    if (q.after !== undefined) {
+      if (!UUID.test(q.after)) throw new Error(`page token ${JSON.stringify(q.after)} is not a run id`);
+      where.push(`run_id < ${param(q.after)}::uuid`);
+    }
+    if (q.status !== undefined) where.push(`status = ${param(q.status)}`);
+    if (q.asyncOnly) where.push("async");
+    // One more than the page says whether another page follows.
+    const rows = await this.db.query<{ record: RunRecord }>(
+      `SELECT record FROM ${this.t.runs} WHERE ${where.join(" AND ")} ORDER BY run_id DESC LIMIT ${param(q.pageSize + 1)}`,
+      params,
+    );
+    const runs = rows.slice(0, q.pageSize).map((r) => r.record);
+    return { runs, next: rows.length > q.pageSize ? runs[runs.length - 1].run_id : undefined };
+  }
+
+  /**
+   * Per-minute figures of the runs of one app queued in [fromMs, toMs), for
+   * the minutes that had any, oldest first. A run counts in the minute it was
+   * queued; failures are runs that ended `failure`.
+   */
+  async minuteStats(projectId: string, appName: string, fromMs: number, toMs: number): Promise<MinuteStats[]> {
+    const rows = await this.db.query<{
+      minute: number;
+      runs: number;
+      failures: number;
+      pcts: number[] | null;
+    }>(
+      `SELECT (floor(extract(epoch FROM queued_at) * 1000 / ${MINUTE_MS}) * ${MINUTE_MS})::float8 AS minute,
+         count(*)::int AS runs,
+         (count(*) FILTER (WHERE status = 'failure'))::int AS failures,
+         percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY run_time_ms)
+           FILTER (WHERE status IN ('success', 'failure') AND run_time_ms IS NOT NULL) AS pcts
+       FROM ${this.t.runs}
+       WHERE project_id = $1 AND app_name = $2 AND run_id >= $3::uuid
+         AND queued_at >= $4::timestamptz AND queued_at < $5::timestamptz
+       GROUP BY 1 ORDER BY 1`,
+      // The id bound lets the index skip older runs; a run id is made a moment before its queue time.
+      [projectId, appName, idAt(fromMs - MINUTE_MS), new Date(fromMs).toISOString(), new Date(toMs).toISOString()],
+    );
+    return rows.map((r) => ({
+      minuteMs: Number(r.minute),
+      runs: r.runs,
+      failures: r.failures,
+      p50Ms: Number(r.pcts?.[0] ?? 0),
+      p95Ms: Number(r.pcts?.[1] ?? 0),
+      p99Ms: Number(r.pcts?.[2] ?? 0),
+    }));
+  }
+
+  /** Deletes runs made before `beforeMs` (by the time in their ids), PRUNE_BATCH rows a statement; says how many. */
+  async prune(beforeMs: number, batch = PRUNE_BATCH): Promise<number> {
+    let total = 0;
+    for (;;) {
+      const [{ n }] = await this.db.query<{ n: number }>(
+        `WITH gone AS (
+           DELETE FROM ${this.t.runs} WHERE run_id IN (
+             SELECT run_id FROM ${this.t.runs} WHERE run_id < $1::uuid ORDER BY run_id LIMIT ${batch})
+           RETURNING 1)
+         SELECT count(*)::int AS n FROM gone`,
+        [idAt(beforeMs)],
+      );
+      total += n;
+      if (n < batch) return total;
+    }
+  }
+
+  /** How many runs the history holds (a count over the table: for tests and tools, not for requests). */
+  async count(): Promise<number> {
+    const [{ n }] = await this.db.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${this.t.runs}`);
+    return n;
+  }
+}

@@ -1,0 +1,105 @@
+// The run history: every run of KV `skiff-runs`, projected into a SQL table
+// indexed for listing, so that ListRuns, the dashboard and GetAppStats read a
+// page from an index instead of any process holding the runs in memory.
+// Embedded PGlite under SKIFF_DATA_DIR when SKIFF_DATABASE_URL is unset; a
+// PostgreSQL server, shared by every process that names it, when it is set.
+import path from "node:path";
+import type { NatsConnection } from "nats";
+import type { Logger } from "../../config/index.js";
+import { RUN_RETENTION_MS } from "../../nats/index.js";
+import { HistoryQueries, type ListQuery, type MinuteStats, type RunPage } from "./history.js";
+import { RunProjector, RUNS_STREAM, type ProjectorOptions } from "./projector.js";
+import { DEFAULT_SCHEMA, migrate, tables } from "./schema.js";
+import { openPglite, openPostgres, type Database } from "./sql.js";
+
+export type { ListQuery, MinuteStats, RunPage } from "./history.js";
+export { PRUNE_BATCH, idAt } from "./history.js";
+export { RUNS_STREAM } from "./projector.js";
+
+/** How often runs past RUN_RETENTION_MS are deleted. */
+export const PRUNE_EVERY_MS = 60 * 60 * 1000;
+/** The folder under SKIFF_DATA_DIR that holds the embedded database. */
+export const PGLITE_FOLDER = "run-history";
+
+export interface RunHistory {
+  /** Runs of one app, or of every app of the project when `appName` is undefined; newest first. */
+  list(projectId: string, appName: string | undefined, q: ListQuery): Promise<RunPage>;
+  /** Per-minute figures of one app's runs queued in [fromMs, toMs), minutes with runs only, oldest first. */
+  minuteStats(projectId: string, appName: string, fromMs: number, toMs: number): Promise<MinuteStats[]>;
+  /** The last sequence of the run stream that the history has applied; 0 before the first. */
+  position(): Promise<number>;
+  /** Deletes the runs made more than RUN_RETENTION_MS before `now`; says how many. */
+  prune(now?: number): Promise<number>;
+  /** The projector of this process, when it runs one. */
+  readonly projector: RunProjector | undefined;
+  readonly kind: Database["kind"];
+  close(): Promise<void>;
+}
+
+export interface RunHistoryOptions {
+  nc: NatsConnection;
+  logger: Logger;
+  /** SKIFF_DATABASE_URL; undefined: PGlite in `dataDir`/run-history. */
+  databaseUrl: string | undefined;
+  dataDir: string;
+  /** Schema of the tables, default "skiff" (tests give each their own). */
+  schema?: string;
+  /** Whether this process projects the run stream (default true; with a shared server one process at a time does). */
+  project?: boolean;
+  projector?: Pick<ProjectorOptions, "batchSize" | "batchMs" | "leaderRetryMs">;
+  pruneEveryMs?: number;
+}
+
+/** Opens (and creates when missing) the history's tables and starts projecting; does not wait for the projection. */
+export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistory> {
+  const db =
+    opts.databaseUrl === undefined
+      ? await openPglite(path.join(opts.dataDir, PGLITE_FOLDER))
+      : await openPostgres(opts.databaseUrl);
+  const t = tables(opts.schema ?? DEFAULT_SCHEMA);
+  try {
+    await migrate(db, t);
+  } catch (err) {
+    await db.close();
+    throw err;
+  }
+  const queries = new HistoryQueries(db, t);
+  const projector =
+    opts.project === false
+      ? undefined
+      : new RunProjector({ ...opts.projector, nc: opts.nc, db, tables: t, logger: opts.logger });
+  const prune = (now = Date.now()) => queries.prune(now - RUN_RETENTION_MS);
+  let pruning: Promise<unknown> = Promise.resolve();
+  const sweep = () => {
+    pruning = prune().then(
+      (n) => n > 0 && opts.logger.info({ runs: n }, "run history: runs past their retention deleted"),
+      (err: unknown) => opts.logger.warn({ err }, "run history: cannot delete runs past their retention"),
+    );
+  };
+  const pruner = setInterval(sweep, opts.pruneEveryMs ?? PRUNE_EVERY_MS);
+  pruner.unref();
+  let closing: Promise<void> | undefined;
+  return {
+    kind: db.kind,
+    projector,
+    list: (projectId, appName, q) => queries.list(projectId, appName, q),
+    minuteStats: (projectId, appName, fromMs, toMs) => queries.minuteStats(projectId, appName, fromMs, toMs),
+    async position() {
+      const [row] = await db.query<{ last_seq: string | number }>(
+        `SELECT last_seq FROM ${t.cursor} WHERE stream = $1`,
+        [RUNS_STREAM],
+      );
+      return row ? Number(row.last_seq) : 0;
+    },
+    prune,
+    close() {
+      closing ??= (async () => {
+        clearInterval(pruner);
+        await projector?.stop();
+        await pruning;
+        await db.close();
+      })();
+      return closing;
+    },
+  };
+}

@@ -1,0 +1,335 @@
+// The projection of KV `skiff-runs` into the history's `runs` table: an
+// ordered consumer of the bucket's stream (`KV_skiff-runs`) whose messages
+// are upserted in batches (up to `batchSize` messages, or what arrived within
+// `batchMs`), each batch one SQL statement that also moves the stored cursor
+// (the last stream sequence applied). A restart resumes at cursor + 1, so it
+// never reads the stream from the start again; start-up does not wait for it.
+//
+// One projector writes at a time: it holds a session-level advisory lock on
+// the connection it writes through, and processes sharing one PostgreSQL wait
+// for it and take over (from the stored cursor) when its session ends. Writes
+// thus keep stream order, a delete marker simply deletes the row, and an
+// upsert only replaces a row of a lower revision, so a batch applied twice is
+// applied once. What the projector holds is the batch it is making: nothing
+// per stored run.
+import {
+  AckPolicy,
+  ConsumerEvents,
+  DeliverPolicy,
+  nanos,
+  type ConsumerMessages,
+  type JsMsg,
+  type NatsConnection,
+} from "nats";
+import type { Logger } from "../../config/index.js";
+import { buckets } from "../../nats/index.js";
+import type { RunRecord } from "../store.js";
+import { lockKey, type Tables } from "./schema.js";
+import type { Database, Session } from "./sql.js";
+
+export const RUNS_STREAM = `KV_${buckets.runs.name}`;
+const SUBJECT_PREFIX = `$KV.${buckets.runs.name}.`;
+
+export const DEFAULT_BATCH_SIZE = 500;
+export const DEFAULT_BATCH_MS = 50;
+/** How often a process that does not hold the projector's lock tries for it; also the pause after a failure. */
+export const DEFAULT_LEADER_RETRY_MS = 2_000;
+
+/** How long the server keeps the projector's consumer after its process went silent. */
+const CONSUMER_IDLE_MS = 60_000;
+/** Events after which the consumer cannot be trusted to deliver every message. */
+const LOST = new Set<string>([
+  ConsumerEvents.ConsumerDeleted,
+  ConsumerEvents.ConsumerNotFound,
+  ConsumerEvents.StreamNotFound,
+]);
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+
+export interface ProjectorOptions {
+  nc: NatsConnection;
+  db: Database;
+  tables: Tables;
+  logger: Logger;
+  batchSize?: number;
+  batchMs?: number;
+  leaderRetryMs?: number;
+}
+
+/** A row of the runs table, as the batch statement reads it (jsonb_to_recordset). */
+interface Row {
+  run_id: string;
+  project_id: string;
+  app_name: string;
+  status: string;
+  async: boolean;
+  queued_at: string;
+  started_at: string | null;
+  finished_at: string | null;
+  run_time_ms: number | null;
+  status_code: number | null;
+  error_type: string | null;
+  record: RunRecord;
+  revision: number;
+}
+
+const iso = (v: unknown): string | null | undefined => {
+  if (v === undefined || v === null) return null;
+  const ms = typeof v === "string" ? Date.parse(v) : NaN;
+  return Number.isFinite(ms) ? new Date(ms).toISOString() : undefined;
+};
+
+/** The row of a record stored under `{project}.{app}.{run_id}`; undefined when the value is not a run record. */
+export function rowOf(key: string, data: Uint8Array, revision: number): Row | undefined {
+  const [projectId, appName, runId, extra] = key.split(".");
+  if (extra !== undefined || !runId || !UUID.test(runId)) return undefined;
+  let r: RunRecord;
+  try {
+    r = JSON.parse(new TextDecoder().decode(data)) as RunRecord;
+  } catch {
+    return undefined;
+  }
+  if (!r || typeof r !== "object" || r.run_id !== runId || typeof r.status !== "string") return undefined;
+  const queued = iso(r.queued_at);
+  const started = iso(r.started_at);
+  const finished = iso(r.finished_at);
+  if (!queued || started === undefined || finished === undefined) return undefined;
+  const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+  const statusCode = num(r.status_code);
+  // The listing never shows results: their bytes stay in KV and the object store.
+  const { result: _result, ...slim } = r;
+  return {
+    run_id: runId,
+    project_id: projectId,
+    app_name: appName,
+    status: r.status,
+    async: r.async === true,
+    queued_at: queued,
+    started_at: started,
+    finished_at: finished,
+    run_time_ms: num(r.run_time_ms),
+    status_code: statusCode !== null && Number.isInteger(statusCode) ? statusCode : null,
+    error_type: typeof r.error?.type === "string" ? r.error.type : null,
+    record: slim as RunRecord,
+    revision,
+  };
+}
+
+/** PostgreSQL's text and jsonb take no NUL character; an app's error message might carry one. */
+const noNul = (_k: string, v: unknown) =>
+  typeof v === "string" && v.includes("\0") ? v.replaceAll("\0", "\ufffd") : v;
+
+interface Pending {
+  /** Last message per run id in this batch: only the newest state of a run is written. */
+  byRun: Map<string, Row | null>;
+  messages: number;
+  lastSeq: number;
+}
+
+const emptyBatch = (): Pending => ({ byRun: new Map(), messages: 0, lastSeq: 0 });
+
+export class RunProjector {
+  /** Stream messages applied by this projector since it started. */
+  applied = 0;
+  /** Whether this process holds the projector's lock and follows the stream. */
+  leading = false;
+  private stopped = false;
+  private messages: ConsumerMessages | undefined;
+  private readonly loop: Promise<void>;
+  private wakeSleep: (() => void) | undefined;
+  private readonly batchSize: number;
+  private readonly batchMs: number;
+  private readonly retryMs: number;
+
+  constructor(private readonly opts: ProjectorOptions) {
+    this.batchSize = opts.batchSize ?? DEFAULT_BATCH_SIZE;
+    this.batchMs = opts.batchMs ?? DEFAULT_BATCH_MS;
+    this.retryMs = opts.leaderRetryMs ?? DEFAULT_LEADER_RETRY_MS;
+    this.loop = this.run();
+  }
+
+  /** Stops following the stream and gives up the lock; a batch not yet written is left for the next projector. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.messages?.stop();
+    this.wakeSleep?.();
+    await this.loop;
+  }
+
+  private sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      this.wakeSleep = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+  }
+
+  private async run(): Promise<void> {
+    const { db, tables, logger } = this.opts;
+    while (!this.stopped && !this.opts.nc.isClosed()) {
+      let session: Session | undefined;
+      let broken = false;
+      try {
+        session = await db.session();
+        const [{ ok }] = await session.query<{ ok: boolean }>(
+          "SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS ok",
+          [lockKey(tables, "project")],
+        );
+        if (ok) {
+          this.leading = true;
+          try {
+            await this.follow(session);
+          } finally {
+            this.leading = false;
+            await session
+              .query("SELECT pg_advisory_unlock(hashtextextended($1, 0))", [lockKey(tables, "project")])
+              .catch(() => (broken = true));
+          }
+        }
+      } catch (err) {
+        broken = true;
+        if (!this.stopped) logger.warn({ err }, "run history: projecting the run stream failed; trying again");
+      } finally {
+        session?.release(broken);
+      }
+      if (!this.stopped) await this.sleep(this.retryMs);
+    }
+  }
+
+  /** Follows the stream from the stored cursor until stopped or until something fails. */
+  private async follow(session: Session): Promise<void> {
+    const { nc, tables, logger } = this.opts;
+    const js = nc.jetstream();
+    const info = await (await nc.jetstreamManager()).streams.info(RUNS_STREAM);
+    const [cursor] = await session.query<{ stream_created: string; last_seq: string | number }>(
+      `SELECT stream_created, last_seq FROM ${tables.cursor} WHERE stream = $1`,
+      [RUNS_STREAM],
+    );
+    let from = cursor ? Number(cursor.last_seq) : 0;
+    if (cursor && cursor.stream_created !== info.created) {
+      // The bucket was made anew (a new NATS store): what the table holds is gone from it.
+      logger.warn({ stream: RUNS_STREAM }, "run history: the run bucket was created again; projecting it anew");
+      await session.query(
+        `WITH gone AS (DELETE FROM ${tables.runs}) UPDATE ${tables.cursor} SET last_seq = 0, stream_created = $2 WHERE stream = $1`,
+        [RUNS_STREAM, info.created],
+      );
+      from = 0;
+    }
+    logger.debug({ from }, "run history: following the run stream");
+    // An ordered stream of the bucket from the cursor on: an ephemeral consumer without acks, whose delivery
+    // sequence must go up by one; a gap (or a lost consumer) ends this follow, and the next starts anew
+    // from the stored cursor.
+    const jsm = await nc.jetstreamManager();
+    const ci = await jsm.consumers.add(RUNS_STREAM, {
+      ...(from === 0
+        ? { deliver_policy: DeliverPolicy.All }
+        : { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from + 1 }),
+      ack_policy: AckPolicy.None,
+      inactive_threshold: nanos(CONSUMER_IDLE_MS),
+      mem_storage: true,
+      num_replicas: 1,
+      description: "run history projector",
+    });
+    const consumer = await js.consumers.get(RUNS_STREAM, ci.name);
+    const messages = (this.messages = await consumer.consume({ max_messages: this.batchSize * 2 }));
+    if (this.stopped) messages.stop();
+    void (async () => {
+      for await (const s of await messages.status())
+        if (LOST.has(s.type)) messages.stop(new Error(`run history: the projector's consumer reported ${s.type}`));
+    })().catch(() => undefined);
+
+    let batch = emptyBatch();
+    let writing: Promise<void> = Promise.resolve();
+    let failure: unknown;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const flush = (): Promise<void> => {
+      clearTimeout(timer);
+      timer = undefined;
+      if (batch.messages === 0) return writing;
+      const b = batch;
+      batch = emptyBatch();
+      writing = writing.then(async () => {
+        if (failure !== undefined || this.stopped) return;
+        try {
+          await this.write(session, b, info.created);
+          this.applied += b.messages;
+        } catch (err) {
+          failure = err;
+          messages.stop();
+        }
+      });
+      return writing;
+    };
+    try {
+      let delivered = 0;
+      for await (const m of messages) {
+        if (failure !== undefined || this.stopped) break;
+        if (m.info.deliverySequence !== ++delivered)
+          throw new Error("run history: a message of the run stream was lost");
+        this.add(batch, m);
+        if (batch.messages >= this.batchSize) await flush();
+        else timer ??= setTimeout(() => void flush(), this.batchMs);
+      }
+    } finally {
+      clearTimeout(timer);
+      messages.stop();
+      await writing;
+      await jsm.consumers.delete(RUNS_STREAM, ci.name).catch(() => undefined);
+    }
+    if (failure !== undefined) throw failure;
+  }
+
+  private add(batch: Pending, m: JsMsg): void {
+    batch.messages++;
+    batch.lastSeq = m.seq;
+    if (!m.subject.startsWith(SUBJECT_PREFIX)) return;
+    const key = m.subject.slice(SUBJECT_PREFIX.length);
+    const runId = key.slice(key.lastIndexOf(".") + 1);
+    if (!UUID.test(runId)) return;
+    const op = m.headers?.get("KV-Operation");
+    // A delete or purge marker, or a value that is not a run record, removes the run from the listing.
+    const row = op === "DEL" || op === "PURGE" ? null : (rowOf(key, m.data, m.seq) ?? null);
+    if (row === null && op !== "DEL" && op !== "PURGE")
+      this.opts.logger.warn({ key, seq: m.seq }, "run history: a value in the run bucket is not a run record");
+    batch.byRun.delete(runId); // keeps the map in arrival order
+    batch.byRun.set(runId, row);
+  }
+
+  /** One statement: the upserts, the deletes and the cursor, all or nothing. */
+  private async write(session: Session, b: Pending, streamCreated: string): Promise<void> {
+    const t = this.opts.tables;
+    const rows: Row[] = [];
+    const deleted: string[] = [];
+    for (const [runId, row] of b.byRun) {
+      if (row) rows.push(row);
+      else deleted.push(runId);
+    }
+    await session.query(
+      `WITH upserted AS (
+         INSERT INTO ${t.runs} AS r (run_id, project_id, app_name, status, async, queued_at, started_at,
+           finished_at, run_time_ms, status_code, error_type, record, revision)
+         SELECT run_id, project_id, app_name, status, async, queued_at, started_at,
+           finished_at, run_time_ms, status_code, error_type, record, revision
+         FROM jsonb_to_recordset($1::jsonb) AS x(run_id uuid, project_id text, app_name text, status text,
+           async boolean, queued_at timestamptz, started_at timestamptz, finished_at timestamptz,
+           run_time_ms double precision, status_code integer, error_type text, record jsonb, revision bigint)
+         ON CONFLICT (run_id) DO UPDATE SET
+           project_id = excluded.project_id, app_name = excluded.app_name, status = excluded.status,
+           async = excluded.async, queued_at = excluded.queued_at, started_at = excluded.started_at,
+           finished_at = excluded.finished_at, run_time_ms = excluded.run_time_ms,
+           status_code = excluded.status_code, error_type = excluded.error_type, record = excluded.record,
+           revision = excluded.revision
+         WHERE excluded.revision > r.revision
+         RETURNING 1),
+       deleted AS (
+         DELETE FROM ${t.runs}
+         WHERE run_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb)) AND revision < $3::bigint
+         RETURNING 1)
+       INSERT INTO ${t.cursor} AS c (stream, stream_created, last_seq) VALUES ($4, $5, $3::bigint)
+       ON CONFLICT (stream) DO UPDATE SET last_seq = excluded.last_seq, stream_created = excluded.stream_created`,
+      [JSON.stringify(rows, noNul), JSON.stringify(deleted), b.lastSeq, RUNS_STREAM, streamCreated],
+    );
+  }
+}

@@ -1,0 +1,347 @@
+// The run history: run records written to KV `skiff-runs` projected into SQL
+// (embedded PGlite, and the PostgreSQL server of this machine), listed newest
+// first with filters and page tokens, kept up to date, resumed after a
+// restart, shared by two processes, and pruned by age. Each test has a schema
+// of its own; NATS is a real server provisioned as skiff provisions it.
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import type { KV, NatsConnection } from "nats";
+import pg from "pg";
+import { v7 } from "uuid";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { silentLogger } from "../services/config/logger.js";
+import { RUN_RETENTION_MS, buckets } from "../services/nats/layout.js";
+import {
+  openRunHistory,
+  RUNS_STREAM,
+  type RunHistory,
+  type RunHistoryOptions,
+} from "../services/runs/history/index.js";
+import { RunStore, type RunRecord } from "../services/runs/store.js";
+import { startProvisionedNats } from "./helpers/nats-server.js";
+
+const DATABASE_URL = process.env.SKIFF_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
+
+let nats: Awaited<ReturnType<typeof startProvisionedNats>>;
+let nc: NatsConnection;
+let store: RunStore;
+let kv: KV;
+let pgliteDir: string;
+const schemas: string[] = [];
+const opened: RunHistory[] = [];
+
+beforeAll(async () => {
+  nats = await startProvisionedNats();
+  nc = nats.nc;
+  store = await RunStore.open(nc);
+  kv = await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true });
+  pgliteDir = await mkdtemp(path.join(tmpdir(), "skiff-history-"));
+});
+
+afterAll(async () => {
+  await Promise.all(opened.map((h) => h.close()));
+  const client = new pg.Client({ connectionString: DATABASE_URL });
+  await client.connect();
+  for (const s of schemas) await client.query(`DROP SCHEMA IF EXISTS "${s}" CASCADE`);
+  await client.end();
+  await nats?.stop();
+  await rm(pgliteDir, { recursive: true, force: true });
+});
+
+type Backend = "pglite" | "postgres";
+
+/** A schema of its own for each test, so that tests sharing a database never see each other's runs. */
+function newSchema(): string {
+  const s = `t_${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`;
+  schemas.push(s);
+  return s;
+}
+
+async function open(backend: Backend, schema: string, extra: Partial<RunHistoryOptions> = {}): Promise<RunHistory> {
+  const h = await openRunHistory({
+    nc,
+    logger: silentLogger,
+    // PGlite is one process's database: every PGlite test opens the same folder, in turn, with its own schema.
+    databaseUrl: backend === "postgres" ? DATABASE_URL : undefined,
+    dataDir: pgliteDir,
+    schema,
+    projector: { batchMs: 20, leaderRetryMs: 100 },
+    ...extra,
+  });
+  opened.push(h);
+  return h;
+}
+
+async function close(h: RunHistory): Promise<void> {
+  await h.close();
+  opened.splice(opened.indexOf(h), 1);
+}
+
+const lastSeq = async () => (await (await nc.jetstreamManager()).streams.info(RUNS_STREAM)).state.last_seq;
+
+/** Waits until the history has applied everything the run stream holds now. */
+async function caughtUp(h: RunHistory): Promise<number> {
+  const last = await lastSeq();
+  await vi.waitUntil(async () => (await h.position()) >= last, { timeout: 20_000, interval: 20 });
+  return last;
+}
+
+let projects = 0;
+const newProject = () => `p-h${++projects}-${Math.random().toString(36).slice(2, 7)}`;
+
+/** A run record; made now (ids then increase, even within one millisecond) unless `at` says when. */
+function run(project: string, app: string, over: Partial<RunRecord> = {}, atMs?: number): RunRecord {
+  const at = atMs ?? Date.now();
+  return {
+    run_id: atMs === undefined ? v7() : v7({ msecs: atMs }),
+    project_id: project,
+    app_name: app,
+    path: "run",
+    async: false,
+    status: "success",
+    queued_at: new Date(at).toISOString(),
+    finished_at: new Date(at + 5).toISOString(),
+    run_time_ms: 5,
+    status_code: 200,
+    attempts: 1,
+    ...over,
+  };
+}
+
+describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => {
+  it("records written to KV are listed newest first, filtered by status and async, paged by run id", async () => {
+    const h = await open(backend, newSchema());
+    try {
+      const P = newProject();
+      const base = Date.now() - 60_000;
+      const runs = [
+        run(P, "a", { async: true, status: "success" }, base),
+        run(
+          P,
+          "a",
+          { async: false, status: "failure", error: { type: "ValueError", message: "no\u0000pe" } },
+          base + 1,
+        ),
+        run(P, "b", { async: true, status: "success" }, base + 2),
+        run(P, "a", { async: true, status: "failure" }, base + 3),
+        run(P, "a", { async: true, status: "queued", finished_at: undefined, run_time_ms: undefined }, base + 4),
+        run(
+          P,
+          "a",
+          {
+            async: true,
+            status: "success",
+            result: { content_type: "application/json", data: "eyJ4IjoxfQ==", expires_at: new Date().toISOString() },
+          },
+          base + 5,
+        ),
+      ];
+      for (const r of runs) await store.put(r);
+      await caughtUp(h);
+      const ids = (page: { runs: RunRecord[] }) => page.runs.map((r) => r.run_id);
+      const [a0, a1, b2, a3, a4, a5] = runs.map((r) => r.run_id);
+
+      const all = await h.list(P, "a", { pageSize: 50 });
+      expect(ids(all)).toEqual([a5, a4, a3, a1, a0]);
+      expect(all.next).toBeUndefined();
+      expect(all.runs[0]).toMatchObject({ run_id: a5, project_id: P, app_name: "a", status: "success", async: true });
+      expect(all.runs[0].result).toBeUndefined(); // results stay in KV
+      expect(all.runs[3].error).toEqual({ type: "ValueError", message: "no\ufffdpe" });
+
+      const first = await h.list(P, "a", { pageSize: 2 });
+      expect(ids(first)).toEqual([a5, a4]);
+      expect(first.next).toBe(a4);
+      const second = await h.list(P, "a", { pageSize: 2, after: first.next });
+      expect(ids(second)).toEqual([a3, a1]);
+      const third = await h.list(P, "a", { pageSize: 2, after: second.next });
+      expect(ids(third)).toEqual([a0]);
+      expect(third.next).toBeUndefined();
+      // A page that ends exactly with the last run says there is no more.
+      expect((await h.list(P, "a", { pageSize: 1, after: a1 })).next).toBeUndefined();
+
+      expect(ids(await h.list(P, "a", { pageSize: 50, status: "failure" }))).toEqual([a3, a1]);
+      expect(ids(await h.list(P, "a", { pageSize: 50, asyncOnly: true }))).toEqual([a5, a4, a3, a0]);
+      expect(ids(await h.list(P, "a", { pageSize: 50, asyncOnly: true, status: "failure" }))).toEqual([a3]);
+      expect(ids(await h.list(P, undefined, { pageSize: 3 }))).toEqual([a5, a4, a3]);
+      expect(ids(await h.list(P, undefined, { pageSize: 50, status: "success" }))).toEqual([a5, b2, a0]);
+      expect(ids(await h.list(P, "nope", { pageSize: 50 }))).toEqual([]);
+      expect(ids(await h.list(newProject(), "a", { pageSize: 50 }))).toEqual([]);
+    } finally {
+      await close(h);
+    }
+  });
+
+  it("an update replaces the run (queued → running → success); delete and purge markers remove it", async () => {
+    const h = await open(backend, newSchema());
+    try {
+      const P = newProject();
+      const r = run(P, "a", { async: true, status: "queued", finished_at: undefined, run_time_ms: undefined });
+      const gone = run(P, "a");
+      const purged = run(P, "a");
+      await store.create(r);
+      await store.put(gone);
+      await store.put(purged);
+      await caughtUp(h);
+      expect((await h.list(P, "a", { pageSize: 10 })).runs.map((x) => x.run_id)).toEqual([
+        purged.run_id,
+        gone.run_id,
+        r.run_id,
+      ]);
+
+      await store.update(P, "a", r.run_id, (cur) => ({
+        ...cur,
+        status: "running",
+        started_at: new Date().toISOString(),
+      }));
+      await caughtUp(h);
+      expect((await h.list(P, "a", { pageSize: 10, status: "running" })).runs.map((x) => x.run_id)).toEqual([r.run_id]);
+
+      await store.update(P, "a", r.run_id, (cur) => ({ ...cur, status: "success", run_time_ms: 42 }));
+      await kv.delete(`${P}.a.${gone.run_id}`);
+      await kv.purge(`${P}.a.${purged.run_id}`);
+      await caughtUp(h);
+      const page = await h.list(P, "a", { pageSize: 10 });
+      expect(page.runs).toEqual([expect.objectContaining({ run_id: r.run_id, status: "success", run_time_ms: 42 })]);
+      expect((await h.list(P, "a", { pageSize: 10, status: "running" })).runs).toEqual([]);
+    } finally {
+      await close(h);
+    }
+  });
+
+  it("a restart resumes after the last message applied, without reading the stream again", async () => {
+    const schema = newSchema();
+    const P = newProject();
+    let h = await open(backend, schema);
+    for (let i = 0; i < 30; i++) await store.put(run(P, "a"));
+    const before = await caughtUp(h);
+    expect(h.projector!.applied).toBeGreaterThanOrEqual(30); // the first start projects the whole stream
+    await close(h);
+
+    const later = Array.from({ length: 7 }, () => run(P, "a"));
+    for (const r of later) store.putUnacked(r);
+    await nc.flush();
+    h = await open(backend, schema);
+    try {
+      const last = await caughtUp(h);
+      expect(last - before).toBe(7);
+      expect(h.projector!.applied).toBe(7);
+      const page = await h.list(P, "a", { pageSize: 100 });
+      expect(page.runs).toHaveLength(37);
+      expect(page.runs.slice(0, 7).map((r) => r.run_id)).toEqual(later.map((r) => r.run_id).reverse());
+    } finally {
+      await close(h);
+    }
+  });
+
+  it("retention deletes the runs made more than RUN_RETENTION_MS ago, by the time in their ids", async () => {
+    const h = await open(backend, newSchema());
+    try {
+      const P = newProject();
+      const now = Date.now();
+      const old = [1, 2, 3].map((i) => run(P, "aged", {}, now - RUN_RETENTION_MS - i * 60_000));
+      const recent = run(P, "aged", {}, now - RUN_RETENTION_MS + 60_000);
+      for (const r of [...old, recent]) await store.put(r);
+      await caughtUp(h);
+      expect((await h.list(P, "aged", { pageSize: 10 })).runs).toHaveLength(4);
+      // The stream holds the other tests' runs too, some as old: at least these three go.
+      expect(await h.prune(now)).toBeGreaterThanOrEqual(3);
+      expect((await h.list(P, "aged", { pageSize: 10 })).runs.map((r) => r.run_id)).toEqual([recent.run_id]);
+      expect(await h.prune(now)).toBe(0);
+    } finally {
+      await close(h);
+    }
+  });
+
+  it("minute stats: runs by the minute they were queued, failures, nearest-rank percentiles of finished runs", async () => {
+    const h = await open(backend, newSchema());
+    try {
+      const P = newProject();
+      const MINUTE = 60_000;
+      const now = Math.floor(Date.now() / MINUTE) * MINUTE + 30_000;
+      const at = (msAgo: number, status: RunRecord["status"], runTimeMs?: number) =>
+        run(P, "s", { status, run_time_ms: runTimeMs }, now - msAgo);
+      const records = [
+        at(5_000, "success", 10),
+        at(6_000, "failure", 30),
+        at(7_000, "success", 20),
+        at(8_000, "running"),
+        at(9_000, "cancelled", 999),
+        at(MINUTE + 1_000, "failure", 400),
+        at(61 * MINUTE, "success", 5), // before the hour
+      ];
+      for (const r of records) await store.put(r);
+      await caughtUp(h);
+      const from = Math.floor(now / MINUTE) * MINUTE - 59 * MINUTE;
+      const stats = await h.minuteStats(P, "s", from, now + MINUTE);
+      expect(stats).toEqual([
+        { minuteMs: from + 58 * MINUTE, runs: 1, failures: 1, p50Ms: 400, p95Ms: 400, p99Ms: 400 },
+        { minuteMs: from + 59 * MINUTE, runs: 5, failures: 1, p50Ms: 20, p95Ms: 30, p99Ms: 30 },
+      ]);
+      expect(await h.minuteStats(P, "other", from, now + MINUTE)).toEqual([]);
+    } finally {
+      await close(h);
+    }
+  });
+
+  it("the projector holds its batch and nothing per stored run", async () => {
+    const batchSize = 20;
+    const h = await open(backend, newSchema(), { projector: { batchSize, batchMs: 10, leaderRetryMs: 100 } });
+    try {
+      const P = newProject();
+      for (let i = 0; i < 300; i++) store.putUnacked(run(P, "many"));
+      await nc.flush();
+      await caughtUp(h);
+      expect((await h.list(P, "many", { pageSize: 500 })).runs).toHaveLength(300);
+      // Every collection reachable from the projector's own fields holds at most a batch's worth.
+      const sizes: number[] = [];
+      const seen = new Set<unknown>();
+      const walk = (v: unknown, depth: number) => {
+        if (typeof v !== "object" || v === null || seen.has(v) || depth > 2) return;
+        seen.add(v);
+        if (v instanceof Map || v instanceof Set) sizes.push(v.size);
+        if (Array.isArray(v)) sizes.push(v.length);
+        if (Object.getPrototypeOf(v) === Object.prototype || v === h.projector)
+          for (const x of Object.values(v)) walk(x, depth + 1);
+      };
+      walk(h.projector, 0);
+      expect(h.projector!.applied).toBeGreaterThanOrEqual(300);
+      expect(Math.max(0, ...sizes)).toBeLessThanOrEqual(batchSize);
+    } finally {
+      await close(h);
+    }
+  });
+});
+
+describe("run history - two processes sharing one PostgreSQL", () => {
+  it("one projects at a time, the other takes over from the stored cursor, and both read the same runs", async () => {
+    const schema = newSchema();
+    const P = newProject();
+    // Both start at once: the migrations take turns under their lock.
+    const [h1, h2] = await Promise.all([open("postgres", schema), open("postgres", schema)]);
+    const first = Array.from({ length: 40 }, () => run(P, "a"));
+    for (const r of first) store.putUnacked(r);
+    await nc.flush();
+    const mid = await caughtUp(h1);
+    const leaders = [h1, h2].filter((h) => h.projector!.leading);
+    expect(leaders).toHaveLength(1);
+    const [leader, other] = leaders[0] === h1 ? [h1, h2] : [h2, h1];
+    expect(other.projector!.applied).toBe(0);
+    expect((await other.list(P, "a", { pageSize: 100 })).runs).toHaveLength(40);
+
+    await close(leader);
+    const second = Array.from({ length: 15 }, () => run(P, "a"));
+    for (const r of second) store.putUnacked(r);
+    await nc.flush();
+    try {
+      const last = await caughtUp(other);
+      expect(other.projector!.leading).toBe(true);
+      // Taken over where the first stopped: only the messages that came after.
+      expect(other.projector!.applied).toBe(last - mid);
+      const page = await other.list(P, "a", { pageSize: 100 });
+      expect(page.runs.map((r) => r.run_id)).toEqual([...first, ...second].map((r) => r.run_id).reverse());
+    } finally {
+      await close(other);
+    }
+  });
+});
