@@ -250,3 +250,43 @@ describe("sandbox - a hostile tenant reaches nothing of the platform or of other
     expect(await call("p-victim", "victim", "ping")).toBe("pong");
   });
 });
+
+describe("sandbox off (SKIFF_SANDBOX=off): apps still run, unconfined", () => {
+  it("a Custom and a Cortex app serve on 127.0.0.1 ports from a copy of their folder", async () => {
+    const off = new Runner({
+      workDir: path.join(tmp, "off"),
+      logger: silentLogger,
+      startTimeoutMs: 20_000,
+      sandbox: { ...SANDBOX, enabled: false },
+    });
+    try {
+      const dir = path.join(tmp, "off-app");
+      await cp(path.join(ROOT, "test/fixtures/apps/intruder-py"), dir, { recursive: true });
+      await off.deploy({
+        projectId: "p-off",
+        appName: "off",
+        version: 1,
+        dir,
+        config: cortex("off", "python", "main.py"),
+      });
+      const res = await off.invoke("p-off", "off", request("whoami"));
+      const me = JSON.parse(Buffer.from(res.body).toString()).result;
+      expect(me.uid).toBe(process.getuid!());
+      expect(me.cwd).toContain(path.join(tmp, "off"));
+      const behave = parseAppConfig(
+        `[app]\nname = "b"\n[runtime]\nkind = "custom"\ncommand = ["node", "server.mjs"]\n`,
+      );
+      await off.deploy({
+        projectId: "p-off",
+        appName: "b",
+        version: 1,
+        dir: path.join(ROOT, "test/fixtures/apps/behave"),
+        config: behave,
+      });
+      const health = await off.invoke("p-off", "b", { ...request("health"), method: "GET", body: new Uint8Array() });
+      expect(health.status).toBe(200);
+    } finally {
+      await off.close();
+    }
+  });
+});

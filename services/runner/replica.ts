@@ -140,8 +140,19 @@ export class Replica {
   private lastRun: { id: string; endedAt: number } | undefined;
   private child: ChildProcess | undefined;
   private sandboxed: SandboxedProcess | undefined;
-  /** Where requests go: the channel's socket, or 127.0.0.1:port. */
-  private endpoint: { socketPath?: string; host: string; port: number };
+  /** The channel's socket path, when sandboxed. */
+  private readonly channel: string | undefined;
+
+  /**
+   * Where requests go: the channel's socket, or 127.0.0.1:port (the port may
+   * be chosen after construction). With a socket, host and port are those
+   * http.request fills in, so that the agent's pool name matches getName(endpoint).
+   */
+  private get endpoint(): { socketPath?: string; host: string; port: number } {
+    return this.channel
+      ? { socketPath: this.channel, host: "localhost", port: 80 }
+      : { host: "127.0.0.1", port: this.spec.port };
+  }
   private closed = false;
   private readonly stderrTail: string[] = [];
   /** A line of its stderr said it ran out of memory. */
@@ -156,10 +167,7 @@ export class Replica {
     private readonly hooks: ReplicaHooks,
   ) {
     this.exited = new Promise((resolve) => (this.markExited = resolve));
-    this.endpoint = spec.sandbox
-      ? // host and port as http.request fills them in, so that the agent's pool name matches getName(endpoint)
-        { socketPath: channelPath(spec.workDir, spec.replicaId), host: "localhost", port: 80 }
-      : { host: "127.0.0.1", port: spec.port };
+    this.channel = spec.sandbox ? channelPath(spec.workDir, spec.replicaId) : undefined;
   }
 
   get id(): string {
