@@ -27,6 +27,8 @@ export interface Config {
   host: string;
   port: number;
   dataDir: string;
+  /** PostgreSQL server of the run history, shared by every process naming it; undefined: PGlite in the data folder. Secret: never logged. */
+  databaseUrl: string | undefined;
   /** NATS server to use; undefined means "probe the local default, else start one". */
   natsUrl: string | undefined;
   /** Path of a NATS .creds file (user JWT and nkey seed); at most one of creds, user+password, token. */
@@ -138,6 +140,19 @@ function adminToken(raw: string, variable: string): string {
   return raw;
 }
 
+/** A postgres:// (or postgresql://) URL; its password, if any, never appears in the message. */
+function databaseUrl(raw: string, variable: string): string {
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new ConfigError(variable, "expected a URL such as postgres://user:password@host:5432/database");
+  }
+  if (url.protocol !== "postgres:" && url.protocol !== "postgresql:")
+    throw new ConfigError(variable, `expected a postgres:// or postgresql:// URL, got one of ${url.protocol}`);
+  return raw;
+}
+
 /** The settings that say how skiff authenticates to NATS. */
 export type NatsCredentials = Partial<Pick<Config, "natsCreds" | "natsUser" | "natsPassword" | "natsToken">>;
 
@@ -239,8 +254,15 @@ export const SETTINGS: Setting<keyof Config>[] = [
     key: "dataDir",
     env: "SKIFF_DATA_DIR",
     fallback: DEFAULT_DATA_DIR,
-    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).",
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).",
     parse: nonEmpty,
+  },
+  {
+    key: "databaseUrl",
+    env: "SKIFF_DATABASE_URL",
+    fallback: "",
+    doc: "PostgreSQL server that holds the run history (what ListRuns, the dashboard and app stats read), e.g. `postgres://skiff:…@db:5432/skiff`; tables in schema `skiff`, created at start. Set it when several processes serve the run API: they share it, and one at a time writes to it. Unset: an embedded PostgreSQL (PGlite) in `SKIFF_DATA_DIR/run-history`, for one process. Never logged.",
+    parse: optional(databaseUrl),
   },
   {
     key: "natsUrl",
