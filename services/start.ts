@@ -251,6 +251,8 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       connections: config,
       // An app bundle may be larger than an ordinary request body.
       bodyLimits: new Map([[ManagementService.method.deployApp, Math.max(config.maxBodyBytes, config.maxBundleBytes)]]),
+      // Every answer to an invocation carries X-Request-Id, refusals included.
+      requestIds: new Set([InvocationService.method.run]),
       logger,
       health,
       restServices: rpc.map(({ service }) => service),

@@ -89,6 +89,24 @@ describe("invocation - sync", () => {
     expect(missing.status).toBe(404);
   });
 
+  it("a Custom app gets the path as the caller wrote it: %2F stays one segment, and the run records it so", async () => {
+    const res = await post(v4("custom-http", "echo%2Fdeep/x%20y"), t.devToken, "");
+    expect(res.status).toBe(200);
+    expect(res.json.path).toBe("/echo%2Fdeep/x%20y");
+    const runId = res.headers.get("x-request-id")!;
+    const run = await vi.waitUntil(
+      async () => {
+        const r = await t
+          .management()
+          .getRun({ projectId: P, appName: "custom-http", runId })
+          .catch(() => undefined);
+        return r?.run?.status === "success" ? r.run : undefined;
+      },
+      { timeout: 20_000 },
+    );
+    expect(run.path).toBe("/echo%2Fdeep/x%20y");
+  });
+
   it("past response_grace_period: 504 deadline_exceeded, the run reads failure with reason timeout", async () => {
     const res = await post(v4("calc", "sleep"), t.devToken, JSON.stringify({ ms: 6000 }));
     expect(res.status).toBe(504);
@@ -174,16 +192,20 @@ describe("invocation - refusals come before any 202", () => {
       });
   });
 
-  it("a body over the limit: 413", async () => {
+  it("a body over the limit: 413, with an X-Request-Id", async () => {
     const res = await post(`${v4("calc", "add")}?async=true`, t.devToken, JSON.stringify({ a: "x".repeat(70 * 1024) }));
     expect(res.status).toBe(413);
+    expect(res.headers.get("x-request-id")).toMatch(UUID_V7);
   });
 
-  it("no token 401, another project's token 403", async () => {
-    expect((await post(`${v4("calc", "add")}?async=true`, undefined, "{}")).status).toBe(401);
+  it("no token 401, another project's token 403, each with an X-Request-Id", async () => {
+    const anonymous = await post(`${v4("calc", "add")}?async=true`, undefined, "{}");
+    expect(anonymous.status).toBe(401);
+    expect(anonymous.headers.get("x-request-id")).toMatch(UUID_V7);
     await t.management().createProject({ projectId: "p-other", name: "other" });
     const res = await post(`${t.url}/v4/p-other/calc/add?async=true`, t.devToken, "{}");
     expect(res.status).toBe(403);
+    expect(res.headers.get("x-request-id")).toMatch(UUID_V7);
   });
 });
 

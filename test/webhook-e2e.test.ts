@@ -6,6 +6,7 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
+import { verifyWebhook } from "../services/webhook/signature.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
 interface Held {
@@ -98,6 +99,63 @@ describe("webhooks end to end", () => {
       { timeout: 20_000 },
     );
     receiver.held.length = 0;
+  });
+
+  /** A sync call whose X-Webhook-Secret header carries exactly `secretBytes` on the wire. */
+  function callWithSecretBytes(
+    secretBytes: Buffer,
+    path: string,
+  ): Promise<{ status: number; body: string; runId: string }> {
+    const url = new URL(`${t.url}/v4/${P}/hooks/add?webhookEndpoint=${encodeURIComponent(`${receiver.url}/${path}`)}`);
+    return new Promise((resolve, reject) => {
+      const req = http.request(
+        url,
+        {
+          method: "POST",
+          headers: {
+            authorization: `Bearer ${t.devToken}`,
+            "content-type": "application/json",
+            // Node writes one byte per character of a header value.
+            "x-webhook-secret": secretBytes.toString("latin1"),
+          },
+        },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on("data", (c: Buffer) => chunks.push(c));
+          res.on("end", () =>
+            resolve({
+              status: res.statusCode ?? 0,
+              body: Buffer.concat(chunks).toString(),
+              runId: String(res.headers["x-request-id"]),
+            }),
+          );
+        },
+      );
+      req.on("error", reject);
+      // A Buffer body: with a string body Node writes the header block as UTF-8 along with it.
+      req.end(Buffer.from(JSON.stringify({ a: 1, b: 1 })));
+    });
+  }
+
+  it("a non-ASCII X-Webhook-Secret signs with its UTF-8 bytes: skiff's verifier and Python's accept the delivery", async () => {
+    const secret = "my-s3cret-ü+/=";
+    const res = await callWithSecretBytes(Buffer.from(secret, "utf8"), "utf8");
+    expect(res.status).toBe(200);
+    const [delivery] = await vi.waitUntil(() => (receiver.held.length >= 1 ? receiver.held : undefined), {
+      timeout: 20_000,
+    });
+    expect(delivery.headers["x-request-id"]).toBe(res.runId);
+    expect(verifyWebhook({ secret, headers: delivery.headers, body: delivery.body })).toBe(res.runId);
+    expect(pythonVerifies(secret, delivery.headers, delivery.body)).toBe(true);
+    delivery.release(200);
+    receiver.held.length = 0;
+  });
+
+  it("an X-Webhook-Secret that is not UTF-8 text is refused with 400 before anything runs", async () => {
+    const res = await callWithSecretBytes(Buffer.from([0x6b, 0x65, 0x79, 0xfc]), "latin1");
+    expect(res.status).toBe(400);
+    expect(JSON.parse(res.body)).toMatchObject({ code: "invalid_argument", message: expect.stringMatching(/UTF-8/) });
+    expect(res.runId).toMatch(/^[0-9a-f-]{36}$/);
   });
 
   it("an async run whose function raised is delivered as its failure, listed with its attempts, and can be redelivered", async () => {

@@ -27,6 +27,14 @@ const VECTORS = [
     signature: "v1,67ccbfdcc036a00ea436d1cb4e4922c15560e5f6257dccc49f97bf0c6ae06196",
   },
   {
+    // A secret as a caller types it, non-ASCII and with base64 punctuation: the key is its UTF-8 bytes.
+    secret: "my-s3cret-ü+/=",
+    requestId: "run-3",
+    timestamp: 1700000001,
+    body: '{"ok":true}',
+    signature: "v1,c582e22cbf069d99d06750d9ad47dba2defff01c8f2857d846e214a1a409f2ef",
+  },
+  {
     secret: "unicode-é",
     requestId: "run-ü",
     timestamp: 1,

@@ -27,9 +27,38 @@ export function cortexFunction(app: AppRecord, path: string): string {
   return fn;
 }
 
-/** A Custom app's path, segments re-encoded (the route decoded them). */
-export function customPath(path: string): string {
+/**
+ * A Custom app's path. A REST call's path goes on as the caller wrote it
+ * (`raw`, percent-encoding included: `echo%2Fdeep` stays one segment); a
+ * Connect or gRPC call's `path` field is text, whose segments are encoded.
+ */
+export function customPath(path: string, raw: string | undefined): string {
+  if (raw !== undefined) return `/${raw}`;
   return "/" + path.split("/").map(encodeURIComponent).join("/");
+}
+
+const latin1 = (text: string) => Buffer.from(text, "latin1");
+
+/**
+ * The X-Webhook-Secret as the caller sent it. HTTP hands header values over
+ * as bytes, which Node reads one character per byte; the secret is the text
+ * those bytes are in UTF-8, and its UTF-8 bytes are the HMAC key, so that a
+ * receiver signing with the secret it knows gets the same signature.
+ */
+export function webhookSecret(header: string | null): string | undefined {
+  if (header === null) return undefined;
+  // A character above U+00FF cannot have come from the wire as one byte.
+  if (!/^[\u0000-\u00ff]*$/.test(header)) {
+    throw new ConnectError("X-Webhook-Secret must be sent as UTF-8 bytes", Code.InvalidArgument);
+  }
+  let secret: string;
+  try {
+    secret = utf8.decode(latin1(header));
+  } catch {
+    throw new ConnectError("X-Webhook-Secret is not valid UTF-8 text", Code.InvalidArgument);
+  }
+  if (secret === "") throw new ConnectError("X-Webhook-Secret is empty", Code.InvalidArgument);
+  return secret;
 }
 
 /** A Cortex body: a JSON object, or empty for no arguments. */

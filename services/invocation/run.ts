@@ -1,12 +1,14 @@
 // InvocationService.Run: gives the call its id (UUIDv7, the X-Request-Id of
-// every answer, errors included, and the run id once it is accepted),
-// checks it, then runs it synchronously (sync.ts) or queues it (enqueue.ts).
+// every answer, errors included, and the run id once it is accepted; a REST
+// call's id is made by the transcoder, so that refusals before this handler
+// carry it too), checks it, then runs it synchronously (sync.ts) or queues
+// it (enqueue.ts).
 import type { HandlerContext } from "@connectrpc/connect";
 import { v7 } from "uuid";
 import type { RunRequest, RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
 import type { InvokeRequest, RunRecord } from "../runs/index.js";
 import { appRequestHeaders, httpExchange } from "../server/index.js";
-import { cortexBody, cortexFunction, customPath, findApp, webhookEndpoint } from "./checks.js";
+import { cortexBody, cortexFunction, customPath, findApp, webhookEndpoint, webhookSecret } from "./checks.js";
 import type { InvocationDeps } from "./deps.js";
 import { enqueue } from "./enqueue.js";
 import { runSync } from "./sync.js";
@@ -25,21 +27,22 @@ function forwardedQuery(ctx: HandlerContext): string {
 
 export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerContext): Promise<RunResponse> {
   // Refused calls get an id too, for the caller's and the logs' sake; no run is recorded under it.
-  const runId = v7();
+  const exchange = httpExchange(ctx);
+  const runId = exchange?.requestId ?? v7();
   ctx.responseHeader.set("x-request-id", runId);
   const app = findApp(deps.registry, req.projectId, req.appName);
   const cortex = app.config.runtime.kind === "cortex";
   const rawBody = req.body?.data ?? new Uint8Array(0);
   const contentType = req.body?.contentType ?? "";
-  const path = cortex ? cortexFunction(app, req.path) : customPath(req.path);
+  const path = cortex ? cortexFunction(app, req.path) : customPath(req.path, exchange?.rawPathVariable("path"));
   const body = cortex ? cortexBody(rawBody) : rawBody;
   const webhook = await webhookEndpoint(req.webhookEndpoint, deps.guard);
   // A secret only signs webhooks: without an endpoint it has nothing to sign.
-  const secret = webhook === undefined ? undefined : (ctx.requestHeader.get("x-webhook-secret") ?? undefined);
+  const secret = webhook === undefined ? undefined : webhookSecret(ctx.requestHeader.get("x-webhook-secret"));
 
   const invoke: InvokeRequest = {
     runId: "",
-    method: cortex ? "POST" : (httpExchange(ctx)?.method ?? "POST"),
+    method: cortex ? "POST" : (exchange?.method ?? "POST"),
     path,
     query: cortex ? "" : forwardedQuery(ctx),
     // A Custom app gets the caller's headers that apps get, and the body's content type.

@@ -19,6 +19,11 @@ export interface HttpExchange {
   status: number | undefined;
   /** The X-Request-Id already sent with this answer, for methods that asked for one (TranscoderOptions.requestIds). */
   readonly requestId?: string;
+  /**
+   * A path variable (by its field path, e.g. "path") as the URL wrote it,
+   * percent-encoding included; the request message holds its decoded value.
+   */
+  rawPathVariable(fieldPath: string): string | undefined;
 }
 
 export const kHttpExchange = createContextKey<HttpExchange | undefined>(undefined, {

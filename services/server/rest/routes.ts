@@ -120,6 +120,12 @@ export function variableValue(variable: Variable, segments: readonly string[]): 
     .join("/");
 }
 
+/** A path variable's text as the request wrote it, percent-encoding and all. */
+export function rawVariableValue(variable: Variable, segments: readonly string[]): string {
+  const end = variable.length < 0 ? segments.length : variable.start + variable.length;
+  return segments.slice(variable.start, end).join("/");
+}
+
 function decode(text: string, name: string): string {
   if (!text.includes("%")) return text;
   try {

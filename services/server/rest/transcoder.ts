@@ -53,7 +53,7 @@ import type { Logger } from "../../config/index.js";
 import { ClientGoneError, discardRequest, readBody, type NodeRequest, type NodeResponse } from "./body.js";
 import { codeFromString, codeString, errorBody, invalidArgument, TranscodeError } from "./errors.js";
 import { resolveDotted, setFromText } from "./fields.js";
-import { RouteTable, variableValue, type RouteMatch } from "./routes.js";
+import { rawVariableValue, RouteTable, variableValue, type RouteMatch } from "./routes.js";
 
 export interface TranscoderOptions {
   /** Services whose google.api.http rules become REST routes. */
@@ -156,7 +156,16 @@ async function transcode(
   const body = await readBody(req, opts.bodyLimits?.get(match.route.binding.method) ?? opts.maxBodyBytes);
   const route = match.route;
   const input = requestMessage(route, match.segments, query, body, header(req, "content-type"));
-  const exchange: HttpExchange = { method, query, status: undefined, requestId };
+  const exchange: HttpExchange = {
+    method,
+    query,
+    status: undefined,
+    requestId,
+    rawPathVariable: (fieldPath) => {
+      const found = route.variables.find((v) => v.variable.fieldPath.join(".") === fieldPath);
+      return found && rawVariableValue(found.variable, match.segments);
+    },
+  };
   const uRes = await callHandler(req, res, route, toBinary(route.binding.method.input, input), exchange);
   copyResponseHeaders(uRes.header, res);
   const bytes = await readAll(uRes.body);
