@@ -114,7 +114,7 @@ const ROLES: Record<Role, RoleSpec> = {
       });
     },
   },
-  // ManagementService (and the dashboard); closing stops its run index and results sweeper.
+  // ManagementService (and the dashboard); closing stops its run history and results sweeper.
   management: {
     service: ManagementService,
     async start(shared) {
@@ -123,6 +123,7 @@ const ROLES: Record<Role, RoleSpec> = {
         nc: nats.nc,
         auth: await shared.auth(),
         dataDir: config.dataDir,
+        databaseUrl: config.databaseUrl,
         signingKey: config.signingKey,
         adminToken: config.adminToken,
         maxBundleBytes: config.maxBundleBytes,

@@ -165,7 +165,7 @@ describe("runs - listing", () => {
     const ids: string[] = [];
     for (let i = 0; i < 3; i++) ids.push(await sleepAsync("many", 1));
     for (const id of ids) await reaches("many", id, "success");
-    // The index has the newest run.
+    // The run history has the newest run.
     await vi.waitUntil(
       async () =>
         (await t.management().listRuns({ projectId: P, appName: "many", pageSize: 1 })).runs[0]?.runId === ids[2],
@@ -260,8 +260,8 @@ describe("runs - results retention", () => {
 });
 
 describe("runs - record retention", () => {
-  it("run and delivery records expire after RUN_RETENTION_MS, and the index forgets runs of that age", async () => {
-    const { RunIndex } = await import("../services/management/run-index.js");
+  it("run and delivery records expire after RUN_RETENTION_MS, and the run history deletes runs of that age", async () => {
+    const { openRunHistory } = await import("../services/runs/index.js");
     const { RunStore } = await import("../services/runs/store.js");
     const { buckets, RUN_RETENTION_MS } = await import("../services/nats/layout.js");
     const { v7 } = await import("uuid");
@@ -286,13 +286,21 @@ describe("runs - record retention", () => {
         attempts: 1,
       });
     }
-    const index = await RunIndex.start(nc, silentLogger);
+    // Listed through the run API of the running skiff, which projects the bucket into its own history.
+    await vi.waitUntil(
+      async () => (await t.management().listRuns({ projectId: P, appName: "aged" })).runs.length === 2,
+      { timeout: 20_000 },
+    );
+    // A second history of the same bucket (in a folder of its own) prunes by the time in the run ids.
+    const history = await openRunHistory({ nc, logger: silentLogger, databaseUrl: undefined, dataDir: tmp });
     try {
-      await vi.waitUntil(() => index.list(P, "aged", { pageSize: 10 }).runs.length === 2, { timeout: 20_000 });
-      expect(index.prune(now)).toBe(1);
-      expect(index.list(P, "aged", { pageSize: 10 }).runs.map((r) => r.run_id)).toEqual([recent]);
+      await vi.waitUntil(async () => (await history.list(P, "aged", { pageSize: 10 })).runs.length === 2, {
+        timeout: 20_000,
+      });
+      expect(await history.prune(now)).toBe(1);
+      expect((await history.list(P, "aged", { pageSize: 10 })).runs.map((r) => r.run_id)).toEqual([recent]);
     } finally {
-      index.close();
+      await history.close();
     }
   });
 });

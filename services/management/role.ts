@@ -23,6 +23,8 @@ export interface ManagementRoleOptions {
   nc: NatsConnection;
   auth: Auth;
   dataDir: string;
+  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, PGlite in `dataDir`. */
+  databaseUrl: string | undefined;
   /** SKIFF_SIGNING_KEY. */
   signingKey: string | undefined;
   /** SKIFF_ADMIN_TOKEN. */
@@ -41,8 +43,8 @@ export interface ManagementRoleOptions {
 
 export interface ManagementRole {
   routes(router: ConnectRouter): void;
-  /** Stops following run records and sweeping results. */
-  close(): void;
+  /** Stops projecting run records and sweeping results, and closes the run history. */
+  close(): Promise<void>;
 }
 
 export async function startManagementRole(opts: ManagementRoleOptions): Promise<ManagementRole> {
@@ -52,7 +54,13 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
     projects: new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true })),
     serviceAccounts: new ServiceAccountStore(await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true })),
     apps: await appDeps(opts),
-    runs: await startRunApi({ nc: opts.nc, logger: opts.logger, runs: opts.runs }),
+    runs: await startRunApi({
+      nc: opts.nc,
+      logger: opts.logger,
+      runs: opts.runs,
+      databaseUrl: opts.databaseUrl,
+      dataDir: opts.dataDir,
+    }),
     issueToken: (subject) => issueToken(key, subject),
     logger: opts.logger,
   };

@@ -1,8 +1,9 @@
-// The run methods of ManagementService: ListRuns (newest first, from the
-// in-memory RunIndex, so a page costs microseconds however many runs are
-// stored), GetRun (the record itself, with its result while kept, and its
-// webhook deliveries), CancelRun and WatchRuns. It also sweeps expired
-// results from object store `skiff-results` once an hour.
+// The run methods of ManagementService: ListRuns (newest first, a page read
+// from the run history's index, so it costs the same however many runs are
+// stored), GetRun (the record itself from KV, with its result while kept, and
+// its webhook deliveries), CancelRun and WatchRuns (the changes of a
+// project's runs from now on, from a KV watch of new writes only). It also
+// sweeps expired results from object store `skiff-results` once an hour.
 //
 // CancelRun: a queued run is set `cancelled` (compare-and-set against a
 // runner taking it; the runner then acks its message without running it).
@@ -11,7 +12,7 @@
 // `cancelled` here. A final run cannot be cancelled: failed_precondition.
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
-import type { NatsConnection } from "nats";
+import { KvWatchInclude, type NatsConnection } from "nats";
 import {
   WatchRunsResponseSchema,
   type ManagementService,
@@ -19,22 +20,26 @@ import {
 } from "../../gen/skiff/management/v2/management_pb.js";
 import type { Logger } from "../config/index.js";
 import {
+  decodeRunRecord,
   requestCancel,
   publishRunEvent,
   isFinal,
+  openRunHistory,
   RUN_STATUSES,
   type RunContext,
+  type RunHistory,
   type RunRecord,
   type RunStatus,
   runMessage,
 } from "../runs/index.js";
-import { RunIndex } from "./run-index.js";
 import { listDeliveries, redeliver, RedeliveryError } from "../webhook/index.js";
 
 type Impl = ServiceImpl<typeof ManagementService>;
 export type RunMethods =
   "listRuns" | "getRun" | "cancelRun" | "watchRuns" | "listWebhookDeliveries" | "redeliverWebhook";
 
+/** The app name by which ListRuns lists every app of the project (AIP-159's "-"). */
+export const ALL_APPS = "-";
 export const DEFAULT_PAGE_SIZE = 50;
 export const MAX_PAGE_SIZE = 500;
 /** How long CancelRun waits for an aborted run's final record. */
@@ -49,12 +54,16 @@ export interface RunApiOptions {
   logger: Logger;
   /** The process's run helpers: the store of run records and the results. */
   runs: Pick<RunContext, "store" | "results">;
+  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, PGlite in `dataDir`. */
+  databaseUrl: string | undefined;
+  dataDir: string;
 }
 
 export interface RunApi {
   handlers: Pick<Impl, RunMethods>;
-  index: RunIndex;
-  close(): void;
+  /** The run history, once open (it opens in the background: start-up never waits for it). */
+  history(): Promise<RunHistory>;
+  close(): Promise<void>;
 }
 
 function names(projectId: string, appName: string, runId?: string): void {
@@ -80,7 +89,12 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   const { nc, logger } = opts;
   const js = nc.jetstream();
   const { store: runs, results } = opts.runs;
-  const index = await RunIndex.start(nc, logger);
+  const opening = openRunHistory({ nc, logger, databaseUrl: opts.databaseUrl, dataDir: opts.dataDir });
+  opening.catch((err: unknown) => logger.error({ err }, "run history: cannot open its database"));
+  const history = () =>
+    opening.catch((err: unknown) => {
+      throw new ConnectError(`the run history is not available: ${(err as Error).message}`, Code.Unavailable);
+    });
   const sweeper = setInterval(() => {
     if (!nc.isClosed())
       results.sweep(logger).catch((err: unknown) => logger.warn({ err }, "cannot sweep expired results"));
@@ -138,7 +152,8 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
 
   const handlers: Pick<Impl, RunMethods> = {
     async listRuns(req) {
-      names(req.projectId, req.appName);
+      const everyApp = req.appName === ALL_APPS;
+      if (!everyApp) names(req.projectId, req.appName);
       if (req.status !== "" && !(RUN_STATUSES as readonly string[]).includes(req.status)) {
         throw new ConnectError(
           `status must be one of ${RUN_STATUSES.join(", ")}, got ${JSON.stringify(req.status.slice(0, 40))}`,
@@ -146,7 +161,8 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
         );
       }
       const pageSize = req.pageSize === 0 ? DEFAULT_PAGE_SIZE : Math.min(req.pageSize, MAX_PAGE_SIZE);
-      const page = index.list(req.projectId, req.appName, {
+      const runHistory = await history();
+      const page = await runHistory.list(req.projectId, everyApp ? undefined : req.appName, {
         pageSize,
         after: req.pageToken === "" ? undefined : token.decode(req.pageToken),
         asyncOnly: req.asyncOnly,
@@ -193,33 +209,34 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     },
     async *watchRuns(req, ctx: HandlerContext): AsyncIterable<WatchRunsResponse> {
       if (req.appName !== "") names(req.projectId, req.appName);
-      const pending: RunRecord[] = [];
-      let wake: (() => void) | undefined;
-      const stop = index.onChange((record) => {
-        if (record.project_id !== req.projectId || (req.appName !== "" && record.app_name !== req.appName)) return;
-        pending.push(record);
-        wake?.();
+      if (!NAME.test(req.projectId))
+        throw new ConnectError(`project ${JSON.stringify(req.projectId.slice(0, 80))} not found`, Code.NotFound);
+      // Writes from now on only: the caller lists what is already stored with ListRuns.
+      const watcher = await runs.kv.watch({
+        key: req.appName === "" ? `${req.projectId}.>` : `${req.projectId}.${req.appName}.>`,
+        include: KvWatchInclude.UpdatesOnly,
       });
-      const onAbort = () => wake?.();
+      const onAbort = () => watcher.stop();
       ctx.signal.addEventListener("abort", onAbort);
       try {
-        while (!ctx.signal.aborted) {
-          const record = pending.shift();
-          if (record) yield create(WatchRunsResponseSchema, { run: runMessage(record) });
-          else await new Promise<void>((res) => (wake = res));
+        for await (const entry of watcher) {
+          if (ctx.signal.aborted) break;
+          const record = decodeRunRecord(entry);
+          // The listing never shows results: their bytes stay out of the stream.
+          if (record) yield create(WatchRunsResponseSchema, { run: runMessage({ ...record, result: undefined }) });
         }
       } finally {
-        stop();
+        watcher.stop();
         ctx.signal.removeEventListener("abort", onAbort);
       }
     },
   };
   return {
     handlers,
-    index,
-    close() {
+    history,
+    async close() {
       clearInterval(sweeper);
-      index.close();
+      await (await opening.catch(() => undefined))?.close();
     },
   };
 }

@@ -1,7 +1,8 @@
 // Runs: their states and records, their protobuf messages, events, results,
 // how a run ended, the invoke contract between gateway and runner (and its
-// errors), the wire format on NATS, cancelling a run from any process, and
-// the set of these helpers that a process builds once (RunContext).
+// errors), the wire format on NATS, cancelling a run from any process, the
+// set of these helpers that a process builds once (RunContext), and the run
+// history (every run, projected into SQL for listing and stats).
 export { openRunContext } from "./context.js";
 export type { RunContext } from "./context.js";
 export { RunControl, broadcastAbort, requestCancel } from "./control.js";
@@ -17,6 +18,8 @@ export {
   RunnerError,
   StartFailed,
 } from "./errors.js";
+export { PGLITE_FOLDER, openRunHistory } from "./history/index.js";
+export type { ListQuery, MinuteStats, RunHistory, RunHistoryOptions, RunPage } from "./history/index.js";
 export { publishRunEvent, publishRunEventUnacked } from "./events.js";
 export { finishAsync, finishSync } from "./finish.js";
 export type { FinishDeps } from "./finish.js";

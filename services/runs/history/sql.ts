@@ -3,9 +3,8 @@
 // when no server is configured, and a PostgreSQL server through `pg` when
 // several processes share one. Both speak the same SQL; the rest of the
 // history never knows which it has.
+// Each driver is loaded when a database of its kind is opened, not with the module.
 import { mkdir } from "node:fs/promises";
-import { PGlite } from "@electric-sql/pglite";
-import pg from "pg";
 
 /** Something that runs one SQL statement with $n parameters. */
 export interface Sql {
@@ -29,6 +28,7 @@ export interface Database extends Sql {
 /** PostgreSQL embedded in this process, its files in `dir`. One process per folder. */
 export async function openPglite(dir: string): Promise<Database> {
   await mkdir(dir, { recursive: true });
+  const { PGlite } = await import("@electric-sql/pglite");
   const db = await PGlite.create(dir);
   const query = async <R>(text: string, params?: unknown[]) => (await db.query<R>(text, params)).rows;
   return {
@@ -47,6 +47,7 @@ export const POOL_SIZE = 4;
 
 /** A PostgreSQL server, shared by every process that names the same URL. */
 export async function openPostgres(url: string): Promise<Database> {
+  const { default: pg } = await import("pg");
   const pool = new pg.Pool({ connectionString: url, max: POOL_SIZE, idleTimeoutMillis: 30_000 });
   // A connection that breaks while idle must not bring the process down; the next query opens another.
   pool.on("error", () => undefined);
