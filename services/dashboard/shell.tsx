@@ -1,6 +1,8 @@
 // The frame of every signed-in page: the project, the sections, who is
 // signed in; and the page the URL names.
 import { useEffect, useId } from "react";
+import type { ListProjectsResponse } from "../../gen/skiff/management/v2/management_pb.js";
+import { Loading } from "./notices.js";
 import { AppsPage } from "./apps-page.js";
 import { KeysPage } from "./keys-page.js";
 import { ProjectsPage } from "./projects-page.js";
@@ -9,7 +11,7 @@ import { RunPage } from "./run-page.js";
 import { RunsPage } from "./runs-page.js";
 import { useSession } from "./session-context.js";
 import { formatDate, dateOf } from "./format.js";
-import { useLoad } from "./use-load.js";
+import { useLoad, type Loaded } from "./use-load.js";
 
 const SECTIONS = [
   { id: "runs", label: "Runs" },
@@ -17,10 +19,17 @@ const SECTIONS = [
   { id: "keys", label: "API Keys" },
 ] as const;
 
-function ProjectPicker({ project, section }: { project: string | undefined; section: string }) {
-  const { client, identity } = useSession();
+function ProjectPicker({
+  project,
+  section,
+  projects,
+}: {
+  project: string | undefined;
+  section: string;
+  projects: Loaded<ListProjectsResponse | undefined>;
+}) {
+  const { identity } = useSession();
   const id = useId();
-  const projects = useLoad((signal) => client.listProjects({}, { signal }), []);
   if (identity.kind !== "admin") return <span className="project-name">Project {identity.projectId}</span>;
   return (
     <span className="project-picker">
@@ -70,17 +79,24 @@ function NotFound() {
 }
 
 export function Shell() {
-  const { identity } = useSession();
+  const { client, identity } = useSession();
   const loc = useLocation();
+  const admin = identity.kind === "admin";
+  // Only the admin chooses among projects; a service account has its own.
+  const projects = useLoad(async (signal) => (admin ? await client.listProjects({}, { signal }) : undefined), [admin]);
   const inProject =
     match("/projects/:project/:section", loc.path) ?? match("/projects/:project/apps/:app/runs/:run", loc.path);
   const project = inProject?.project;
   const section = inProject?.section ?? "runs";
-  const home = identity.kind === "admin" ? "/projects" : href("projects", identity.projectId, "runs");
+  // The start page: a service account's project; the admin's only project, or the list to choose from.
+  const only = projects.data?.projects.length === 1 ? projects.data.projects[0].projectId : undefined;
+  const home = admin ? "/" : href("projects", identity.projectId, "runs");
+  const start = !admin ? home : only !== undefined ? href("projects", only, "runs") : "/projects";
+  const decided = !admin || !projects.loading;
 
   useEffect(() => {
-    if (loc.path === "/" || (loc.path === "/projects" && identity.kind !== "admin")) navigate(home, { replace: true });
-  }, [loc.path, home, identity.kind]);
+    if ((loc.path === "/" && decided) || (loc.path === "/projects" && !admin)) navigate(start, { replace: true });
+  }, [loc.path, start, decided, admin]);
 
   let page;
   let params;
@@ -91,7 +107,8 @@ export function Shell() {
   else if ((params = match("/projects/:project/apps", loc.path))) page = <AppsPage project={params.project} />;
   else if ((params = match("/projects/:project/keys", loc.path))) page = <KeysPage project={params.project} />;
   else if (loc.path === "/projects" && identity.kind === "admin") page = <ProjectsPage />;
-  else if (loc.path === "/" || loc.path === "/projects") page = null;
+  else if (loc.path === "/") page = <Loading what="your projects" />;
+  else if (loc.path === "/projects") page = null;
   else page = <NotFound />;
 
   return (
@@ -103,7 +120,11 @@ export function Shell() {
         <Link href={home} className="brand">
           <span className="brand-mark" aria-hidden="true" /> skiff
         </Link>
-        <ProjectPicker project={project} section={SECTIONS.some((s) => s.id === section) ? section : "runs"} />
+        <ProjectPicker
+          project={project}
+          section={SECTIONS.some((s) => s.id === section) ? section : "runs"}
+          projects={projects}
+        />
         {project && (
           <nav aria-label="Sections">
             {SECTIONS.map((s) => (
