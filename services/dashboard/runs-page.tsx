@@ -1,5 +1,6 @@
-// Runs of one app, newest first and live, with the async and status filters
-// kept in the URL (?app=…&async=1&status=failure).
+// Runs of one app or of every app of the project (?app=-), newest first and
+// live, with the async and status filters kept in the URL
+// (?app=…&async=1&status=failure).
 import { useEffect, useId, useState } from "react";
 import type { Run } from "../../gen/skiff/management/v2/management_pb.js";
 import { AsyncBadge, OutcomeBadge, StatusBadge } from "./badges.js";
@@ -8,7 +9,7 @@ import { Empty, ErrorNotice, Loading } from "./notices.js";
 import { href, Link, navigate } from "./router.js";
 import { isFinal, RUN_STATUSES } from "../runs/status.js";
 import { useSession } from "./session-context.js";
-import { useLiveRuns, POLL_MS, type Liveness, type RunFilter } from "./use-live-runs.js";
+import { ALL_APPS, useLiveRuns, POLL_MS, type Liveness, type RunFilter } from "./use-live-runs.js";
 import { useLoad } from "./use-load.js";
 
 const WEBHOOK_REFRESH_MS = 3000;
@@ -82,7 +83,7 @@ function Webhook({ project, run }: { project: string; run: Run }) {
   );
 }
 
-function RunRow({ project, run }: { project: string; run: Run }) {
+function RunRow({ project, run, showApp }: { project: string; run: Run; showApp: boolean }) {
   const final = isFinal(run.status);
   return (
     <tr className={run.status === "failure" ? "row-failure" : undefined}>
@@ -91,6 +92,7 @@ function RunRow({ project, run }: { project: string; run: Run }) {
           {run.runId}
         </Link>
       </td>
+      {showApp && <td>{run.appName}</td>}
       <td className="mono">{run.path}</td>
       <td>{run.async ? <AsyncBadge /> : <span className="muted">sync</span>}</td>
       <td>
@@ -105,10 +107,22 @@ function RunRow({ project, run }: { project: string; run: Run }) {
   );
 }
 
-function RunTable({ project, app, filter }: { project: string; app: string; filter: RunFilter }) {
+function RunTable({
+  project,
+  app,
+  example,
+  filter,
+}: {
+  project: string;
+  app: string;
+  /** The app the empty page's example calls. */
+  example: string;
+  filter: RunFilter;
+}) {
   const { client } = useSession();
   const live = useLiveRuns(client, project, app, filter);
   const filtered = filter.asyncOnly || filter.status !== "";
+  const all = app === ALL_APPS;
   return (
     <>
       <LiveIndicator liveness={live.liveness} />
@@ -120,16 +134,18 @@ function RunTable({ project, app, filter }: { project: string; app: string; filt
         (filtered ? (
           <Empty title="No runs match these filters.">
             <p>
-              <Link href={runsHref(project, app, { asyncOnly: false, status: "" })}>Show every run of {app}</Link>
+              <Link href={runsHref(project, app, { asyncOnly: false, status: "" })}>
+                Show every run of {all ? "every app" : app}
+              </Link>
             </p>
           </Empty>
         ) : (
-          <Empty title={`${app} has not run yet.`}>
+          <Empty title={all ? `No app of ${project} has run yet.` : `${app} has not run yet.`}>
             <p>
               Call it, and its runs appear here as they happen:{" "}
               <code>
-                curl -X POST -H "Authorization: Bearer $TOKEN" "{location.origin}/v4/{project}/{app}/run?async=true" -d
-                '{"{}"}'
+                curl -X POST -H "Authorization: Bearer $TOKEN" "{location.origin}/v4/{project}/{example}/run?async=true"
+                -d '{"{}"}'
               </code>
             </p>
           </Empty>
@@ -137,10 +153,11 @@ function RunTable({ project, app, filter }: { project: string; app: string; filt
       ) : (
         <div className="table-wrap">
           <table className="runs">
-            <caption className="sr-only">Runs of {app}, newest first</caption>
+            <caption className="sr-only">Runs of {all ? `every app of ${project}` : app}, newest first</caption>
             <thead>
               <tr>
                 <th scope="col">Run</th>
+                {all && <th scope="col">App</th>}
                 <th scope="col">Function</th>
                 <th scope="col">Mode</th>
                 <th scope="col">Status</th>
@@ -151,7 +168,7 @@ function RunTable({ project, app, filter }: { project: string; app: string; filt
             </thead>
             <tbody>
               {live.runs.map((r) => (
-                <RunRow key={r.runId} project={project} run={r} />
+                <RunRow key={r.runId} project={project} run={r} showApp={all} />
               ))}
             </tbody>
           </table>
@@ -174,9 +191,10 @@ export function RunsPage({ project, query }: { project: string; query: URLSearch
   const app = query.get("app") ?? "";
   const filter: RunFilter = { asyncOnly: query.get("async") === "1", status: query.get("status") ?? "" };
 
-  // Without an app in the URL, show the first one.
+  // Without an app in the URL: every app when there are several, else the one.
   useEffect(() => {
-    if (!app && names.length > 0) navigate(runsHref(project, names[0], filter), { replace: true });
+    if (!app && names.length > 0)
+      navigate(runsHref(project, names.length > 1 ? ALL_APPS : names[0], filter), { replace: true });
   });
 
   return (
@@ -197,7 +215,8 @@ export function RunsPage({ project, query }: { project: string; query: URLSearch
             <span>
               <label htmlFor={ids.app}>App</label>
               <select id={ids.app} value={app} onChange={(e) => navigate(runsHref(project, e.target.value, filter))}>
-                {!names.includes(app) && <option value={app}>{app || "Choose an app"}</option>}
+                {app !== ALL_APPS && !names.includes(app) && <option value={app}>{app || "Choose an app"}</option>}
+                <option value={ALL_APPS}>All apps</option>
                 {names.map((n) => (
                   <option key={n} value={n}>
                     {n}
@@ -230,7 +249,15 @@ export function RunsPage({ project, query }: { project: string; query: URLSearch
               </select>
             </span>
           </form>
-          {app && <RunTable key={`${project}/${app}`} project={project} app={app} filter={filter} />}
+          {app && (
+            <RunTable
+              key={`${project}/${app}`}
+              project={project}
+              app={app}
+              example={app === ALL_APPS ? names[0] : app}
+              filter={filter}
+            />
+          )}
         </>
       )}
     </main>

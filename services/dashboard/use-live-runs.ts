@@ -1,6 +1,7 @@
-// The runs of one app, newest first, kept up to date: a page from ListRuns,
-// then every change from the WatchRuns stream. When the stream cannot be
-// opened or breaks, the first page is polled instead, and the page says so.
+// The runs of one app, or of every app of a project, newest first, kept up to
+// date: a page from ListRuns, then every change from the WatchRuns stream.
+// When the stream cannot be opened or breaks, the first page is polled
+// instead, and the page says so.
 import { useCallback, useEffect, useRef, useState } from "react";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 import type { Run } from "../../gen/skiff/management/v2/management_pb.js";
@@ -8,6 +9,8 @@ import { describeError, type Management } from "./api.js";
 
 export const PAGE_SIZE = 50;
 export const POLL_MS = 3000;
+/** The app name that means every app of the project (AIP-159), in ListRuns and in the page's URL. */
+export const ALL_APPS = "-";
 
 export interface RunFilter {
   asyncOnly: boolean;
@@ -64,6 +67,7 @@ export function useLiveRuns(client: Management, projectId: string, appName: stri
       if (matches(r, f)) byId.current.set(r.runId, r);
       else byId.current.delete(r.runId);
     };
+    const all = appName === ALL_APPS;
     const firstPage = () => client.listRuns({ projectId, appName, pageSize: PAGE_SIZE, asyncOnly, status }, { signal });
 
     let pollTimer: ReturnType<typeof setTimeout> | undefined;
@@ -81,9 +85,10 @@ export function useLiveRuns(client: Management, projectId: string, appName: stri
 
     void (async () => {
       try {
-        for await (const change of client.watchRuns({ projectId, appName }, { signal })) {
+        // WatchRuns names every app with an empty app name.
+        for await (const change of client.watchRuns({ projectId, appName: all ? "" : appName }, { signal })) {
           setLiveness({ mode: "stream" });
-          if (change.run && change.run.appName === appName) {
+          if (change.run && (all || change.run.appName === appName)) {
             apply(change.run);
             publish();
           }
