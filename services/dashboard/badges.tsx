@@ -1,5 +1,6 @@
 // Run status and the async mark. `failure` must be unmistakable: it is
-// written out, in red, with a cross, so it reads without colour too.
+// written out, in red, with a cross, so it reads without colour too. The
+// HTTP status of the app's answer sits beside it.
 const STATUS_MARK: Record<string, string> = {
   queued: "◷",
   running: "▶",
@@ -8,11 +9,33 @@ const STATUS_MARK: Record<string, string> = {
   cancelled: "⊘",
 };
 
-export function StatusBadge({ status }: { status: string }) {
+/**
+ * A run's status and, when the app answered, the HTTP status of its answer.
+ * A run that succeeded with a 4xx answer (a Custom app refusing the request)
+ * is marked as a warning, in amber with "!", not as a plain success.
+ */
+export function StatusBadge({ status, code = 0 }: { status: string; code?: number }) {
   const known = status in STATUS_MARK;
+  const refused = status === "success" && code >= 400 && code < 500;
+  const kind = refused ? "warning" : known ? status : "unknown";
   return (
-    <span className={`badge status status-${known ? status : "unknown"}`} data-status={status}>
-      <span aria-hidden="true">{STATUS_MARK[status] ?? "?"}</span> {status || "unknown"}
+    <span className="status-pair">
+      <span
+        className={`badge status status-${kind}`}
+        data-status={status}
+        title={refused ? `The run ended, but the app answered HTTP ${code}` : undefined}
+      >
+        <span aria-hidden="true">{refused ? "!" : (STATUS_MARK[status] ?? "?")}</span> {status || "unknown"}
+      </span>
+      {code !== 0 && (
+        <>
+          {" "}
+          <span className={`badge http http-${Math.floor(code / 100)}xx`} data-http-status={code}>
+            <span className="sr-only">HTTP status </span>
+            {code}
+          </span>
+        </>
+      )}
     </span>
   );
 }

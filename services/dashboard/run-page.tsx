@@ -65,7 +65,13 @@ function Outcome({ run }: { run: Run }) {
   return (
     <section aria-labelledby="result-title" className="card">
       <h2 id="result-title">Result</h2>
-      {run.statusCode !== 0 && <p className="muted">HTTP status {run.statusCode}</p>}
+      {run.statusCode >= 400 && run.statusCode < 500 ? (
+        <p className="notice warn">
+          The app answered HTTP {run.statusCode}: the run ended, but the app refused the request.
+        </p>
+      ) : (
+        run.statusCode !== 0 && <p className="muted">HTTP status {run.statusCode}</p>
+      )}
       {body === undefined ? (
         <p className="muted">
           No result is kept for this run (results are kept for SKIFF_RESULT_TTL, 24 h by default).
@@ -128,7 +134,8 @@ export function RunPage({ project, app, runId }: { project: string; app: string;
           <dl className="facts">
             <dt>Status</dt>
             <dd>
-              <StatusBadge status={r.status} /> {r.async && <AsyncBadge />}
+              <StatusBadge status={r.status} code={r.statusCode} />{" "}
+              {r.async ? <AsyncBadge /> : <span className="muted">sync</span>}
             </dd>
             <dt>App</dt>
             <dd>{r.appName}</dd>

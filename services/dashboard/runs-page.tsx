@@ -96,7 +96,7 @@ function RunRow({ project, run, showApp }: { project: string; run: Run; showApp:
       <td className="mono">{run.path}</td>
       <td>{run.async ? <AsyncBadge /> : <span className="muted">sync</span>}</td>
       <td>
-        <StatusBadge status={run.status} />
+        <StatusBadge status={run.status} code={run.statusCode} />
       </td>
       <td>{formatTime(dateOf(run.queuedAt))}</td>
       <td className="num">{final && run.startedAt ? formatDuration(run.runTimeMs) : "—"}</td>
