@@ -72,12 +72,16 @@ function Outcome({ run }: { run: Run }) {
       ) : (
         run.statusCode !== 0 && <p className="muted">HTTP status {run.statusCode}</p>
       )}
-      {body === undefined ? (
+      {body !== undefined ? (
+        <pre className="result">{body}</pre>
+      ) : run.async ? (
         <p className="muted">
-          No result is kept for this run (results are kept for SKIFF_RESULT_TTL, 24 h by default).
+          No result is kept for this run (results of async runs are kept for SKIFF_RESULT_TTL, 24 h by default).
         </p>
       ) : (
-        <pre className="result">{body}</pre>
+        <p className="muted">
+          This was a sync run: the caller got the answer when it was called, and skiff keeps no result of sync runs.
+        </p>
       )}
     </section>
   );
