@@ -1,6 +1,7 @@
 // Composes a skiff process from its configuration: NATS, provisioning, the
 // roles it runs (one table, ROLES, says what each starts, serves and
 // closes) and the one port that serves them.
+import { createHash, timingSafeEqual } from "node:crypto";
 import path from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter } from "@connectrpc/connect";
@@ -15,7 +16,8 @@ import { startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
 import type { Config, Role, Logger } from "./config/index.js";
 import { HealthState, healthRoutes, openapiDocuments, startServer, createStaticFiles } from "./server/index.js";
-import { connectNats, provision, type NatsHandle } from "./nats/index.js";
+import { connectNats, provision, streams, subjects, type NatsHandle } from "./nats/index.js";
+import { Metrics } from "./metrics/index.js";
 
 export interface Skiff {
   url: string;
@@ -46,6 +48,7 @@ interface Shared {
   auth(): Promise<Auth>;
   /** The runner role's runner, once that role started. */
   runner: Runner | undefined;
+  metrics: Metrics;
 }
 
 /** A role once started. */
@@ -83,15 +86,24 @@ const ROLES: Record<Role, RoleSpec> = {
         runAckWaitMs: config.runAckWaitMs,
       });
       shared.runner = runnerRole.runner;
-      return runnerRole;
+      const registry = await shared.registry();
+      const stopCounting = shared.metrics.replicaCounts(() => replicaCounts(runnerRole.runner, registry));
+      return {
+        ...runnerRole,
+        close: async () => {
+          stopCounting();
+          await runnerRole.close();
+        },
+      };
     },
   },
   // Consumes run events and delivers webhooks; closing lets the attempts under way finish.
   webhook: {
-    start: ({ config, nats, logger, webhookAllowedCidrs }) =>
+    start: ({ config, nats, logger, webhookAllowedCidrs, metrics }) =>
       startWebhookRole({
         nc: nats.nc,
         logger,
+        metrics,
         allowedCidrs: webhookAllowedCidrs,
         timeoutMs: config.webhookTimeoutMs,
         secretsKey: config.secretsKey,
@@ -152,13 +164,42 @@ const dashboardSite = () =>
     buildCommand: "npm run build:dashboard",
   });
 
-function watchNats(handle: NatsHandle, health: HealthState, logger: Logger): void {
+/** Live replicas of this process's runner, by app and state, for the replicas gauge. */
+function replicaCounts(runner: Runner, registry: AppRegistry): [Record<string, string>, number][] {
+  const out: [Record<string, string>, number][] = [];
+  for (const app of registry.list()) {
+    const counts = new Map<string, number>();
+    for (const r of runner.replicas(app.project_id, app.app_name)) counts.set(r.state, (counts.get(r.state) ?? 0) + 1);
+    for (const [state, n] of counts) out.push([{ project: app.project_id, app: app.app_name, state }, n]);
+  }
+  return out;
+}
+
+/** Async runs waiting or running per app: the messages of each app's subject in the work-queue stream. */
+async function queueDepths(nats: NatsHandle): Promise<[Record<string, string>, number][]> {
+  const jsm = await nats.nc.jetstreamManager();
+  const info = await jsm.streams.info(streams.runs.name, { subjects_filter: subjects.runQueueAll });
+  const prefix = subjects.runQueue("", "").slice(0, -1);
+  return Object.entries(info.state.subjects ?? {}).map(([subject, n]) => {
+    const [project = "", app = ""] = subject.slice(prefix.length).split(".");
+    return [{ project, app }, n];
+  });
+}
+
+function equalTokens(a: string, b: string | undefined): boolean {
+  if (b === undefined) return false;
+  const [x, y] = [createHash("sha256").update(a).digest(), createHash("sha256").update(b).digest()];
+  return timingSafeEqual(x, y);
+}
+
+function watchNats(handle: NatsHandle, health: HealthState, logger: Logger, metrics: Metrics): void {
   void (async () => {
     for await (const status of handle.nc.status()) {
       if (status.type === "disconnect") {
         health.setNatsConnected(false);
         logger.warn({ server: status.data }, "NATS disconnected");
       } else if (status.type === "reconnect") {
+        metrics.natsReconnects.inc();
         health.setNatsConnected(true);
         logger.info({ server: status.data }, "NATS reconnected");
       }
@@ -186,6 +227,7 @@ export function webhookAllowedCidrs(config: Config, logger: Logger): string[] {
 
 export async function startSkiff(config: Config, logger: Logger): Promise<Skiff> {
   const health = new HealthState();
+  const metrics = new Metrics();
   // App code (replicas, deploy-time steps) runs only in a sandbox unless SKIFF_SANDBOX=off.
   if (config.roles.includes("runner") || config.roles.includes("management"))
     health.sandbox = configureSandbox(config, logger).enabled;
@@ -205,7 +247,9 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
   try {
     health.setNatsConnected(true);
     health.natsAuth = nats.authRequired;
-    watchNats(nats, health, logger);
+    watchNats(nats, health, logger, metrics);
+    const stopQueueDepths = metrics.queueDepths(() => queueDepths(nats));
+    closeShared.push(stopQueueDepths);
     await provision(nats.nc, logger);
     health.setProvisioned();
 
@@ -223,7 +267,12 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
         closeShared,
       ),
       runs: onFirstUse(
-        () => openRunContext(nats.nc, { resultTtlSeconds: config.resultTtlSeconds }),
+        async () => {
+          const runs = await openRunContext(nats.nc, { resultTtlSeconds: config.resultTtlSeconds });
+          // Every final record this process writes is a run that ended here.
+          runs.store.onFinal((r) => metrics.runEnded(r.project_id, r.app_name, r.status, r.async, r.run_time_ms ?? 0));
+          return runs;
+        },
         (runs) => runs.close(),
         closeShared,
       ),
@@ -233,6 +282,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
         closeShared,
       ),
       runner: undefined,
+      metrics,
     };
     const rpc: { service: DescService; routes: (router: ConnectRouter) => void }[] = [];
     for (const name of Object.keys(ROLES) as Role[]) {
@@ -265,6 +315,10 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       // The dashboard comes with the management role, whose API it uses.
       site: config.roles.includes("management") ? dashboardSite() : undefined,
       interceptors: auth ? [auth.interceptor] : [],
+      metrics: {
+        metrics,
+        authorize: (token) => (auth?.admins.accepts(token) ?? false) || equalTokens(token, config.metricsToken),
+      },
     });
     logger.info(
       { url: server.url, roles: config.roles, nats: nats.url },

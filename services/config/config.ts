@@ -59,6 +59,8 @@ export interface Config {
   signingKey: string | undefined;
   /** Admin token; undefined: the one in <dataDir>/admin-token, made on first start. */
   adminToken: string | undefined;
+  /** Token that may read GET /metrics besides admin tokens; undefined: admin tokens only. */
+  metricsToken: string | undefined;
   /** Per-attempt timeout of a webhook delivery. */
   webhookTimeoutMs: number;
   /** Address ranges webhooks may reach despite the SSRF guard; undefined: loopback only when SKIFF_HOST is loopback. */
@@ -392,6 +394,13 @@ export const SETTINGS: Setting<keyof Config>[] = [
     env: "SKIFF_ADMIN_TOKEN",
     fallback: "",
     doc: "Admin token (32+ printable characters), accepted by every process. Unset: one is made on first start and written to `SKIFF_DATA_DIR/admin-token`.",
+    parse: optional(adminToken),
+  },
+  {
+    key: "metricsToken",
+    env: "SKIFF_METRICS_TOKEN",
+    fallback: "",
+    doc: "Token (32+ printable characters) that may read `GET /metrics` (Prometheus text) besides admin tokens, for a scraper that should hold nothing more. Unset: admin tokens only.",
     parse: optional(adminToken),
   },
   {

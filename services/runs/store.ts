@@ -10,7 +10,7 @@
 import type { KV, KvEntry, NatsConnection } from "nats";
 import { JsErrorCode, buckets, isJsError } from "../nats/index.js";
 
-import type { RunStatus } from "./status.js";
+import { isFinal, type RunStatus } from "./status.js";
 
 export { RUN_STATUSES, isFinal, type RunStatus } from "./status.js";
 
@@ -93,14 +93,34 @@ export class RunStore {
     return record && entry ? { record, revision: entry.revision } : undefined;
   }
 
+  private readonly finalListeners = new Set<(record: RunRecord) => void>();
+
+  /**
+   * Calls `listener` with every final record this store writes (a run that
+   * ended, counted once: a final record is never written again); returns a
+   * function that stops it.
+   */
+  onFinal(listener: (record: RunRecord) => void): () => void {
+    this.finalListeners.add(listener);
+    return () => this.finalListeners.delete(listener);
+  }
+
+  private wrote(record: RunRecord): void {
+    if (this.finalListeners.size === 0 || !isFinal(record.status)) return;
+    for (const listener of this.finalListeners) listener(record);
+  }
+
   /** Writes the first record of a run; fails if the run id exists. */
   async create(record: RunRecord): Promise<void> {
     await this.kv.create(runKey(record.project_id, record.app_name, record.run_id), encode(record));
+    this.wrote(record);
   }
 
   /** Unconditional write, for sync runs whose records only their own gateway writes, in order. */
-  put(record: RunRecord): Promise<number> {
-    return this.kv.put(runKey(record.project_id, record.app_name, record.run_id), encode(record));
+  async put(record: RunRecord): Promise<number> {
+    const revision = await this.kv.put(runKey(record.project_id, record.app_name, record.run_id), encode(record));
+    this.wrote(record);
+    return revision;
   }
 
   /**
@@ -114,6 +134,7 @@ export class RunStore {
       `$KV.${buckets.runs.name}.${runKey(record.project_id, record.app_name, record.run_id)}`,
       encode(record),
     );
+    this.wrote(record);
   }
 
   /**
@@ -136,6 +157,7 @@ export class RunStore {
       if (!next) return undefined;
       try {
         await this.kv.update(key, encode(next), cur.revision);
+        this.wrote(next);
         return next;
       } catch (err) {
         if (!isWrongRevision(err)) throw err;

@@ -23,7 +23,8 @@ import type { HealthState } from "./health.js";
 import { answerUnimplemented, isGrpcRequest, minimalGrpcMessages } from "./grpc-status.js";
 import { reflectionRoutes } from "./reflection.js";
 import { isApiPath, type StaticHandler } from "./static-files.js";
-import { createTranscoder, type NodeHandler } from "./rest/transcoder.js";
+import { createTranscoder, restRouteOf, type NodeHandler } from "./rest/transcoder.js";
+import { METRICS_CONTENT_TYPE, type Metrics } from "../metrics/index.js";
 
 type NodeRequest = Parameters<NodeHandler>[0];
 type NodeResponse = Parameters<NodeHandler>[1];
@@ -49,6 +50,8 @@ export interface ServerOptions {
   site?: StaticHandler;
   /** Deadlines of connections that are not serving a request, and the connection caps; default the config's defaults. */
   connections?: Partial<ConnectionLimits>;
+  /** Where request counts and latencies go; GET /metrics serves the registry to a bearer `authorize` accepts. */
+  metrics?: { metrics: Metrics; authorize(token: string): boolean };
 }
 
 const DEFAULT_CONNECTION_LIMITS: ConnectionLimits = {
@@ -113,6 +116,32 @@ function definedOnly<T extends object>(options: T): Partial<T> {
   return Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)) as Partial<T>;
 }
 
+const METRICS_PATH = "/metrics";
+
+/** GET /metrics: the Prometheus text, for an admin token or the metrics token. */
+async function serveMetrics(
+  req: NodeRequest,
+  res: NodeResponse,
+  opts: { metrics: Metrics; authorize(token: string): boolean },
+): Promise<void> {
+  const token = /^Bearer +(\S+) *$/i.exec(req.headers.authorization ?? "")?.[1];
+  if (token === undefined || !opts.authorize(token)) {
+    res.setHeader("www-authenticate", 'Bearer realm="skiff"');
+    return sendJson(res, 401, {
+      code: "unauthenticated",
+      message: "send an admin token or SKIFF_METRICS_TOKEN as a bearer token",
+    });
+  }
+  try {
+    const text = await opts.metrics.text();
+    res.writeHead(200, { "content-type": METRICS_CONTENT_TYPE, "content-length": Buffer.byteLength(text) });
+    if (req.method === "HEAD") res.end();
+    else res.end(text);
+  } catch {
+    sendJson(res, 503, { code: "unavailable", message: "cannot collect the metrics right now" });
+  }
+}
+
 function sendJson(res: NodeResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
   res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
@@ -154,6 +183,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     const endpoint = plain.get(path);
     const read = req.method === "GET" || req.method === "HEAD";
     if (endpoint && read) return endpoint(res);
+    if (path === METRICS_PATH && read && opts.metrics) return void serveMetrics(req, res, opts.metrics);
     if (opts.site && read && !isApiPath(path)) return opts.site(req, res);
     // A gRPC call of a method no service here has: gRPC's UNIMPLEMENTED, not REST's 404.
     if (isGrpcRequest(req)) return answerUnimplemented(req, res);
@@ -188,11 +218,26 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   let stopping = false;
   let inFlight = 0;
   let drained: (() => void) | undefined;
+  const metrics = opts.metrics?.metrics;
+  /** What a request is counted under: its REST route or RPC method, never the raw path. */
+  const routeOf = (req: NodeRequest, res: NodeResponse): string => {
+    const rest = restRouteOf(res);
+    if (rest !== undefined) return rest;
+    const path = (req.url ?? "/").split("?", 1)[0];
+    if (plain.has(path) || path === METRICS_PATH || handlers.some((h) => h.requestPath === path)) return path;
+    return opts.site && !isApiPath(path) ? "dashboard" : "unmatched";
+  };
   const track = (req: NodeRequest, res: NodeResponse) => {
     inFlight++;
+    const started = metrics ? performance.now() : 0;
     res.once("close", () => {
       inFlight--;
       if (inFlight === 0) drained?.();
+      if (metrics) {
+        const route = routeOf(req, res);
+        metrics.requests.inc({ route, method: req.method ?? "", code: String(res.statusCode) });
+        metrics.requestDuration.observe({ route }, (performance.now() - started) / 1000);
+      }
     });
     // While stopping, HTTP/1.1 keep-alive connections close after their answer.
     if (stopping && req.httpVersionMajor === 1) res.setHeader("connection", "close");

@@ -28,6 +28,7 @@ export function isApiPath(urlPath: string): boolean {
     /^\/v\d+(\/|$)/.test(urlPath) ||
     urlPath === "/healthz" ||
     urlPath === "/readyz" ||
+    urlPath === "/metrics" ||
     urlPath.startsWith("/skiff.") ||
     urlPath.startsWith("/grpc.")
   );

@@ -8,6 +8,7 @@
 import type { KV, ObjectStore } from "nats";
 import type { RunEvent } from "../../gen/skiff/events/v1/events_pb.js";
 import type { Logger } from "../config/index.js";
+import type { Metrics } from "../metrics/index.js";
 import { objectStores } from "../nats/index.js";
 import { loadWebhookSecret, UnsealError, type SecretBox } from "./secrets.js";
 import type { AddressGuard } from "./address-guard.js";
@@ -44,6 +45,8 @@ export interface DeliveryDeps {
   guard: AddressGuard;
   timeoutMs: number;
   logger: Logger;
+  /** Counts attempts by outcome. */
+  metrics?: Metrics;
 }
 
 /**
@@ -178,6 +181,7 @@ async function finishAttempt(
   const verdict = result.permanent ? "failed" : judgeAttempt(result.status);
   // The outcome says what followed: a retryable answer to the last attempt is a failure.
   const outcome = OUTCOME[nextStep(n, verdict)];
+  d.metrics?.webhookAttempts.inc({ outcome });
   const { before, after } = await d.store.modify(r.run_id, r.delivery_id, (rec) => {
     const a = rec.attempts.find((x) => x.attempt === n);
     if (a === undefined) return undefined;

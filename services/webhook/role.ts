@@ -8,6 +8,7 @@ import { fromBinary } from "@bufbuild/protobuf";
 import type { JsMsg, NatsConnection, ObjectStore } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import type { Logger } from "../config/index.js";
+import type { Metrics } from "../metrics/index.js";
 import { buckets, consumers, ensureConsumer, objectStores } from "../nats/index.js";
 import { createSecretBox } from "./secrets.js";
 import { AddressGuard } from "./address-guard.js";
@@ -40,6 +41,7 @@ export interface WebhookRoleOptions {
   concurrency?: number;
   /** The shared consumer's ack_wait; the last process to start sets it. */
   ackWaitMs?: number;
+  metrics?: Metrics;
 }
 
 export interface WebhookRole {
@@ -58,6 +60,7 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
     store: new DeliveryStore(await js.views.kv(buckets.webhooks.name, { bindOnly: true })),
     secrets: await js.views.kv(buckets.secrets.name, { bindOnly: true }),
     box: await createSecretBox(nc, { key: opts.secretsKey }),
+    metrics: opts.metrics,
     results: () =>
       (results ??= js.views.os(objectStores.results.name).catch((err: unknown) => {
         results = undefined; // try again next time rather than keep the failure

@@ -80,6 +80,8 @@ type BodyMode = "none" | "json-all" | "raw-all" | "json-field" | "raw-field";
 
 interface Route {
   binding: HttpBinding;
+  /** "METHOD template", as metrics name the route. */
+  label: string;
   handler: UniversalHandler;
   body: BodyMode;
   bodyField: DescField | undefined;
@@ -95,6 +97,14 @@ interface Route {
  * signatures of their response types).
  */
 export type NodeHandler = NonNullable<ConnectNodeAdapterOptions["fallback"]>;
+
+/** The REST route each answered response belonged to, for request metrics. */
+const restRoutes = new WeakMap<object, string>();
+
+/** The REST route (`POST /v4/{project_id}/{app_name}/{path=**}`) a response answered, if it matched one. */
+export function restRouteOf(res: object): string | undefined {
+  return restRoutes.get(res);
+}
 
 export function createTranscoder(opts: TranscoderOptions): NodeHandler {
   const table = new RouteTable(compileRoutes(opts.services, opts.handlers));
@@ -122,7 +132,8 @@ function compileRoutes(services: readonly DescService[], handlers: readonly Univ
     }));
     const bound = binding.template.variables.map((v) => v.fieldPath);
     if (bodyField) bound.push([bodyField.name]);
-    return { binding, handler, body: bodyMode(binding, bodyField), bodyField, variables, bound };
+    const label = `${binding.httpMethod} ${binding.template.source}`;
+    return { binding, handler, label, body: bodyMode(binding, bodyField), bodyField, variables, bound };
   });
 }
 
@@ -150,6 +161,7 @@ async function transcode(
   const query = new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
   const method = req.method ?? "";
   const match = pickRoute(table.match(path), method, path);
+  restRoutes.set(res, match.route.label);
   const requestId = opts.requestIds?.has(match.route.binding.method) ? v7() : undefined;
   // Set before anything can fail: an error answer's headers are merged with it.
   if (requestId !== undefined) res.setHeader("x-request-id", requestId);
