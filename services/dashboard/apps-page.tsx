@@ -40,33 +40,41 @@ function Replicas({ app }: { app: App }) {
     );
   }
   return (
-    <table className="replicas">
-      <caption className="sr-only">Replicas of {app.appName}</caption>
-      <thead>
-        <tr>
-          <th scope="col">Replica</th>
-          <th scope="col">State</th>
-          <th scope="col">In flight</th>
-          <th scope="col">Version</th>
-          <th scope="col">Host</th>
-          <th scope="col">Started</th>
-        </tr>
-      </thead>
-      <tbody>
-        {app.replicas.map((r) => (
-          <tr key={r.replicaId}>
-            <td className="mono">{r.replicaId}</td>
-            <td>
-              <span className={`badge replica-${r.state}`}>{r.state}</span>
-            </td>
-            <td className="num">{r.inFlight}</td>
-            <td className="num">{r.deploymentVersion}</td>
-            <td>{r.host}</td>
-            <td>{formatRelative(dateOf(r.startedAt))}</td>
+    <div className="table-scroll">
+      <table className="replicas stack">
+        <caption className="sr-only">Replicas of {app.appName}</caption>
+        <thead>
+          <tr>
+            <th scope="col">Replica</th>
+            <th scope="col">State</th>
+            <th scope="col">In flight</th>
+            <th scope="col">Version</th>
+            <th scope="col">Host</th>
+            <th scope="col">Started</th>
           </tr>
-        ))}
-      </tbody>
-    </table>
+        </thead>
+        <tbody>
+          {app.replicas.map((r) => (
+            <tr key={r.replicaId}>
+              <td className="mono" data-label="Replica">
+                {r.replicaId}
+              </td>
+              <td data-label="State">
+                <span className={`badge replica-${r.state}`}>{r.state}</span>
+              </td>
+              <td className="num" data-label="In flight">
+                {r.inFlight}
+              </td>
+              <td className="num" data-label="Version">
+                {r.deploymentVersion}
+              </td>
+              <td data-label="Host">{r.host}</td>
+              <td data-label="Started">{formatRelative(dateOf(r.startedAt))}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
   );
 }
 

@@ -1,13 +1,33 @@
 // Charts of an app's last hour, drawn as plain SVG: runs per minute (failures
-// stacked in red) and latency percentiles per minute.
+// stacked in red) and latency percentiles per minute. A chart is drawn at the
+// width it is shown at, one unit a pixel, so its labels keep their size on a
+// phone instead of shrinking with the picture.
+import { useLayoutEffect, useRef, useState, type RefObject } from "react";
 import type { StatsBucket } from "../../gen/skiff/management/v2/management_pb.js";
 import { dateOf, formatDuration } from "./format.js";
 
-const W = 600;
-const H = 160;
-const PAD = { left: 48, right: 8, top: 10, bottom: 22 };
-const PLOT_W = W - PAD.left - PAD.right;
+/** Width before the figure is measured, and the least a chart is drawn at. */
+const DEFAULT_W = 600;
+const MIN_W = 240;
+const H = 170;
+const PAD = { left: 52, right: 10, top: 10, bottom: 24 };
 const PLOT_H = H - PAD.top - PAD.bottom;
+
+/** The figure's width in CSS pixels, followed as the window changes. */
+function useWidth(): [RefObject<HTMLElement | null>, number] {
+  const ref = useRef<HTMLElement | null>(null);
+  const [width, setWidth] = useState(DEFAULT_W);
+  useLayoutEffect(() => {
+    const el = ref.current;
+    if (!el) return;
+    const measure = () => setWidth(Math.max(MIN_W, Math.round(el.clientWidth) || DEFAULT_W));
+    measure();
+    const observer = new ResizeObserver(measure);
+    observer.observe(el);
+    return () => observer.disconnect();
+  }, []);
+  return [ref, width];
+}
 
 /** A round upper bound for the y axis: 1, 2, 5, 10, 20, 50… */
 function niceMax(v: number): number {
@@ -21,7 +41,17 @@ const hhmm = (b: StatsBucket | undefined) => {
   return d ? `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}` : "";
 };
 
-function Axes({ buckets, max, format }: { buckets: StatsBucket[]; max: number; format: (v: number) => string }) {
+function Axes({
+  buckets,
+  max,
+  format,
+  W,
+}: {
+  buckets: StatsBucket[];
+  max: number;
+  format: (v: number) => string;
+  W: number;
+}) {
   return (
     <g className="axes">
       {[0, 0.5, 1].map((f) => {
@@ -46,18 +76,20 @@ function Axes({ buckets, max, format }: { buckets: StatsBucket[]; max: number; f
 }
 
 export function RunsChart({ buckets, title }: { buckets: StatsBucket[]; title: string }) {
+  const [ref, W] = useWidth();
+  const PLOT_W = W - PAD.left - PAD.right;
   const max = niceMax(Math.max(...buckets.map((b) => b.runs)));
   const slot = PLOT_W / Math.max(buckets.length, 1);
   const total = buckets.reduce((n, b) => n + b.runs, 0);
   const failures = buckets.reduce((n, b) => n + b.failures, 0);
   return (
-    <figure className="chart">
+    <figure className="chart" ref={ref}>
       <svg
         viewBox={`0 0 ${W} ${H}`}
         role="img"
         aria-label={`${title}: ${total} runs in the last hour, ${failures} failed`}
       >
-        <Axes buckets={buckets} max={max} format={(v) => String(Math.round(v))} />
+        <Axes buckets={buckets} max={max} format={(v) => String(Number(v.toFixed(1)))} W={W} />
         {buckets.map((b, i) => {
           const x = PAD.left + i * slot + 1;
           const h = (b.runs / max) * PLOT_H;
@@ -95,12 +127,14 @@ const SERIES = [
 ] as const;
 
 export function LatencyChart({ buckets, title }: { buckets: StatsBucket[]; title: string }) {
+  const [ref, W] = useWidth();
+  const PLOT_W = W - PAD.left - PAD.right;
   const max = niceMax(Math.max(...buckets.map((b) => b.p99Ms)));
   const step = PLOT_W / Math.max(buckets.length - 1, 1);
   const withRuns = buckets.filter((b) => b.runs > 0);
   const worst = withRuns.length ? Math.max(...withRuns.map((b) => b.p99Ms)) : undefined;
   return (
-    <figure className="chart">
+    <figure className="chart" ref={ref}>
       <svg
         viewBox={`0 0 ${W} ${H}`}
         role="img"
@@ -110,6 +144,7 @@ export function LatencyChart({ buckets, title }: { buckets: StatsBucket[]; title
           buckets={buckets}
           max={max}
           format={(v) => (v > 0 && v < 10 ? `${Number(v.toFixed(1))} ms` : formatDuration(v))}
+          W={W}
         />
         {SERIES.map((s) => {
           // Minutes without runs leave gaps instead of dropping to zero.

@@ -126,10 +126,12 @@ function AccountRow({ sa, onDelete }: { sa: ServiceAccount; onDelete: () => void
   const expired = expires !== undefined && expires.getTime() <= Date.now();
   return (
     <tr className={expired ? "row-expired" : undefined}>
-      <td>{sa.name}</td>
-      <td className="mono">{sa.serviceAccountId}</td>
-      <td>{formatDate(dateOf(sa.createdAt))}</td>
-      <td>
+      <td data-label="Name">{sa.name}</td>
+      <td className="mono" data-label="ID">
+        {sa.serviceAccountId}
+      </td>
+      <td data-label="Created">{formatDate(dateOf(sa.createdAt))}</td>
+      <td data-label="Expires">
         <time dateTime={expires?.toISOString()} title={formatTime(expires)}>
           {formatDate(expires)}
         </time>{" "}
@@ -139,7 +141,7 @@ function AccountRow({ sa, onDelete }: { sa: ServiceAccount; onDelete: () => void
           <span className="muted">{formatRelative(expires)}</span>
         )}
       </td>
-      <td>
+      <td className="actions">
         <button type="button" className="danger" onClick={onDelete} aria-label={`Delete service account ${sa.name}`}>
           Delete
         </button>
@@ -219,7 +221,7 @@ export function KeysPage({ project }: { project: string }) {
         </Empty>
       ) : (
         <div className="table-wrap">
-          <table className="accounts">
+          <table className="accounts stack">
             <caption className="sr-only">Service accounts of {project}</caption>
             <thead>
               <tr>

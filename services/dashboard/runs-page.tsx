@@ -87,20 +87,24 @@ function RunRow({ project, run, showApp }: { project: string; run: Run; showApp:
   const final = isFinal(run.status);
   return (
     <tr className={run.status === "failure" ? "row-failure" : undefined}>
-      <td>
+      <td data-label="Run">
         <Link href={href("projects", project, "apps", run.appName, "runs", run.runId)} className="mono">
           {run.runId}
         </Link>
       </td>
-      {showApp && <td>{run.appName}</td>}
-      <td className="mono">{run.path}</td>
-      <td>{run.async ? <AsyncBadge /> : <span className="muted">sync</span>}</td>
-      <td>
+      {showApp && <td data-label="App">{run.appName}</td>}
+      <td className="mono" data-label="Function">
+        {run.path}
+      </td>
+      <td data-label="Mode">{run.async ? <AsyncBadge /> : <span className="muted">sync</span>}</td>
+      <td data-label="Status">
         <StatusBadge status={run.status} code={run.statusCode} />
       </td>
-      <td>{formatTime(dateOf(run.queuedAt))}</td>
-      <td className="num">{final && run.startedAt ? formatDuration(run.runTimeMs) : "—"}</td>
-      <td>
+      <td data-label="Queued">{formatTime(dateOf(run.queuedAt))}</td>
+      <td className="num" data-label="Run time">
+        {final && run.startedAt ? formatDuration(run.runTimeMs) : "—"}
+      </td>
+      <td data-label="Webhook">
         <Webhook project={project} run={run} />
       </td>
     </tr>
@@ -152,7 +156,7 @@ function RunTable({
         ))
       ) : (
         <div className="table-wrap">
-          <table className="runs">
+          <table className="runs stack">
             <caption className="sr-only">Runs of {all ? `every app of ${project}` : app}, newest first</caption>
             <thead>
               <tr>

@@ -29,11 +29,15 @@ function Attempt({ a }: { a: WebhookAttempt }) {
   );
   return (
     <tr>
-      <td className="num">{a.attempt}</td>
-      <td>{formatTime(dateOf(a.startedAt))}</td>
-      <td>{answer}</td>
-      <td className="num">{a.outcome ? formatDuration(a.durationMs) : "—"}</td>
-      <td>
+      <td className="num" data-label="Attempt">
+        {a.attempt}
+      </td>
+      <td data-label="Time">{formatTime(dateOf(a.startedAt))}</td>
+      <td data-label="Answer">{answer}</td>
+      <td className="num" data-label="Duration">
+        {a.outcome ? formatDuration(a.durationMs) : "—"}
+      </td>
+      <td data-label="Outcome">
         {a.outcome ? (
           <OutcomeBadge outcome={a.outcome} label={OUTCOME_TEXT[a.outcome]} />
         ) : (
@@ -54,23 +58,25 @@ function Delivery({ d, n }: { d: WebhookDelivery; n: number }) {
       {d.attempts.length === 0 ? (
         <p className="muted">No attempt yet.</p>
       ) : (
-        <table className="attempts">
-          <caption className="sr-only">Attempts of delivery {n}</caption>
-          <thead>
-            <tr>
-              <th scope="col">Attempt</th>
-              <th scope="col">Time</th>
-              <th scope="col">Answer</th>
-              <th scope="col">Duration</th>
-              <th scope="col">Outcome</th>
-            </tr>
-          </thead>
-          <tbody>
-            {d.attempts.map((a) => (
-              <Attempt key={a.attempt} a={a} />
-            ))}
-          </tbody>
-        </table>
+        <div className="table-scroll">
+          <table className="attempts stack">
+            <caption className="sr-only">Attempts of delivery {n}</caption>
+            <thead>
+              <tr>
+                <th scope="col">Attempt</th>
+                <th scope="col">Time</th>
+                <th scope="col">Answer</th>
+                <th scope="col">Duration</th>
+                <th scope="col">Outcome</th>
+              </tr>
+            </thead>
+            <tbody>
+              {d.attempts.map((a) => (
+                <Attempt key={a.attempt} a={a} />
+              ))}
+            </tbody>
+          </table>
+        </div>
       )}
     </section>
   );
