@@ -1,22 +1,33 @@
 // The dashboard in a real browser (Debian's chromium through playwright-core)
 // against a real skiff: sign in, API keys with the token shown once, an async
 // run that failed marked `async` and `failure` live, its webhook attempts and
-// a redelivery, and the apps page. Each page's screenshot goes to
-// test-results/screenshots/.
+// a redelivery, every app's runs at once, a Custom app's 4xx answer, sync
+// runs' pages, the apps page, and every page on a 390 px wide phone. Each
+// page's screenshot goes to test-results/screenshots/.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
-import type { Browser, BrowserContext, Page } from "playwright-core";
+import type { Browser, BrowserContext, Locator, Page } from "playwright-core";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { packApp } from "../services/apps/bundle.js";
 import { skiffToml, writeApp } from "./helpers/apps.js";
-import { collectProblems, ensureDashboardBuilt, launchChromium, screenshot } from "./helpers/browser.js";
+import {
+  collectProblems,
+  computedStyle,
+  ensureDashboardBuilt,
+  launchChromium,
+  overflowsViewport,
+  screenshot,
+  smallestTextHeight,
+} from "./helpers/browser.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 import { startReceiver, type Receiver } from "./helpers/webhook-receiver.js";
 
 const P = "p-dev";
 const APP = "dash-demo";
+/** A Custom app, deployed by the all-apps test: a second app in P. */
+const WEB = "dash-web";
 // Page-side expressions are strings: the tests type-check without the DOM library.
 const TOKEN_IN_SESSION = 'sessionStorage.getItem("skiff.token")';
 
@@ -46,18 +57,51 @@ async function deployDemo(): Promise<void> {
     .deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes } });
 }
 
-async function invoke(
+/** A Custom app answering 404 on /missing/…, 200 with the path it got elsewhere. */
+async function deployWeb(): Promise<void> {
+  const dir = await writeApp(tmp, {
+    "skiff.toml": skiffToml({
+      name: WEB,
+      runtime: { kind: "custom", command: ["node", "server.mjs"], healthcheck: "/health" },
+      scaling: { max_replicas: 1 },
+    }),
+    "server.mjs": [
+      'import http from "node:http";',
+      "http",
+      "  .createServer((req, res) => {",
+      '    if (req.url === "/health") return res.end("ok");',
+      '    const missing = req.url.startsWith("/missing");',
+      '    res.writeHead(missing ? 404 : 200, { "content-type": "application/json" });',
+      '    res.end(JSON.stringify(missing ? { error: "no such page" } : { served: req.url }));',
+      "  })",
+      "  .listen(Number(process.env.PORT));",
+    ].join("\n"),
+  });
+  await t
+    .management()
+    .deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes } });
+}
+
+/** A call of `app` at `path`; the run id is the X-Request-Id of the answer. */
+async function call(
+  app: string,
   fn: string,
   query: Record<string, string>,
   body: unknown = {},
-): Promise<{ status: number; json: { run_id?: string } }> {
-  const res = await fetch(`${t.url}/v4/${P}/${APP}/${fn}?${new URLSearchParams(query)}`, {
+): Promise<{ status: number; runId: string; json: { run_id?: string } }> {
+  const res = await fetch(`${t.url}/v4/${P}/${app}/${fn}?${new URLSearchParams(query)}`, {
     method: "POST",
     headers: { authorization: `Bearer ${t.adminToken}`, "content-type": "application/json" },
     body: JSON.stringify(body),
   });
-  return { status: res.status, json: (await res.json()) as { run_id?: string } };
+  return {
+    status: res.status,
+    runId: res.headers.get("x-request-id") ?? "",
+    json: (await res.json()) as { run_id?: string },
+  };
 }
+
+const invoke = (fn: string, query: Record<string, string>, body: unknown = {}) => call(APP, fn, query, body);
 
 async function signIn(token: string): Promise<void> {
   await page.goto(t.url + "/");
@@ -84,8 +128,13 @@ afterAll(async () => {
   if (tmp) await rm(tmp, { recursive: true, force: true });
 });
 
-async function freshPage(): Promise<void> {
-  context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+/** A new tab, 1280 px wide, or a phone's 390 × 844. */
+async function freshPage(device: "desktop" | "phone" = "desktop"): Promise<void> {
+  context = await browser.newContext(
+    device === "phone"
+      ? { viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true }
+      : { viewport: { width: 1280, height: 860 } },
+  );
   page = await context.newPage();
   // Well inside the test's own timeout, so a missing element is reported as such.
   page.setDefaultTimeout(10_000);
@@ -112,7 +161,9 @@ describe("dashboard - served by the management role", () => {
 });
 
 describe("dashboard - sign in", () => {
-  it("a wrong token is refused with what to do; the admin token signs in, picks a project, and the session survives a reload until sign out", async () => {
+  it("a wrong token is refused with what to do; the admin token of a skiff with one project lands in it, and the session survives a reload until sign out", async () => {
+    // This test runs before any other project is created.
+    expect((await t.management().listProjects({})).projects.map((p) => p.projectId)).toEqual([P]);
     await freshPage();
     await page.goto(t.url + "/");
     await screenshot(page, "01-sign-in");
@@ -122,14 +173,12 @@ describe("dashboard - sign in", () => {
 
     await page.getByLabel("API token").fill(t.adminToken);
     await page.getByRole("button", { name: "Sign in" }).click();
-    await page.getByRole("heading", { name: "Projects" }).waitFor();
-    const project = page.getByRole("listitem").filter({ hasText: P }).getByRole("link");
-    await project.waitFor();
-    await screenshot(page, "02-projects");
-    expect(await page.getByText("Signed in as admin").count()).toBe(1);
-
-    await project.click();
+    // No list of one project to choose from: straight to its runs.
     await page.waitForURL(`**/projects/${P}/runs?app=${APP}`);
+    await page.getByRole("heading", { name: "Runs" }).waitFor();
+    expect(await page.getByRole("heading", { name: "Projects" }).count()).toBe(0);
+    expect(await page.getByLabel("Project", { exact: true }).inputValue()).toBe(P);
+    expect(await page.getByText("Signed in as admin").count()).toBe(1);
     await page.reload();
     await page.getByRole("heading", { name: "Runs" }).waitFor();
     expect(await page.evaluate(TOKEN_IN_SESSION)).toBe(t.adminToken);
@@ -138,6 +187,23 @@ describe("dashboard - sign in", () => {
     await page.getByLabel("API token").waitFor();
     expect(await page.evaluate(TOKEN_IN_SESSION)).toBeNull();
     expect(problems.filter((p) => !p.includes("401"))).toEqual([]);
+  });
+
+  it("an admin with several projects chooses one from the list; the brand link comes back to it", async () => {
+    await t.management().createProject({ projectId: "p-second", name: "second" });
+    await freshPage();
+    await signIn(t.adminToken);
+    await page.getByRole("heading", { name: "Projects" }).waitFor();
+    expect(page.url()).toBe(`${t.url}/projects`);
+    const project = page.getByRole("listitem").filter({ hasText: P }).getByRole("link");
+    await project.waitFor();
+    expect(await page.getByRole("listitem").filter({ hasText: "p-second" }).count()).toBe(1);
+    await screenshot(page, "02-projects");
+    await project.click();
+    await page.waitForURL(`**/projects/${P}/runs?app=${APP}`);
+    await page.getByRole("link", { name: "skiff", exact: true }).click();
+    await page.getByRole("heading", { name: "Projects" }).waitFor();
+    expect(problems).toEqual([]);
   });
 
   it("a service account sees its own project without choosing", async () => {
@@ -321,6 +387,115 @@ describe("dashboard - runs", () => {
   });
 });
 
+describe("dashboard - every app's runs, HTTP status, sync runs", () => {
+  it("a project with several apps shows every app's runs by default, with an app column, listed and live; choosing an app narrows it", async () => {
+    await deployWeb();
+    // Runs from before the page opened come from ListRuns of every app...
+    const before = {
+      web: await call(WEB, "before", {}),
+      demo: await invoke("hello", { async: "true" }, { name: "Al" }),
+    };
+    expect(before.web.status).toBe(200);
+    expect(before.demo.status).toBe(202);
+    await freshPage();
+    await signIn(t.adminToken);
+    await page.goto(`${t.url}/projects/${P}/runs`);
+    await page.waitForURL(`**/projects/${P}/runs?app=-`);
+    expect(await page.getByLabel("App", { exact: true }).inputValue()).toBe("-");
+    expect(await page.getByLabel("App", { exact: true }).locator("option:checked").textContent()).toBe("All apps");
+    await page.getByText("Live", { exact: true }).waitFor();
+    const row = (runId: string) => page.getByRole("row", { name: new RegExp(runId) });
+    await row(before.web.runId).waitFor();
+    await row(before.demo.json.run_id!).waitFor();
+    expect(await page.getByRole("columnheader", { name: "App", exact: true }).count()).toBe(1);
+    expect(await row(before.web.runId).getByRole("cell", { name: WEB, exact: true }).count()).toBe(1);
+    expect(await row(before.demo.json.run_id!).getByRole("cell", { name: APP, exact: true }).count()).toBe(1);
+
+    // ...and runs of both apps arrive live.
+    const refused = await call(WEB, "missing/thing", {});
+    expect(refused.status).toBe(404);
+    const later = await invoke("hello", { async: "true" }, { name: "Bea" });
+    expect(later.status).toBe(202);
+    await row(refused.runId).getByRole("cell", { name: WEB, exact: true }).waitFor();
+    await row(later.json.run_id!).getByText("success").waitFor({ timeout: 20_000 });
+    expect(await row(later.json.run_id!).getByRole("cell", { name: APP, exact: true }).count()).toBe(1);
+    await screenshot(page, "11-runs-all-apps");
+
+    // One app: only its runs, no app column.
+    await page.getByLabel("App", { exact: true }).selectOption(WEB);
+    await page.waitForURL(`**/projects/${P}/runs?app=${WEB}`);
+    await row(refused.runId).waitFor();
+    await row(before.web.runId).waitFor();
+    expect(await row(later.json.run_id!).count()).toBe(0);
+    expect(await page.getByRole("columnheader", { name: "App", exact: true }).count()).toBe(0);
+    // All apps again, by choice.
+    await page.getByLabel("App", { exact: true }).selectOption("All apps");
+    await page.waitForURL(`**/projects/${P}/runs?app=-`);
+    await row(later.json.run_id!).waitFor();
+    expect(problems).toEqual([]);
+  });
+
+  it("a Custom app's 4xx answer shows its HTTP status beside the run's status, in amber, in the list and on the run's page", async () => {
+    const refused = await call(WEB, "missing/page", {});
+    expect(refused.status).toBe(404);
+    const ok = await call(WEB, "fine", {});
+    expect(ok.status).toBe(200);
+    await freshPage();
+    await signIn(t.adminToken);
+    await page.goto(`${t.url}/projects/${P}/runs?app=${WEB}`);
+    const refusedRow = page.getByRole("row", { name: new RegExp(refused.runId) });
+    const okRow = page.getByRole("row", { name: new RegExp(ok.runId) });
+    await refusedRow.locator('[data-http-status="404"]').waitFor();
+    await okRow.locator('[data-http-status="200"]').waitFor();
+    expect(await refusedRow.textContent()).toContain("HTTP status 404");
+
+    // The run succeeded (the app answered), but the badge is no green success.
+    const style = async (badge: Locator) => ({
+      cls: (await badge.getAttribute("class")) ?? "",
+      background: await computedStyle(badge, "backgroundColor"),
+    });
+    const refusedBadge = await style(refusedRow.locator('[data-status="success"]'));
+    const okBadge = await style(okRow.locator('[data-status="success"]'));
+    expect(refusedBadge.cls).toContain("status-warning");
+    expect(refusedBadge.background).toBe("rgb(254, 243, 199)"); // amber
+    expect(okBadge.cls).toContain("status-success");
+    expect(okBadge.background).toBe("rgb(220, 252, 231)"); // green
+    await screenshot(page, "12-runs-http-status");
+
+    await refusedRow.getByRole("link", { name: refused.runId }).click();
+    await page.getByRole("heading", { name: `Run ${refused.runId}` }).waitFor();
+    const facts = page.locator("dl.facts");
+    await facts.locator('[data-http-status="404"]').waitFor();
+    expect((await style(facts.locator('[data-status="success"]'))).cls).toContain("status-warning");
+    await page.getByText("The app answered HTTP 404").waitFor();
+    await screenshot(page, "13-run-http-404");
+    expect(problems).toEqual([]);
+  });
+
+  it("a sync run's page says the caller got the answer and skiff keeps no result; an async run's page shows its result", async () => {
+    const sync = await invoke("hello", {}, { name: "Cy" });
+    expect(sync.status).toBe(200);
+    const queued = await invoke("hello", { async: "true" }, { name: "Di" });
+    expect(queued.status).toBe(202);
+    await freshPage();
+    await signIn(t.adminToken);
+
+    await page.goto(`${t.url}/projects/${P}/apps/${APP}/runs/${sync.runId}`);
+    await page.getByRole("heading", { name: "Result" }).waitFor();
+    const result = page.getByRole("region", { name: "Result" });
+    expect(await result.textContent()).toContain("the caller got the answer");
+    expect(await result.textContent()).toContain("skiff keeps no result of sync runs");
+    expect(await result.textContent()).not.toContain("24 h");
+    expect(await page.locator("dl.facts").getByText("sync", { exact: true }).count()).toBe(1);
+    await screenshot(page, "14-run-sync");
+
+    await page.goto(`${t.url}/projects/${P}/apps/${APP}/runs/${queued.json.run_id}`);
+    await page.getByText("Hello, Di!").waitFor({ timeout: 20_000 });
+    expect(await page.getByRole("region", { name: "Result" }).textContent()).not.toContain("sync runs");
+    expect(problems).toEqual([]);
+  });
+});
+
 describe("dashboard - apps", () => {
   it("shows runtime, deployment version, live replicas, scaling and the last hour's charts", async () => {
     const ok = await invoke("hello", {}, { name: "Ada" });
@@ -347,6 +522,64 @@ describe("dashboard - apps", () => {
   });
 });
 
+describe("dashboard - on a phone (390 × 844)", () => {
+  it("no button, input or select reaches past the window on the main pages, the page never scrolls sideways, and chart labels keep their size", async () => {
+    const runs = (await t.management().listRuns({ projectId: P, appName: APP, pageSize: 500 })).runs;
+    const failed = runs.find((r) => r.status === "failure" && r.webhookEndpoint !== "");
+    expect(failed).toBeDefined();
+    await freshPage("phone");
+    const fits = async (name: string) => {
+      await screenshot(page, `phone-${name}`);
+      expect(await overflowsViewport(page), name).toEqual([]);
+    };
+
+    await page.goto(t.url + "/");
+    await page.getByLabel("API token").waitFor();
+    await fits("01-sign-in");
+    await signIn(t.adminToken);
+    await page.getByRole("heading", { name: "Projects" }).waitFor();
+    await page.getByRole("listitem").filter({ hasText: P }).getByRole("link").waitFor();
+    await fits("02-projects");
+
+    await page.goto(`${t.url}/projects/${P}/runs?app=-`);
+    const row = page.getByRole("row", { name: new RegExp(failed!.runId) });
+    await row.waitFor();
+    await fits("03-runs-all-apps");
+    // A run's status reads without scrolling sideways: the table became one block per run.
+    for (const part of [row.getByRole("link", { name: failed!.runId }), row.locator('[data-status="failure"]')]) {
+      const box = (await part.boundingBox())!;
+      expect(box.x).toBeGreaterThanOrEqual(0);
+      expect(box.x + box.width).toBeLessThanOrEqual(390);
+    }
+
+    await page.goto(`${t.url}/projects/${P}/apps/${APP}/runs/${failed!.runId}`);
+    await page.getByRole("region", { name: "Delivery 1" }).waitFor();
+    await page.getByRole("button", { name: "Redeliver" }).waitFor();
+    await fits("04-run");
+
+    await page.goto(`${t.url}/projects/${P}/apps`);
+    const card = page.getByRole("article", { name: APP });
+    await card.getByRole("img", { name: /Runs per minute/ }).waitFor();
+    await fits("05-apps");
+    // An axis label is at least 12 px tall on the phone (a 600-unit chart squeezed to 340 px made them 7 px).
+    await expect.poll(() => smallestTextHeight(page, ".chart svg text")).toBeGreaterThanOrEqual(12);
+
+    await page.goto(`${t.url}/projects/${P}/keys`);
+    await page.getByRole("row", { name: /sa-dev/ }).waitFor();
+    await fits("06-api-keys");
+    await page.getByLabel("Name").fill("phone-made");
+    await page.getByRole("button", { name: "Create service account" }).click();
+    await page.getByLabel("Token", { exact: true }).waitFor();
+    await fits("07-api-keys-token-once");
+    await page.getByRole("button", { name: "Delete service account phone-made" }).click();
+    await page.getByRole("dialog", { name: "Delete phone-made?" }).waitFor();
+    await fits("08-api-keys-confirm-delete");
+    await page.getByRole("dialog").getByRole("button", { name: "Delete service account" }).click();
+    await page.getByText("was deleted; its token no longer works").waitFor();
+    expect(problems).toEqual([]);
+  });
+});
+
 describe("dashboard - keyboard", () => {
   it("signs in and moves between sections with the keyboard alone, focus always visible", async () => {
     await freshPage();
@@ -355,7 +588,7 @@ describe("dashboard - keyboard", () => {
     expect(await page.evaluate("document.activeElement?.id")).toBe("token"); // focused on arrival
     await page.keyboard.type(t.adminToken);
     await page.keyboard.press("Enter");
-    await page.getByRole("heading", { name: "Projects" }).waitFor();
+    await page.getByRole("button", { name: "Sign out" }).waitFor();
     await page.goto(`${t.url}/projects/${P}/runs?app=${APP}`);
     await page.getByRole("heading", { name: "Runs" }).waitFor();
     // Tab to the API Keys link and follow it.

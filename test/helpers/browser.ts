@@ -6,7 +6,7 @@ import { execFile } from "node:child_process";
 import { mkdir, readdir, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
-import { chromium, type Browser, type Page } from "playwright-core";
+import { chromium, type Browser, type Locator, type Page } from "playwright-core";
 
 const run = promisify(execFile);
 const ROOT = path.resolve(import.meta.dirname, "../..");
@@ -100,4 +100,43 @@ export async function screenshot(page: Page, name: string): Promise<string> {
   const file = path.join(SCREENSHOTS, `${name}.png`);
   await page.screenshot({ path: file, fullPage: true });
   return file;
+}
+
+/**
+ * What does not fit a narrow window: the page itself scrolling sideways, and
+ * every shown button, input, select or text area that reaches past the
+ * window's left or right edge (clipped, or only reachable by scrolling the
+ * whole page). One line per problem; none when everything fits.
+ */
+export function overflowsViewport(page: Page): Promise<string[]> {
+  // A string, so the tests type-check without the DOM library.
+  return page.evaluate<string[]>(`(() => {
+    const width = document.documentElement.clientWidth;
+    const problems = [];
+    const pageWidth = document.documentElement.scrollWidth;
+    if (pageWidth > width) problems.push("the page is " + pageWidth + " px wide in a " + width + " px window");
+    for (const el of document.querySelectorAll("button, input, select, textarea")) {
+      const r = el.getBoundingClientRect();
+      if (r.width === 0 && r.height === 0) continue; // not shown
+      if (r.left < -0.5 || r.right > width + 0.5) {
+        const name = (el.getAttribute("aria-label") || el.textContent || el.id || el.getAttribute("name") || "").trim();
+        problems.push(el.tagName.toLowerCase() + " \\"" + name.slice(0, 40) + "\\" spans " + Math.round(r.left) + ".." + Math.round(r.right) + " px");
+      }
+    }
+    return problems;
+  })()`);
+}
+
+/** The smallest rendered height in CSS pixels of the text elements `selector` matches (Infinity when none). */
+export function smallestTextHeight(page: Page, selector: string): Promise<number> {
+  return page.evaluate<number>(
+    `Math.min(...[...document.querySelectorAll(${JSON.stringify(selector)})].map((e) => e.getBoundingClientRect().height))`,
+  );
+}
+
+/** A CSS property of the element `locator` names, as the browser computed it (colours as rgb(…)). */
+export function computedStyle(locator: Locator, property: string): Promise<string> {
+  // Runs in the page, where getComputedStyle exists; the tests are typed without the DOM library.
+  type Window = { getComputedStyle(el: unknown): Record<string, string> };
+  return locator.evaluate((el, prop) => (globalThis as unknown as Window).getComputedStyle(el)[prop], property);
 }
