@@ -22,10 +22,12 @@ export async function startSkiffProcess(opts: {
   dataDir: string;
   env?: Record<string, string>;
   roles?: string;
+  /** Options for node itself, e.g. --cpu-prof. */
+  nodeArgs?: string[];
 }): Promise<SkiffProcess> {
   const child = spawn(
     process.execPath,
-    ["--import", "tsx", "services/main.ts", ...(opts.roles ? ["--roles", opts.roles] : [])],
+    [...(opts.nodeArgs ?? []), "--import", "tsx", "services/main.ts", ...(opts.roles ? ["--roles", opts.roles] : [])],
     {
       cwd: ROOT,
       env: {

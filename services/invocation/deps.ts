@@ -1,15 +1,17 @@
 // What the invocation handlers work with; role.ts builds it once per process.
-import type { JetStreamClient, JetStreamManager, KV, NatsConnection } from "nats";
+import type { JetStreamClient, KV, NatsConnection } from "nats";
 import type { Runner } from "../runner/index.js";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import type { RunControl, RunResults, RunStore, BodyTransfer } from "../runs/index.js";
 import type { SecretBox, AddressGuard } from "../webhook/index.js";
+import type { QueueDepths } from "./queue-depth.js";
 
 export interface InvocationDeps {
   nc: NatsConnection;
   js: JetStreamClient;
-  jsm: JetStreamManager;
+  /** Runs waiting or running per app, for SKIFF_MAX_QUEUED_RUNS. */
+  queueDepths: QueueDepths;
   registry: AppRegistry;
   /** This process's runner, when the runner role runs here: sync runs of its apps skip NATS. */
   runner: Runner | undefined;

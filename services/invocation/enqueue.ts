@@ -1,18 +1,25 @@
-// Async runs: the run is durably queued before the caller hears of it.
-// In order: the Idempotency-Key is claimed (a repeat answers the first run
-// id), the app's queue must have room (SKIFF_MAX_QUEUED_RUNS, else 429), the
-// webhook secret is sealed and stored, the record is written `queued` and
-// its event published, and the request is published to JetStream on
-// `skiff.runs.queue.{project}.{app}` with Nats-Msg-Id = run id. Only when
-// JetStream has acknowledged it does the caller get
-// 202 {"run_id":"…"} with X-Request-Id.
+// Async runs: the run is durably queued before the caller hears of it. In
+// order: the Idempotency-Key is claimed, only when given (a repeat answers
+// the first run id); the app's queue must have room (SKIFF_MAX_QUEUED_RUNS,
+// else 429; counted without a round trip, see queue-depth.ts); the webhook
+// secret is sealed and stored, only when given; the `queued` record and its
+// event go out unacknowledged, and the request, carrying that record, is
+// published to JetStream on `skiff.runs.queue.{project}.{app}` with
+// Nats-Msg-Id = run id. That publish is the one round trip: once JetStream
+// has acknowledged it, the caller gets 202 {"run_id":"…"} with X-Request-Id.
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
 import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
-import { type InvokeRequest, publishRunEvent, type RunRecord, encodeRequest } from "../runs/index.js";
+import {
+  type InvokeRequest,
+  publishRunEvent,
+  publishRunEventUnacked,
+  type RunRecord,
+  encodeRequest,
+} from "../runs/index.js";
 import type { AppRecord } from "../apps/index.js";
 import { setHttpStatus } from "../server/index.js";
-import { streams, subjects } from "../nats/index.js";
+import { subjects } from "../nats/index.js";
 import { storeWebhookSecret } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { claimIdempotencyKey, releaseIdempotencyKey } from "./idempotency.js";
@@ -37,11 +44,6 @@ function accepted(ctx: HandlerContext, runId: string): RunResponse {
   return create(RunResponseSchema, { runId, statusCode: 202, body: { contentType: "application/json", data } });
 }
 
-async function queuedRuns(deps: InvocationDeps, subject: string): Promise<number> {
-  const info = await deps.jsm.streams.info(streams.runs.name, { subjects_filter: subject });
-  return info.state.subjects?.[subject] ?? 0;
-}
-
 export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: HandlerContext): Promise<RunResponse> {
   const { app, record, invoke, runId } = call;
   if (call.idempotencyKey !== undefined) {
@@ -52,7 +54,10 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
   const subject = subjects.runQueue(app.project_id, app.app_name);
   let written = false;
   try {
-    if ((await queuedRuns(deps, subject)) >= deps.maxQueuedRuns) {
+    const full = async () =>
+      (await deps.queueDepths.count(subject)) >= deps.maxQueuedRuns &&
+      (await deps.queueDepths.fresh(subject)) >= deps.maxQueuedRuns;
+    if (await full()) {
       throw new ConnectError(
         `app ${app.app_name} has ${deps.maxQueuedRuns} runs queued, the most it may have (SKIFF_MAX_QUEUED_RUNS); try again later`,
         Code.ResourceExhausted,
@@ -60,12 +65,16 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
       );
     }
     if (call.secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, runId, call.secret);
-    await deps.runs.create(record);
+    // One acknowledged publish: the queue message, which carries the `queued`
+    // record. The record and its event go ahead on the same connection
+    // without waiting (the server takes them in order, before the message);
+    // a runner that finds no record writes it from the message.
+    deps.runs.createUnacked(record);
     written = true;
-    // Before the message: a runner's `running` event must not overtake `queued`.
-    await publishRunEvent(deps.js, record);
-    const { data } = await encodeRequest(deps.transfer, invoke);
+    publishRunEventUnacked(deps.nc, record);
+    const { data } = await encodeRequest(deps.transfer, invoke, record);
     await deps.js.publish(subject, data, { msgID: runId });
+    deps.queueDepths.accepted(subject);
   } catch (err) {
     if (call.idempotencyKey !== undefined)
       await releaseIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);

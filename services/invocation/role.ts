@@ -11,6 +11,7 @@ import { buckets } from "../nats/index.js";
 import type { RunContext } from "../runs/index.js";
 import { createSecretBox, secretsBucket, AddressGuard } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
+import { QueueDepths } from "./queue-depth.js";
 import { routes } from "./routes.js";
 
 export interface InvocationRoleOptions {
@@ -40,7 +41,7 @@ export async function startInvocationRole(opts: InvocationRoleOptions): Promise<
   const deps: InvocationDeps = {
     nc,
     js,
-    jsm: await nc.jetstreamManager(),
+    queueDepths: new QueueDepths(await nc.jetstreamManager()),
     registry: opts.registry,
     runner: opts.runner,
     runs: runs.store,

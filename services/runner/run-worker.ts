@@ -164,10 +164,18 @@ export class RunWorker {
     try {
       const req = await decodeRequest(deps.transfer, msg.data, true);
       runId = req.runId;
-      const cur = await deps.runs.get(projectId, appName, runId);
+      let cur = await deps.runs.get(projectId, appName, runId);
       if (!cur) {
-        deps.logger.warn({ runId, app: `${projectId}/${appName}` }, "queued run without a record; dropped");
-        return msg.term();
+        // The gateway's unacknowledged `queued` write has not landed: the message carries the record.
+        const queued = requestMeta(msg.data).record;
+        if (!queued) {
+          deps.logger.warn({ runId, app: `${projectId}/${appName}` }, "queued run without a record; dropped");
+          return msg.term();
+        }
+        // Losing this create to another writer (the gateway's late write, a cancel) is fine: read theirs.
+        await deps.runs.create(queued).catch(() => undefined);
+        cur = await deps.runs.get(projectId, appName, runId);
+        if (!cur) throw new Error(`run ${runId} has no record after writing it`);
       }
       if (isFinal(cur.record.status)) return msg.ack();
       const attempt = msg.info.redeliveryCount;

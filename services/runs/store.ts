@@ -7,7 +7,7 @@
 // never changed again: a runner that finishes late, a redelivered message
 // and a cancel racing a completion all end in one final state, decided by
 // whichever write lands first.
-import type { KV, KvEntry, NatsConnection } from "nats";
+import { headers, type KV, type KvEntry, type NatsConnection } from "nats";
 import { JsErrorCode, buckets, isJsError } from "../nats/index.js";
 
 import { isFinal, type RunStatus } from "./status.js";
@@ -114,6 +114,24 @@ export class RunStore {
   async create(record: RunRecord): Promise<void> {
     await this.kv.create(runKey(record.project_id, record.app_name, record.run_id), encode(record));
     this.wrote(record);
+  }
+
+  /**
+   * The first record of a run as a plain NATS publish that the server stores
+   * only if the run has no record yet (an expected last sequence of 0): no
+   * acknowledgement is awaited, and a record a runner or a cancel wrote
+   * first is never overwritten. For the `queued` record of an async run,
+   * whose queue message carries the same record (a runner that finds no
+   * record creates it from the message).
+   */
+  createUnacked(record: RunRecord): void {
+    const h = headers();
+    h.set("Nats-Expected-Last-Subject-Sequence", "0");
+    this.nc.publish(
+      `$KV.${buckets.runs.name}.${runKey(record.project_id, record.app_name, record.run_id)}`,
+      encode(record),
+      { headers: h },
+    );
   }
 
   /** Unconditional write, for sync runs whose records only their own gateway writes, in order. */

@@ -18,6 +18,7 @@ import {
   StartFailed,
 } from "./errors.js";
 import type { InvokeRequest, InvokeResponse } from "./invoke.js";
+import type { RunRecord } from "./store.js";
 
 /** Room for the metadata and NATS headers within max_payload. */
 const FRAME_HEADROOM_BYTES = 64 * 1024;
@@ -29,6 +30,8 @@ export interface RequestMeta {
   query: string;
   headers: Record<string, string>;
   body_object?: string;
+  /** An async run's `queued` record: the queue message is the record until a runner writes the next one. */
+  record?: RunRecord;
 }
 
 export type ReplyMeta =
@@ -97,12 +100,13 @@ export class BodyTransfer {
   }
 }
 
+/** A request frame; an async run's carries its `queued` record too. */
 export async function encodeRequest(
   transfer: BodyTransfer,
   req: InvokeRequest,
-  transferId = req.runId,
+  record?: RunRecord,
 ): Promise<{ data: Uint8Array; object?: string }> {
-  const { body, object } = await transfer.send(`${transferId}.request`, req.body);
+  const { body, object } = await transfer.send(`${req.runId}.request`, req.body);
   const meta: RequestMeta = {
     run_id: req.runId,
     method: req.method,
@@ -110,6 +114,7 @@ export async function encodeRequest(
     query: req.query,
     headers: req.headers,
     ...(object ? { body_object: object } : {}),
+    ...(record ? { record } : {}),
   };
   return { data: frame(meta, body), object };
 }
