@@ -152,4 +152,15 @@ describe("deployment cache - prepared.json is never written through a link", () 
     await writeFile(path.join(tmp, "untouched"), "");
     expect((await readdir(root)).filter((n) => n.startsWith(".staging"))).toEqual([]);
   });
+
+  it("a prepared folder no app lists any more is pruned at once by the process that made it", async () => {
+    const root = await mkdtemp(path.join(tmp, "prune-"));
+    const cache = new DeploymentCache(root, { maxBytes: 1024 * 1024, logger: silentLogger });
+    const bytes = tarOf([{ path: "server.mjs", body: "// prune me" }]);
+    const digest = sha256(bytes);
+    await cache.get(digest, async () => bytes);
+    expect(await cache.prune(new Set([digest]))).toEqual([]);
+    expect(await cache.prune(new Set())).toEqual([digest]);
+    expect(await readdir(root)).toEqual([]);
+  });
 });
