@@ -75,15 +75,27 @@ describe("runs - events", () => {
       const body = new TextDecoder().decode(mine[2].response!.data);
       expect(JSON.parse(body)).toMatchObject({ run_id: runId, result: { slept: 50 } });
       const sync = await post(v4("many", "add"), t.devToken, '{"a":1,"b":2}', {});
+      // A sync run that ends quickly is written once, when it ends.
       const syncEvents = await vi.waitUntil(
         () => {
           const e = events.filter((x) => x.runId === sync.json.run_id);
+          return e.length >= 1 ? e : undefined;
+        },
+        { timeout: 20_000 },
+      );
+      expect(syncEvents.map((e) => e.status)).toEqual(["success"]);
+      expect(new TextDecoder().decode(syncEvents[0].response!.data)).toBe(sync.text);
+      // One that runs longer shows as running while it does.
+      const slow = await post(v4("many", "sleep"), t.devToken, '{"ms":1500}', {});
+      expect(slow.status).toBe(200);
+      const slowEvents = await vi.waitUntil(
+        () => {
+          const e = events.filter((x) => x.runId === slow.json.run_id);
           return e.length >= 2 ? e : undefined;
         },
         { timeout: 20_000 },
       );
-      expect(syncEvents.map((e) => e.status)).toEqual(["running", "success"]);
-      expect(new TextDecoder().decode(syncEvents[1].response!.data)).toBe(sync.text);
+      expect(slowEvents.map((e) => e.status)).toEqual(["running", "success"]);
     } finally {
       sub.unsubscribe();
     }

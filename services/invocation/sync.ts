@@ -3,7 +3,9 @@
 // otherwise it is a NATS request on `skiff.invoke.{project}.{app}`, answered
 // by one runner of the queue group (services/runner/dispatch.ts). The run
 // record and events are written without waiting for them: the caller's
-// latency is the app's, and a failed write is logged.
+// latency is the app's, and a failed write is logged. A run that ends within
+// SYNC_RUNNING_RECORD_AFTER_MS is written once, when it ends; a longer one
+// shows as `running` from then on.
 import { create } from "@bufbuild/protobuf";
 import { type HandlerContext } from "@connectrpc/connect";
 import { ErrorCode, NatsError } from "nats";
@@ -57,6 +59,13 @@ async function localRunnerHas(deps: InvocationDeps, app: AppRecord, signal: Abor
   }
 }
 
+/**
+ * A sync run still going after this long is recorded as `running` (record
+ * and event); a faster one is written once, when it ends: most sync runs
+ * cost one record and one event.
+ */
+export const SYNC_RUNNING_RECORD_AFTER_MS = 1_000;
+
 /** Beyond response_grace_period, how long a gateway waits for a runner's answer (the runner times the run out first). */
 const REPLY_MARGIN_MS = 5_000;
 
@@ -70,9 +79,12 @@ export async function runSync(
 ): Promise<RunResponse> {
   // The secret must be stored before the terminal event asks the webhook role to sign.
   if (secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, record.run_id, secret);
-  // Bookkeeping of a sync run is not awaited, nor acknowledged (see finishSync).
-  deps.runs.putUnacked(record);
-  publishRunEventUnacked(deps.nc, record);
+  // Bookkeeping of a sync run is not awaited, nor acknowledged (see finishSync);
+  // a run that ends quickly is written only once it ended.
+  const announce = setTimeout(() => {
+    deps.runs.putUnacked(record);
+    publishRunEventUnacked(deps.nc, record);
+  }, SYNC_RUNNING_RECORD_AFTER_MS);
 
   const controller = new AbortController();
   const onGone = () => controller.abort(ctx.signal.reason);
@@ -84,8 +96,14 @@ export async function runSync(
     ? deps.runner!.invoke(record.project_id, record.app_name, invoke)
     : remote(deps, app, invoke, controller.signal);
   const finished = work.then(
-    (res) => finishSync(deps, record, outcomeOfAnswer(res)),
-    (err: unknown) => finishSync(deps, record, outcomeOfError(err, Math.round(performance.now() - started))),
+    (res) => {
+      clearTimeout(announce);
+      finishSync(deps, record, outcomeOfAnswer(res));
+    },
+    (err: unknown) => {
+      clearTimeout(announce);
+      finishSync(deps, record, outcomeOfError(err, Math.round(performance.now() - started)));
+    },
   );
   deps.control.track(record.run_id, controller, finished);
   try {
