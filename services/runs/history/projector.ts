@@ -35,6 +35,8 @@ export const DEFAULT_BATCH_MS = 50;
 /** How often a process that does not hold the projector's lock tries for it; also the pause after a failure. */
 export const DEFAULT_LEADER_RETRY_MS = 2_000;
 
+/** Rows written before the statistics are brought up to date again, at least. */
+const ANALYZE_MIN_ROWS = 1_000;
 /** How long the server keeps the projector's consumer after its process went silent. */
 const CONSUMER_IDLE_MS = 60_000;
 /** Events after which the consumer cannot be trusted to deliver every message. */
@@ -140,6 +142,9 @@ export class RunProjector {
   private readonly batchSize: number;
   private readonly batchMs: number;
   private readonly retryMs: number;
+  /** Rows written since the table's statistics were last brought up to date, and how many call for it again. */
+  private sinceAnalyze = 0;
+  private analyzeAfter = 0;
 
   constructor(private readonly opts: ProjectorOptions) {
     this.batchSize = opts.batchSize ?? DEFAULT_BATCH_SIZE;
@@ -203,6 +208,7 @@ export class RunProjector {
     const { nc, tables, logger } = this.opts;
     const js = nc.jetstream();
     const info = await (await nc.jetstreamManager()).streams.info(RUNS_STREAM);
+    await this.analyze(session, false);
     const [cursor] = await session.query<{ stream_created: string; last_seq: string | number }>(
       `SELECT stream_created, last_seq FROM ${tables.cursor} WHERE stream = $1`,
       [RUNS_STREAM],
@@ -255,6 +261,8 @@ export class RunProjector {
         try {
           await this.write(session, b, info.created);
           this.applied += b.messages;
+          this.sinceAnalyze += b.byRun.size;
+          if (this.sinceAnalyze >= this.analyzeAfter) await this.analyze(session, true);
         } catch (err) {
           failure = err;
           messages.stop();
@@ -295,6 +303,30 @@ export class RunProjector {
       this.opts.logger.warn({ key, seq: m.seq }, "run history: a value in the run bucket is not a run record");
     batch.byRun.delete(runId); // keeps the map in arrival order
     batch.byRun.set(runId, row);
+  }
+
+  /**
+   * Brings the table's statistics up to date (`ANALYZE` reads a sample of fixed size) when it never had
+   * any, or when a tenth of it was written since: the planner needs them to walk the listing indexes,
+   * and PGlite has no autovacuum to keep them.
+   */
+  private async analyze(session: Session, due: boolean): Promise<void> {
+    const runs = this.opts.tables.runs;
+    const estimate = async () =>
+      Number(
+        (
+          await session.query<{ n: number }>("SELECT reltuples::float8 AS n FROM pg_class WHERE oid = $1::regclass", [
+            runs,
+          ])
+        )[0].n,
+      );
+    let rows = await estimate();
+    if (due || rows < 0) {
+      await session.query(`ANALYZE ${runs}`);
+      rows = await estimate();
+    }
+    this.sinceAnalyze = 0;
+    this.analyzeAfter = Math.max(ANALYZE_MIN_ROWS, rows / 10);
   }
 
   /** One statement: the upserts, the deletes and the cursor, all or nothing. */

@@ -4,7 +4,9 @@
 // several processes share one. Both speak the same SQL; the rest of the
 // history never knows which it has.
 // Each driver is loaded when a database of its kind is opened, not with the module.
-import { mkdir } from "node:fs/promises";
+import { access, mkdir } from "node:fs/promises";
+import path from "node:path";
+import { Worker } from "node:worker_threads";
 
 /** Something that runs one SQL statement with $n parameters. */
 export interface Sql {
@@ -25,11 +27,23 @@ export interface Database extends Sql {
   close(): Promise<void>;
 }
 
+/** The embedded database's buffer pool, in its memory for good. */
+export const PGLITE_SHARED_BUFFERS = "16MB";
+
 /** PostgreSQL embedded in this process, its files in `dir`. One process per folder. */
 export async function openPglite(dir: string): Promise<Database> {
   await mkdir(dir, { recursive: true });
+  if (
+    !(await access(path.join(dir, "PG_VERSION")).then(
+      () => true,
+      () => false,
+    ))
+  )
+    await initPglite(dir);
   const { PGlite } = await import("@electric-sql/pglite");
-  const db = await PGlite.create(dir);
+  // A smaller buffer pool than PostgreSQL's default 128 MB: listing reads a few pages, and the rest is the
+  // operating system's file cache.
+  const db = await PGlite.create(dir, { postgresqlconf: [`shared_buffers = ${PGLITE_SHARED_BUFFERS}`] });
   const query = async <R>(text: string, params?: unknown[]) => (await db.query<R>(text, params)).rows;
   return {
     kind: "pglite",
@@ -40,6 +54,26 @@ export async function openPglite(dir: string): Promise<Database> {
     },
     close: () => db.close(),
   };
+}
+
+/**
+ * Makes a new database folder in a worker thread: initdb's memory (several
+ * hundred MB) goes with the worker instead of staying in the process.
+ */
+async function initPglite(dir: string): Promise<void> {
+  const source = `
+    const { workerData } = require("node:worker_threads");
+    import(workerData.module).then(async ({ PGlite }) => (await PGlite.create(workerData.dir)).close());`;
+  await new Promise<void>((resolve, reject) => {
+    const worker = new Worker(source, {
+      eval: true,
+      workerData: { module: import.meta.resolve("@electric-sql/pglite"), dir },
+    });
+    worker.once("error", reject);
+    worker.once("exit", (code) =>
+      code === 0 ? resolve() : reject(new Error(`creating the run history's database in ${dir} failed (${code})`)),
+    );
+  });
 }
 
 /** How many connections one process opens to a PostgreSQL server at most. */
