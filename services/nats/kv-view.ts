@@ -1,5 +1,5 @@
 // In-memory views of KV buckets, fed by watches: what processes consult on
-// hot paths (authentication, app lookups, run listings) instead of asking
+// hot paths (authentication, app lookups) instead of asking
 // NATS. Deletions arrive as DEL/PURGE entries and remove the key, which is
 // how a deleted service account stops working in every process.
 import type { KV, KvEntry, QueuedIterator } from "nats";

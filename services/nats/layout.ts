@@ -111,7 +111,7 @@ export const consumers = {
 
 /**
  * How long run records and webhook delivery records are kept after their
- * last change; the run index forgets runs of that age too.
+ * last change; the run history deletes runs of that age too (by the time in their ids).
  */
 export const RUN_RETENTION_MS = 30 * DAY_MS;
 
