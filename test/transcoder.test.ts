@@ -85,7 +85,8 @@ const cases: Case[] = [
       expect(call.header.get("authorization")).toBe("Bearer tok");
       expect(call.header.get("x-webhook-secret")).toBe("s3cret");
       expect(call.header.get("idempotency-key")).toBe("k-1");
-      expect(call.header.get("content-type")).toBe("application/proto");
+      // The handler gets a message, not the REST body: no Content-Type of either encoding.
+      expect(call.header.get("content-type")).toBeNull();
       expect(call.header.get("accept-encoding")).toBeNull();
       expect(call.exchange).toEqual({
         method: "POST",

@@ -6,7 +6,13 @@ import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
-import { createServiceImplSpec, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
+import {
+  createMethodImplSpec,
+  createServiceImplSpec,
+  type ConnectRouter,
+  type Interceptor,
+  type MethodImplSpec,
+} from "@connectrpc/connect";
 import type { UniversalHandler } from "@connectrpc/connect/protocol";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import {
@@ -109,6 +115,29 @@ function limitedRouter(router: ConnectRouter, limits: ReadonlyMap<DescMethod, nu
   return limited;
 }
 
+/**
+ * A router that keeps the implementation of every method registered on it
+ * in `into` (for the REST transcoder, which calls them in-process) and
+ * registers it on `router` as it was given.
+ */
+export function recordingRouter(router: ConnectRouter, into: Map<DescMethod, MethodImplSpec>): ConnectRouter {
+  const recording: ConnectRouter = {
+    handlers: router.handlers,
+    service(service, implementation, options) {
+      for (const spec of Object.values(createServiceImplSpec(service, implementation).methods))
+        into.set(spec.method, spec);
+      router.service(service, implementation, options);
+      return recording;
+    },
+    rpc(method, impl, options) {
+      into.set(method, createMethodImplSpec(method, impl as never));
+      router.rpc(method, impl, options);
+      return recording;
+    },
+  };
+  return recording;
+}
+
 const HTTP2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n");
 
 /** The options that are set, so that an undefined one keeps its default. */
@@ -154,6 +183,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   // Every call in flight listens to it: not a leak, so no listener-count warning.
   setMaxListeners(0, shutdown.signal);
   let handlers: readonly UniversalHandler[] = [];
+  const implementations = new Map<DescMethod, MethodImplSpec>();
   let transcode: ReturnType<typeof createTranscoder> | undefined;
 
   // Plain HTTP endpoints that are not RPCs: probes and documents.
@@ -192,7 +222,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
 
   const adapter = connectNodeAdapter({
     routes: (router) => {
-      opts.routes(limitedRouter(router, opts.bodyLimits ?? new Map()));
+      opts.routes(recordingRouter(limitedRouter(router, opts.bodyLimits ?? new Map()), implementations));
       // Last: it lists the services registered before it.
       reflectionRoutes(router);
       handlers = router.handlers;
@@ -208,7 +238,9 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   });
   transcode = createTranscoder({
     services: opts.restServices,
-    handlers,
+    implementations,
+    interceptors: opts.interceptors,
+    shutdownSignal: shutdown.signal,
     maxBodyBytes: opts.maxBodyBytes,
     bodyLimits: opts.bodyLimits,
     requestIds: opts.requestIds,

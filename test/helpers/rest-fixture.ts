@@ -4,7 +4,7 @@
 import http from "node:http";
 import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
-import { create } from "@bufbuild/protobuf";
+import { create, type DescMethod } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import {
   Code,
@@ -12,9 +12,9 @@ import {
   type ConnectRouter,
   type HandlerContext,
   type Interceptor,
+  type MethodImplSpec,
   type ServiceImpl,
 } from "@connectrpc/connect";
-import type { UniversalHandler } from "@connectrpc/connect/protocol";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
 import { InvocationService, type RunRequest } from "../../gen/skiff/invocation/v4/invocation_pb.js";
@@ -22,6 +22,7 @@ import { ManagementService } from "../../gen/skiff/management/v2/management_pb.j
 import { httpExchange, setHttpStatus } from "../../services/server/rest/http-exchange.js";
 import { silentLogger, type Logger } from "../../services/config/logger.js";
 import { createTranscoder } from "../../services/server/rest/transcoder.js";
+import { recordingRouter } from "../../services/server/server.js";
 
 /** What a handler saw: the decoded request, its headers and the REST exchange. */
 export interface Call {
@@ -142,20 +143,22 @@ function interceptor(intercepted: string[]): Interceptor {
 export async function startRestFixture(options: { maxBodyBytes?: number; logger?: Logger } = {}): Promise<RestFixture> {
   const calls: Call[] = [];
   const intercepted: string[] = [];
-  let handlers: readonly UniversalHandler[] = [];
+  const implementations = new Map<DescMethod, MethodImplSpec>();
+  const interceptors = [interceptor(intercepted)];
   let transcode: ReturnType<typeof createTranscoder> | undefined;
   const adapter = connectNodeAdapter({
-    routes: (router: ConnectRouter) => {
+    routes: (connectRouter: ConnectRouter) => {
+      const router = recordingRouter(connectRouter, implementations);
       router.service(InvocationService, invocation(calls));
       router.service(ManagementService, management(calls));
-      handlers = router.handlers;
     },
     fallback: (req, res) => transcode!(req, res),
-    interceptors: [interceptor(intercepted)],
+    interceptors,
   });
   transcode = createTranscoder({
     services: [InvocationService, ManagementService],
-    handlers,
+    implementations,
+    interceptors,
     maxBodyBytes: options.maxBodyBytes ?? 1024,
     logger: options.logger ?? silentLogger,
   });

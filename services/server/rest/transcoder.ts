@@ -1,9 +1,11 @@
 // The generic HTTP/JSON transcoder: serves every google.api.http rule of the
-// given services by calling the very UniversalHandler that serves the
-// method over Connect, with a Connect unary request in the binary format.
-// Interceptors, readMaxBytes, handler context and error mapping are thus
-// those of a Connect call; the transcoder only maps HTTP to a request
-// message and a response message (or Connect error) back to HTTP.
+// given services by calling the method's implementation in-process, through
+// the router's interceptors and with a handler context as Connect makes one,
+// with no protobuf encoding in between: the request message it builds is the
+// one the handler gets, and the handler's message is what it writes (an
+// HttpBody's bytes pass through as they are). Interceptors, handler context
+// and error mapping are those of a Connect call; the transcoder only maps
+// HTTP to a request message and a response message (or error) back to HTTP.
 //
 // Mapping, after google/api/http.proto:
 //   - path variables set the fields they name (percent-decoded);
@@ -29,9 +31,7 @@
 // (body too large) and 415 invalid_argument (a JSON body that is not JSON).
 import {
   create,
-  fromBinary,
   fromJson,
-  toBinary,
   toJson,
   type DescField,
   type DescMessage,
@@ -41,8 +41,15 @@ import {
   type Message,
 } from "@bufbuild/protobuf";
 import { reflect, type ReflectMessage } from "@bufbuild/protobuf/reflect";
-import { Code, createContextValues } from "@connectrpc/connect";
-import type { UniversalHandler, UniversalServerResponse } from "@connectrpc/connect/protocol";
+import {
+  Code,
+  ConnectError,
+  createContextValues,
+  createHandlerContext,
+  type Interceptor,
+  type MethodImplSpec,
+} from "@connectrpc/connect";
+import { invokeUnaryImplementation } from "@connectrpc/connect/protocol";
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import { v7 } from "uuid";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
@@ -51,15 +58,22 @@ import { kHttpExchange, type HttpExchange } from "./http-exchange.js";
 import { httpBindings, resolveFieldPath, type HttpBinding, type Variable } from "./http-rules.js";
 import type { Logger } from "../../config/index.js";
 import { ClientGoneError, discardRequest, readBody, type NodeRequest, type NodeResponse } from "./body.js";
-import { codeFromString, codeString, errorBody, invalidArgument, TranscodeError } from "./errors.js";
+import { codeString, errorBody, invalidArgument, TranscodeError } from "./errors.js";
 import { resolveDotted, setFromText } from "./fields.js";
 import { rawVariableValue, RouteTable, variableValue, type RouteMatch } from "./routes.js";
 
 export interface TranscoderOptions {
   /** Services whose google.api.http rules become REST routes. */
   services: readonly DescService[];
-  /** The Connect router's handlers (`createConnectRouter(...).handlers`); every bound method needs one. */
-  handlers: readonly UniversalHandler[];
+  /**
+   * The implementation of every bound method, as registered on the Connect
+   * router: REST calls them in-process, with no protobuf encoding between.
+   */
+  implementations: ReadonlyMap<DescMethod, MethodImplSpec>;
+  /** The Connect router's interceptors: a REST call passes through them as a Connect call does. */
+  interceptors?: readonly Interceptor[];
+  /** Aborts the calls under way when the server stops. */
+  shutdownSignal?: AbortSignal;
   /** Largest request body accepted (SKIFF_MAX_BODY_BYTES); 413 above it. */
   maxBodyBytes: number;
   /** Methods that take larger bodies than maxBodyBytes (an app bundle), by method. */
@@ -82,7 +96,7 @@ interface Route {
   binding: HttpBinding;
   /** "METHOD template", as metrics name the route. */
   label: string;
-  handler: UniversalHandler;
+  impl: MethodImplSpec;
   body: BodyMode;
   bodyField: DescField | undefined;
   /** Path variables and the fields they set. */
@@ -107,7 +121,7 @@ export function restRouteOf(res: object): string | undefined {
 }
 
 export function createTranscoder(opts: TranscoderOptions): NodeHandler {
-  const table = new RouteTable(compileRoutes(opts.services, opts.handlers));
+  const table = new RouteTable(compileRoutes(opts.services, opts.implementations));
   return (req, nodeRes) => {
     const res = nodeRes as NodeResponse;
     // An aborted request emits "error"; without a listener that would be an uncaught exception.
@@ -116,12 +130,15 @@ export function createTranscoder(opts: TranscoderOptions): NodeHandler {
   };
 }
 
-function compileRoutes(services: readonly DescService[], handlers: readonly UniversalHandler[]): Route[] {
+function compileRoutes(
+  services: readonly DescService[],
+  implementations: ReadonlyMap<DescMethod, MethodImplSpec>,
+): Route[] {
   return httpBindings(services).map((binding) => {
-    const handler = handlers.find((h) => h.method === binding.method);
-    if (!handler)
+    const impl = implementations.get(binding.method);
+    if (impl?.kind !== "unary")
       throw new Error(
-        `no Connect handler for ${binding.service.typeName}.${binding.method.name}: register the service on the router`,
+        `no implementation of ${binding.service.typeName}.${binding.method.name}: register the service on the router`,
       );
     const input = binding.method.input;
     const bodyField =
@@ -133,7 +150,7 @@ function compileRoutes(services: readonly DescService[], handlers: readonly Univ
     const bound = binding.template.variables.map((v) => v.fieldPath);
     if (bodyField) bound.push([bodyField.name]);
     const label = `${binding.httpMethod} ${binding.template.source}`;
-    return { binding, handler, label, body: bodyMode(binding, bodyField), bodyField, variables, bound };
+    return { binding, impl, label, body: bodyMode(binding, bodyField), bodyField, variables, bound };
   });
 }
 
@@ -178,11 +195,7 @@ async function transcode(
       return found && rawVariableValue(found.variable, match.segments);
     },
   };
-  const uRes = await callHandler(req, res, route, toBinary(route.binding.method.input, input), exchange);
-  copyResponseHeaders(uRes.header, res);
-  const bytes = await readAll(uRes.body);
-  if (uRes.status !== 200) throw handlerError(bytes, route, opts.logger);
-  const output = fromBinary(route.binding.method.output, bytes);
+  const output = await callMethod(req, res, route, input, exchange, opts);
   writeSuccess(res, exchange.status ?? 200, responsePayload(route.binding, output));
 }
 
@@ -293,24 +306,53 @@ function decodeJson(desc: DescMessage, json: JsonValue): Message {
 
 // --- the call ---------------------------------------------------------------
 
-async function callHandler(
+/**
+ * Calls the method's implementation in-process, through the router's
+ * interceptors, with a handler context as Connect makes one: no protobuf
+ * encoding between REST and the handler. The context's response headers
+ * (and an error's metadata) become the answer's headers.
+ */
+async function callMethod(
   req: NodeRequest,
   res: NodeResponse,
   route: Route,
-  message: Uint8Array,
+  input: Message,
   exchange: HttpExchange,
-): Promise<UniversalServerResponse> {
-  const contextValues = createContextValues().set(kHttpExchange, exchange);
-  return route.handler({
-    httpVersion: req.httpVersion,
-    method: "POST",
-    url: `http://${authority(req)}${route.handler.requestPath}`,
-    header: handlerHeaders(req),
-    body: oneChunk(message),
-    signal: requestSignal(res),
-    contextValues,
+  opts: TranscoderOptions,
+): Promise<Message> {
+  const { service, method } = route.binding;
+  const context = createHandlerContext({
+    service,
+    method,
+    protocolName: "rest",
+    requestMethod: req.method ?? "POST",
+    url: `http://${authority(req)}${req.url ?? "/"}`,
+    requestSignal: requestSignal(res),
+    shutdownSignal: opts.shutdownSignal,
+    requestHeader: handlerHeaders(req),
+    contextValues: createContextValues().set(kHttpExchange, exchange),
   });
+  try {
+    const output = await invokeUnaryImplementation(
+      route.impl as Extract<MethodImplSpec, { kind: "unary" }>,
+      context,
+      input,
+      (opts.interceptors ?? []) as Interceptor[],
+    );
+    copyResponseHeaders(context.responseHeader, res);
+    return output;
+  } catch (e) {
+    context.abort(e);
+    copyResponseHeaders(context.responseHeader, res);
+    throw handlerError(e, route, opts.logger, res);
+  } finally {
+    // Releases the context's deadline and its listeners on the request and shutdown signals.
+    context.abort(CALL_ENDED);
+  }
 }
+
+/** The reason a finished call's context is aborted with (made once: an abort without one makes a DOMException). */
+const CALL_ENDED = new ConnectError("the call ended", Code.Canceled);
 
 function handlerHeaders(req: NodeRequest): Headers {
   const out = new Headers();
@@ -324,8 +366,6 @@ function handlerHeaders(req: NodeRequest): Headers {
       }
     }
   }
-  out.set("content-type", "application/proto");
-  out.set("connect-protocol-version", "1");
   return out;
 }
 
@@ -346,32 +386,18 @@ function requestSignal(res: NodeResponse): AbortSignal {
   return controller.signal;
 }
 
-async function* oneChunk(bytes: Uint8Array): AsyncIterable<Uint8Array> {
-  yield bytes;
-}
-
-async function readAll(body: AsyncIterable<Uint8Array> | undefined): Promise<Uint8Array> {
-  if (!body) return new Uint8Array(0);
-  const chunks: Uint8Array[] = [];
-  for await (const chunk of body) chunks.push(chunk);
-  return Buffer.concat(chunks);
-}
-
-/** The Connect error a handler answered (`{"code", "message"}` JSON), as a transcoder error. */
-function handlerError(bytes: Uint8Array, route: Route, logger: Logger): TranscodeError {
-  let parsed: { code?: unknown; message?: unknown } | undefined;
-  try {
-    parsed = JSON.parse(new TextDecoder().decode(bytes)) as typeof parsed;
-  } catch {
-    parsed = undefined;
+/** What a handler (or an interceptor) threw, as a transcoder error; its metadata become headers of the answer. */
+function handlerError(e: unknown, route: Route, logger: Logger, res: NodeResponse): TranscodeError {
+  const procedure = `/${route.binding.service.typeName}/${route.binding.method.name}`;
+  if (!(e instanceof ConnectError)) {
+    logger.error({ err: e, procedure }, "handler failed");
+    return new TranscodeError(Code.Internal, "internal error");
   }
-  const code = typeof parsed?.code === "string" ? codeFromString(parsed.code) : undefined;
-  if (code === undefined) throw new Error(`${route.handler.requestPath} answered a non-Connect error`);
-  const message = typeof parsed?.message === "string" ? parsed.message : "";
-  if (code === Code.Internal || code === Code.Unknown || code === Code.DataLoss) {
-    logger.error({ procedure: route.handler.requestPath, code: codeString(code), message }, "handler failed");
+  copyResponseHeaders(e.metadata, res);
+  if (e.code === Code.Internal || e.code === Code.Unknown || e.code === Code.DataLoss) {
+    logger.error({ procedure, code: codeString(e.code), message: e.rawMessage }, "handler failed");
   }
-  return new TranscodeError(code, message);
+  return new TranscodeError(e.code, e.rawMessage);
 }
 
 // --- response ---------------------------------------------------------------
