@@ -3,7 +3,7 @@
 // first with filters and page tokens, kept up to date, resumed after a
 // restart, shared by two processes, and pruned by age. Each test has a schema
 // of its own; NATS is a real server provisioned as skiff provisions it.
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import type { KV, NatsConnection } from "nats";
@@ -14,6 +14,7 @@ import { silentLogger } from "../services/config/logger.js";
 import { RUN_RETENTION_MS, buckets } from "../services/nats/layout.js";
 import {
   openRunHistory,
+  PGLITE_FOLDER,
   RUNS_STREAM,
   type RunHistory,
   type RunHistoryOptions,
@@ -309,6 +310,24 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
       expect(Math.max(0, ...sizes)).toBeLessThanOrEqual(batchSize);
     } finally {
       await close(h);
+    }
+  });
+});
+
+describe("run history - the embedded database", () => {
+  it("a process stopped while its database is being made leaves nothing half made; the next start makes it", async () => {
+    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-history-abort-"));
+    try {
+      const stopping = new AbortController();
+      const opening = open("pglite", newSchema(), { dataDir, signal: stopping.signal });
+      setTimeout(() => stopping.abort(new Error("stopping")), 200);
+      await expect(opening).rejects.toThrow("stopping");
+      expect(await readdir(dataDir)).toEqual([]);
+      const h = await open("pglite", newSchema(), { dataDir });
+      expect(await readdir(dataDir)).toEqual([PGLITE_FOLDER]);
+      await close(h);
+    } finally {
+      await rm(dataDir, { recursive: true, force: true });
     }
   });
 });

@@ -89,8 +89,17 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   const { nc, logger } = opts;
   const js = nc.jetstream();
   const { store: runs, results } = opts.runs;
-  const opening = openRunHistory({ nc, logger, databaseUrl: opts.databaseUrl, dataDir: opts.dataDir });
-  opening.catch((err: unknown) => logger.error({ err }, "run history: cannot open its database"));
+  const stopping = new AbortController();
+  const opening = openRunHistory({
+    nc,
+    logger,
+    databaseUrl: opts.databaseUrl,
+    dataDir: opts.dataDir,
+    signal: stopping.signal,
+  });
+  opening.catch((err: unknown) => {
+    if (!stopping.signal.aborted) logger.error({ err }, "run history: cannot open its database");
+  });
   const history = () =>
     opening.catch((err: unknown) => {
       throw new ConnectError(`the run history is not available: ${(err as Error).message}`, Code.Unavailable);
@@ -236,6 +245,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     history,
     async close() {
       clearInterval(sweeper);
+      stopping.abort(new Error("the process is stopping"));
       await (await opening.catch(() => undefined))?.close();
     },
   };

@@ -48,13 +48,15 @@ export interface RunHistoryOptions {
   project?: boolean;
   projector?: Pick<ProjectorOptions, "batchSize" | "batchMs" | "leaderRetryMs">;
   pruneEveryMs?: number;
+  /** Gives up opening (a process stopping while a new embedded database is still being made). */
+  signal?: AbortSignal;
 }
 
 /** Opens (and creates when missing) the history's tables and starts projecting; does not wait for the projection. */
 export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistory> {
   const db =
     opts.databaseUrl === undefined
-      ? await openPglite(path.join(opts.dataDir, PGLITE_FOLDER))
+      ? await openPglite(path.join(opts.dataDir, PGLITE_FOLDER), opts.signal)
       : await openPostgres(opts.databaseUrl);
   const t = tables(opts.schema ?? DEFAULT_SCHEMA);
   try {

@@ -4,7 +4,7 @@
 // several processes share one. Both speak the same SQL; the rest of the
 // history never knows which it has.
 // Each driver is loaded when a database of its kind is opened, not with the module.
-import { access, mkdir } from "node:fs/promises";
+import { access, mkdir, mkdtemp, rename, rm } from "node:fs/promises";
 import path from "node:path";
 import { Worker } from "node:worker_threads";
 
@@ -31,15 +31,13 @@ export interface Database extends Sql {
 export const PGLITE_SHARED_BUFFERS = "16MB";
 
 /** PostgreSQL embedded in this process, its files in `dir`. One process per folder. */
-export async function openPglite(dir: string): Promise<Database> {
-  await mkdir(dir, { recursive: true });
-  if (
-    !(await access(path.join(dir, "PG_VERSION")).then(
-      () => true,
-      () => false,
-    ))
-  )
-    await initPglite(dir);
+export async function openPglite(dir: string, signal?: AbortSignal): Promise<Database> {
+  const exists = await access(path.join(dir, "PG_VERSION")).then(
+    () => true,
+    () => false,
+  );
+  if (!exists) await initPglite(dir, signal);
+  signal?.throwIfAborted();
   const { PGlite } = await import("@electric-sql/pglite");
   // A smaller buffer pool than PostgreSQL's default 128 MB: listing reads a few pages, and the rest is the
   // operating system's file cache.
@@ -58,22 +56,36 @@ export async function openPglite(dir: string): Promise<Database> {
 
 /**
  * Makes a new database folder in a worker thread: initdb's memory (several
- * hundred MB) goes with the worker instead of staying in the process.
+ * hundred MB) goes with the worker instead of staying in the process. It is
+ * made beside `dir` and renamed into place once complete, so a process
+ * stopped meanwhile (`signal`) leaves no half-made database behind.
  */
-async function initPglite(dir: string): Promise<void> {
+async function initPglite(dir: string, signal?: AbortSignal): Promise<void> {
+  await mkdir(path.dirname(dir), { recursive: true });
+  const scratch = await mkdtemp(`${dir}.new-`);
   const source = `
     const { workerData } = require("node:worker_threads");
     import(workerData.module).then(async ({ PGlite }) => (await PGlite.create(workerData.dir)).close());`;
-  await new Promise<void>((resolve, reject) => {
-    const worker = new Worker(source, {
-      eval: true,
-      workerData: { module: import.meta.resolve("@electric-sql/pglite"), dir },
+  try {
+    await new Promise<void>((resolve, reject) => {
+      const worker = new Worker(source, {
+        eval: true,
+        workerData: { module: import.meta.resolve("@electric-sql/pglite"), dir: scratch },
+      });
+      const abort = () => void worker.terminate();
+      signal?.addEventListener("abort", abort, { once: true });
+      worker.once("error", reject);
+      worker.once("exit", (code) => {
+        signal?.removeEventListener("abort", abort);
+        if (signal?.aborted) reject(signal.reason);
+        else if (code === 0) resolve();
+        else reject(new Error(`creating the run history's database in ${dir} failed (${code})`));
+      });
     });
-    worker.once("error", reject);
-    worker.once("exit", (code) =>
-      code === 0 ? resolve() : reject(new Error(`creating the run history's database in ${dir} failed (${code})`)),
-    );
-  });
+    await rename(scratch, dir);
+  } finally {
+    await rm(scratch, { recursive: true, force: true });
+  }
 }
 
 /** How many connections one process opens to a PostgreSQL server at most. */
