@@ -1,7 +1,8 @@
 // The sandbox's cost, measured on the runner alone (no NATS, no HTTP front):
 //
 //   cold start: deploy with no replica, then the first call, until its answer
-//     (spawn, the app's own start, the first healthcheck), sandbox on and off;
+//     (spawn, the app's own start, the first healthcheck), sandbox off, on,
+//     and on with outbound network (slirp4netns, when installed);
 //   per call: sequential calls on a warm replica, and 32 at once, sandbox on
 //     (Unix socket channel; a Custom app behind the in-sandbox relay) and off
 //     (127.0.0.1:port).
@@ -18,13 +19,14 @@ import { silentLogger } from "../services/config/logger.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
 import { prepareDeployment } from "../services/runner/prepare.js";
 import { Runner } from "../services/runner/runner.js";
-import { DEFAULT_SANDBOX, type SandboxOptions } from "../services/runner/sandbox.js";
+import { DEFAULT_SANDBOX, slirpPath, type SandboxOptions } from "../services/runner/sandbox.js";
 
 const quick = process.argv.includes("--quick");
 const COLD_ROUNDS = quick ? 5 : 15;
 const CALLS = quick ? 1000 : 5000;
 const ROOT = path.resolve(import.meta.dirname, "..");
 const OFF: SandboxOptions = { ...DEFAULT_SANDBOX, enabled: false };
+const NET: SandboxOptions = { ...DEFAULT_SANDBOX, network: "slirp4netns" };
 
 interface Case {
   name: string;
@@ -152,13 +154,15 @@ try {
     const coldOff = median(await coldStart(tmp, c, OFF));
     const coldOn = median(await coldStart(tmp, c, DEFAULT_SANDBOX));
     console.log(`${c.name}: per call`);
+    const coldNet = slirpPath() ? median(await coldStart(tmp, c, NET)) : undefined;
     const callOff = await perCall(tmp, c, OFF);
     const callOn = await perCall(tmp, c, DEFAULT_SANDBOX);
     results[c.name] = {
-      cold_start_ms: { off: r3(coldOff), on: r3(coldOn) },
+      cold_start_ms: { off: r3(coldOff), on: r3(coldOn), on_slirp4netns: coldNet && r3(coldNet) },
       per_call: { off: callOff, on: callOn },
     };
     ratios[`${c.name}_cold_start_on_vs_off`] = r3(coldOn / coldOff);
+    if (coldNet) ratios[`${c.name}_cold_start_slirp4netns_vs_off`] = r3(coldNet / coldOff);
     ratios[`${c.name}_call_p50_on_vs_off`] = r3(callOn.p50_ms / callOff.p50_ms);
     ratios[`${c.name}_rps_c32_on_vs_off`] = r3(callOn.rps_c32 / callOff.rps_c32);
     console.log(c.name, JSON.stringify(results[c.name]));

@@ -49,6 +49,7 @@ describe("config", () => {
       replicaCpuSeconds: 0,
       maxBundleFiles: 20_000,
       maxAppsPerProject: 100,
+      replicaNetwork: "auto",
     });
   });
 

@@ -85,6 +85,8 @@ export interface Config {
   maxBundleFiles: number;
   /** Most apps one project may have; a deploy of a new app beyond it is refused with 429. */
   maxAppsPerProject: number;
+  /** Network of sandboxes: "auto" (slirp4netns when installed, else none), "slirp4netns" or "none". */
+  replicaNetwork: "auto" | "slirp4netns" | "none";
 }
 
 export class ConfigError extends Error {
@@ -524,6 +526,18 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: "100",
     doc: "Most apps one project may have; deploying a new app beyond it is refused with 429 (a new version of an existing app is not).",
     parse: integer(1, 1_000_000),
+  },
+  {
+    key: "replicaNetwork",
+    env: "SKIFF_REPLICA_NETWORK",
+    fallback: "auto",
+    doc: "Network of replicas and dependency installs, each in a network namespace of its own: `slirp4netns` gives it the outside world through Debian's `slirp4netns` (never the host's loopback, so not NATS nor skiff's port on 127.0.0.1; addresses of the host's other interfaces stay reachable, see docs/security.md); `none` gives it loopback only (dependencies must then be vendored); `auto`: `slirp4netns` when it is installed, else `none`, said at start.",
+    parse: (raw, variable) => {
+      const v = raw.trim();
+      if (v !== "auto" && v !== "slirp4netns" && v !== "none")
+        throw new ConfigError(variable, `must be auto, slirp4netns or none, got "${raw}"`);
+      return v;
+    },
   },
 ];
 

@@ -367,7 +367,9 @@ export class AppPool {
       port: sandboxed ? (fixedPort ?? SANDBOX_APP_PORT) : (fixedPort ?? 0),
       healthcheck: runtime.kind === "custom" ? runtime.healthcheck : "/health",
       startTimeoutMs: this.o.startTimeoutMs,
-      sandbox: sandboxed ? { uid: projectUid(d.projectId), limits: this.o.sandbox.limits } : undefined,
+      sandbox: sandboxed
+        ? { uid: projectUid(d.projectId), limits: this.o.sandbox.limits, network: this.o.sandbox.network }
+        : undefined,
     };
     if (sandboxed && runtime.kind === "custom") spec.commandCheck = runtime.command[0];
     const replica = new Replica(spec, {

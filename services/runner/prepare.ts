@@ -79,6 +79,8 @@ export function runCommand(command: string, args: string[], opts: StepOptions): 
           command,
           args,
           env: opts.env,
+          // Installs may fetch packages; the import check runs the app's code, which needs no network.
+          network: sb.writable ? sb.options.network : "none",
         })
       : undefined;
     const child =

@@ -25,6 +25,7 @@ import {
   spawnSandboxed,
   type SandboxedProcess,
   type SandboxLimits,
+  type SandboxNetwork,
 } from "./sandbox.js";
 import type { AppLogLine, ReplicaInfo, ReplicaState } from "./types.js";
 
@@ -47,7 +48,7 @@ export interface ReplicaSpec {
   healthcheck: string;
   startTimeoutMs: number;
   /** Set: run in a sandbox with this uid and these limits. */
-  sandbox?: { uid: number; limits: SandboxLimits };
+  sandbox?: { uid: number; limits: SandboxLimits; network?: SandboxNetwork };
   /** The program a sandboxed command finally runs (a Custom app's, behind the relay), checked before starting. */
   commandCheck?: string;
 }
@@ -212,6 +213,7 @@ export class Replica {
         appDir: s.source,
         uid: s.sandbox!.uid,
         limits: s.sandbox!.limits,
+        network: s.sandbox!.network,
         command: s.command,
         args: s.args,
         env: replicaEnv(s.env, APP_MOUNT, s.port),

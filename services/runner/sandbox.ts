@@ -11,9 +11,11 @@
 //     it (deploy-time installs get the deployment itself, writable);
 //   /tmp: a size-limited tmpfs; /skiff: the shims, read-only;
 //   a fresh /proc (only its own processes) and a minimal /dev;
-//   a network namespace of its own with only loopback: no NATS, no skiff
-//     port, no other replica, no outside world. Requests come through a
-//     Unix socket the runner made and handed over as fd 3.
+//   a network namespace of its own: only loopback, or (network
+//     "slirp4netns") the outside world through slirp4netns with the host's
+//     loopback refused; never NATS, skiff's port or another replica on
+//     127.0.0.1. Requests come through a Unix socket the runner made and
+//     handed over as fd 3.
 // It runs as an unprivileged uid derived from its project (replicas) or
 // its bundle (deploy-time steps). When skiff runs as root that is a real
 // host uid (bwrap keeps CAP_SETUID/CAP_SETGID only long enough for
@@ -23,8 +25,18 @@
 // ends everything inside, `setsid` or not.
 import { execFileSync, spawn, type ChildProcess, type StdioOptions } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, lstatSync, readdirSync, readlinkSync, realpathSync } from "node:fs";
-import { constants } from "node:os";
+import {
+  chmodSync,
+  existsSync,
+  lstatSync,
+  mkdtempSync,
+  readdirSync,
+  readlinkSync,
+  realpathSync,
+  writeFileSync,
+} from "node:fs";
+import { readFile } from "node:fs/promises";
+import { constants, tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { bundleLimits } from "../apps/index.js";
@@ -42,10 +54,15 @@ export interface SandboxLimits {
   cpuSeconds: number;
 }
 
+/** A sandbox's network: loopback only, or the outside world through slirp4netns (never the host's loopback). */
+export type SandboxNetwork = "none" | "slirp4netns";
+
 export interface SandboxOptions {
   /** False only when SKIFF_SANDBOX=off: processes run as skiff's own children, unconfined. */
   enabled: boolean;
   limits: SandboxLimits;
+  /** Default "none". */
+  network?: SandboxNetwork;
 }
 
 export const DEFAULT_SANDBOX_LIMITS: SandboxLimits = {
@@ -68,6 +85,9 @@ export const CHANNEL_FD = 3;
 export const SHIM_DIR = path.join(path.dirname(fileURLToPath(import.meta.url)), "shims");
 const BWRAP_CANDIDATES = ["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"];
 const PRLIMIT = "/usr/bin/prlimit";
+const SLIRP_CANDIDATES = ["/usr/bin/slirp4netns", "/usr/local/bin/slirp4netns"];
+/** The DNS forwarder slirp4netns offers inside the namespace. */
+const SLIRP_DNS = "10.0.2.3";
 const SETPRIV = "/usr/bin/setpriv";
 const ETC_FILES = [
   "/etc/ssl",
@@ -103,6 +123,22 @@ export const runsAsRoot = (): boolean => process.getuid?.() === 0;
 
 export function bwrapPath(): string | undefined {
   return BWRAP_CANDIDATES.find((p) => existsSync(p));
+}
+
+export function slirpPath(): string | undefined {
+  return SLIRP_CANDIDATES.find((p) => existsSync(p));
+}
+
+let slirpResolv: string | undefined;
+
+/** A resolv.conf naming slirp4netns's DNS forwarder, written once (the host's may name a loopback resolver). */
+function slirpResolvConf(): string {
+  if (slirpResolv) return slirpResolv;
+  const dir = mkdtempSync(path.join(tmpdir(), "skiff-sandbox-"));
+  const file = path.join(dir, "resolv.conf");
+  writeFileSync(file, `nameserver ${SLIRP_DNS}\n`, { mode: 0o644 });
+  chmodSync(dir, 0o755);
+  return (slirpResolv = file);
 }
 
 /** The runtime folders outside /usr that sandboxes need read-only: node's and python3's prefixes. */
@@ -156,7 +192,8 @@ function baseMounts(): string[] {
       args.push("--perms", "0755", "--dir", d);
     }
   };
-  for (const p of [...ETC_FILES.filter((f) => existsSync(f)), ...runtimeMounts()]) {
+  // resolv.conf is per network (see sandboxArgv).
+  for (const p of [...ETC_FILES.filter((f) => existsSync(f) && f !== "/etc/resolv.conf"), ...runtimeMounts()]) {
     parents(p);
     args.push("--ro-bind", p, p);
   }
@@ -177,10 +214,14 @@ export interface SandboxSpec {
   env: Record<string, string>;
   /** Extra fds for the sandboxed command, from fd 3 on (the channel). */
   fds?: number[];
+  network?: SandboxNetwork;
 }
 
-/** The bwrap command line for a spec; the info fd is the one after the passed fds. */
-export function sandboxArgv(spec: SandboxSpec, infoFd: number): string[] {
+/**
+ * The bwrap command line for a spec; the info fd is the one after the passed
+ * fds, and with slirp4netns bwrap waits on `blockFd` until the network is up.
+ */
+export function sandboxArgv(spec: SandboxSpec, infoFd: number, blockFd?: number): string[] {
   const { limits } = spec;
   const mb = (n: number) => String(n * 1024 * 1024);
   const args = [
@@ -212,7 +253,10 @@ export function sandboxArgv(spec: SandboxSpec, infoFd: number): string[] {
       else args.push("--ro-bind", host, inside);
     }
   }
+  if (spec.network === "slirp4netns") args.push("--ro-bind", slirpResolvConf(), "/etc/resolv.conf");
+  else if (existsSync("/etc/resolv.conf")) args.push("--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf");
   args.push("--chdir", APP_MOUNT, "--info-fd", String(infoFd));
+  if (blockFd !== undefined) args.push("--block-fd", String(blockFd));
   const limit = [
     PRLIMIT,
     `--as=${mb(limits.memoryMb)}`,
@@ -243,14 +287,34 @@ export interface SandboxedProcess {
   ready: Promise<void>;
 }
 
+/**
+ * Waits (up to a second) until bwrap has set up the loopback of the
+ * namespace of `pid`: slirp4netns configuring it at the same time makes
+ * bwrap's own setup fail.
+ */
+async function loopbackUp(pid: number): Promise<void> {
+  const read = (name: string) => readFile(`/proc/${pid}/net/${name}`, "utf8").catch(() => undefined);
+  const deadline = Date.now() + 1000;
+  while (Date.now() < deadline) {
+    const v4 = (await read("fib_trie"))?.includes("127.0.0.1");
+    const v6 = await read("if_inet6");
+    // With IPv6, lo has ::1 once it is up, bwrap's last step; without, the address is the sign.
+    if (v4 && (v6 === undefined || / lo$/m.test(v6))) return;
+    await new Promise((r) => setTimeout(r, 1));
+  }
+}
+
 /** Spawns `spec` in a sandbox; stdout and stderr are pipes. */
 export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
   const bwrap = bwrapPath();
   if (!bwrap) throw new Error("bwrap (bubblewrap) is not installed");
   const fds = spec.fds ?? [];
   const infoFd = CHANNEL_FD + fds.length;
-  const stdio: StdioOptions = ["ignore", "pipe", "pipe", ...fds, "pipe"];
-  const child = spawn(bwrap, sandboxArgv(spec, infoFd), {
+  const slirp = spec.network === "slirp4netns" ? slirpPath() : undefined;
+  if (spec.network === "slirp4netns" && !slirp) throw new Error("slirp4netns is not installed");
+  const blockFd = slirp ? infoFd + 1 : undefined;
+  const stdio: StdioOptions = ["ignore", "pipe", "pipe", ...fds, "pipe", ...(slirp ? ["pipe" as const] : [])];
+  const child = spawn(bwrap, sandboxArgv(spec, infoFd, blockFd), {
     env: spec.env,
     stdio,
     detached: true,
@@ -273,6 +337,40 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
     info.on("error", () => resolve());
     child.on("close", () => resolve());
   });
+  if (slirp && blockFd !== undefined) {
+    // Once the namespace exists: slirp4netns gives it a tap device with a route out (not to the host's
+    // loopback); then bwrap, blocked until now, runs the command.
+    const block = child.stdio[blockFd] as NodeJS.WritableStream | null;
+    block?.on("error", () => undefined); // bwrap gone before the network was up
+    let released = false;
+    const release = () => {
+      if (released) return;
+      released = true;
+      block?.end("1");
+    };
+    void (async () => {
+      await ready;
+      if (pid === undefined) return release();
+      await loopbackUp(pid);
+      // It exits when its exit fd closes: when the sandbox ends, or when this process does.
+      const net = spawn(
+        slirp,
+        ["--configure", "--mtu=65520", "--disable-host-loopback", "--ready-fd=3", "--exit-fd=4", String(pid), "tap0"],
+        { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"] },
+      );
+      const exitPipe = net.stdio[4] as NodeJS.WritableStream;
+      exitPipe.on("error", () => undefined);
+      const stopNet = () => {
+        exitPipe.end();
+        if (net.exitCode === null) net.kill("SIGTERM");
+      };
+      if (child.exitCode !== null || child.signalCode !== null) stopNet();
+      else child.on("exit", stopNet);
+      net.on("error", release);
+      net.on("exit", release);
+      (net.stdio[3] as NodeJS.ReadableStream).once("data", release);
+    })();
+  }
   return { child, initPid: () => pid, ready };
 }
 
@@ -349,6 +447,7 @@ export interface SandboxSettings {
   /** Bundle limits of this process, applied here too since the same roles (runner, management) unpack bundles. */
   maxBundleFiles?: number;
   maxAppsPerProject?: number;
+  replicaNetwork?: "auto" | SandboxNetwork;
 }
 
 interface WarnLogger {
@@ -371,13 +470,15 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
   };
   if (settings.maxBundleFiles !== undefined) bundleLimits.maxFiles = settings.maxBundleFiles;
   if (settings.maxAppsPerProject !== undefined) bundleLimits.maxAppsPerProject = settings.maxAppsPerProject;
+  const wanted = settings.replicaNetwork ?? "none";
+  let network: SandboxNetwork = wanted === "auto" ? (slirpPath() ? "slirp4netns" : "none") : wanted;
   if (settings.sandbox === "off") {
     logger.warn(
       { sandbox: "off" },
       "SKIFF_SANDBOX=off: DEPLOYED APPS RUN UNCONFINED as skiff's own user and can read skiff's data folder, " +
         "its environment and other apps, and reach NATS. Only for code you trust.",
     );
-    processDefault = { enabled: false, limits };
+    processDefault = { enabled: false, limits, network: "none" };
     return processDefault;
   }
   const failure = probeSandbox(limits);
@@ -386,10 +487,23 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
       `cannot sandbox apps on this host: ${failure}. Install bubblewrap (apt-get install bubblewrap) and util-linux, ` +
         "or set SKIFF_SANDBOX=off to run apps unconfined (never for untrusted code).",
     );
-  processDefault = { enabled: true, limits };
+  if (network === "slirp4netns" && !slirpPath()) {
+    if (wanted === "slirp4netns")
+      throw new Error(
+        "SKIFF_REPLICA_NETWORK=slirp4netns, but slirp4netns is not installed (apt-get install slirp4netns)",
+      );
+    network = "none";
+  }
+  if (network === "none")
+    logger.warn(
+      { network },
+      "replicas and dependency installs have no network (loopback only): apps cannot call outside APIs and " +
+        "dependencies must be vendored. Install slirp4netns (SKIFF_REPLICA_NETWORK=auto) to give them the outside world.",
+    );
+  processDefault = { enabled: true, limits, network };
   logger.info(
-    { sandbox: "on", hostUid: runsAsRoot(), ...limits },
-    "apps run in a bubblewrap sandbox (own namespaces, no network, read-only deployment, rlimits)",
+    { sandbox: "on", hostUid: runsAsRoot(), network, ...limits },
+    "apps run in a bubblewrap sandbox (own namespaces, read-only deployment, rlimits)",
   );
   return processDefault;
 }
