@@ -140,7 +140,6 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
     const deep = await sample(() =>
       second.listRuns({ projectId: P, appName: APP, pageToken: first.nextPageToken, pageSize: 500 }),
     );
-    const stats = await sample(() => second.getAppStats({ projectId: P, appName: APP }).catch(() => undefined));
     const rss = await rssMb(skiff.pid);
     const kind = databaseUrl ? "PostgreSQL" : "PGlite";
     console.log(
@@ -159,9 +158,6 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
     );
     console.log(
       `  ListRuns second page, 500 a page:           ${deep.toFixed(3)} ms  = ${(deep / kvGet).toFixed(2)} x baseline`,
-    );
-    console.log(
-      `  GetAppStats (the last hour):                ${stats.toFixed(3)} ms  = ${(stats / kvGet).toFixed(2)} x baseline`,
     );
     return {
       runs: RUNS,
