@@ -246,7 +246,8 @@ describe("sandbox - a hostile tenant reaches nothing of the platform or of other
     expect(await py("orphan", { marker })).toMatchObject({ ok: true });
     await expect.poll(() => hostProcessesWith(marker), { timeout: 5000 }).toHaveLength(1);
     await runner.remove("p-intruder", "intruder");
-    expect(await hostProcessesWith(marker)).toEqual([]);
+    // Gone with the sandbox's pid namespace (the kernel may take a moment to release it under load).
+    await expect.poll(() => hostProcessesWith(marker), { timeout: 3000 }).toEqual([]);
     expect(await call("p-victim", "victim", "ping")).toBe("pong");
   });
 });

@@ -55,6 +55,8 @@ export interface ReplicaSpec {
 
 /** The channel's socket in a replica's folder. */
 export const CHANNEL_SOCKET = "channel.sock";
+/** How long a sandboxed replica taken out of routing gets before SIGTERM, for requests already on their way. */
+const DRAIN_SETTLE_MS = 50;
 /** What runtimes write when an allocation fails (V8's fatal OOM, Python's MemoryError, malloc). */
 const OUT_OF_MEMORY = /out of memory|MemoryError|Allocation failed|Cannot allocate memory/i;
 /** Longest Unix socket path with room for the ".new" of its binding (sun_path holds 107 bytes). */
@@ -360,13 +362,16 @@ export class Replica {
       const req = http.request({ ...this.endpoint, method, path, headers, agent: this.hooks.agent }, (res) => {
         const chunks: Buffer[] = [];
         res.on("data", (c: Buffer) => chunks.push(c));
-        res.on("end", () =>
-          resolve({
+        res.on("end", () => {
+          const answer = {
             status: res.statusCode ?? 502,
             headers: res.headers,
             body: chunks.length === 1 ? chunks[0] : Buffer.concat(chunks),
-          }),
-        );
+          };
+          // What the app printed before answering is already in its stdout pipe: let the next poll of the
+          // event loop read it while the run is still in flight, so the line names this run, not the next.
+          setImmediate(() => setImmediate(() => resolve(answer)));
+        });
         res.on("error", reject);
       });
       req.on("error", reject);
@@ -380,9 +385,15 @@ export class Replica {
     this.stopping = true;
     if (this.state !== "stopped") this.state = "draining";
     if (this.child === undefined || this.closed) return;
+    const timer = setTimeout(() => this.signal("SIGKILL"), graceMs);
+    if (this.spec.sandbox) {
+      // Requests written just before draining began may still be on their way through the channel (and a
+      // Custom app's relay); a server that drains closes connections whose request it has not read yet.
+      this.dropIdleSockets();
+      await Promise.race([this.exited, new Promise((r) => setTimeout(r, DRAIN_SETTLE_MS))]);
+    }
     this.signal("SIGTERM");
     this.dropIdleSockets();
-    const timer = setTimeout(() => this.signal("SIGKILL"), graceMs);
     await this.exited;
     clearTimeout(timer);
   }
