@@ -204,7 +204,9 @@ describe("runs - listing", () => {
     expect(bad.status).toBe(400);
   });
 
-  it("WatchRuns streams the changes of a project's runs", async () => {
+  it("WatchRuns streams the changes of a project's runs from now on, not the runs already stored", async () => {
+    const earlier = await sleepAsync("many", 1);
+    await reaches("many", earlier, "success");
     const controller = new AbortController();
     const seen: string[] = [];
     const watching = (async () => {
@@ -215,6 +217,7 @@ describe("runs - listing", () => {
     const id = await sleepAsync("many", 1);
     await vi.waitUntil(() => seen.includes(`${id}:success`), { timeout: 20_000 });
     expect(seen.filter((s) => s.startsWith(id))).toEqual([`${id}:queued`, `${id}:running`, `${id}:success`]);
+    expect(seen.filter((s) => s.startsWith(earlier))).toEqual([]);
     controller.abort();
     await watching;
   });
