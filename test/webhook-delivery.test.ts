@@ -234,7 +234,7 @@ print(json.dumps(out))
     expect(rx.to("/s/404/secret")).toHaveLength(3);
 
     const needle = Buffer.from(secret);
-    const events = await storedMessages(streams.events.name);
+    const events = [...(await storedMessages(streams.events.name)), ...(await storedMessages(streams.webhooks.name))];
     expect(events.length).toBeGreaterThan(0);
     for (const m of events) expect(Buffer.from(m).includes(needle), "an event").toBe(false);
     const records = await storedMessages(`KV_${buckets.webhooks.name}`);
@@ -311,7 +311,7 @@ print(json.dumps(out))
     const jsm = await h.nc.jetstreamManager();
     await expect
       .poll(async () => {
-        const info = await jsm.consumers.info(streams.events.name, WEBHOOK_CONSUMER);
+        const info = await jsm.consumers.info(streams.webhooks.name, WEBHOOK_CONSUMER);
         return [info.num_pending, info.num_ack_pending];
       })
       .toEqual([0, 0]);
@@ -371,11 +371,11 @@ describe("webhook delivery (default SSRF guard)", () => {
     expect(rx.requests).toHaveLength(0);
   });
 
-  test("webhook - redelivery after the run's event has left SKIFF_EVENTS is a RedeliveryError (event_gone)", async () => {
+  test("webhook - redelivery after the run's event has left SKIFF_WEBHOOKS is a RedeliveryError (event_gone)", async () => {
     const e = terminalEvent(`${rx.url}/blocked/gone`, "{}");
     await publishRunEvent(h.nc, e);
     await h.waitForDeliveries(e.runId, settled);
-    await (await h.nc.jetstreamManager()).streams.purge(streams.events.name);
+    await (await h.nc.jetstreamManager()).streams.purge(streams.webhooks.name);
     await expect(redeliver(h.nc, e.runId)).rejects.toMatchObject({ name: "RedeliveryError", reason: "event_gone" });
     expect(await listDeliveries(h.nc, e.runId)).toHaveLength(1);
   });

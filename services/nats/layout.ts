@@ -17,6 +17,12 @@ export const subjects = {
   runEvent: (project: string, app: string, status: string) => `skiff.events.runs.${project}.${app}.${status}`,
   runEventsAll: "skiff.events.runs.>",
   eventsAll: "skiff.events.>",
+  /**
+   * The terminal events of runs that named a webhook, on a subject of their
+   * own, so the webhook role never pulls or decodes the runs that want none.
+   */
+  webhookRun: (project: string, app: string) => `skiff.webhooks.runs.${project}.${app}`,
+  webhookRunsAll: "skiff.webhooks.runs.>",
   /** App log lines (replica stdout/stderr), one subject per app. */
   appLogs: (project: string, app: string) => `skiff.logs.${project}.${app}`,
   appLogsAll: "skiff.logs.>",
@@ -55,6 +61,16 @@ export const streams = {
     duplicateWindowMs: 2 * 60 * 1000,
     maxMsgsPerSubject: -1,
     description: "public run lifecycle events (skiff.events.v1)",
+  },
+  webhooks: {
+    name: "SKIFF_WEBHOOKS",
+    subjects: [subjects.webhookRunsAll],
+    retention: "limits",
+    // As long as the events: a redelivery may still read a large result until then.
+    maxAgeMs: 7 * DAY_MS,
+    duplicateWindowMs: 2 * 60 * 1000,
+    maxMsgsPerSubject: -1,
+    description: "terminal events of runs that named a webhook, the webhook role's input",
   },
   logs: {
     name: "SKIFF_LOGS",
@@ -96,14 +112,14 @@ export const consumers = {
     description: `async runs of ${project}/${app}`,
   }),
   /**
-   * Every run event, shared by every webhook process. No max_deliver: naks
-   * between attempts count as deliveries, and the delivery record in KV
-   * already caps the attempts.
+   * The terminal events of runs that named a webhook, shared by every
+   * webhook process. No max_deliver: naks between attempts count as
+   * deliveries, and the delivery record in KV already caps the attempts.
    */
   webhook: {
-    stream: streams.events.name,
+    stream: streams.webhooks.name,
     name: "skiff-webhook",
-    filterSubject: subjects.runEventsAll,
+    filterSubject: subjects.webhookRunsAll,
     maxDeliver: -1,
     description: "webhook deliveries of terminal run events",
   },

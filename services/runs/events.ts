@@ -7,6 +7,7 @@ import { headers, type JetStreamClient, type NatsConnection } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import { subjects } from "../nats/index.js";
 import { runEvent } from "./convert.js";
+import { isFinal } from "./status.js";
 import type { RunRecord } from "./store.js";
 
 /** Largest response carried inside an event; a larger one is named by `response_object`. */
@@ -25,11 +26,20 @@ export type EventResponse = { contentType: string; data: Uint8Array } | { object
 const eventBytes = (record: RunRecord, response: EventResponse) => toBinary(RunEventSchema, runEvent(record, response));
 const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math.max(1, record.attempts)}`;
 
-/** Publishes the event of the record's current state; resolves once JetStream stored it. */
+/**
+ * Publishes the event of the record's current state; resolves once JetStream
+ * stored it. The terminal event of a run that named a webhook also goes to
+ * the webhook role's own subject (SKIFF_WEBHOOKS).
+ */
 export async function publishRunEvent(js: JetStreamClient, record: RunRecord, response?: EventResponse): Promise<void> {
-  await js.publish(subjects.runEvent(record.project_id, record.app_name, record.status), eventBytes(record, response), {
-    msgID: eventId(record),
-  });
+  const bytes = eventBytes(record, response);
+  const msgID = eventId(record);
+  await Promise.all([
+    js.publish(subjects.runEvent(record.project_id, record.app_name, record.status), bytes, { msgID }),
+    isFinal(record.status) && record.webhook_endpoint
+      ? js.publish(subjects.webhookRun(record.project_id, record.app_name), bytes, { msgID })
+      : undefined,
+  ]);
 }
 
 /**

@@ -93,7 +93,8 @@ export async function redeliver(nc: NatsConnection, runId: string): Promise<Webh
   event.deliveryId = String(number);
   try {
     const js = nc.jetstream();
-    await js.publish(subjects.runEvent(event.projectId, event.appName, event.status), toBinary(RunEventSchema, event), {
+    // To the webhook role only: the public event stream has had this run's terminal event once.
+    await js.publish(subjects.webhookRun(event.projectId, event.appName), toBinary(RunEventSchema, event), {
       msgID: `${runId}.webhook.${number}`,
     });
   } catch (err) {
@@ -109,11 +110,11 @@ async function terminalEvent(nc: NatsConnection, source: DeliveryRecord) {
   const gone = () =>
     new RedeliveryError(
       "event_gone",
-      `the response of run ${source.run_id} is no longer kept: its event has aged out of ${streams.events.name} (kept ${streams.events.maxAgeMs / 86_400_000} days)`,
+      `the response of run ${source.run_id} is no longer kept: its event has aged out of ${streams.webhooks.name} (kept ${streams.webhooks.maxAgeMs / 86_400_000} days)`,
     );
   let data: Uint8Array;
   try {
-    data = (await jsm.streams.getMessage(streams.events.name, { seq: source.event_seq })).data;
+    data = (await jsm.streams.getMessage(streams.webhooks.name, { seq: source.event_seq })).data;
   } catch (err) {
     // The stream no longer holds that sequence.
     if (isJsError(err, JsErrorCode.NoMessageFound)) throw gone();

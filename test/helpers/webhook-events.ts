@@ -1,6 +1,7 @@
-// Publishes run events to SKIFF_EVENTS the way the invocation role does: a
-// skiff.events.v1.RunEvent in protobuf on skiff.events.runs.{project}.{app}.{status},
-// deduplicated by run id and status.
+// Publishes run events the way skiff does a terminal one: a
+// skiff.events.v1.RunEvent in protobuf on skiff.events.runs.{project}.{app}.{status}
+// (SKIFF_EVENTS) and on the webhook role's skiff.webhooks.runs.{project}.{app}
+// (SKIFF_WEBHOOKS), deduplicated by run id and status.
 import { randomUUID } from "node:crypto";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
@@ -38,11 +39,18 @@ export function terminalEvent(
   return Object.assign(event, init);
 }
 
+/**
+ * Publishes the event as skiff does a terminal one: to the public events
+ * and to the webhook role's subject. Resolves with its sequence in the
+ * webhook stream.
+ */
 export async function publishRunEvent(nc: NatsConnection, event: RunEvent): Promise<number> {
-  const ack = await nc
-    .jetstream()
-    .publish(subjects.runEvent(event.projectId, event.appName, event.status), toBinary(RunEventSchema, event), {
-      msgID: `${event.runId}.${event.status}`,
-    });
+  const js = nc.jetstream();
+  const bytes = toBinary(RunEventSchema, event);
+  const msgID = `${event.runId}.${event.status}`;
+  const [, ack] = await Promise.all([
+    js.publish(subjects.runEvent(event.projectId, event.appName, event.status), bytes, { msgID }),
+    js.publish(subjects.webhookRun(event.projectId, event.appName), bytes, { msgID }),
+  ]);
   return ack.seq;
 }
