@@ -204,6 +204,36 @@ describe("runs - listing", () => {
     expect(bad.status).toBe(400);
   });
 
+  it('app "-" lists and watches every app of the project, newest first', async () => {
+    const controller = new AbortController();
+    const seen: string[] = [];
+    const watching = (async () => {
+      for await (const m of t.management().watchRuns({ projectId: P, appName: "-" }, { signal: controller.signal }))
+        seen.push(`${m.run!.appName}:${m.run!.runId}`);
+    })().catch(() => undefined);
+    await new Promise((r) => setTimeout(r, 200));
+    const inMany = (await post(v4("many", "add"), t.devToken, '{"a":1,"b":1}')).json.run_id as string;
+    const inOne = (await post(v4("one", "add"), t.devToken, '{"a":1,"b":1}')).json.run_id as string;
+    const listed = await vi.waitUntil(
+      async () => {
+        const page = await t.management().listRuns({ projectId: P, appName: "-", pageSize: 2 });
+        return page.runs[0]?.runId === inOne ? page : undefined;
+      },
+      { timeout: 20_000 },
+    );
+    expect(listed.runs.map((r) => [r.appName, r.runId])).toEqual([
+      ["one", inOne],
+      ["many", inMany],
+    ]);
+    await vi.waitUntil(() => seen.includes(`many:${inMany}`) && seen.includes(`one:${inOne}`), { timeout: 20_000 });
+    const rest = await fetch(`${t.url}/v2/projects/${P}/apps/-/runs?page_size=2`, {
+      headers: { authorization: `Bearer ${t.devToken}` },
+    });
+    expect(((await rest.json()) as { runs: { run_id: string }[] }).runs.map((r) => r.run_id)).toEqual([inOne, inMany]);
+    controller.abort();
+    await watching;
+  });
+
   it("WatchRuns streams the changes of a project's runs from now on, not the runs already stored", async () => {
     const earlier = await sleepAsync("many", 1);
     await reaches("many", earlier, "success");

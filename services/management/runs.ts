@@ -217,12 +217,14 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       return { run: runMessage(record) };
     },
     async *watchRuns(req, ctx: HandlerContext): AsyncIterable<WatchRunsResponse> {
-      if (req.appName !== "") names(req.projectId, req.appName);
+      // Every app of the project: an empty app name, or "-" as ListRuns takes it.
+      const everyApp = req.appName === "" || req.appName === ALL_APPS;
+      if (!everyApp) names(req.projectId, req.appName);
       if (!NAME.test(req.projectId))
         throw new ConnectError(`project ${JSON.stringify(req.projectId.slice(0, 80))} not found`, Code.NotFound);
       // Writes from now on only: the caller lists what is already stored with ListRuns.
       const watcher = await runs.kv.watch({
-        key: req.appName === "" ? `${req.projectId}.>` : `${req.projectId}.${req.appName}.>`,
+        key: everyApp ? `${req.projectId}.>` : `${req.projectId}.${req.appName}.>`,
         include: KvWatchInclude.UpdatesOnly,
       });
       const onAbort = () => watcher.stop();
