@@ -364,3 +364,35 @@ describe("run history - two processes sharing one PostgreSQL", () => {
     }
   });
 });
+
+describe("run history - NATS restarts", () => {
+  it("the projection goes on after the NATS server restarts, from where it stood", async () => {
+    const h = await open("postgres", newSchema());
+    try {
+      const P = newProject();
+      const before = Array.from({ length: 5 }, () => run(P, "a"));
+      for (const r of before) await store.put(r);
+      await caughtUp(h);
+      // The projector's consumer lives in the server's memory: a restart loses it.
+      await nats.nats.restart();
+      const after = Array.from({ length: 5 }, () => run(P, "a"));
+      await vi.waitUntil(
+        async () => {
+          try {
+            await store.put(after[0]);
+            return true;
+          } catch {
+            return false;
+          }
+        },
+        { timeout: 20_000, interval: 200 },
+      );
+      for (const r of after.slice(1)) await store.put(r);
+      await caughtUp(h);
+      const page = await h.list(P, "a", { pageSize: 20 });
+      expect(page.runs.map((r) => r.run_id)).toEqual([...before, ...after].map((r) => r.run_id).reverse());
+    } finally {
+      await close(h);
+    }
+  });
+});
