@@ -9,8 +9,8 @@ const SERVICES = path.resolve(import.meta.dirname, "..", "services");
 
 /** Layers, lowest first: a folder may import only from lower layers, or from its own layer where `peers` says so. */
 const LAYERS: { folders: string[]; peers: boolean }[] = [
-  { folders: ["config"], peers: false },
-  { folders: ["nats", "server", "metrics"], peers: false },
+  { folders: ["config", "metrics"], peers: false },
+  { folders: ["nats", "server"], peers: false },
   { folders: ["auth", "apps", "runs"], peers: true },
   { folders: ["invocation", "management", "runner", "webhook"], peers: true },
   { folders: ["cli", "(top)"], peers: false },
