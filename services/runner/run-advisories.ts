@@ -5,7 +5,7 @@
 // takes it, fails the run (`runner_lost`) unless it is final already,
 // publishes the event, and removes the message from the work queue, where
 // it would otherwise stay.
-import type { NatsConnection, Subscription } from "nats";
+import type { JetStreamClient, NatsConnection, Subscription } from "nats";
 import type { Logger } from "../config/index.js";
 import { MAX_RUN_ATTEMPTS, streams, subjects } from "../nats/index.js";
 import { publishRunEvent, isFinal, type RunStore, requestMeta, type BodyTransfer } from "../runs/index.js";
@@ -15,6 +15,35 @@ export const MAX_DELIVERIES_ADVISORY = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERI
 interface Advisory {
   stream: string;
   stream_seq: number;
+}
+
+/** Fails a run whose runner was lost on every attempt (`runner_lost`), unless it is final; publishes its event. */
+export async function failLostRun(
+  runs: RunStore,
+  js: JetStreamClient,
+  logger: Logger,
+  run: { projectId: string; appName: string; runId: string },
+): Promise<void> {
+  const { projectId, appName, runId } = run;
+  const final = await runs.update(projectId, appName, runId, (record) =>
+    isFinal(record.status)
+      ? undefined
+      : {
+          ...record,
+          status: "failure",
+          finished_at: new Date().toISOString(),
+          error: {
+            type: "runner_lost",
+            message: `the runner running it stopped before finishing, ${MAX_RUN_ATTEMPTS} times`,
+          },
+        },
+  );
+  if (!final) return;
+  await publishRunEvent(js, final);
+  logger.warn(
+    { runId, app: `${projectId}/${appName}`, attempts: final.attempts },
+    "async run failed: its runner was lost on every attempt",
+  );
 }
 
 export function followLostRuns(
@@ -31,26 +60,7 @@ export function followLostRuns(
     // skiff.runs.queue.{project}.{app}
     const [, , , projectId, appName] = msg.subject.split(".");
     const { run_id: runId, body_object: object } = requestMeta(msg.data);
-    const final = await runs.update(projectId, appName, runId, (record) =>
-      isFinal(record.status)
-        ? undefined
-        : {
-            ...record,
-            status: "failure",
-            finished_at: new Date().toISOString(),
-            error: {
-              type: "runner_lost",
-              message: `the runner running it stopped before finishing, ${MAX_RUN_ATTEMPTS} times`,
-            },
-          },
-    );
-    if (final) {
-      await publishRunEvent(js, final);
-      logger.warn(
-        { runId, app: `${projectId}/${appName}`, attempts: final.attempts },
-        "async run failed: its runner was lost on every attempt",
-      );
-    }
+    await failLostRun(runs, js, logger, { projectId, appName, runId });
     await transfer.drop(object);
     await jsm.streams.deleteMessage(streams.runs.name, advisory.stream_seq, false);
   };

@@ -7,15 +7,16 @@
 // the runner invokes the app while the message's ack deadline is pushed
 // back with working() every third of ack_wait, the final record and event
 // are written, and only then is the message acked. A runner killed mid-run
-// never acks: JetStream gives the message to another runner after ack_wait,
-// at most MAX_RUN_ATTEMPTS (max_deliver) deliveries in all (run-advisories.ts fails the
-// run after the last). A message whose run is already final (cancelled while
+// never acks: JetStream gives the message to another runner after ack_wait.
+// A run is started at most MAX_RUN_ATTEMPTS times, counted in its record:
+// a delivery past that fails it as runner_lost (as run-advisories.ts does
+// when JetStream's max_deliver is reached). A message whose run is already final (cancelled while
 // queued, or finished by an earlier attempt whose ack was lost) is acked
 // without running.
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { consumers, ensureConsumer } from "../nats/index.js";
+import { consumers, ensureConsumer, MAX_RUN_ATTEMPTS } from "../nats/index.js";
 import {
   type RunControl,
   publishRunEvent,
@@ -36,6 +37,7 @@ import {
 } from "../runs/index.js";
 import type { AppRef } from "./deployed-apps.js";
 import type { Runner } from "./runner.js";
+import { failLostRun } from "./run-advisories.js";
 
 /** How long one pull waits for messages before pulling again. */
 const PULL_EXPIRES_MS = 5_000;
@@ -178,7 +180,16 @@ export class RunWorker {
         if (!cur) throw new Error(`run ${runId} has no record after writing it`);
       }
       if (isFinal(cur.record.status)) return msg.ack();
-      const attempt = msg.info.redeliveryCount;
+      // JetStream's delivery count is not an attempt count: a delivery to a
+      // runner that died can be taken back uncounted (seen with nats-server
+      // 2.9), so max_deliver may never be reached. The record counts every
+      // start of the run, and caps the attempts itself.
+      const attempt = Math.max(msg.info.redeliveryCount, cur.record.attempts + 1);
+      if (attempt > MAX_RUN_ATTEMPTS) {
+        await failLostRun(deps.runs, deps.js, deps.logger, { projectId, appName, runId });
+        await deps.transfer.drop(requestMeta(msg.data).body_object);
+        return msg.term();
+      }
       const running = await deps.runs.update(projectId, appName, runId, (record) =>
         isFinal(record.status)
           ? undefined
