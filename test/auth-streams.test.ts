@@ -4,7 +4,11 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { v7 } from "uuid";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
 import { buckets } from "../services/nats/layout.js";
+import { cortexApp, deploy } from "./helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
 const P = "p-dev";
@@ -91,6 +95,35 @@ describe("streams end with their credentials", () => {
   it("a token that expires while its stream is open: the stream ends with unauthenticated", async () => {
     const sa = await serviceAccount(new Date(Date.now() + 2500));
     const outcome = await watchThen(sa.token, () => new Promise((r) => setTimeout(r, 2600)));
+    expect(outcome).toBeInstanceOf(ConnectError);
+    expect((outcome as ConnectError).code).toBe(Code.Unauthenticated);
+  });
+
+  it("a service account deleted while its TailAppLogs stream is open: the stream ends with unauthenticated", async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), "skiff-tail-"));
+    try {
+      await deploy(dir, t.management(), cortexApp("tailed", { max_replicas: 1 }));
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+    const sa = await serviceAccount(new Date(Date.now() + 3600_000));
+    const controller = new AbortController();
+    const it = t
+      .management(sa.token)
+      .tailAppLogs({ projectId: P, appName: "tailed" }, { signal: controller.signal })
+      [Symbol.asyncIterator]();
+    const ended = (async () => {
+      try {
+        for (;;) if ((await it.next()).done) return "ended without an error";
+      } catch (err) {
+        return ConnectError.from(err);
+      }
+    })();
+    // Open and quiet: nothing ends it until the account goes.
+    expect(await Promise.race([ended, new Promise((r) => setTimeout(() => r("still open"), 1000))])).toBe("still open");
+    await t.management().deleteServiceAccount({ projectId: P, serviceAccountId: sa.id });
+    const outcome = await Promise.race([ended, new Promise((r) => setTimeout(() => r("still open"), 3000))]);
+    controller.abort();
     expect(outcome).toBeInstanceOf(ConnectError);
     expect((outcome as ConnectError).code).toBe(Code.Unauthenticated);
   });
