@@ -3,45 +3,18 @@
 import { lstat, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { gzipSync } from "node:zlib";
-import { Header, type HeaderData } from "tar";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { BundleError, unpackBundle } from "../services/apps/bundle.js";
 import { silentLogger } from "../services/config/logger.js";
 import { DeploymentCache } from "../services/runner/deployment-cache.js";
 import { sha256 } from "../services/apps/bundle.js";
 import { skiffToml } from "./helpers/apps.js";
+import { rawTar, type RawEntry } from "./helpers/raw-tar.js";
 
 const TOML = skiffToml({ name: "links", runtime: { kind: "custom", command: ["node", "server.mjs"] } });
 
-interface Entry {
-  path: string;
-  type?: HeaderData["type"];
-  linkpath?: string;
-  body?: string;
-}
-
-function tarOf(entries: Entry[]): Buffer {
-  const blocks: Buffer[] = [];
-  for (const e of [{ path: "skiff.toml", body: TOML }, ...entries]) {
-    const body = Buffer.from(e.body ?? "");
-    const h = new Header({
-      path: e.path,
-      type: e.type ?? "File",
-      linkpath: e.linkpath,
-      size: body.length,
-      mode: e.type === "Directory" ? 0o755 : 0o644,
-      mtime: new Date(0),
-      uid: 0,
-      gid: 0,
-    });
-    const block = Buffer.alloc(512);
-    h.encode(block, 0);
-    blocks.push(block, body, Buffer.alloc((512 - (body.length % 512)) % 512));
-  }
-  blocks.push(Buffer.alloc(1024));
-  return gzipSync(Buffer.concat(blocks));
-}
+/** A bundle of these entries after a valid skiff.toml. */
+const tarOf = (entries: RawEntry[]): Buffer => rawTar([{ path: "skiff.toml", body: TOML }, ...entries]);
 
 let tmp: string;
 beforeAll(async () => {
@@ -49,7 +22,7 @@ beforeAll(async () => {
 });
 afterAll(() => rm(tmp, { recursive: true, force: true }));
 
-async function refused(entries: Entry[], opts: { maxFiles?: number } = {}): Promise<string> {
+async function refused(entries: RawEntry[], opts: { maxFiles?: number } = {}): Promise<string> {
   const dest = await mkdtemp(path.join(tmp, "dest-"));
   const err = await unpackBundle(tarOf(entries), dest, { maxBytes: 1024 * 1024, ...opts }).then(
     () => undefined,

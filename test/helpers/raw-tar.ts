@@ -20,7 +20,7 @@ export function rawTar(entries: RawEntry[]): Buffer {
       type: e.type ?? "File",
       linkpath: e.linkpath,
       size: body.length,
-      mode: 0o644,
+      mode: e.type === "Directory" ? 0o755 : 0o644,
       mtime: new Date(0),
       uid: 0,
       gid: 0,
