@@ -251,12 +251,14 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   let inFlight = 0;
   let drained: (() => void) | undefined;
   const metrics = opts.metrics?.metrics;
+  /** The RPC paths served here, which metrics may name as routes (any other path is "unmatched"). */
+  const procedures = new Set(handlers.map((h) => h.requestPath));
   /** What a request is counted under: its REST route or RPC method, never the raw path. */
   const routeOf = (req: NodeRequest, res: NodeResponse): string => {
     const rest = restRouteOf(res);
     if (rest !== undefined) return rest;
     const path = (req.url ?? "/").split("?", 1)[0];
-    if (plain.has(path) || path === METRICS_PATH || handlers.some((h) => h.requestPath === path)) return path;
+    if (plain.has(path) || path === METRICS_PATH || procedures.has(path)) return path;
     return opts.site && !isApiPath(path) ? "dashboard" : "unmatched";
   };
   const track = (req: NodeRequest, res: NodeResponse) => {
