@@ -40,6 +40,7 @@ import { constants, tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { bundleLimits } from "../apps/index.js";
+import type { Config } from "../config/index.js";
 
 export interface SandboxLimits {
   /** Address space per process (RLIMIT_AS), MiB. */
@@ -437,18 +438,16 @@ let processDefault: SandboxOptions = DEFAULT_SANDBOX;
 /** The sandbox settings of this process (configureSandbox's), used where no other is passed. */
 export const processSandbox = (): SandboxOptions => processDefault;
 
-export interface SandboxSettings {
-  sandbox: "on" | "off";
-  replicaMemoryMb: number;
-  replicaPids: number;
-  replicaFileMb: number;
-  replicaTmpMb: number;
-  replicaCpuSeconds: number;
-  /** Bundle limits of this process, applied here too since the same roles (runner, management) unpack bundles. */
-  maxBundleFiles?: number;
-  maxAppsPerProject?: number;
-  replicaNetwork?: "auto" | SandboxNetwork;
-}
+/**
+ * The settings of the same names (config.ts says what each means); the
+ * bundle limits apply here too, since the same roles (runner, management)
+ * unpack bundles.
+ */
+export type SandboxSettings = Pick<
+  Config,
+  "sandbox" | "replicaMemoryMb" | "replicaPids" | "replicaFileMb" | "replicaTmpMb" | "replicaCpuSeconds"
+> &
+  Partial<Pick<Config, "maxBundleFiles" | "maxAppsPerProject" | "replicaNetwork">>;
 
 interface WarnLogger {
   warn(obj: object, msg: string): void;

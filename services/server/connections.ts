@@ -16,17 +16,18 @@
 import { readFileSync } from "node:fs";
 import type http2 from "node:http2";
 import type net from "node:net";
-import type { Logger } from "../config/index.js";
+import type { Config, Logger } from "../config/index.js";
 
-export interface ConnectionLimits {
-  firstBytesTimeoutMs: number;
-  headersTimeoutMs: number;
-  keepAliveTimeoutMs: number;
-  http2IdleTimeoutMs: number;
-  /** Open connections in all; undefined: half the open-file limit. */
-  maxConnections: number | undefined;
-  maxConnectionsPerAddress: number;
-}
+/** The settings of the same names (config.ts says what each means). */
+export type ConnectionLimits = Pick<
+  Config,
+  | "firstBytesTimeoutMs"
+  | "headersTimeoutMs"
+  | "keepAliveTimeoutMs"
+  | "http2IdleTimeoutMs"
+  | "maxConnections"
+  | "maxConnectionsPerAddress"
+>;
 
 /** Used when the open-file limit cannot be read. */
 export const FALLBACK_MAX_CONNECTIONS = 4096;
