@@ -1,7 +1,6 @@
 // Composes a skiff process from its configuration: NATS, provisioning, the
 // roles it runs (one table, ROLES, says what each starts, serves and
 // closes) and the one port that serves them.
-import { createHash, timingSafeEqual } from "node:crypto";
 import path from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter } from "@connectrpc/connect";
@@ -10,13 +9,13 @@ import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { startInvocationRole } from "./invocation/index.js";
 import { startManagementRole } from "./management/index.js";
 import { configureSandbox, deploymentsDir, startRunnerRole, DeploymentCache, type Runner } from "./runner/index.js";
-import { openRunContext, type RunContext } from "./runs/index.js";
+import { openRunContext, queuedRuns, type RunContext } from "./runs/index.js";
 import { AppRegistry } from "./apps/index.js";
-import { startAuth, type Auth } from "./auth/index.js";
+import { sameToken, startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
 import type { Config, Role, Logger } from "./config/index.js";
 import { HealthState, healthRoutes, openapiDocuments, startServer, createStaticFiles } from "./server/index.js";
-import { connectNats, provision, streams, subjects, type NatsHandle } from "./nats/index.js";
+import { connectNats, provision, type NatsHandle } from "./nats/index.js";
 import { Metrics } from "./metrics/index.js";
 
 export interface Skiff {
@@ -175,21 +174,10 @@ function replicaCounts(runner: Runner, registry: AppRegistry): [Record<string, s
   return out;
 }
 
-/** Async runs waiting or running per app: the messages of each app's subject in the work-queue stream. */
+/** Async runs waiting or running per app, for the queue-depth gauge. */
 async function queueDepths(nats: NatsHandle): Promise<[Record<string, string>, number][]> {
-  const jsm = await nats.nc.jetstreamManager();
-  const info = await jsm.streams.info(streams.runs.name, { subjects_filter: subjects.runQueueAll });
-  const prefix = subjects.runQueue("", "").slice(0, -1);
-  return Object.entries(info.state.subjects ?? {}).map(([subject, n]) => {
-    const [project = "", app = ""] = subject.slice(prefix.length).split(".");
-    return [{ project, app }, n];
-  });
-}
-
-function equalTokens(a: string, b: string | undefined): boolean {
-  if (b === undefined) return false;
-  const [x, y] = [createHash("sha256").update(a).digest(), createHash("sha256").update(b).digest()];
-  return timingSafeEqual(x, y);
+  const queued = await queuedRuns(await nats.nc.jetstreamManager());
+  return queued.map(({ project, app, count }) => [{ project, app }, count]);
 }
 
 function watchNats(handle: NatsHandle, health: HealthState, logger: Logger, metrics: Metrics): void {
@@ -317,7 +305,9 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       interceptors: auth ? [auth.interceptor] : [],
       metrics: {
         metrics,
-        authorize: (token) => (auth?.admins.accepts(token) ?? false) || equalTokens(token, config.metricsToken),
+        authorize: (token) =>
+          (auth?.admins.accepts(token) ?? false) ||
+          (config.metricsToken !== undefined && sameToken(token, config.metricsToken)),
       },
     });
     logger.info(

@@ -20,6 +20,11 @@ function sha256(token: string): Buffer {
   return createHash("sha256").update(token).digest();
 }
 
+/** Whether two secrets are the same, compared in constant time (by their hashes, so lengths do not show). */
+export function sameToken(a: string, b: string): boolean {
+  return timingSafeEqual(sha256(a), sha256(b));
+}
+
 export class AdminTokens {
   private readonly view: KvView<Buffer>;
 

@@ -9,7 +9,7 @@ export {
   newServiceAccountId,
 } from "./accounts.js";
 export type { ServiceAccountRecord } from "./accounts.js";
-export { newAdminToken } from "./admin-tokens.js";
+export { newAdminToken, sameToken } from "./admin-tokens.js";
 export { bearerAuth } from "./bearer.js";
 export type { AdminTokens } from "./admin-tokens.js";
 export { actorOf, principalOf, startAuth } from "./auth.js";

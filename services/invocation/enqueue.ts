@@ -52,11 +52,12 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
   }
   record.run_id = invoke.runId = runId;
   const subject = subjects.runQueue(app.project_id, app.app_name);
+  const queue = { project: app.project_id, app: app.app_name };
   let written = false;
   try {
     const full = async () =>
-      (await deps.queueDepths.count(subject)) >= deps.maxQueuedRuns &&
-      (await deps.queueDepths.fresh(subject)) >= deps.maxQueuedRuns;
+      (await deps.queueDepths.count(queue)) >= deps.maxQueuedRuns &&
+      (await deps.queueDepths.fresh(queue)) >= deps.maxQueuedRuns;
     if (await full()) {
       throw new ConnectError(
         `app ${app.app_name} has ${deps.maxQueuedRuns} runs queued, the most it may have (SKIFF_MAX_QUEUED_RUNS); try again later`,
@@ -74,7 +75,7 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
     publishRunEventUnacked(deps.nc, record);
     const { data } = await encodeRequest(deps.transfer, invoke, record);
     await deps.js.publish(subject, data, { msgID: runId });
-    deps.queueDepths.accepted(subject);
+    deps.queueDepths.accepted(queue);
   } catch (err) {
     if (call.idempotencyKey !== undefined)
       await releaseIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);

@@ -7,7 +7,11 @@
 // gateways accepted in the last second: a cap against runaway queues, not
 // an exact quota.
 import type { JetStreamManager } from "nats";
-import { streams } from "../nats/index.js";
+import { queuedRuns } from "../runs/index.js";
+
+/** An app, by project and name. */
+type QueueOf = { project: string; app: string };
+const keyOf = (a: QueueOf) => `${a.project}.${a.app}`;
 
 export const QUEUE_DEPTH_REFRESH_MS = 1_000;
 
@@ -25,39 +29,38 @@ export class QueueDepths {
     private readonly refreshMs = QUEUE_DEPTH_REFRESH_MS,
   ) {}
 
-  /** Runs waiting or running on `subject`, as last read plus this process's accepts since. */
-  async count(subject: string): Promise<number> {
-    const depth = this.depths.get(subject);
+  /** Runs of `app` waiting or running, as last read plus this process's accepts since. */
+  async count(app: QueueOf): Promise<number> {
+    const depth = this.depths.get(keyOf(app));
     if (depth === undefined) {
-      await this.read(subject);
-      return this.depths.get(subject)!.count;
+      await this.read(app);
+      return this.depths.get(keyOf(app))!.count;
     }
     if (Date.now() - depth.readAt >= this.refreshMs && depth.refreshing === undefined) {
       // In the background: a call never waits for it once the app was read once.
-      depth.refreshing = this.read(subject)
+      depth.refreshing = this.read(app)
         .catch(() => undefined)
         .finally(() => (depth.refreshing = undefined));
     }
     return depth.count;
   }
 
-  /** Runs waiting or running on `subject`, read now. */
-  async fresh(subject: string): Promise<number> {
-    await this.read(subject);
-    return this.depths.get(subject)!.count;
+  /** Runs of `app` waiting or running, read now. */
+  async fresh(app: QueueOf): Promise<number> {
+    await this.read(app);
+    return this.depths.get(keyOf(app))!.count;
   }
 
-  /** A run this process queued on `subject`. */
-  accepted(subject: string): void {
-    const depth = this.depths.get(subject);
+  /** A run this process queued for `app`. */
+  accepted(app: QueueOf): void {
+    const depth = this.depths.get(keyOf(app));
     if (depth) depth.count++;
   }
 
-  private async read(subject: string): Promise<void> {
-    const info = await this.jsm.streams.info(streams.runs.name, { subjects_filter: subject });
-    const count = info.state.subjects?.[subject] ?? 0;
-    const depth = this.depths.get(subject);
+  private async read(app: QueueOf): Promise<void> {
+    const [{ count }] = await queuedRuns(this.jsm, app);
+    const depth = this.depths.get(keyOf(app));
     if (depth) Object.assign(depth, { count, readAt: Date.now() });
-    else this.depths.set(subject, { count, readAt: Date.now(), refreshing: undefined });
+    else this.depths.set(keyOf(app), { count, readAt: Date.now(), refreshing: undefined });
   }
 }

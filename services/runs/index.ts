@@ -26,6 +26,8 @@ export type { FinishDeps } from "./finish.js";
 export type { InvokeRequest, InvokeResponse } from "./invoke.js";
 export { NoRunner, contentTypeOf, outcomeOfAnswer, outcomeOfError, runFailure } from "./outcome.js";
 export type { RunOutcome } from "./outcome.js";
+export { queuedRuns } from "./queue.js";
+export type { QueuedRuns } from "./queue.js";
 export { RunResults } from "./results.js";
 export type { Body } from "./results.js";
 export { RUN_STATUSES, isFinal } from "./status.js";
