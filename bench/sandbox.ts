@@ -2,16 +2,18 @@
 //
 //   cold start: deploy with no replica, then the first call, until its answer
 //     (spawn, the app's own start, the first healthcheck), sandbox off, on,
-//     and on with outbound network (slirp4netns, when installed);
+//     and on with outbound network (slirp4netns, when installed), with a
+//     cgroup per sandbox where the host allows it, as skiff does;
 //   per call: sequential calls on a warm replica, and 32 at once, sandbox on
 //     (Unix socket channel; a Custom app behind the in-sandbox relay) and off
 //     (127.0.0.1:port).
 //
-//   npx tsx bench/sandbox.ts [--quick]
+//   npx tsx bench/sandbox.ts [--quick] [--only <case>[,<case>]]
 //
-// Writes bench/results/sandbox.json; the ratios (on / off) are the result.
+// Writes bench/results/sandbox.json (with --only: sandbox-<cases>.json); the
+// ratios (on / off) are the result.
 import { cp, mkdtemp, rm, writeFile, mkdir } from "node:fs/promises";
-import { cpus, tmpdir } from "node:os";
+import { cpus, loadavg, tmpdir } from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { parseAppConfig, type AppConfig } from "../services/apps/app-config.js";
@@ -19,9 +21,11 @@ import { silentLogger } from "../services/config/logger.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
 import { prepareDeployment } from "../services/runner/prepare.js";
 import { Runner } from "../services/runner/runner.js";
-import { DEFAULT_SANDBOX, slirpPath, type SandboxOptions } from "../services/runner/sandbox.js";
+import { DEFAULT_SANDBOX, enableCgroups, slirpPath, type SandboxOptions } from "../services/runner/sandbox.js";
 
 const quick = process.argv.includes("--quick");
+const onlyAt = process.argv.indexOf("--only");
+const only = onlyAt > 0 ? process.argv[onlyAt + 1]?.split(",") : undefined;
 const COLD_ROUNDS = quick ? 5 : 15;
 const CALLS = quick ? 1000 : 5000;
 const ROOT = path.resolve(import.meta.dirname, "..");
@@ -144,12 +148,22 @@ async function perCall(tmp: string, c: Case, sandbox: SandboxOptions) {
 }
 
 const tmp = await mkdtemp(path.join(tmpdir(), "skiff-bench-sandbox-"));
+// As skiff at start (configureSandbox): a cgroup per sandbox where the host allows it.
+const cgroups = enableCgroups();
 const results: Record<string, unknown> = {
-  machine: { cores: cpus().length, node: process.version, quick, date: new Date().toISOString() },
+  machine: {
+    cores: cpus().length,
+    node: process.version,
+    quick,
+    date: new Date().toISOString(),
+    cgroups: cgroups === true ? "per sandbox" : `none: ${cgroups}`,
+    // Other work on the machine skews every figure: the 1-minute load average before and after.
+    load: [loadavg()[0]],
+  },
 };
 const ratios: Record<string, number> = {};
 try {
-  for (const c of CASES) {
+  for (const c of CASES.filter((c) => !only || only.includes(c.name))) {
     console.log(`${c.name}: cold starts`);
     const coldOff = median(await coldStart(tmp, c, OFF));
     const coldOn = median(await coldStart(tmp, c, DEFAULT_SANDBOX));
@@ -171,7 +185,8 @@ try {
   await rm(tmp, { recursive: true, force: true });
 }
 results.ratios = ratios;
-const out = path.join(import.meta.dirname, "results", "sandbox.json");
+(results.machine as { load: number[] }).load.push(loadavg()[0]);
+const out = path.join(import.meta.dirname, "results", only ? `sandbox-${only.join("-")}.json` : "sandbox.json");
 await mkdir(path.dirname(out), { recursive: true });
 await writeFile(out, JSON.stringify(results, null, 2) + "\n");
 console.log(JSON.stringify(ratios, null, 2));

@@ -245,6 +245,22 @@ describe("app config (skiff.toml)", () => {
     expect(issues(text)).toEqual(["skiff.toml:14: scaling.cooldown must be between 1 and 86400, got 0"]);
   });
 
+  it("a table named like a property of every object ([constructor], [toString]) is still unknown", () => {
+    for (const name of ["constructor", "toString", "__proto__", "hasOwnProperty"]) {
+      expect(issues(`${CUSTOM}\n["${name}"]\nx = 1\n`)).toEqual([
+        `skiff.toml:8: ${name} is not a known table; tables are [app], [runtime], [env], [scaling]`,
+      ]);
+    }
+  });
+
+  it("an env variable named __proto__ is kept like any other", () => {
+    const config = parseAppConfig(`${CUSTOM}\n[env]\n"__proto__" = "x"\nconstructor = "y"\n`);
+    expect(Object.entries(config.env).sort()).toEqual([
+      ["__proto__", "x"],
+      ["constructor", "y"],
+    ]);
+  });
+
   it("the file name given is used in messages", () => {
     expect(() => parseAppConfig("[app]\n", "apps/x/skiff.toml")).toThrow(
       /^apps\/x\/skiff\.toml:1: app\.name is required/,

@@ -3,6 +3,8 @@
 import { lstat, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
+import { gunzipSync, gzipSync } from "node:zlib";
+import { Header, Pax } from "tar";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { BundleError, unpackBundle } from "../services/apps/bundle.js";
 import { silentLogger } from "../services/config/logger.js";
@@ -135,5 +137,85 @@ describe("deployment cache - prepared.json is never written through a link", () 
     expect(await cache.prune(new Set([digest]))).toEqual([]);
     expect(await cache.prune(new Set())).toEqual([digest]);
     expect(await readdir(root)).toEqual([]);
+  });
+});
+
+describe("bundle - paths that are a file and something else (found by fuzzing)", () => {
+  it("a hard link to a folder, or to anything that is not a file earlier in the bundle, is refused", async () => {
+    for (const linkpath of [".", "sub", "later.txt", "no-such-file"]) {
+      expect(
+        await refused([
+          { path: "sub", type: "Directory" },
+          { path: "h", type: "Link", linkpath },
+          { path: "later.txt", body: "x" },
+        ]),
+      ).toMatch(/is a hard link to .*, which is not a file earlier in the bundle/);
+    }
+  });
+
+  it("a hard link to a file earlier in the bundle is unpacked", async () => {
+    const dest = await mkdtemp(path.join(tmp, "dest-"));
+    await unpackBundle(
+      tarOf([
+        { path: "a.txt", body: "same" },
+        { path: "./b.txt", type: "Link", linkpath: "./a.txt" },
+      ]),
+      dest,
+      { maxBytes: 1024 * 1024 },
+    );
+    expect(await readFile(path.join(dest, "b.txt"), "utf8")).toBe("same");
+    expect((await lstat(path.join(dest, "b.txt"))).nlink).toBe(2);
+  });
+
+  it("an entry below a file (skiff.toml/a linked to skiff.toml) is refused rather than left waiting forever", async () => {
+    expect(await refused([{ path: "skiff.toml/a", type: "Link", linkpath: "skiff.toml" }])).toMatch(
+      /"skiff\.toml\/a" lies below a file/,
+    );
+  });
+
+  it("skiff.toml at the root must be a file, not a folder or a symbolic link", async () => {
+    const dest = await mkdtemp(path.join(tmp, "dest-"));
+    for (const entries of [
+      [{ path: "skiff.toml", type: "Directory" as const }],
+      [
+        { path: "real.toml", body: TOML },
+        { path: "skiff.toml", type: "SymbolicLink" as const, linkpath: "real.toml" },
+      ],
+    ]) {
+      await expect(unpackBundle(rawTar(entries), dest, { maxBytes: 1024 * 1024 })).rejects.toThrow(
+        /^skiff\.toml at the root of the bundle is a (Directory|SymbolicLink), not a file$/,
+      );
+    }
+    expect(await readdir(dest)).toEqual([]);
+  });
+
+  it("an entry the file system refuses (a name too long) fails the unpacking only once the unpacker has stopped writing", async () => {
+    const dest = await mkdtemp(path.join(tmp, "dest-"));
+    // A pax header names the next entry d/nnn…n, one segment longer than any file system takes.
+    const pax = new Pax({ path: `d/${"n".repeat(300)}` }).encode();
+    const head = Buffer.alloc(512);
+    new Header({ path: "d/short", type: "File", size: 1, mode: 0o644, mtime: new Date(0), uid: 0, gid: 0 }).encode(
+      head,
+      0,
+    );
+    const body = Buffer.alloc(512, 0);
+    body.write("x");
+    const base = gunzipSync(tarOf([{ path: "z/after.txt", body: "y" }]));
+    const tar = Buffer.concat([base.subarray(0, 1024), pax, head, body, base.subarray(1024)]);
+    await expect(unpackBundle(gzipSync(tar), dest, { maxBytes: 1024 * 1024 })).rejects.toThrow(
+      /^cannot unpack the bundle: ENAMETOOLONG/,
+    );
+    // The entry after the refused one was written before the refusal came back, not after.
+    expect(await readFile(path.join(dest, "z", "after.txt"), "utf8")).toBe("y");
+  });
+});
+
+describe("bundle - links the unpacker would wait on forever (found by fuzzing)", () => {
+  it.each([
+    ["a/a -> a", { path: "a/a", type: "SymbolicLink" as const, linkpath: "a" }],
+    ["x/y/z -> X/Y (folded case)", { path: "x/y/z", type: "SymbolicLink" as const, linkpath: "X/Y" }],
+    ["d -> d/e", { path: "d", type: "SymbolicLink" as const, linkpath: "d/e" }],
+  ])("%s is refused", async (_name, entry) => {
+    expect(await refused([entry])).toMatch(/is a link whose path and target lie one inside the other/);
   });
 });

@@ -1,6 +1,7 @@
 // The sandbox and bundle limits as a whole skiff shows them: /readyz says
-// when apps run unconfined, a project past SKIFF_MAX_APPS_PER_PROJECT gets
-// 429, and a deploy error quotes no file.
+// when apps run unconfined, a project past SKIFF_MAX_APPS_PER_PROJECT or
+// SKIFF_MAX_PROJECT_UNPACKED_BYTES gets 429, and a deploy error quotes no
+// file.
 import { mkdtemp, mkdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -56,6 +57,38 @@ describe("sandbox - seen from a running skiff", () => {
     const message = (err as ConnectError).rawMessage;
     expect(message).toContain("ValueError: raised while the module was imported at main.py:1");
     expect(message).not.toMatch(/localhost|\/etc\//);
+  });
+});
+
+describe("SKIFF_MAX_PROJECT_UNPACKED_BYTES", () => {
+  let t: TestSkiff | undefined;
+  afterAll(() => t?.close());
+
+  it("counts the current deployment of every app of the project, not the app's own earlier one; a deleted app frees its share", async () => {
+    t = await startTestSkiff({ env: { SKIFF_MAX_PROJECT_UNPACKED_BYTES: "70000" } });
+    const data = (name: string, kb: number) => bundle(name, { "data.txt": "x".repeat(kb * 1000) });
+    await deploy(t, await data("one", 20));
+    // A new version of the same app replaces its share: 20 KB then 30 KB is not 50 KB.
+    await deploy(t, await data("one", 30));
+    await deploy(t, await data("two", 30));
+    const err = await deploy(t, await data("three", 15)).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ConnectError);
+    expect((err as ConnectError).code).toBe(Code.ResourceExhausted);
+    expect((err as ConnectError).rawMessage).toMatch(
+      /^this bundle unpacks to \d+ bytes and the current deployments of project p-dev's other apps to \d+: together more than the limit of 70000 bytes \(SKIFF_MAX_PROJECT_UNPACKED_BYTES\)/,
+    );
+    const apps = await t.management().listApps({ projectId: "p-dev" });
+    expect(apps.apps.map((a) => a.appName).sort()).toEqual(["one", "two"]);
+    // Over REST it is a 429 with the same message.
+    const res = await fetch(`${t.url}/v2/projects/p-dev/apps`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${t.adminToken}`, "content-type": "application/gzip" },
+      body: await data("three", 15),
+    });
+    expect(res.status).toBe(429);
+    expect(((await res.json()) as { message: string }).message).toMatch(/SKIFF_MAX_PROJECT_UNPACKED_BYTES/);
+    await t.management().deleteApp({ projectId: "p-dev", appName: "two" });
+    await deploy(t, await data("three", 15));
   });
 });
 

@@ -291,7 +291,8 @@ function checkRuntime(c: Checker, t: Table): AppConfig["runtime"] | undefined {
 }
 
 function checkEnv(c: Checker, t: Table): Record<string, string> {
-  const env: Record<string, string> = {};
+  // Without a prototype, a variable named __proto__ is kept as the others are.
+  const env = Object.create(null) as Record<string, string>;
   for (const [name, value] of Object.entries(t)) {
     if (!ENV_NAME_PATTERN.test(name))
       c.fail(`env.${name}`, "is not a valid variable name: letters, digits and _, not starting with a digit");
@@ -358,7 +359,8 @@ export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig 
   }
   const c = new Checker(keyLines(text));
   for (const k of Object.keys(doc))
-    if (!(k in KEYS) && k !== "env") c.fail(k, "is not a known table; tables are [app], [runtime], [env], [scaling]");
+    if (!Object.hasOwn(KEYS, k) && k !== "env")
+      c.fail(k, "is not a known table; tables are [app], [runtime], [env], [scaling]");
   const name =
     doc.app === undefined ? c.fail("app", 'is required: [app] with name = "..."') : checkApp(c, c.table(doc, "app"));
   const runtime =

@@ -9,15 +9,18 @@
 //
 // unpackBundle() reads the whole bundle before writing anything and refuses
 // it when any entry is an absolute path, has a `..` segment, lies below a
-// link, is under `.skiff/` (skiff's own), or is not a plain file, folder or
-// link (devices, FIFOs); when a link's target points out of the folder or
-// passes through another link (so `d -> .` then `e -> d/d/../..` cannot
-// climb out, whatever the text of the path says); when it has more entries
+// link or a file, is under `.skiff/` (skiff's own), or is not a plain file,
+// folder or link (devices, FIFOs); when a link's target points out of the
+// folder or passes through another link (so `d -> .` then `e -> d/d/../..`
+// cannot climb out, whatever the text of the path says) or the link's path
+// and target lie one inside the other; when a hard link names anything but
+// a file earlier in the bundle; when it has more entries
 // than SKIFF_MAX_BUNDLE_FILES; when the gzip bytes or the tar inside exceed
-// the limit (SKIFF_MAX_BUNDLE_BYTES); or when `skiff.toml` is not at its
-// root. Once written, every symbolic link is resolved by the file system
+// the limit (SKIFF_MAX_BUNDLE_BYTES); or when `skiff.toml` is not a file at
+// its root. Once written, every symbolic link is resolved by the file system
 // and must land on a file or folder inside the app folder; otherwise the
-// folder is removed and the bundle refused.
+// folder is removed and the bundle refused. After an error it returns only
+// once the unpacker has stopped writing.
 import { createHash } from "node:crypto";
 import { lstat, mkdir, readdir, readFile, readlink, realpath, rm } from "node:fs/promises";
 import path from "node:path";
@@ -120,6 +123,7 @@ export async function packApp(dir: string): Promise<PackedApp> {
 }
 
 const ALLOWED_TYPES = new Set(["File", "OldFile", "ContiguousFile", "Directory", "SymbolicLink", "Link"]);
+const FILE_TYPES = new Set(["File", "OldFile", "ContiguousFile", "Link"]);
 
 /**
  * Whether a link target, resolved segment by segment from the link's folder,
@@ -149,6 +153,24 @@ function targetStaysInside(entryPath: string, target: string, hard: boolean, lin
     if (links.has(cur.join("/")) && (hard || i < segments.length - 1)) return false;
   }
   return true;
+}
+
+/**
+ * The unpacker (node-tar) reserves a link's path and its target's text, each
+ * with its folders, under one key per path (Unicode- and case-folded); when
+ * one of them is a folder of the other, it waits for itself forever. Such a
+ * link (`a/a -> a`) is refused before anything is written.
+ */
+function wedgesUnpacker(entryPath: string, linkpath: string): boolean {
+  const key = (p: string) =>
+    path.posix.join(p.normalize("NFD").toLocaleLowerCase("en").toLocaleUpperCase("en")).replace(/(?<=.)\/+$/, "");
+  const folders = (p: string) => {
+    const out: string[] = [];
+    for (let at = p.indexOf("/"); at !== -1; at = p.indexOf("/", at + 1)) out.push(at === 0 ? "/" : p.slice(0, at));
+    return out;
+  };
+  const [a, b] = [key(entryPath), key(linkpath)];
+  return folders(a).includes(b) || folders(b).includes(a);
 }
 
 /** The checks of one entry; returns its normalized path. */
@@ -221,6 +243,11 @@ export async function inspectBundle(
   const entries: string[] = [];
   const links = new Set<string>();
   const targets: { path: string; target: string; hard: boolean }[] = [];
+  /** Files seen so far: the only things a hard link may name (tar's own rule; a link to a folder can wedge the unpacker). */
+  const files = new Set<string>();
+  let strayHardLink: { path: string; target: string } | undefined;
+  /** The type of the last skiff.toml entry at the root: the one left on disk. */
+  let configType: string | undefined;
   let failure: Error | undefined;
   const parser = new Parser({
     strict: true,
@@ -229,6 +256,31 @@ export async function inspectBundle(
         if (!failure) {
           const normal = checkEntry(entry, links);
           entries.push(normal);
+          if (normal === APP_CONFIG_FILE) configType = entry.type;
+          // A path that is a file and a folder at once (the unpacker can wait forever on it).
+          for (let at = normal.indexOf("/"); at !== -1; at = normal.indexOf("/", at + 1))
+            if (files.has(normal.slice(0, at)))
+              throw new BundleError(
+                "invalid",
+                `bundle entry ${JSON.stringify(normal.slice(0, 200))} lies below a file`,
+              );
+          if (
+            (entry.type === "SymbolicLink" || entry.type === "Link") &&
+            wedgesUnpacker(entry.path, entry.linkpath ?? "")
+          )
+            throw new BundleError(
+              "invalid",
+              `bundle entry ${JSON.stringify(normal.slice(0, 200))} is a link whose path and target lie one inside the other`,
+            );
+          if (entry.type === "Link") {
+            const target = (entry.linkpath ?? "")
+              .split(/[\\/]+/)
+              .filter((s) => s !== "" && s !== ".")
+              .join("/");
+            if (!files.has(target)) strayHardLink ??= { path: normal, target };
+          }
+          if (FILE_TYPES.has(entry.type)) files.add(normal);
+          else files.delete(normal);
           if (entries.length > maxFiles)
             throw new BundleError(
               "invalid",
@@ -264,8 +316,15 @@ export async function inspectBundle(
         `bundle entry ${JSON.stringify(t.path.slice(0, 200))} is a link whose target leaves the app folder or passes through another link`,
       );
   }
-  if (!entries.includes(APP_CONFIG_FILE))
-    throw new BundleError("invalid", `the bundle has no ${APP_CONFIG_FILE} at its root`);
+  if (strayHardLink)
+    throw new BundleError(
+      "invalid",
+      `bundle entry ${JSON.stringify(strayHardLink.path.slice(0, 200))} is a hard link to ${JSON.stringify(strayHardLink.target.slice(0, 200))}, which is not a file earlier in the bundle`,
+    );
+  if (configType === undefined) throw new BundleError("invalid", `the bundle has no ${APP_CONFIG_FILE} at its root`);
+  // As packApp demands: a file, not a folder or a symbolic link (a hard link's content is a file).
+  if (!FILE_TYPES.has(configType))
+    throw new BundleError("invalid", `${APP_CONFIG_FILE} at the root of the bundle is a ${configType}, not a file`);
   return { tar, entries: entries.filter((e) => e !== "") };
 }
 
@@ -278,13 +337,17 @@ export async function unpackBundle(
   const info = await inspectBundle(bytes, opts);
   await mkdir(dest, { recursive: true });
   const unpack = extract({ cwd: dest, strict: true, preserveOwner: false, preservePaths: false });
-  await new Promise<void>((resolve, reject) => {
-    unpack.on("error", (err: Error) =>
-      reject(new BundleError("invalid", `cannot unpack the bundle: ${err.message}`, { cause: err })),
-    );
+  // After an error the unpacker goes on writing the entries it has begun: settle only once it is done,
+  // so that nothing is written into `dest` after this returns.
+  let failure: Error | undefined;
+  await new Promise<void>((resolve) => {
+    unpack.on("error", (err: Error) => {
+      failure ??= new BundleError("invalid", `cannot unpack the bundle: ${err.message}`, { cause: err });
+    });
     unpack.on("close", () => resolve());
     unpack.end(info.tar);
   });
+  if (failure) throw failure;
   try {
     await checkWrittenLinks(dest);
   } catch (err) {

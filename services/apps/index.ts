@@ -2,6 +2,6 @@
 // of deployed apps every process follows.
 export { APP_NAME_PATTERN, AppConfigError, loadAppConfig } from "./app-config.js";
 export type { AppConfig } from "./app-config.js";
-export { BundleError, bundleLimits, packApp, sha256, unpackBundle } from "./bundle.js";
+export { BundleError, bundleLimits, inspectBundle, packApp, sha256, unpackBundle } from "./bundle.js";
 export { AppRegistry, appKey, decodeAppRecord } from "./registry.js";
 export type { AppRecord, DeploymentRecord } from "./registry.js";

@@ -17,6 +17,8 @@ export interface DeploymentRecord {
   version: number;
   created_at: string;
   bundle_bytes: number;
+  /** What the bundle unpacks to (its tar), bytes; absent in records written before it was kept. */
+  unpacked_bytes?: number;
   /** sha256 of the bundle, hex: the cache key of unpacked deployments. */
   digest: string;
   /** "admin" or a service account id. */

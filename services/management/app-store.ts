@@ -15,6 +15,8 @@ export interface NewDeployment {
   config: AppConfig;
   functions: string[] | undefined;
   bytes: Uint8Array;
+  /** What the bundle unpacks to (its tar), bytes. */
+  unpackedBytes: number;
   digest: string;
   createdBy: string;
 }
@@ -59,6 +61,7 @@ export class AppStore {
         version: (previous?.deployment.version ?? 0) + 1,
         created_at: now,
         bundle_bytes: d.bytes.length,
+        unpacked_bytes: d.unpackedBytes,
         digest: d.digest,
         created_by: d.createdBy,
         object,

@@ -60,19 +60,30 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
       } catch (err) {
         throw refusal(err) ?? err;
       }
-      if (!(await store.get(projectId, ready.config.app.name))) {
-        const count = (await store.list(projectId)).length;
-        if (count >= bundleLimits.maxAppsPerProject)
-          throw new ConnectError(
-            `project ${projectId} has ${count} apps, the most it may have (SKIFF_MAX_APPS_PER_PROJECT): delete one, or deploy a new version of an existing app`,
-            Code.ResourceExhausted,
-          );
-      }
+      const appName = ready.config.app.name;
+      const others = (await store.list(projectId)).filter((r) => r.app_name !== appName);
+      if (others.length >= bundleLimits.maxAppsPerProject && !(await store.get(projectId, appName)))
+        throw new ConnectError(
+          `project ${projectId} has ${others.length} apps, the most it may have (SKIFF_MAX_APPS_PER_PROJECT): delete one, or deploy a new version of an existing app`,
+          Code.ResourceExhausted,
+        );
+      // The app's own current deployment is replaced, so it does not count; records from before sizes were
+      // kept count with their gzipped size.
+      const othersBytes = others.reduce((n, r) => n + (r.deployment.unpacked_bytes ?? r.deployment.bundle_bytes), 0);
+      const limit = deps.apps.maxProjectUnpackedBytes;
+      if (othersBytes + ready.unpackedBytes > limit)
+        throw new ConnectError(
+          `this bundle unpacks to ${ready.unpackedBytes} bytes and the current deployments of project ${projectId}'s ` +
+            `other apps to ${othersBytes}: together more than the limit of ${limit} bytes ` +
+            "(SKIFF_MAX_PROJECT_UNPACKED_BYTES): delete an app, or deploy a smaller bundle",
+          Code.ResourceExhausted,
+        );
       const record = await store.deploy({
         projectId,
         config: ready.config,
         functions: ready.prepared.functions,
         bytes,
+        unpackedBytes: ready.unpackedBytes,
         digest,
         createdBy: actorOf(p),
       });
@@ -81,6 +92,7 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
         version: d.version,
         digest: d.digest,
         bundle_bytes: d.bundle_bytes,
+        unpacked_bytes: d.unpacked_bytes,
       });
       return { app: appMessage(record, await observer.replicas(projectId, record.app_name)) };
     },

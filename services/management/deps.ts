@@ -17,7 +17,12 @@ export interface AppDeps {
    * (dependencies, Cortex functions). Throws BundleError, AppConfigError or
    * PrepareFailed.
    */
-  prepare(digest: string, bytes: Uint8Array): Promise<{ config: AppConfig; prepared: PreparedDeployment }>;
+  prepare(
+    digest: string,
+    bytes: Uint8Array,
+  ): Promise<{ config: AppConfig; prepared: PreparedDeployment; unpackedBytes: number }>;
+  /** SKIFF_MAX_PROJECT_UNPACKED_BYTES: what the current deployments of a project's apps may unpack to together. */
+  maxProjectUnpackedBytes: number;
 }
 
 export interface ManagementDeps {

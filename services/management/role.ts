@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
+import { inspectBundle } from "../apps/index.js";
 import { type Auth, issueToken } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets, objectStores } from "../nats/index.js";
@@ -31,6 +32,8 @@ export interface ManagementRoleOptions {
   adminToken: string | undefined;
   /** SKIFF_MAX_BUNDLE_BYTES. */
   maxBundleBytes: number;
+  /** SKIFF_MAX_PROJECT_UNPACKED_BYTES. */
+  maxProjectUnpackedBytes: number;
   /** The process's run helpers. */
   runs: RunContext;
   /**
@@ -93,8 +96,13 @@ async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {
   return {
     store,
     observer: await AppObserver.start(opts.nc),
+    maxProjectUnpackedBytes: opts.maxProjectUnpackedBytes,
     async prepare(digest, bytes) {
-      if (cache) return cache.get(digest, async () => bytes);
+      if (cache) {
+        const ready = await cache.get(digest, async () => bytes);
+        // A folder prepared before its size was kept: the bundle says it.
+        return { ...ready, unpackedBytes: ready.unpackedBytes ?? (await inspectBundle(bytes, check)).tar.length };
+      }
       // No runner here: prepare a throwaway copy, only to check the bundle.
       const dir = await mkdtemp(path.join(tmpdir(), "skiff-check-"));
       try {

@@ -29,12 +29,15 @@ export interface PreparedBundle {
   dir: string;
   config: AppConfig;
   prepared: PreparedDeployment;
+  /** What the bundle unpacked to (its tar), bytes; undefined for folders prepared before it was kept. */
+  unpackedBytes: number | undefined;
 }
 
 interface Marker {
   functions?: string[];
   /** The venv's interpreter, relative to the folder: the folder moves after preparing. */
   python?: string;
+  unpacked_bytes?: number;
 }
 
 /**
@@ -45,11 +48,11 @@ export async function prepareBundle(
   bytes: Uint8Array,
   dir: string,
   opts: { maxBytes: number; logger: Logger },
-): Promise<{ config: AppConfig; prepared: PreparedDeployment }> {
-  await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes });
+): Promise<{ config: AppConfig; prepared: PreparedDeployment; unpackedBytes: number }> {
+  const { tar } = await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes });
   const config = await loadAppConfig(dir);
   const prepared = await prepareDeployment(dir, config, opts.logger);
-  return { config, prepared };
+  return { config, prepared, unpackedBytes: tar.length };
 }
 
 /** Writes `.skiff/prepared.json` into `dir`: `.skiff` must be a folder (not a link), the file must not exist. */
@@ -143,7 +146,7 @@ export class DeploymentCache {
     if (marker.functions) prepared.functions = marker.functions;
     if (marker.python) prepared.python = path.join(dir, marker.python);
     this.known.add(digest);
-    return { dir, config: await loadAppConfig(dir), prepared };
+    return { dir, config: await loadAppConfig(dir), prepared, unpackedBytes: marker.unpacked_bytes };
   }
 
   private async make(digest: string, bytes: () => Promise<Uint8Array>): Promise<PreparedBundle> {
@@ -152,10 +155,11 @@ export class DeploymentCache {
     await mkdir(this.root, { recursive: true });
     const staging = path.join(this.root, `.staging-${digest.slice(0, 16)}-${randomBytes(4).toString("hex")}`);
     try {
-      const { prepared } = await prepareBundle(data, staging, this.opts);
+      const { prepared, unpackedBytes } = await prepareBundle(data, staging, this.opts);
       const marker: Marker = {
         functions: prepared.functions,
         python: prepared.python && path.relative(staging, prepared.python),
+        unpacked_bytes: unpackedBytes,
       };
       await writeMarker(staging, marker);
       await rename(staging, this.dirOf(digest)).catch(async (err: NodeJS.ErrnoException) => {

@@ -110,7 +110,22 @@ export interface ReplicaHooks {
 export interface Exchange {
   status: number;
   headers: http.IncomingHttpHeaders;
+  /** The whole body; empty when it streams. */
   body: Buffer;
+  /** The response still being read, when the answer streams. */
+  stream?: http.IncomingMessage;
+}
+
+const EMPTY = Buffer.alloc(0);
+
+/**
+ * Whether an answer streams: its length is not known in advance (chunked,
+ * or until the connection closes), or it is server-sent events. An answer
+ * with a Content-Length arrives whole first, the fast path of small answers.
+ */
+export function streams(status: number | undefined, headers: http.IncomingHttpHeaders): boolean {
+  if (status === 204 || status === 304) return false;
+  return headers["content-length"] === undefined || (headers["content-type"]?.startsWith("text/event-stream") ?? false);
 }
 
 /** How many stderr lines a StartFailed quotes. */
@@ -273,8 +288,9 @@ export class Replica {
       if (spawnError) throw new StartFailed(`cannot start ${s.command}: ${spawnError.message}`, { cause: spawnError });
       if (!this.alive) {
         const sig = s.sandbox ? exitSignal(child.exitCode, child.signalCode) : undefined;
+        const setup = this.sandboxed?.setupError?.();
         throw new StartFailed(
-          `the replica exited during start (${sig ? `signal ${sig}` : `code ${child.exitCode ?? child.signalCode}`})${this.stderrQuote()}`,
+          `the replica exited during start (${sig ? `signal ${sig}` : `code ${child.exitCode ?? child.signalCode}`})${setup ? `: ${setup}` : ""}${this.stderrQuote()}`,
         );
       }
       if (this.stopping) throw new StartFailed("the replica was stopped during start");
@@ -290,11 +306,28 @@ export class Replica {
   }
 
   /** Which sandbox limit most likely ended the process, from its signal and its last words. */
+  /** The kernel ended a process of its cgroup for memory: known at once, before the replica has exited. */
+  private cgroupOutOfMemory(): string | undefined {
+    const l = this.spec.sandbox?.limits;
+    // Evidence of its own, whoever else was stopping the replica (a quarantine that found it unresponsive).
+    if (!l || !this.sandboxed?.oomKilled?.()) return undefined;
+    return `it ran out of memory: its processes together used more than ${l.memoryMb} MiB (SKIFF_REPLICA_MEMORY_MB)`;
+  }
+
+  /** Why a sandbox limit ended it, or is ending it when that is known before its exit. */
+  limitNow(): string | undefined {
+    return this.limitReason ?? this.cgroupOutOfMemory();
+  }
+
   private limitHit(sig: string | undefined): string | undefined {
     const l = this.spec.sandbox?.limits;
-    if (!l || this.stopping) return undefined;
+    // Each sign below is the limit's own (skiff stops replicas with SIGTERM and SIGKILL), so it holds even when
+    // skiff was stopping the replica too: a quarantined replica dying of its memory limit still says so.
+    if (!l) return undefined;
     if (sig === "SIGXFSZ") return `it wrote a file past the limit of ${l.fileMb} MiB (SKIFF_REPLICA_FILE_MB)`;
     if (sig === "SIGXCPU") return `it used its ${l.cpuSeconds} CPU seconds (SKIFF_REPLICA_CPU_SECONDS)`;
+    const together = this.cgroupOutOfMemory();
+    if (together) return together;
     if (this.outOfMemory)
       return `it ran out of memory: ${l.memoryMb} MiB of address space per process (SKIFF_REPLICA_MEMORY_MB)`;
     return undefined;
@@ -337,6 +370,11 @@ export class Replica {
     });
   }
 
+  /** Where a connection of its own reaches the app (a WebSocket's): the channel's socket, or 127.0.0.1:port. */
+  get address(): { socketPath?: string; host: string; port: number } {
+    return this.endpoint;
+  }
+
   /** GET path; the status, or 0 when the replica did not answer in time. */
   probe(path: string, timeoutMs: number): Promise<number> {
     return new Promise((resolve) => {
@@ -350,16 +388,27 @@ export class Replica {
     });
   }
 
-  /** One HTTP exchange with the replica; `onRequest` receives the request so the caller can abort it. */
+  /**
+   * One HTTP exchange with the replica; `onRequest` receives the request so
+   * the caller can abort it. With `mayStream`, an answer that streams (see
+   * streams()) resolves as soon as its head arrives, with the response to
+   * read as `stream`; any other answer resolves once it has arrived whole.
+   */
   send(
     method: string,
     path: string,
     headers: http.OutgoingHttpHeaders,
     body: Uint8Array,
     onRequest: (req: http.ClientRequest) => void,
+    mayStream = false,
   ): Promise<Exchange> {
     return new Promise((resolve, reject) => {
       const req = http.request({ ...this.endpoint, method, path, headers, agent: this.hooks.agent }, (res) => {
+        if (mayStream && streams(res.statusCode, res.headers)) {
+          res.on("error", () => {}); // its reader sees the error; an unread one is no crash of the runner
+          resolve({ status: res.statusCode ?? 502, headers: res.headers, body: EMPTY, stream: res });
+          return;
+        }
         const chunks: Buffer[] = [];
         res.on("data", (c: Buffer) => chunks.push(c));
         res.on("end", () => {

@@ -36,11 +36,12 @@ import {
   writeFileSync,
 } from "node:fs";
 import { readFile } from "node:fs/promises";
-import { constants, tmpdir } from "node:os";
+import { constants, networkInterfaces, tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { bundleLimits } from "../apps/index.js";
-import type { Config } from "../config/index.js";
+import { detectCgroups, type Cgroups } from "./cgroups.js";
+import { DEFAULT_REPLICA_DENIED_CIDRS, type Config } from "../config/index.js";
 
 export interface SandboxLimits {
   /** Address space per process (RLIMIT_AS), MiB. */
@@ -89,6 +90,10 @@ const PRLIMIT = "/usr/bin/prlimit";
 const SLIRP_CANDIDATES = ["/usr/bin/slirp4netns", "/usr/local/bin/slirp4netns"];
 /** The DNS forwarder slirp4netns offers inside the namespace. */
 const SLIRP_DNS = "10.0.2.3";
+const NSENTER_CANDIDATES = ["/usr/bin/nsenter", "/bin/nsenter"];
+const IP_CANDIDATES = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"];
+/** Priority of the namespace's rules that refuse the host's addresses: before the main table's (32766). */
+const DENY_RULE_PRIORITY = 100;
 const SETPRIV = "/usr/bin/setpriv";
 const ETC_FILES = [
   "/etc/ssl",
@@ -122,12 +127,77 @@ export const buildUid = (key: string): number => uidOf(BUILD_UID_BASE, key);
 
 export const runsAsRoot = (): boolean => process.getuid?.() === 0;
 
+/** SKIFF_BWRAP, when set (configureSandbox). */
+let bwrapSetting: string | undefined;
+
 export function bwrapPath(): string | undefined {
+  if (bwrapSetting) return existsSync(bwrapSetting) ? bwrapSetting : undefined;
   return BWRAP_CANDIDATES.find((p) => existsSync(p));
 }
 
 export function slirpPath(): string | undefined {
   return SLIRP_CANDIDATES.find((p) => existsSync(p));
+}
+
+/** The cgroups of sandboxes, when configureSandbox found them usable (or enableCgroups was called). */
+let cgroupsInUse: Cgroups | undefined;
+let cgroupSeq = 0;
+
+/** Puts every later sandbox of this process in a memory and pids cgroup of its own; false (and why) when it cannot. */
+export function enableCgroups(): true | string {
+  const found = detectCgroups();
+  if (typeof found === "string") return found;
+  cgroupsInUse = found;
+  return true;
+}
+
+/** SKIFF_REPLICA_DENIED_CIDRS, set by configureSandbox. */
+let deniedCidrs: string[] = DEFAULT_REPLICA_DENIED_CIDRS;
+
+/**
+ * The destinations a replica with outbound network must not reach: every
+ * IPv4 address the host has now (slirp4netns connects from the host's own
+ * stack, where a service bound to 0.0.0.0 or to one of them would answer;
+ * the host's loopback is refused by slirp4netns itself) and the configured
+ * ranges. slirp4netns runs without IPv6, so a replica has no IPv6 route out.
+ */
+export function deniedDestinations(): string[] {
+  const own = Object.values(networkInterfaces())
+    .flat()
+    .filter((a) => a !== undefined && a.family === "IPv4" && !a.address.startsWith("127."))
+    .map((a) => `${a!.address}/32`);
+  return [...new Set([...own, ...deniedCidrs])];
+}
+
+const findTool = (candidates: string[]) => candidates.find((p) => existsSync(p));
+
+/**
+ * Adds, from outside, rules to the network namespace of `pid` that refuse
+ * (EACCES) every denied destination, before anything of the app runs there.
+ * The app cannot take them out: it has no CAP_NET_ADMIN over that namespace
+ * (a host uid without capabilities when skiff is root; otherwise a user
+ * namespace in which bwrap dropped every capability, with no nested ones).
+ */
+function denyDestinations(pid: number): Promise<void> {
+  const nsenter = findTool(NSENTER_CANDIDATES);
+  const ip = findTool(IP_CANDIDATES);
+  if (!nsenter || !ip) return Promise.reject(new Error("nsenter (util-linux) or ip (iproute2) is missing"));
+  const ns = (kind: string) => `--${kind}=/proc/${pid}/ns/${kind === "user" ? "user" : "net"}`;
+  const args = runsAsRoot() ? [ns("net")] : ["--preserve-credentials", ns("user"), ns("net")];
+  const batch = deniedDestinations()
+    .map((cidr) => `rule add prohibit to ${cidr} priority ${DENY_RULE_PRIORITY}\n`)
+    .join("");
+  return new Promise((resolve, reject) => {
+    const p = spawn(nsenter, [...args, ip, "-batch", "-"], { stdio: ["pipe", "ignore", "pipe"] });
+    let stderr = "";
+    p.stderr!.on("data", (d: Buffer) => (stderr += d.toString()));
+    p.on("error", reject);
+    p.on("close", (code) =>
+      code === 0 ? resolve() : reject(new Error(`cannot keep the replica off the host's addresses: ${stderr.trim()}`)),
+    );
+    p.stdin!.on("error", () => undefined);
+    p.stdin!.end(batch);
+  });
 }
 
 let slirpResolv: string | undefined;
@@ -282,6 +352,10 @@ export function sandboxArgv(spec: SandboxSpec, infoFd: number, blockFd?: number)
 
 export interface SandboxedProcess {
   child: ChildProcess;
+  /** Why the sandbox was ended before its command ran, if it was. */
+  setupError?: () => string | undefined;
+  /** Whether the kernel's OOM killer ended a process of its cgroup (false without one). */
+  oomKilled?: () => boolean;
   /** Host pid of the sandbox's first process, once bwrap has said it. */
   initPid: () => number | undefined;
   /** Resolves once bwrap has said the init pid (or has exited). */
@@ -313,14 +387,28 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
   const infoFd = CHANNEL_FD + fds.length;
   const slirp = spec.network === "slirp4netns" ? slirpPath() : undefined;
   if (spec.network === "slirp4netns" && !slirp) throw new Error("slirp4netns is not installed");
-  const blockFd = slirp ? infoFd + 1 : undefined;
-  const stdio: StdioOptions = ["ignore", "pipe", "pipe", ...fds, "pipe", ...(slirp ? ["pipe" as const] : [])];
-  const child = spawn(bwrap, sandboxArgv(spec, infoFd, blockFd), {
-    env: spec.env,
-    stdio,
-    detached: true,
+  const cgroup = cgroupsInUse?.create(`sandbox-${++cgroupSeq}`, {
+    memoryBytes: spec.limits.memoryMb * 1024 * 1024,
+    pids: spec.limits.pids,
   });
+  // bwrap waits on the block fd, when there is one, before it runs the command.
+  const blockFd = slirp || cgroup ? infoFd + 1 : undefined;
+  const stdio: StdioOptions = ["ignore", "pipe", "pipe", ...fds, "pipe", ...(blockFd ? ["pipe" as const] : [])];
+  let child: ChildProcess;
+  try {
+    child = spawn(bwrap, sandboxArgv(spec, infoFd, blockFd), { env: spec.env, stdio, detached: true });
+  } catch (err) {
+    void cgroup?.remove();
+    throw err;
+  }
   let pid: number | undefined;
+  let setupError: string | undefined;
+  let oomKilled = false;
+  if (cgroup)
+    child.once("exit", () => {
+      oomKilled = cgroup.oomKilled();
+      void cgroup.remove();
+    });
   const info = child.stdio[infoFd] as NodeJS.ReadableStream | null;
   const ready = new Promise<void>((resolve) => {
     if (!info) return resolve();
@@ -338,41 +426,70 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
     info.on("error", () => resolve());
     child.on("close", () => resolve());
   });
-  if (slirp && blockFd !== undefined) {
-    // Once the namespace exists: slirp4netns gives it a tap device with a route out (not to the host's
-    // loopback); then bwrap, blocked until now, runs the command.
-    const block = child.stdio[blockFd] as NodeJS.WritableStream | null;
-    block?.on("error", () => undefined); // bwrap gone before the network was up
-    let released = false;
-    const release = () => {
-      if (released) return;
-      released = true;
-      block?.end("1");
+  const sandboxed: SandboxedProcess = {
+    child,
+    initPid: () => pid,
+    ready,
+    setupError: () => setupError,
+    oomKilled: () => oomKilled || (cgroup !== undefined && child.exitCode === null && cgroup.oomKilled()),
+  };
+  if (blockFd === undefined) return sandboxed;
+  const block = child.stdio[blockFd] as NodeJS.WritableStream | null;
+  block?.on("error", () => undefined); // bwrap gone before the sandbox was ready
+  let released = false;
+  const release = () => {
+    if (released) return;
+    released = true;
+    block?.end("1");
+  };
+  // Whatever fails before the command runs ends the sandbox first (bwrap goes on at any byte, or at the
+  // end, of the block fd).
+  const fail = (why: string) => {
+    setupError ??= why;
+    if (pid !== undefined) signalSandbox(sandboxed, "SIGKILL");
+  };
+  void (async () => {
+    await ready;
+    if (pid === undefined) return release();
+    if (cgroup) {
+      // Its first process, which forks the command only once released: everything the command starts is in it.
+      try {
+        cgroup.join(pid);
+      } catch (err) {
+        return fail(`cannot put the sandbox in its cgroup: ${(err as Error).message}`);
+      }
+    }
+    if (!slirp) return release();
+    await loopbackUp(pid);
+    // slirp4netns gives the namespace a tap device with a route out (not to the host's loopback). It exits
+    // when its exit fd closes: when the sandbox ends, or when this process does.
+    const net = spawn(
+      slirp,
+      ["--configure", "--mtu=65520", "--disable-host-loopback", "--ready-fd=3", "--exit-fd=4", String(pid), "tap0"],
+      { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"] },
+    );
+    const exitPipe = net.stdio[4] as NodeJS.WritableStream;
+    exitPipe.on("error", () => undefined);
+    const stopNet = () => {
+      exitPipe.end();
+      if (net.exitCode === null) net.kill("SIGTERM");
     };
-    void (async () => {
-      await ready;
-      if (pid === undefined) return release();
-      await loopbackUp(pid);
-      // It exits when its exit fd closes: when the sandbox ends, or when this process does.
-      const net = spawn(
-        slirp,
-        ["--configure", "--mtu=65520", "--disable-host-loopback", "--ready-fd=3", "--exit-fd=4", String(pid), "tap0"],
-        { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"] },
-      );
-      const exitPipe = net.stdio[4] as NodeJS.WritableStream;
-      exitPipe.on("error", () => undefined);
-      const stopNet = () => {
-        exitPipe.end();
-        if (net.exitCode === null) net.kill("SIGTERM");
-      };
-      if (child.exitCode !== null || child.signalCode !== null) stopNet();
-      else child.on("exit", stopNet);
-      net.on("error", release);
-      net.on("exit", release);
-      (net.stdio[3] as NodeJS.ReadableStream).once("data", release);
-    })();
-  }
-  return { child, initPid: () => pid, ready };
+    if (child.exitCode !== null || child.signalCode !== null) stopNet();
+    else child.on("exit", stopNet);
+    const netFailed = (why: string) => {
+      stopNet();
+      fail(why);
+    };
+    net.on("error", (err) => netFailed(`slirp4netns: ${err.message}`));
+    net.on("exit", () => {
+      if (!released) netFailed("slirp4netns ended before the network was up");
+    });
+    // Until the host's own addresses are refused in the namespace, the command does not run.
+    (net.stdio[3] as NodeJS.ReadableStream).once("data", () => {
+      denyDestinations(pid!).then(release, (err: Error) => netFailed(err.message));
+    });
+  })();
+  return sandboxed;
 }
 
 /**
@@ -408,7 +525,8 @@ export function exitSignal(code: number | null, signal: NodeJS.Signals | null): 
 /** Why a sandbox probe failed, or undefined when bwrap works here with these settings. */
 export function probeSandbox(limits: SandboxLimits): string | undefined {
   const bwrap = bwrapPath();
-  if (!bwrap) return "bwrap (Debian package bubblewrap) is not installed";
+  if (!bwrap && bwrapSetting) return `SKIFF_BWRAP names ${bwrapSetting}, which does not exist`;
+  if (!bwrap) return `bwrap (Debian package bubblewrap) is not installed (looked for ${BWRAP_CANDIDATES.join(", ")})`;
   for (const tool of [PRLIMIT, ...(runsAsRoot() ? [SETPRIV] : [])])
     if (!existsSync(tool)) return `${tool} (util-linux) is missing`;
   const spec: SandboxSpec = {
@@ -447,7 +565,7 @@ export type SandboxSettings = Pick<
   Config,
   "sandbox" | "replicaMemoryMb" | "replicaPids" | "replicaFileMb" | "replicaTmpMb" | "replicaCpuSeconds"
 > &
-  Partial<Pick<Config, "maxBundleFiles" | "maxAppsPerProject" | "replicaNetwork">>;
+  Partial<Pick<Config, "maxBundleFiles" | "maxAppsPerProject" | "replicaNetwork" | "bwrap" | "replicaDeniedCidrs">>;
 
 interface WarnLogger {
   warn(obj: object, msg: string): void;
@@ -469,6 +587,8 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
   };
   if (settings.maxBundleFiles !== undefined) bundleLimits.maxFiles = settings.maxBundleFiles;
   if (settings.maxAppsPerProject !== undefined) bundleLimits.maxAppsPerProject = settings.maxAppsPerProject;
+  bwrapSetting = settings.bwrap;
+  deniedCidrs = settings.replicaDeniedCidrs ?? DEFAULT_REPLICA_DENIED_CIDRS;
   const wanted = settings.replicaNetwork ?? "none";
   let network: SandboxNetwork = wanted === "auto" ? (slirpPath() ? "slirp4netns" : "none") : wanted;
   if (settings.sandbox === "off") {
@@ -483,8 +603,8 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
   const failure = probeSandbox(limits);
   if (failure)
     throw new Error(
-      `cannot sandbox apps on this host: ${failure}. Install bubblewrap (apt-get install bubblewrap) and util-linux, ` +
-        "or set SKIFF_SANDBOX=off to run apps unconfined (never for untrusted code).",
+      `cannot sandbox apps on this host: ${failure}. Install bubblewrap (apt-get install bubblewrap) and util-linux ` +
+        "(or set SKIFF_BWRAP to where bwrap is), or set SKIFF_SANDBOX=off to run apps unconfined (never for untrusted code).",
     );
   if (network === "slirp4netns" && !slirpPath()) {
     if (wanted === "slirp4netns")
@@ -493,16 +613,36 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
       );
     network = "none";
   }
+  if (network === "slirp4netns" && !runsAsRoot()) {
+    // Without root the sandbox's first process sits in a nested user namespace (bwrap --disable-userns) that
+    // does not own its network namespace: neither slirp4netns nor skiff's refusal rules can join it from there.
+    const why = "slirp4netns needs skiff to run as root here (a sandbox without root has nested user namespaces off)";
+    if (wanted === "slirp4netns") throw new Error(`SKIFF_REPLICA_NETWORK=slirp4netns: ${why}`);
+    logger.warn({ network: "none" }, `no outbound network for replicas: ${why}`);
+    network = "none";
+  }
+  if (network === "slirp4netns" && (!findTool(NSENTER_CANDIDATES) || !findTool(IP_CANDIDATES)))
+    throw new Error(
+      "replicas would reach the host's own addresses: slirp4netns needs nsenter (util-linux) and ip (iproute2) to " +
+        "refuse them; install them (apt-get install util-linux iproute2), or set SKIFF_REPLICA_NETWORK=none",
+    );
   if (network === "none")
     logger.warn(
       { network },
       "replicas and dependency installs have no network (loopback only): apps cannot call outside APIs and " +
         "dependencies must be vendored. Install slirp4netns (SKIFF_REPLICA_NETWORK=auto) to give them the outside world.",
     );
+  const cgroups = enableCgroups();
+  if (cgroups !== true)
+    logger.warn(
+      { cgroups: cgroups },
+      "no cgroup per replica here: a replica's memory is bounded per process (RLIMIT_AS) and its processes per " +
+        "project uid (RLIMIT_NPROC), not in total (see docs/security.md)",
+    );
   processDefault = { enabled: true, limits, network };
   logger.info(
-    { sandbox: "on", hostUid: runsAsRoot(), network, ...limits },
-    "apps run in a bubblewrap sandbox (own namespaces, read-only deployment, rlimits)",
+    { sandbox: "on", hostUid: runsAsRoot(), network, cgroup: cgroupsInUse?.version ?? null, ...limits },
+    `apps run in a bubblewrap sandbox (own namespaces, read-only deployment, rlimits${cgroupsInUse ? `, a cgroup v${cgroupsInUse.version} each` : ""})`,
   );
   return processDefault;
 }
