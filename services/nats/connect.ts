@@ -23,6 +23,7 @@ import {
   type NatsConnection,
 } from "nats";
 import { DEFAULT_NATS_PROBE_URL, natsAuth, type Logger, type NatsAuth, type NatsCredentials } from "../config/index.js";
+import { coalesceWrites } from "./coalesce.js";
 import { JetStreamDisabledError, NatsConnectError, NatsStartError, messageOf } from "./errors.js";
 import { findOnPath, NATS_SERVER_BINARY, spawnNatsServer, type NatsServerProcess } from "./server-process.js";
 
@@ -120,13 +121,13 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsHandle>
   return ready(nc, server.url, server, opts.logger, "started");
 }
 
-function dial(
+async function dial(
   url: string,
   name: string,
   timeout: number,
   authenticator: Authenticator | undefined,
 ): Promise<NatsConnection> {
-  return connect({
+  const nc = await connect({
     servers: serverList(url),
     name,
     timeout,
@@ -136,6 +137,8 @@ function dial(
     // A stack trace captured per request costs ~8% of a sync call's CPU; errors still say what failed.
     noAsyncTraces: true,
   });
+  coalesceWrites(nc);
+  return nc;
 }
 
 function authenticator(auth: NatsAuth | undefined): Authenticator | undefined {

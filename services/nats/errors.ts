@@ -3,6 +3,7 @@
 // show the root of the problem. Below them: the JetStream API's own error
 // codes, and how to read them off an error nats.js threw.
 import { NatsError } from "nats";
+import { PublishError } from "./acked-publish.js";
 
 /** No local nats-server could be started (missing binary, early exit, not ready in time). */
 export class NatsStartError extends Error {
@@ -46,6 +47,7 @@ export enum JsErrorCode {
 
 /** The JetStream API error code of an error nats.js threw, or undefined when it is not an API error. */
 export function jsErrorCode(err: unknown): number | undefined {
+  if (err instanceof PublishError) return err.apiCode;
   return err instanceof NatsError ? err.api_error?.err_code : undefined;
 }
 

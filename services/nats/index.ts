@@ -1,7 +1,11 @@
 // NATS plumbing: connecting (or starting a local nats-server), the layout of
 // every subject, stream, consumer, bucket and object store, provisioning it,
-// ensuring consumers, JetStream API errors, and views of KV buckets fed by
-// watches.
+// ensuring consumers, pipelined acknowledged publishes, JetStream API errors,
+// views of KV buckets fed by watches, and byte streams between two processes
+// over a subject pair.
+export { PublishError, publishAcked } from "./acked-publish.js";
+export type { PubAck, PublishOptions } from "./acked-publish.js";
+export { NatsByteStream } from "./byte-stream.js";
 export { connectNats, provision } from "./connect.js";
 export type { NatsHandle } from "./connect.js";
 export { ensureConsumer } from "./consumers.js";

@@ -26,6 +26,10 @@ export const subjects = {
   /** App log lines (replica stdout/stderr), one subject per app. */
   appLogs: (project: string, app: string) => `skiff.logs.${project}.${app}`,
   appLogsAll: "skiff.logs.>",
+  /** WebSocket handshakes from a gateway without the app's runner, request/reply, queue group `runners`. */
+  wsOpen: (project: string, app: string) => `skiff.ws.open.${project}.${app}`,
+  /** One WebSocket's bytes (nats/byte-stream.ts): `up` from the gateway to the runner, `down` back. */
+  wsStream: (runId: string, direction: "up" | "down") => `skiff.ws.stream.${runId}.${direction}`,
   /** Control messages between processes (cancel a running run, app changes). */
   control: (topic: string) => `skiff.control.${topic}`,
 } as const;
@@ -72,6 +76,16 @@ export const streams = {
     maxMsgsPerSubject: -1,
     description: "terminal events of runs that named a webhook, the webhook role's input",
   },
+  lostRuns: {
+    name: "SKIFF_LOST_RUNS",
+    // JetStream's own advisory, kept: it may fire while no runner is up to hear it (run-advisories.ts).
+    subjects: ["$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SKIFF_RUNS.*"],
+    retention: "workqueue",
+    maxAgeMs: 7 * DAY_MS,
+    duplicateWindowMs: 2 * 60 * 1000,
+    maxMsgsPerSubject: -1,
+    description: "MAX_DELIVERIES advisories of async runs, until a runner has failed the run (runner_lost)",
+  },
   logs: {
     name: "SKIFF_LOGS",
     subjects: [subjects.appLogsAll],
@@ -111,6 +125,14 @@ export const consumers = {
     maxDeliver: MAX_RUN_ATTEMPTS,
     description: `async runs of ${project}/${app}`,
   }),
+  /** Async runs whose every delivery's runner was lost, shared by every runner. */
+  lostRuns: {
+    stream: "SKIFF_LOST_RUNS",
+    name: "skiff-lost-runs",
+    filterSubject: "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SKIFF_RUNS.*",
+    maxDeliver: -1,
+    description: "async runs to fail as runner_lost",
+  },
   /**
    * The terminal events of runs that named a webhook, shared by every
    * webhook process. No max_deliver: naks between attempts count as

@@ -3,6 +3,8 @@
 // start, several at once when a cluster boots, so a lost race is normal:
 // whoever loses re-reads what the winner made and carries on.
 import {
+  ErrorCode,
+  NatsError,
   RetentionPolicy,
   StorageType,
   nanos,
@@ -17,6 +19,9 @@ import type { Logger } from "../config/index.js";
 import { JsErrorCode, NatsProvisionError, isJsError, jsErrorCode, messageOf } from "./errors.js";
 import { buckets, objectStores, streams, type BucketSpec, type ObjectStoreSpec, type StreamSpec } from "./layout.js";
 
+/** How long one JetStream API call of provisioning may take. */
+const PROVISION_TIMEOUT_MS = 30_000;
+
 /** Settings JetStream can change on an existing stream (they are part of StreamUpdateConfig). */
 const UPDATABLE = [
   "subjects",
@@ -24,6 +29,7 @@ const UPDATABLE = [
   "max_age",
   "duplicate_window",
   "max_msgs_per_subject",
+  "num_replicas",
 ] as const satisfies readonly (keyof StreamUpdateConfig)[];
 /** Settings fixed at creation: a difference is reported, never "fixed" by deleting data. */
 const FIXED = ["retention", "storage"] as const satisfies readonly (keyof StreamConfig)[];
@@ -39,20 +45,46 @@ interface Target {
   create: () => Promise<unknown>;
 }
 
-export async function provision(nc: NatsConnection, logger: Logger): Promise<void> {
-  const jsm = await nc.jetstreamManager();
-  const js = nc.jetstream();
+/**
+ * `replicas` (SKIFF_NATS_REPLICAS): copies of every stream, bucket and
+ * object store, on that many servers of a JetStream cluster (1 on a single
+ * server); an existing one is scaled to it.
+ */
+export async function provision(nc: NatsConnection, logger: Logger, replicas = 1): Promise<void> {
+  // Placing copies on a cluster's nodes can take longer than an API call's usual 5 s.
+  const jsm = await nc.jetstreamManager({ timeout: PROVISION_TIMEOUT_MS });
+  const js = nc.jetstream({ timeout: PROVISION_TIMEOUT_MS });
   const targets = [
-    ...Object.values(streams).map((spec) => streamTarget(jsm, spec)),
-    ...Object.values(buckets).map((spec) => bucketTarget(js, spec)),
-    ...Object.values(objectStores).map((spec) => objectStoreTarget(js, spec)),
+    ...Object.values(streams).map((spec) => streamTarget(jsm, spec, replicas)),
+    ...Object.values(buckets).map((spec) => bucketTarget(js, spec, replicas)),
+    ...Object.values(objectStores).map((spec) => objectStoreTarget(js, spec, replicas)),
   ];
-  await Promise.all(targets.map((target) => ensure(jsm, target, logger)));
+  await Promise.all(targets.map((target) => ensureWithRetries(jsm, target, logger)));
 }
 
-function streamTarget(jsm: JetStreamManager, spec: StreamSpec): Target {
+/** Attempts at one target when JetStream's API does not answer in time (a cluster busy placing copies). */
+const PROVISION_ATTEMPTS = 4;
+
+async function ensureWithRetries(jsm: JetStreamManager, target: Target, logger: Logger): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await ensure(jsm, target, logger);
+    } catch (err) {
+      const cause = err instanceof NatsProvisionError ? err.cause : err;
+      if (attempt >= PROVISION_ATTEMPTS || !(cause instanceof NatsError && cause.code === ErrorCode.Timeout)) throw err;
+      logger.warn(
+        { kind: target.kind, name: target.name, attempt },
+        `${target.kind} ${target.name}: JetStream did not answer in time; trying again`,
+      );
+      await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
+    }
+  }
+}
+
+function streamTarget(jsm: JetStreamManager, spec: StreamSpec, replicas: number): Target {
   const want: Wanted = {
     name: spec.name,
+    num_replicas: replicas,
     subjects: [...spec.subjects],
     retention: spec.retention === "workqueue" ? RetentionPolicy.Workqueue : RetentionPolicy.Limits,
     storage: StorageType.File,
@@ -66,9 +98,10 @@ function streamTarget(jsm: JetStreamManager, spec: StreamSpec): Target {
 
 // KV buckets and object stores are created through nats.js so that their
 // streams get exactly the subjects and flags the client expects to find.
-function bucketTarget(js: JetStreamClient, spec: BucketSpec): Target {
+function bucketTarget(js: JetStreamClient, spec: BucketSpec, replicas: number): Target {
   const want: Wanted = {
     name: `KV_${spec.name}`,
+    num_replicas: replicas,
     retention: RetentionPolicy.Limits,
     storage: StorageType.File,
     max_msgs_per_subject: spec.history,
@@ -81,18 +114,20 @@ function bucketTarget(js: JetStreamClient, spec: BucketSpec): Target {
       ttl: spec.ttlMs,
       storage: StorageType.File,
       description: spec.description,
+      replicas,
     });
   return { kind: "KV bucket", name: spec.name, want, create };
 }
 
-function objectStoreTarget(js: JetStreamClient, spec: ObjectStoreSpec): Target {
+function objectStoreTarget(js: JetStreamClient, spec: ObjectStoreSpec, replicas: number): Target {
   const want: Wanted = {
     name: `OBJ_${spec.name}`,
+    num_replicas: replicas,
     retention: RetentionPolicy.Limits,
     storage: StorageType.File,
     description: spec.description,
   };
-  const create = () => js.views.os(spec.name, { storage: StorageType.File, description: spec.description });
+  const create = () => js.views.os(spec.name, { storage: StorageType.File, description: spec.description, replicas });
   return { kind: "object store", name: spec.name, want, create };
 }
 
