@@ -3,7 +3,8 @@
 // stored), GetRun (the record itself from KV, with its result while kept, and
 // its webhook deliveries), CancelRun and WatchRuns (the changes of a
 // project's runs from now on, from a KV watch of new writes only). It also
-// sweeps expired results from object store `skiff-results` once an hour.
+// sweeps expired results from object store `skiff-results` once an hour, and
+// fails sync runs whose gateway is gone (runs/stale-sync.ts).
 //
 // CancelRun: a queued run is set `cancelled` (compare-and-set against a
 // runner taking it; the runner then acks its message without running it).
@@ -26,6 +27,7 @@ import {
   isFinal,
   openRunHistory,
   RUN_STATUSES,
+  sweepStaleSyncRuns,
   type RunContext,
   type RunHistory,
   type RunRecord,
@@ -109,6 +111,8 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       results.sweep(logger).catch((err: unknown) => logger.warn({ err }, "cannot sweep expired results"));
   }, SWEEP_EVERY_MS);
   sweeper.unref();
+  // Sync runs left `running` by a gateway that died: failed once it is seen gone (runs/stale-sync.ts).
+  const staleSync = sweepStaleSyncRuns({ nc, store: runs, history: () => opening, logger });
 
   async function findRecord(projectId: string, appName: string, runId: string): Promise<RunRecord> {
     names(projectId, appName, runId);
@@ -124,7 +128,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
         ? undefined
         : { ...cur, status: "cancelled", finished_at: new Date().toISOString(), error: { type: "cancelled", message } },
     );
-    if (final) await publishRunEvent(js, final);
+    if (final) await publishRunEvent(nc, final);
     return final;
   }
 
@@ -247,6 +251,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     history,
     async close() {
       clearInterval(sweeper);
+      staleSync.stop();
       stopping.abort(new Error("the process is stopping"));
       await (await opening.catch(() => undefined))?.close();
     },

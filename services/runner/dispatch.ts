@@ -3,7 +3,7 @@
 // "runners", so one runner hosting the app takes each request. The answer
 // is the runner's InvokeResponse or its typed error (runs/wire.ts); the
 // gateway that asked writes the run record.
-import type { Msg, NatsConnection, Subscription } from "nats";
+import type { Msg, NatsConnection } from "nats";
 import type { Logger } from "../config/index.js";
 import { subjects } from "../nats/index.js";
 import {
@@ -11,10 +11,13 @@ import {
   decodeRequest,
   encodeErrorReply,
   encodeReply,
+  errorMeta,
+  StreamSender,
   type BodyTransfer,
   RunnerError,
   StartFailed,
 } from "../runs/index.js";
+import { AppSubscriptions } from "./app-subscriptions.js";
 import type { AppRef } from "./deployed-apps.js";
 import type { Runner } from "./runner.js";
 
@@ -27,50 +30,59 @@ export interface DispatchDeps {
 }
 
 export class SyncDispatch {
-  private readonly subs = new Map<string, Subscription>();
+  private readonly subs: AppSubscriptions;
 
-  constructor(private readonly deps: DispatchDeps) {}
+  constructor(private readonly deps: DispatchDeps) {
+    this.subs = new AppSubscriptions(
+      deps.nc,
+      (app) => subjects.invoke(app.projectId, app.appName),
+      (app, msg) => this.answer(app, msg),
+    );
+  }
 
   add(app: AppRef): void {
-    const key = `${app.projectId}.${app.appName}`;
-    if (this.subs.has(key)) return;
-    const sub = this.deps.nc.subscribe(subjects.invoke(app.projectId, app.appName), {
-      queue: subjects.invokeQueueGroup,
-      callback: (err, msg) => {
-        if (!err) void this.answer(app, msg);
-      },
-    });
-    this.subs.set(key, sub);
+    this.subs.add(app);
   }
 
+  /** Drained (see app-subscriptions.ts): requests already routed here are answered. */
   remove(app: AppRef): void {
-    const key = `${app.projectId}.${app.appName}`;
-    this.subs.get(key)?.unsubscribe();
-    this.subs.delete(key);
+    this.subs.remove(app);
   }
 
-  close(): void {
-    for (const sub of this.subs.values()) sub.unsubscribe();
-    this.subs.clear();
+  /** Stops taking requests; resolves once those already routed here have been answered. */
+  close(): Promise<void> {
+    return this.subs.close();
   }
 
   private async answer(app: AppRef, msg: Msg): Promise<void> {
-    const { runner, transfer, control, logger } = this.deps;
+    const { nc, runner, transfer, control, logger } = this.deps;
     let runId = "";
+    let ended!: () => void;
+    const done = new Promise<void>((resolve) => (ended = resolve));
+    const asRunnerError = (err: unknown): RunnerError => {
+      if (err instanceof RunnerError) return err;
+      logger.error({ err, runId, app: `${app.projectId}/${app.appName}` }, "sync run failed inside the runner");
+      return new StartFailed("the runner could not run the request");
+    };
     try {
       const req = await decodeRequest(transfer, msg.data);
       runId = req.runId;
       const controller = new AbortController();
       req.signal = controller.signal;
-      const work = runner.invoke(app.projectId, app.appName, req);
-      control.track(runId, controller, work);
-      msg.respond(await encodeReply(transfer, runId, await work));
+      // A cancel reaches the run until its body has gone, a streamed one's too.
+      control.track(runId, controller, done);
+      const res = await runner.invoke(app.projectId, app.appName, req);
+      if (res.stream && req.streamTo) {
+        const sender = new StreamSender(nc, req.streamTo, transfer.limit);
+        msg.respond(await encodeReply(transfer, runId, { ...res, body: new Uint8Array(0) }, sender.creditTo));
+        await sender.send(res.stream, (err) => errorMeta(asRunnerError(err)));
+      } else {
+        msg.respond(await encodeReply(transfer, runId, res));
+      }
     } catch (err) {
-      if (!(err instanceof RunnerError))
-        logger.error({ err, runId, app: `${app.projectId}/${app.appName}` }, "sync run failed inside the runner");
-      msg.respond(
-        encodeErrorReply(err instanceof RunnerError ? err : new StartFailed("the runner could not run the request")),
-      );
+      msg.respond(encodeErrorReply(asRunnerError(err)));
+    } finally {
+      ended();
     }
   }
 }

@@ -1,16 +1,14 @@
 // A run whose last delivery's runner also died must not read `running`
 // forever. When a run consumer's message passes max_deliver, JetStream
-// publishes a MAX_DELIVERIES advisory (when it next looks for a message to
-// give a runner, i.e. while any runner pulls). One runner of the queue group
-// takes it, fails the run (`runner_lost`) unless it is final already,
-// publishes the event, and removes the message from the work queue, where
-// it would otherwise stay.
-import type { JetStreamClient, NatsConnection, Subscription } from "nats";
+// publishes a MAX_DELIVERIES advisory, possibly while no runner is up (all
+// of them died), so the advisory is kept in stream SKIFF_LOST_RUNS. One
+// runner takes each through a shared durable consumer, fails the run
+// (`runner_lost`) unless it is final already, publishes the event, and
+// removes the message from the work queue, where it would otherwise stay.
+import type { NatsConnection } from "nats";
 import type { Logger } from "../config/index.js";
-import { MAX_RUN_ATTEMPTS, streams, subjects } from "../nats/index.js";
+import { JsErrorCode, MAX_RUN_ATTEMPTS, consumers, ensureConsumer, isJsError, streams } from "../nats/index.js";
 import { publishRunEvent, isFinal, type RunStore, requestMeta, type BodyTransfer } from "../runs/index.js";
-
-export const MAX_DELIVERIES_ADVISORY = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${streams.runs.name}.*`;
 
 interface Advisory {
   stream: string;
@@ -20,7 +18,6 @@ interface Advisory {
 /** Fails a run whose runner was lost on every attempt (`runner_lost`), unless it is final; publishes its event. */
 export async function failLostRun(
   runs: RunStore,
-  js: JetStreamClient,
   logger: Logger,
   run: { projectId: string; appName: string; runId: string },
 ): Promise<void> {
@@ -39,44 +36,65 @@ export async function failLostRun(
         },
   );
   if (!final) return;
-  await publishRunEvent(js, final);
+  await publishRunEvent(runs.nc, final);
   logger.warn(
     { runId, app: `${projectId}/${appName}`, attempts: final.attempts },
     "async run failed: its runner was lost on every attempt",
   );
 }
 
-export function followLostRuns(
+/**
+ * Fails the runs whose MAX_DELIVERIES advisory SKIFF_LOST_RUNS kept (one
+ * runner of all takes each, through the shared durable consumer); an
+ * advisory is acknowledged once its run is final and its message gone.
+ */
+export async function followLostRuns(
   nc: NatsConnection,
   runs: RunStore,
   transfer: BodyTransfer,
   logger: Logger,
-): Subscription {
-  const js = nc.jetstream();
-  const jsmP = nc.jetstreamManager();
+  ackWaitMs: number,
+): Promise<{ stop(): void }> {
+  const jsm = await nc.jetstreamManager();
   const failLost = async (advisory: Advisory) => {
-    const jsm = await jsmP;
-    const msg = await jsm.streams.getMessage(streams.runs.name, { seq: advisory.stream_seq });
+    let msg;
+    try {
+      msg = await jsm.streams.getMessage(streams.runs.name, { seq: advisory.stream_seq });
+    } catch (err) {
+      if (isJsError(err, JsErrorCode.NoMessageFound)) return; // another runner (or an earlier try) finished it
+      throw err;
+    }
     // skiff.runs.queue.{project}.{app}
     const [, , , projectId, appName] = msg.subject.split(".");
     const { run_id: runId, body_object: object } = requestMeta(msg.data);
-    await failLostRun(runs, js, logger, { projectId, appName, runId });
+    await failLostRun(runs, logger, { projectId, appName, runId });
     await transfer.drop(object);
-    await jsm.streams.deleteMessage(streams.runs.name, advisory.stream_seq, false);
+    await jsm.streams.deleteMessage(streams.runs.name, advisory.stream_seq, false).catch((err: unknown) => {
+      if (!isJsError(err, JsErrorCode.NoMessageFound)) throw err;
+    });
   };
-  return nc.subscribe(MAX_DELIVERIES_ADVISORY, {
-    queue: subjects.invokeQueueGroup,
-    callback: (err, msg) => {
-      if (err) return;
+  await ensureConsumer(jsm, consumers.lostRuns, ackWaitMs);
+  const consumer = await nc.jetstream().consumers.get(consumers.lostRuns.stream, consumers.lostRuns.name);
+  const messages = await consumer.consume({ max_messages: 16 });
+  void (async () => {
+    for await (const m of messages) {
       let advisory: Advisory;
       try {
-        advisory = JSON.parse(msg.string()) as Advisory;
+        advisory = JSON.parse(m.string()) as Advisory;
       } catch {
-        return;
+        m.term();
+        continue;
       }
-      failLost(advisory).catch((error: unknown) =>
-        logger.error({ err: error, seq: advisory.stream_seq }, "cannot fail a run whose runner was lost"),
-      );
-    },
-  });
+      try {
+        await failLost(advisory);
+        m.ack();
+      } catch (err) {
+        logger.error({ err, seq: advisory.stream_seq }, "cannot fail a run whose runner was lost; trying again");
+        m.nak(RETRY_LOST_MS);
+      }
+    }
+  })();
+  return { stop: () => void messages.close().catch(() => undefined) };
 }
+
+const RETRY_LOST_MS = 5_000;

@@ -1,5 +1,6 @@
 // How the runner role takes runs in, for the apps its runner has deployed:
-// it answers their sync requests over NATS (dispatch.ts), works their async
+// it answers their sync requests over NATS (dispatch.ts) and the WebSocket
+// handshakes of gateways without a runner (ws-dispatch.ts), works their async
 // queues (run-worker.ts), and fails the async runs lost on every attempt
 // (run-advisories.ts). The runs it holds are tracked in the process's
 // RunControl, which answers cancel requests for them.
@@ -11,6 +12,7 @@ import { followDeployedApps } from "./deployed-apps.js";
 import { SyncDispatch } from "./dispatch.js";
 import { followLostRuns } from "./run-advisories.js";
 import { RunWorker } from "./run-worker.js";
+import { WebSocketDispatch } from "./ws-dispatch.js";
 import type { Runner } from "./runner.js";
 
 export interface RunIntakeOptions {
@@ -43,23 +45,25 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
     logger,
     ackWaitMs: opts.ackWaitMs,
   });
-  const lost = followLostRuns(nc, runs.store, runs.transfer, logger);
+  const lost = await followLostRuns(nc, runs.store, runs.transfer, logger, opts.ackWaitMs);
+  const websockets = new WebSocketDispatch({ nc, runner, logger });
   const stopFollowing = followDeployedApps(runner, registry, {
     added(app) {
       dispatch.add(app);
       worker.add(app);
+      websockets.add(app);
     },
     removed(app) {
       dispatch.remove(app);
       worker.remove(app);
+      websockets.remove(app);
     },
   });
   return {
     async close() {
       stopFollowing();
-      lost.unsubscribe();
-      dispatch.close();
-      await worker.close();
+      lost.stop();
+      await Promise.all([websockets.close(), dispatch.close(), worker.close()]);
     },
   };
 }

@@ -12,7 +12,9 @@
 // a delivery past that fails it as runner_lost (as run-advisories.ts does
 // when JetStream's max_deliver is reached). A message whose run is already final (cancelled while
 // queued, or finished by an earlier attempt whose ack was lost) is acked
-// without running.
+// without running, after publishing the terminal event again (deduplicated
+// by its message id): that attempt's runner may have died between the final
+// record and the event.
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
@@ -21,6 +23,7 @@ import {
   type RunControl,
   publishRunEvent,
   finishAsync,
+  republishFinal,
   type FinishDeps,
   outcomeOfAnswer,
   outcomeOfError,
@@ -179,18 +182,22 @@ export class RunWorker {
         cur = await deps.runs.get(projectId, appName, runId);
         if (!cur) throw new Error(`run ${runId} has no record after writing it`);
       }
-      if (isFinal(cur.record.status)) return msg.ack();
+      if (isFinal(cur.record.status)) {
+        // An earlier attempt finished it; its runner may have died before publishing the event.
+        await republishFinal(deps.runs, cur.record);
+        return msg.ack();
+      }
       // JetStream's delivery count is not an attempt count: a delivery to a
       // runner that died can be taken back uncounted (seen with nats-server
       // 2.9), so max_deliver may never be reached. The record counts every
       // start of the run, and caps the attempts itself.
       const attempt = Math.max(msg.info.redeliveryCount, cur.record.attempts + 1);
       if (attempt > MAX_RUN_ATTEMPTS) {
-        await failLostRun(deps.runs, deps.js, deps.logger, { projectId, appName, runId });
+        await failLostRun(deps.runs, deps.logger, { projectId, appName, runId });
         await deps.transfer.drop(requestMeta(msg.data).body_object);
         return msg.term();
       }
-      const running = await deps.runs.update(projectId, appName, runId, (record) =>
+      const running = await deps.runs.updateFrom(cur, (record) =>
         isFinal(record.status)
           ? undefined
           : {
@@ -202,7 +209,7 @@ export class RunWorker {
             },
       );
       if (!running) return msg.ack();
-      await publishRunEvent(deps.js, running);
+      await publishRunEvent(deps.runs.nc, running.record);
       const controller = new AbortController();
       const done = this.invoke(queue, req, controller.signal).then((outcome) => finishAsync(deps, running, outcome));
       deps.control.track(runId, controller, done);

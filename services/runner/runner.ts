@@ -35,6 +35,7 @@ import { PortLeases } from "./ports.js";
 import { prepareDeployment } from "./prepare.js";
 import { processSandbox, type SandboxOptions } from "./sandbox.js";
 import type { AppDeployment, AppLogLine, ReplicaChange, ReplicaInfo } from "./types.js";
+import type { UpgradeAnswer, UpgradeRequest } from "./upgrade.js";
 
 export const DEFAULT_QUEUE_LIMIT = 100;
 export const DEFAULT_QUEUE_WAIT_MS = 30_000;
@@ -67,13 +68,29 @@ export interface RunnerOptions {
   sandbox?: SandboxOptions;
 }
 
+/** Longest a connection to a replica stays idle in the pool; shorter still when the replica announces less. */
+export const REPLICA_IDLE_SOCKET_MS = 4_000;
+
+/**
+ * Keep-alive connections to replicas. An idle one is dropped before the
+ * replica's server closes it: reusing a socket at the moment the server
+ * closes it fails the run with EPIPE or ECONNRESET (Node's servers, the
+ * Cortex shim's included, close after 5 s and say so in `Keep-Alive:
+ * timeout=5`). Node's agent heeds that hint only when it has a timeout of
+ * its own, which also bounds servers that announce nothing. Requests in
+ * progress are not cut by it: a socket timeout ends only idle sockets.
+ */
+export function replicaAgent(): http.Agent {
+  return new http.Agent({ keepAlive: true, timeout: REPLICA_IDLE_SOCKET_MS });
+}
+
 export class Runner {
   private readonly apps = new Map<string, Map<string, AppPool>>();
   /** Versions replaced or removed whose replicas are still stopping. */
   private readonly retiring = new Set<AppPool>();
   /** Per app, the deploy under way, so that two deploys of one app run one after the other. */
   private readonly deploys = new Map<string, Promise<unknown>>();
-  private readonly agent = new http.Agent({ keepAlive: true });
+  private readonly agent = replicaAgent();
   private readonly pool: PoolOptions;
   private closed = false;
 
@@ -169,6 +186,13 @@ export class Runner {
     const pool = this.current(projectId, appName);
     if (!pool) return Promise.reject(new AppNotFound(projectId, appName));
     return pool.invoke(req);
+  }
+
+  /** A WebSocket to a Custom app (see upgrade.ts): holds a replica slot while the connection lasts. */
+  upgrade(projectId: string, appName: string, req: UpgradeRequest): Promise<UpgradeAnswer> {
+    const pool = this.current(projectId, appName);
+    if (!pool) return Promise.reject(new AppNotFound(projectId, appName));
+    return pool.upgrade(req);
   }
 
   /** The deployed version of an app, or undefined. */

@@ -14,6 +14,8 @@ import { subjects } from "../nats/index.js";
 
 export const ABORT_SUBJECT = subjects.control("abort");
 export const cancelSubject = (processId: string): string => subjects.control(`cancel.${processId}`);
+/** Which of some run ids a process holds (a JSON array asked, the held ones answered): see runs/stale-sync.ts. */
+export const holdsSubject = (processId: string): string => subjects.control(`holds.${processId}`);
 /** How long a cancel waits for the run's final record after aborting it. */
 const SETTLE_TIMEOUT_MS = 10_000;
 
@@ -48,6 +50,19 @@ export class RunControl {
         },
       }),
       nc.subscribe(ABORT_SUBJECT, { callback: (err, msg) => err || this.runs.get(msg.string())?.controller.abort() }),
+      nc.subscribe(holdsSubject(this.id), {
+        callback: (err, msg) => {
+          if (err) return;
+          let asked: unknown;
+          try {
+            asked = msg.json();
+          } catch {
+            asked = [];
+          }
+          const held = Array.isArray(asked) ? asked.filter((id) => typeof id === "string" && this.runs.has(id)) : [];
+          msg.respond(encoder.encode(JSON.stringify(held)));
+        },
+      }),
     );
   }
 
@@ -81,6 +96,30 @@ export async function requestCancel(nc: NatsConnection, processId: string, runId
   } catch (err) {
     if (err instanceof NatsError && (err.code === ErrorCode.NoResponders || err.code === ErrorCode.Timeout))
       return "gone";
+    throw err;
+  }
+}
+
+/**
+ * Which of `runIds` process `processId` holds now; "gone" when no process of
+ * that id is there, undefined when it did not answer in time (a busy or
+ * reconnecting process: nothing can be concluded).
+ */
+export async function heldRuns(
+  nc: NatsConnection,
+  processId: string,
+  runIds: string[],
+  timeoutMs = 5_000,
+): Promise<Set<string> | "gone" | undefined> {
+  try {
+    const reply = await nc.request(holdsSubject(processId), encoder.encode(JSON.stringify(runIds)), {
+      timeout: timeoutMs,
+    });
+    const held: unknown = reply.json();
+    return new Set(Array.isArray(held) ? held.filter((id): id is string => typeof id === "string") : []);
+  } catch (err) {
+    if (err instanceof NatsError && err.code === ErrorCode.NoResponders) return "gone";
+    if (err instanceof NatsError && err.code === ErrorCode.Timeout) return undefined;
     throw err;
   }
 }

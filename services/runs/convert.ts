@@ -54,10 +54,23 @@ export function runMessage(record: RunRecord, result?: Body): Run {
     finishedAt: timestamp(record.finished_at),
     attempts: record.attempts,
     ...resultFields(result),
+    websocket: record.websocket && {
+      closeCode: record.websocket.close_code,
+      closeReason: record.websocket.close_reason,
+      closedBy: record.websocket.closed_by,
+      bytesIn: BigInt(record.websocket.bytes_in),
+      bytesOut: BigInt(record.websocket.bytes_out),
+      messagesIn: BigInt(record.websocket.messages_in),
+      messagesOut: BigInt(record.websocket.messages_out),
+    },
   });
 }
 
-/** The event of the record's current state, carrying the response of a terminal one inline or by object name. */
+/**
+ * The event of the record's current state, carrying the response of a terminal one inline or by object name.
+ * Publishers write its bytes with runEventBytes (event-bytes.ts), without the message object; this is the
+ * mapping those bytes must equal (test/event-bytes.test.ts).
+ */
 export function runEvent(record: RunRecord, response: EventResponse): RunEvent {
   const event = create(RunEventSchema, {
     ...runFields(record),

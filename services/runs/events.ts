@@ -1,12 +1,11 @@
 // The public run lifecycle events: a `skiff.events.v1.RunEvent` (protobuf
 // binary) on `skiff.events.runs.{project}.{app}.{status}` in SKIFF_EVENTS at
-// every change of a run's state. `Nats-Msg-Id` = `{run_id}.{status}.{attempt}`,
-// so a publisher that repeats itself (a retried completion) is deduplicated.
-import { toBinary } from "@bufbuild/protobuf";
-import { headers, type JetStreamClient, type NatsConnection } from "nats";
-import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
-import { subjects } from "../nats/index.js";
-import { runEvent } from "./convert.js";
+// every change of a run's state. An acknowledged publish, which its
+// publisher may repeat (a retried completion), carries `Nats-Msg-Id` =
+// `{run_id}.{status}.{attempt}` and is deduplicated.
+import type { NatsConnection } from "nats";
+import { publishAcked, subjects } from "../nats/index.js";
+import { runEventBytes } from "./event-bytes.js";
 import { isFinal } from "./status.js";
 import type { RunRecord } from "./store.js";
 
@@ -23,7 +22,7 @@ export function eventResponseLimit(nc: NatsConnection): number {
 /** The response body of a terminal event: inline, or an object in `skiff-results`. */
 export type EventResponse = { contentType: string; data: Uint8Array } | { object: string } | undefined;
 
-const eventBytes = (record: RunRecord, response: EventResponse) => toBinary(RunEventSchema, runEvent(record, response));
+const eventBytes = (record: RunRecord, response: EventResponse) => runEventBytes(record, response);
 const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math.max(1, record.attempts)}`;
 
 /**
@@ -31,13 +30,13 @@ const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math
  * stored it. The terminal event of a run that named a webhook also goes to
  * the webhook role's own subject (SKIFF_WEBHOOKS).
  */
-export async function publishRunEvent(js: JetStreamClient, record: RunRecord, response?: EventResponse): Promise<void> {
+export async function publishRunEvent(nc: NatsConnection, record: RunRecord, response?: EventResponse): Promise<void> {
   const bytes = eventBytes(record, response);
-  const msgID = eventId(record);
+  const msgId = eventId(record);
   await Promise.all([
-    js.publish(subjects.runEvent(record.project_id, record.app_name, record.status), bytes, { msgID }),
+    publishAcked(nc, subjects.runEvent(record.project_id, record.app_name, record.status), bytes, { msgId }),
     isFinal(record.status) && record.webhook_endpoint
-      ? js.publish(subjects.webhookRun(record.project_id, record.app_name), bytes, { msgID })
+      ? publishAcked(nc, subjects.webhookRun(record.project_id, record.app_name), bytes, { msgId })
       : undefined,
   ]);
 }
@@ -46,12 +45,10 @@ export async function publishRunEvent(js: JetStreamClient, record: RunRecord, re
  * The same event as a plain NATS publish, no acknowledgement awaited: for
  * the events of sync runs that ask for no webhook, whose callers already
  * have their answer. An event that a webhook depends on is always published
- * with publishRunEvent.
+ * with publishRunEvent. Such a publish is never repeated, so it carries no
+ * Nats-Msg-Id: the server keeps no deduplication entry (two minutes of them
+ * at thousands of runs a second) for it.
  */
 export function publishRunEventUnacked(nc: NatsConnection, record: RunRecord, response?: EventResponse): void {
-  const msgHeaders = headers();
-  msgHeaders.set("Nats-Msg-Id", eventId(record));
-  nc.publish(subjects.runEvent(record.project_id, record.app_name, record.status), eventBytes(record, response), {
-    headers: msgHeaders,
-  });
+  nc.publish(subjects.runEvent(record.project_id, record.app_name, record.status), eventBytes(record, response));
 }

@@ -1,7 +1,7 @@
 // Recording how a run ended: the final record and the terminal event, whose
 // `response` is the body the sync caller got (or would have got), byte for
 // byte, for the webhook role.
-import type { JetStreamClient, NatsConnection } from "nats";
+import type { NatsConnection } from "nats";
 import type { Logger } from "../config/index.js";
 import { publishRunEvent, publishRunEventUnacked } from "./events.js";
 import type { RunOutcome } from "./outcome.js";
@@ -9,7 +9,6 @@ import type { RunResults } from "./results.js";
 import { isFinal, type RunRecord, type RunStore } from "./store.js";
 
 export interface FinishDeps {
-  js: JetStreamClient;
   runs: RunStore;
   results: RunResults;
   logger: Logger;
@@ -40,26 +39,51 @@ export function finishSync(deps: FinishDeps & { nc: NatsConnection }, running: R
     // Results of sync runs are not kept (the caller has them); the event carries the body.
     const { event } = await deps.results.keep(running.run_id, outcome.body, now, false);
     deps.runs.putUnacked(final);
-    if (final.webhook_endpoint) await publishRunEvent(deps.js, final, event);
+    if (final.webhook_endpoint) await publishRunEvent(deps.nc, final, event);
     else publishRunEventUnacked(deps.nc, final, event);
   })().catch((err: unknown) => deps.logger.error({ err, runId: final.run_id }, "cannot publish a run's final event"));
 }
 
 /**
- * An async run: compare-and-set from a non-final state, so a cancel or
- * another attempt that finished first wins. Resolves with the record written,
- * or undefined when the run was already final (nothing is published then).
+ * An async run: compare-and-set from a non-final state, starting from the
+ * `running` record and revision this runner wrote (re-read only when another
+ * write came first), so a cancel or another attempt that finished first wins.
+ * Resolves with the record written, or undefined when the run was already
+ * final (nothing is published then).
  */
 export async function finishAsync(
   deps: FinishDeps,
-  running: RunRecord,
+  running: { record: RunRecord; revision: number },
   outcome: RunOutcome,
 ): Promise<RunRecord | undefined> {
   const now = new Date();
-  const { result, event } = await deps.results.keep(running.run_id, outcome.body, now, true);
-  const final = await deps.runs.update(running.project_id, running.app_name, running.run_id, (cur) =>
+  const { result, event } = await deps.results.keep(running.record.run_id, outcome.body, now, true);
+  const final = await deps.runs.updateFrom(running, (cur) =>
     isFinal(cur.status) ? undefined : { ...finalRecord(cur, outcome, now), ...(result ? { result } : {}) },
   );
-  if (final) await publishRunEvent(deps.js, final, event);
-  return final;
+  if (final) await publishRunEvent(deps.runs.nc, final.record, event);
+  return final?.record;
+}
+
+/**
+ * The terminal event of a run found final when its queue message comes again:
+ * the runner that wrote the final record may have died before it published
+ * the event (the message, never acked, then goes to another runner), and
+ * without the event no webhook is ever sent. Published again with the same
+ * message id (`{run_id}.{status}.{attempt}`), so JetStream drops it when the
+ * first one did land (the message comes back within ack_wait, well inside
+ * the streams' duplicate window). Its response is the result kept for
+ * GetRun; none once that has expired or with SKIFF_RESULT_TTL=0.
+ */
+export async function republishFinal(runs: RunStore, record: RunRecord): Promise<void> {
+  const kept = record.result;
+  const response =
+    kept === undefined || Date.parse(kept.expires_at) <= Date.now()
+      ? undefined
+      : kept.data !== undefined
+        ? { contentType: kept.content_type, data: Buffer.from(kept.data, "base64") }
+        : kept.object !== undefined
+          ? { object: kept.object }
+          : undefined;
+  await publishRunEvent(runs.nc, record, response);
 }

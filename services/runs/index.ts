@@ -5,7 +5,7 @@
 // history (every run, projected into SQL for listing and stats).
 export { openRunContext } from "./context.js";
 export type { RunContext } from "./context.js";
-export { RunControl, broadcastAbort, requestCancel } from "./control.js";
+export { RunControl, broadcastAbort, heldRuns, requestCancel } from "./control.js";
 export { runMessage } from "./convert.js";
 export {
   AppNotFound,
@@ -21,15 +21,17 @@ export {
 export { PGLITE_FOLDER, openRunHistory } from "./history/index.js";
 export type { ListQuery, MinuteStats, RunHistory, RunHistoryOptions, RunPage } from "./history/index.js";
 export { publishRunEvent, publishRunEventUnacked } from "./events.js";
-export { finishAsync, finishSync } from "./finish.js";
+export { finishAsync, finishSync, republishFinal } from "./finish.js";
 export type { FinishDeps } from "./finish.js";
-export type { InvokeRequest, InvokeResponse } from "./invoke.js";
+export type { AnswerStream, InvokeRequest, InvokeResponse, StreamEnd } from "./invoke.js";
 export { NoRunner, contentTypeOf, outcomeOfAnswer, outcomeOfError, runFailure } from "./outcome.js";
 export type { RunOutcome } from "./outcome.js";
 export { queuedRuns } from "./queue.js";
 export type { QueuedRuns } from "./queue.js";
 export { RunResults } from "./results.js";
 export type { Body } from "./results.js";
+export { STALE_SYNC_CONFIRM_MS, STALE_SYNC_EVERY_MS, sweepStaleSyncRuns } from "./stale-sync.js";
+export type { StaleSyncOptions, StaleSyncSweep } from "./stale-sync.js";
 export { RUN_STATUSES, isFinal } from "./status.js";
 export type { RunStatus } from "./status.js";
 export { RunStore, decodeRunRecord, isWrongRevision } from "./store.js";
@@ -41,5 +43,9 @@ export {
   encodeErrorReply,
   encodeReply,
   encodeRequest,
+  errorMeta,
+  runnerError,
   requestMeta,
 } from "./wire.js";
+export type { ErrorMeta } from "./wire.js";
+export { StreamReceiver, StreamSender } from "./stream-wire.js";

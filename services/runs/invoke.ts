@@ -12,6 +12,34 @@ export interface InvokeRequest {
   headers: Record<string, string>;
   body: Uint8Array;
   signal?: AbortSignal;
+  /**
+   * The caller takes a streamed answer: an answer the app streams (no
+   * Content-Length, or text/event-stream) comes back as `stream` as soon as
+   * its head arrives. Otherwise every answer comes back whole.
+   */
+  acceptStream?: boolean;
+}
+
+/**
+ * The body of an answer that streams: its chunks as the app writes them.
+ * Reading slowly slows the app (back-pressure); the run holds its replica
+ * slot and its response_grace_period until the body has ended.
+ */
+export interface AnswerStream {
+  /** The chunks, once (the iterator ends when the body ends, and throws the run's error when it breaks). */
+  readonly chunks: AsyncIterable<Uint8Array>;
+  /** Stops the answer (its caller went away): the run ends cancelled. */
+  cancel(): void;
+  /** Settles when the body has passed whole, or with the run's error. */
+  readonly ended: Promise<StreamEnd>;
+}
+
+/** How a streamed body ended. */
+export interface StreamEnd {
+  /** From handing the request to a replica to the body's end. */
+  runTimeMs: number;
+  /** The app reported a failure after the head had gone out (a Cortex generator that raised). */
+  error?: { type: string; message: string };
 }
 
 export interface InvokeResponse {
@@ -19,7 +47,9 @@ export interface InvokeResponse {
   /** Those the replica sent that its caller gets, Content-Type among them (see server/headers.ts); set-cookie may repeat. */
   headers: Record<string, string | string[]>;
   body: Uint8Array;
-  /** From handing the request to a replica to the end of its response. */
+  /** From handing the request to a replica to the end of its response (to its head, for a streamed one). */
   runTimeMs: number;
   replicaId: string;
+  /** Set when the answer streams (only if the request accepted it): `body` is then empty. */
+  stream?: AnswerStream;
 }

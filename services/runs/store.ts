@@ -8,7 +8,7 @@
 // and a cancel racing a completion all end in one final state, decided by
 // whichever write lands first.
 import { headers, type KV, type KvEntry, type NatsConnection } from "nats";
-import { JsErrorCode, buckets, isJsError } from "../nats/index.js";
+import { JsErrorCode, buckets, isJsError, publishAcked } from "../nats/index.js";
 
 import { isFinal, type RunStatus } from "./status.js";
 
@@ -53,6 +53,23 @@ export interface RunRecord {
   /** Process running it now, for cancel and diagnosis. */
   runner?: string;
   result?: StoredResult;
+  /** A WebSocket run's connection, once it closed (its status_code is the app's 101). */
+  websocket?: WebSocketSummary;
+}
+
+/** What a WebSocket connection did, written when it closed. */
+export interface WebSocketSummary {
+  /** The first close frame's code, either way (skiff's own when skiff closed it); 1006 when the connection dropped without one. */
+  close_code: number;
+  close_reason: string;
+  /** Who sent that close frame; for 1006, whose side dropped first. */
+  closed_by: "caller" | "app" | "skiff";
+  /** Bytes of frames from the caller to the app, and from the app to the caller. */
+  bytes_in: number;
+  bytes_out: number;
+  /** Whole data messages each way. */
+  messages_in: number;
+  messages_out: number;
 }
 
 export const runKey = (projectId: string, appName: string, runId: string): string => `${projectId}.${appName}.${runId}`;
@@ -76,7 +93,8 @@ const MAX_CAS_TRIES = 20;
 export class RunStore {
   constructor(
     readonly kv: KV,
-    private readonly nc: NatsConnection,
+    /** The connection its writes go out on (and their events with them, in order). */
+    readonly nc: NatsConnection,
   ) {}
 
   static async open(nc: NatsConnection): Promise<RunStore> {
@@ -167,21 +185,36 @@ export class RunStore {
     runId: string,
     change: (record: RunRecord) => RunRecord | undefined,
   ): Promise<RunRecord | undefined> {
-    const key = runKey(projectId, appName, runId);
-    for (let i = 0; i < MAX_CAS_TRIES; i++) {
-      const cur = await this.get(projectId, appName, runId);
-      if (!cur) return undefined;
+    const cur = await this.get(projectId, appName, runId);
+    return cur && (await this.updateFrom(cur, change))?.record;
+  }
+
+  /**
+   * update() from a record and revision already read (or written) by the
+   * caller: the first compare-and-set goes out without reading again, and
+   * only a lost one re-reads. Resolves with the record and revision written.
+   */
+  async updateFrom(
+    known: { record: RunRecord; revision: number },
+    change: (record: RunRecord) => RunRecord | undefined,
+  ): Promise<{ record: RunRecord; revision: number } | undefined> {
+    const { project_id, app_name, run_id } = known.record;
+    const subject = `$KV.${buckets.runs.name}.${runKey(project_id, app_name, run_id)}`;
+    let cur: { record: RunRecord; revision: number } | undefined = known;
+    for (let i = 0; i < MAX_CAS_TRIES && cur; i++) {
       const next = change(cur.record);
       if (!next) return undefined;
       try {
-        await this.kv.update(key, encode(next), cur.revision);
+        const ack = await publishAcked(this.nc, subject, encode(next), { expectedLastSubjectSequence: cur.revision });
         this.wrote(next);
-        return next;
+        return { record: next, revision: ack.seq };
       } catch (err) {
         if (!isWrongRevision(err)) throw err;
       }
+      cur = await this.get(project_id, app_name, run_id);
     }
-    throw new Error(`run ${runId}: record kept changing under ${MAX_CAS_TRIES} updates`);
+    if (!cur) return undefined;
+    throw new Error(`run ${run_id}: record kept changing under ${MAX_CAS_TRIES} updates`);
   }
 }
 

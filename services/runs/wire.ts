@@ -32,6 +32,18 @@ export interface RequestMeta {
   body_object?: string;
   /** An async run's `queued` record: the queue message is the record until a runner writes the next one. */
   record?: RunRecord;
+  /** The gateway takes a streamed answer: its body goes to this inbox (see stream-wire.ts). */
+  stream_to?: string;
+}
+
+/** A runner error, as an error reply (or a stream's `fail` frame) carries it. */
+export interface ErrorMeta {
+  error: string;
+  message: string;
+  retry_after?: number;
+  seconds?: number;
+  app?: string;
+  function?: string;
 }
 
 export type ReplyMeta =
@@ -41,13 +53,15 @@ export type ReplyMeta =
       run_time_ms: number;
       replica_id: string;
       body_object?: string;
+      /** The answer streams: its body follows on the request's `stream_to`; credit goes to `credit_to`. */
+      stream?: { credit_to: string };
     }
-  | { error: string; message: string; retry_after?: number; seconds?: number; app?: string; function?: string };
+  | ErrorMeta;
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
-function frame(meta: object, body: Uint8Array): Uint8Array {
+export function frame(meta: object, body: Uint8Array): Uint8Array {
   const json = encoder.encode(JSON.stringify(meta));
   const out = new Uint8Array(4 + json.byteLength + body.byteLength);
   new DataView(out.buffer).setUint32(0, json.byteLength);
@@ -56,7 +70,7 @@ function frame(meta: object, body: Uint8Array): Uint8Array {
   return out;
 }
 
-function unframe<T>(data: Uint8Array): { meta: T; body: Uint8Array } {
+export function unframe<T>(data: Uint8Array): { meta: T; body: Uint8Array } {
   if (data.byteLength < 4) throw new Error("not a run frame");
   const metaLength = new DataView(data.buffer, data.byteOffset, data.byteLength).getUint32(0);
   if (4 + metaLength > data.byteLength) throw new Error("truncated run frame");
@@ -64,6 +78,61 @@ function unframe<T>(data: Uint8Array): { meta: T; body: Uint8Array } {
     meta: JSON.parse(decoder.decode(data.subarray(4, 4 + metaLength))) as T,
     body: data.subarray(4 + metaLength),
   };
+}
+
+/** Frames come from other processes: metadata not of the declared shape is refused, never passed on. */
+class MalformedFrame extends Error {
+  override name = "MalformedFrame";
+  constructor(what: string) {
+    super(`malformed run frame: ${what}`);
+  }
+}
+
+type Fields = Record<string, unknown>;
+const isObject = (v: unknown): v is Fields => typeof v === "object" && v !== null && !Array.isArray(v);
+const isCount = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v) && v >= 0;
+
+function strings(meta: Fields, required: readonly string[], optional: readonly string[] = []): void {
+  for (const k of required) if (typeof meta[k] !== "string") throw new MalformedFrame(`${k} is not a string`);
+  for (const k of optional)
+    if (meta[k] !== undefined && typeof meta[k] !== "string") throw new MalformedFrame(`${k} is not a string`);
+}
+
+function headerMap(v: unknown, lists: boolean): void {
+  if (!isObject(v)) throw new MalformedFrame("headers is not an object");
+  for (const value of Object.values(v))
+    if (typeof value !== "string" && !(lists && Array.isArray(value) && value.every((x) => typeof x === "string")))
+      throw new MalformedFrame("a header value is not a string");
+}
+
+/** An error reply's (or a stream's `fail` frame's) metadata, checked. */
+export function checkErrorMeta(meta: Fields): ErrorMeta {
+  strings(meta, ["error", "message"], ["app", "function"]);
+  for (const k of ["retry_after", "seconds"])
+    if (meta[k] !== undefined && !isCount(meta[k])) throw new MalformedFrame(`${k} is not a number`);
+  return meta as unknown as ErrorMeta;
+}
+
+function checkRequestMeta(meta: unknown): RequestMeta {
+  if (!isObject(meta)) throw new MalformedFrame("the metadata is not an object");
+  strings(meta, ["run_id", "method", "path", "query"], ["body_object", "stream_to"]);
+  headerMap(meta.headers, false);
+  if (meta.record !== undefined && !isObject(meta.record)) throw new MalformedFrame("record is not an object");
+  return meta as unknown as RequestMeta;
+}
+
+function checkReplyMeta(meta: unknown): ReplyMeta {
+  if (!isObject(meta)) throw new MalformedFrame("the metadata is not an object");
+  if ("error" in meta) return checkErrorMeta(meta);
+  const status = meta.status;
+  if (typeof status !== "number" || !Number.isInteger(status) || status < 100 || status > 599)
+    throw new MalformedFrame("status is not an HTTP status");
+  headerMap(meta.headers, true);
+  if (!isCount(meta.run_time_ms)) throw new MalformedFrame("run_time_ms is not a number");
+  strings(meta, ["replica_id"], ["body_object"]);
+  if (meta.stream !== undefined && !(isObject(meta.stream) && typeof meta.stream.credit_to === "string"))
+    throw new MalformedFrame("stream has no credit_to");
+  return meta as unknown as ReplyMeta;
 }
 
 /** Moves large bodies through the object store. */
@@ -100,11 +169,12 @@ export class BodyTransfer {
   }
 }
 
-/** A request frame; an async run's carries its `queued` record too. */
+/** A request frame; an async run's carries its `queued` record too, a sync one that takes a stream its inbox. */
 export async function encodeRequest(
   transfer: BodyTransfer,
   req: InvokeRequest,
   record?: RunRecord,
+  streamTo?: string,
 ): Promise<{ data: Uint8Array; object?: string }> {
   const { body, object } = await transfer.send(`${req.runId}.request`, req.body);
   const meta: RequestMeta = {
@@ -115,6 +185,7 @@ export async function encodeRequest(
     headers: req.headers,
     ...(object ? { body_object: object } : {}),
     ...(record ? { record } : {}),
+    ...(streamTo ? { stream_to: streamTo } : {}),
   };
   return { data: frame(meta, body), object };
 }
@@ -124,8 +195,9 @@ export async function decodeRequest(
   transfer: BodyTransfer,
   data: Uint8Array,
   keepObject = false,
-): Promise<InvokeRequest> {
-  const { meta, body } = unframe<RequestMeta>(data);
+): Promise<InvokeRequest & { streamTo?: string }> {
+  const { meta: raw, body } = unframe<unknown>(data);
+  const meta = checkRequestMeta(raw);
   const full = await transfer.receive(body, meta.body_object, keepObject);
   return {
     runId: meta.run_id,
@@ -134,15 +206,22 @@ export async function decodeRequest(
     query: meta.query,
     headers: meta.headers,
     body: full,
+    ...(meta.stream_to ? { acceptStream: true, streamTo: meta.stream_to } : {}),
   };
 }
 
 /** A request frame's metadata: the run id, and the object holding its body, if any (to remove once the run is final). */
 export function requestMeta(data: Uint8Array): RequestMeta {
-  return unframe<RequestMeta>(data).meta;
+  return checkRequestMeta(unframe<unknown>(data).meta);
 }
 
-export async function encodeReply(transfer: BodyTransfer, runId: string, res: InvokeResponse): Promise<Uint8Array> {
+/** The answer's reply frame; a streamed answer's is its head, naming where the gateway sends credit. */
+export async function encodeReply(
+  transfer: BodyTransfer,
+  runId: string,
+  res: InvokeResponse,
+  creditTo?: string,
+): Promise<Uint8Array> {
   const { body, object } = await transfer.send(`${runId}.reply`, res.body);
   return frame(
     {
@@ -151,23 +230,36 @@ export async function encodeReply(transfer: BodyTransfer, runId: string, res: In
       run_time_ms: res.runTimeMs,
       replica_id: res.replicaId,
       ...(object ? { body_object: object } : {}),
+      ...(creditTo ? { stream: { credit_to: creditTo } } : {}),
     },
     body,
   );
 }
 
-export function encodeErrorReply(err: RunnerError): Uint8Array {
-  const meta: ReplyMeta = { error: err.name, message: err.message };
+/** A runner error as an error reply (or a stream's `fail` frame) carries it. */
+export function errorMeta(err: RunnerError): ErrorMeta {
+  const meta: ErrorMeta = { error: err.name, message: err.message };
   if (err instanceof Overloaded) meta.retry_after = err.retryAfterSeconds;
   if (err instanceof RunTimeout) meta.seconds = err.seconds;
   if (err instanceof AppNotFound) meta.app = `${err.projectId}/${err.appName}`;
   if (err instanceof FunctionNotFound) [meta.app, meta.function] = [err.appName, err.functionName];
-  return frame(meta, new Uint8Array(0));
+  return meta;
 }
 
-/** The runner's answer, or throws the runner error it reported. */
-export async function decodeReply(transfer: BodyTransfer, data: Uint8Array): Promise<InvokeResponse> {
-  const { meta, body } = unframe<ReplyMeta>(data);
+export function encodeErrorReply(err: RunnerError): Uint8Array {
+  return frame(errorMeta(err), new Uint8Array(0));
+}
+
+/**
+ * The runner's answer, or throws the runner error it reported. A streamed
+ * answer's head comes with `creditTo`, for the StreamReceiver of its body.
+ */
+export async function decodeReply(
+  transfer: BodyTransfer,
+  data: Uint8Array,
+): Promise<InvokeResponse & { creditTo?: string }> {
+  const { meta: raw, body } = unframe<unknown>(data);
+  const meta = checkReplyMeta(raw);
   if ("error" in meta) throw runnerError(meta);
   return {
     status: meta.status,
@@ -175,10 +267,11 @@ export async function decodeReply(transfer: BodyTransfer, data: Uint8Array): Pro
     runTimeMs: meta.run_time_ms,
     replicaId: meta.replica_id,
     body: await transfer.receive(body, meta.body_object),
+    ...(meta.stream ? { creditTo: meta.stream.credit_to } : {}),
   };
 }
 
-function runnerError(meta: Extract<ReplyMeta, { error: string }>): Error {
+export function runnerError(meta: ErrorMeta): Error {
   switch (meta.error) {
     case "Overloaded":
       return new Overloaded(meta.message, meta.retry_after ?? 1);

@@ -107,6 +107,15 @@ export class HistoryQueries {
     }));
   }
 
+  /** Sync runs recorded `running`, oldest first (a partial index holds just them): the stale-sync sweep's candidates. */
+  async runningSync(limit: number): Promise<RunRecord[]> {
+    const rows = await this.db.query<{ record: RunRecord }>(
+      `SELECT record FROM ${this.t.runs} WHERE status = 'running' AND NOT async ORDER BY run_id LIMIT $1`,
+      [limit],
+    );
+    return rows.map((r) => r.record);
+  }
+
   /** Deletes runs made before `beforeMs` (by the time in their ids), PRUNE_BATCH rows a statement; says how many. */
   async prune(beforeMs: number, batch = PRUNE_BATCH): Promise<number> {
     let total = 0;

@@ -7,6 +7,7 @@ import path from "node:path";
 import type { NatsConnection } from "nats";
 import type { Logger } from "../../config/index.js";
 import { RUN_RETENTION_MS } from "../../nats/index.js";
+import type { RunRecord } from "../store.js";
 import { HistoryQueries, type ListQuery, type MinuteStats, type RunPage } from "./history.js";
 import { RunProjector, RUNS_STREAM, type ProjectorOptions } from "./projector.js";
 import { DEFAULT_SCHEMA, migrate, tables } from "./schema.js";
@@ -26,6 +27,8 @@ export interface RunHistory {
   list(projectId: string, appName: string | undefined, q: ListQuery): Promise<RunPage>;
   /** Per-minute figures of one app's runs queued in [fromMs, toMs), minutes with runs only, oldest first. */
   minuteStats(projectId: string, appName: string, fromMs: number, toMs: number): Promise<MinuteStats[]>;
+  /** Sync runs recorded `running`, oldest first, at most `limit`. */
+  runningSync(limit: number): Promise<RunRecord[]>;
   /** The last sequence of the run stream that the history has applied; 0 before the first. */
   position(): Promise<number>;
   /** Deletes the runs made more than RUN_RETENTION_MS before `now`; says how many. */
@@ -86,6 +89,7 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
     projector,
     list: (projectId, appName, q) => queries.list(projectId, appName, q),
     minuteStats: (projectId, appName, fromMs, toMs) => queries.minuteStats(projectId, appName, fromMs, toMs),
+    runningSync: (limit) => queries.runningSync(limit),
     async position() {
       const [row] = await db.query<{ last_seq: string | number }>(
         `SELECT last_seq FROM ${t.cursor} WHERE stream = $1`,

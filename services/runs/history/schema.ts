@@ -49,6 +49,8 @@ function statements(t: Tables): string[] {
     `CREATE INDEX IF NOT EXISTS runs_app_status ON ${t.runs} (project_id, app_name, status, run_id DESC)`,
     `CREATE INDEX IF NOT EXISTS runs_project_status ON ${t.runs} (project_id, status, run_id DESC)`,
     `CREATE INDEX IF NOT EXISTS runs_app_async ON ${t.runs} (project_id, app_name, run_id DESC) WHERE async`,
+    // The few sync runs in progress, for the sweep of those whose gateway is gone (runs/stale-sync.ts).
+    `CREATE INDEX IF NOT EXISTS runs_running_sync ON ${t.runs} (run_id) WHERE status = 'running' AND NOT async`,
     `CREATE TABLE IF NOT EXISTS ${t.cursor} (
       stream text PRIMARY KEY,
       stream_created text NOT NULL,

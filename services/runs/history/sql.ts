@@ -7,6 +7,7 @@
 import { access, mkdir, mkdtemp, rename, rm } from "node:fs/promises";
 import path from "node:path";
 import { Worker } from "node:worker_threads";
+import { startPgliteThread } from "./pglite-thread.js";
 
 /** Something that runs one SQL statement with $n parameters. */
 export interface Sql {
@@ -30,7 +31,7 @@ export interface Database extends Sql {
 /** The embedded database's buffer pool, in its memory for good. */
 export const PGLITE_SHARED_BUFFERS = "16MB";
 
-/** PostgreSQL embedded in this process, its files in `dir`. One process per folder. */
+/** PostgreSQL embedded in this process (on a worker thread), its files in `dir`. One process per folder. */
 export async function openPglite(dir: string, signal?: AbortSignal): Promise<Database> {
   const exists = await access(path.join(dir, "PG_VERSION")).then(
     () => true,
@@ -38,11 +39,10 @@ export async function openPglite(dir: string, signal?: AbortSignal): Promise<Dat
   );
   if (!exists) await initPglite(dir, signal);
   signal?.throwIfAborted();
-  const { PGlite } = await import("@electric-sql/pglite");
-  // A smaller buffer pool than PostgreSQL's default 128 MB: listing reads a few pages, and the rest is the
-  // operating system's file cache.
-  const db = await PGlite.create(dir, { postgresqlconf: [`shared_buffers = ${PGLITE_SHARED_BUFFERS}`] });
-  const query = async <R>(text: string, params?: unknown[]) => (await db.query<R>(text, params)).rows;
+  // On a thread of its own (pglite-thread.ts), off the thread that answers requests. A smaller buffer pool than
+  // PostgreSQL's default 128 MB: listing reads a few pages, and the rest is the operating system's file cache.
+  const db = await startPgliteThread(dir, { postgresqlconf: [`shared_buffers = ${PGLITE_SHARED_BUFFERS}`] });
+  const query = <R>(text: string, params?: unknown[]) => db.query<R>(text, params);
   return {
     kind: "pglite",
     query,
@@ -95,8 +95,10 @@ export const POOL_SIZE = 4;
 export async function openPostgres(url: string): Promise<Database> {
   const { default: pg } = await import("pg");
   const pool = new pg.Pool({ connectionString: url, max: POOL_SIZE, idleTimeoutMillis: 30_000 });
-  // A connection that breaks while idle must not bring the process down; the next query opens another.
+  // A connection that breaks (idle or checked out) must not bring the process down; the next query opens another.
+  // One listener per connection, when it is made: a session reuses pooled connections.
   pool.on("error", () => undefined);
+  pool.on("connect", (c) => c.on("error", () => undefined));
   const client = await pool.connect(); // fails here, at start, when the server cannot be reached
   client.release();
   return {
@@ -106,7 +108,6 @@ export async function openPostgres(url: string): Promise<Database> {
     },
     async session() {
       const c = await pool.connect();
-      c.on("error", () => undefined);
       return {
         async query<R>(text: string, params?: unknown[]) {
           return (await c.query(text, params)).rows as R[];
