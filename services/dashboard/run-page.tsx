@@ -7,7 +7,7 @@ import { Code } from "@connectrpc/connect";
 import type { Run } from "../../gen/skiff/management/v2/management_pb.js";
 import { describeError, isCode } from "./api.js";
 import { AsyncBadge, StatusBadge } from "./badges.js";
-import { dateOf, formatDuration, formatTime } from "./format.js";
+import { dateOf, formatBytes, formatDuration, formatTime } from "./format.js";
 import { ErrorNotice, Loading } from "./notices.js";
 import { href, Link } from "./router.js";
 import { useSession } from "./session-context.js";
@@ -147,6 +147,17 @@ export function RunPage({ project, app, runId }: { project: string; app: string;
             <dd className="mono">{r.path}</dd>
             <dt>Run time</dt>
             <dd>{isFinal(r.status) && r.startedAt ? formatDuration(r.runTimeMs) : "—"}</dd>
+            {r.websocket && (
+              <>
+                <dt>WebSocket</dt>
+                <dd>
+                  closed with <span className="mono">{r.websocket.closeCode}</span>
+                  {r.websocket.closeReason && ` "${r.websocket.closeReason}"`} by {r.websocket.closedBy};{" "}
+                  {String(r.websocket.messagesIn)} messages in ({formatBytes(r.websocket.bytesIn)}),{" "}
+                  {String(r.websocket.messagesOut)} out ({formatBytes(r.websocket.bytesOut)})
+                </dd>
+              </>
+            )}
           </dl>
           {!isFinal(r.status) && (
             <p>

@@ -19,7 +19,7 @@ import {
 } from "../runs/index.js";
 import type { AppRecord } from "../apps/index.js";
 import { setHttpStatus } from "../server/index.js";
-import { subjects } from "../nats/index.js";
+import { publishAcked, subjects } from "../nats/index.js";
 import { storeWebhookSecret } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { claimIdempotencyKey, releaseIdempotencyKey } from "./idempotency.js";
@@ -74,7 +74,7 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
     written = true;
     publishRunEventUnacked(deps.nc, record);
     const { data } = await encodeRequest(deps.transfer, invoke, record);
-    await deps.js.publish(subject, data, { msgID: runId });
+    await publishAcked(deps.nc, subject, data, { msgId: runId });
     deps.queueDepths.accepted(queue);
   } catch (err) {
     if (call.idempotencyKey !== undefined)
@@ -100,7 +100,7 @@ async function markUnqueued(deps: InvocationDeps, record: RunRecord, cause: unkn
             error: { type: "not_queued", message: "the run could not be queued" },
           },
     );
-    if (final) await publishRunEvent(deps.js, final);
+    if (final) await publishRunEvent(deps.nc, final);
   } catch (err) {
     deps.logger.error({ err, cause, runId: record.run_id }, "cannot record that a run was not queued");
   }

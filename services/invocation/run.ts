@@ -11,10 +11,11 @@ import { appRequestHeaders, httpExchange } from "../server/index.js";
 import { cortexBody, cortexFunction, customPath, findApp, webhookEndpoint, webhookSecret } from "./checks.js";
 import type { InvocationDeps } from "./deps.js";
 import { enqueue } from "./enqueue.js";
+import { takesStream } from "./streamed.js";
 import { runSync } from "./sync.js";
 
 /** Query parameters that belong to skiff, not to a Custom app. */
-const OWN_PARAMS = ["async", "webhookEndpoint"];
+export const OWN_PARAMS = ["async", "webhookEndpoint"];
 const NO_HEADERS: Record<string, string> = {};
 
 function forwardedQuery(ctx: HandlerContext): string {
@@ -24,6 +25,19 @@ function forwardedQuery(ctx: HandlerContext): string {
   for (const name of OWN_PARAMS) params.delete(name);
   return params.toString();
 }
+
+/**
+ * How a Cortex generator streams to this caller (see the shims): server-sent
+ * events when a REST caller accepts them, else NDJSON (RunStream too); a
+ * Connect or gRPC caller of Run gets the items whole, as one JSON array.
+ */
+function cortexStreamAccept(ctx: HandlerContext): Record<string, string> {
+  if (!takesStream(ctx)) return NO_HEADERS;
+  const sse = ctx.requestHeader.get("accept")?.includes("text/event-stream") ?? false;
+  return sse ? SSE : NDJSON;
+}
+const SSE = { accept: "text/event-stream" };
+const NDJSON = { accept: "application/x-ndjson" };
 
 export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerContext): Promise<RunResponse> {
   // Refused calls get an id too, for the caller's and the logs' sake; no run is recorded under it.
@@ -46,7 +60,7 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
     path,
     query: cortex ? "" : forwardedQuery(ctx),
     // A Custom app gets the caller's headers that apps get, and the body's content type.
-    headers: cortex ? NO_HEADERS : appRequestHeaders(ctx.requestHeader, contentType),
+    headers: cortex ? cortexStreamAccept(ctx) : appRequestHeaders(ctx.requestHeader, contentType),
     body,
   };
   const now = new Date().toISOString();

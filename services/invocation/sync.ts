@@ -11,6 +11,7 @@ import { type HandlerContext } from "@connectrpc/connect";
 import { ErrorCode, NatsError } from "nats";
 import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
 import {
+  AppNotFound,
   ReplicaCrashed,
   type InvokeRequest,
   type InvokeResponse,
@@ -22,15 +23,19 @@ import {
   outcomeOfAnswer,
   outcomeOfError,
   runFailure,
+  type RunOutcome,
   type RunRecord,
+  type StreamEnd,
   decodeReply,
   encodeRequest,
+  StreamReceiver,
 } from "../runs/index.js";
 import type { AppRecord } from "../apps/index.js";
 import { isPassedToCaller, setHttpStatus } from "../server/index.js";
 import { subjects } from "../nats/index.js";
 import { storeWebhookSecret } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
+import { streamTo, takesStream } from "./streamed.js";
 
 /** How long after a deploy a sync call waits for a runner to have the app, rather than answering 503. */
 const FRESH_DEPLOY_MS = 2 * 60_000;
@@ -47,7 +52,7 @@ function freshDeployWait(app: AppRecord): number {
 }
 
 /** Whether this process's runner has the app: waiting (bounded) for a deployment it is still preparing. */
-async function localRunnerHas(deps: InvocationDeps, app: AppRecord, signal: AbortSignal): Promise<boolean> {
+export async function localRunnerHas(deps: InvocationDeps, app: AppRecord, signal: AbortSignal): Promise<boolean> {
   const runner = deps.runner;
   if (runner === undefined) return false;
   const end = Date.now() + freshDeployWait(app);
@@ -91,28 +96,81 @@ export async function runSync(
   ctx.signal.addEventListener("abort", onGone, { once: true });
   const local = await localRunnerHas(deps, app, ctx.signal);
   invoke.signal = controller.signal;
+  // A REST caller and RunStream take a streamed answer as it comes; a Connect or gRPC caller of Run gets it whole.
+  const streamed = takesStream(ctx);
+  invoke.acceptStream = true;
   const started = performance.now();
-  const work = local
-    ? deps.runner!.invoke(record.project_id, record.app_name, invoke)
-    : remote(deps, app, invoke, controller.signal);
+  const work = (
+    local
+      ? deps.runner!.invoke(record.project_id, record.app_name, invoke)
+      : remote(deps, app, invoke, controller.signal)
+  ).then((res): Answer =>
+    res.stream ? keepStreamed(res, !streamed || record.webhook_endpoint !== undefined) : { res },
+  );
+  const end = (outcome: RunOutcome) => {
+    clearTimeout(announce);
+    finishSync(deps, record, outcome);
+  };
+  const failed = (err: unknown) => end(outcomeOfError(err, Math.round(performance.now() - started)));
   const finished = work.then(
-    (res) => {
-      clearTimeout(announce);
-      finishSync(deps, record, outcomeOfAnswer(res));
-    },
-    (err: unknown) => {
-      clearTimeout(announce);
-      finishSync(deps, record, outcomeOfError(err, Math.round(performance.now() - started)));
-    },
+    ({ res, kept }) =>
+      kept
+        ? res.stream!.ended.then((streamEnd) => end(outcomeOfStream(res, streamEnd, kept())), failed)
+        : end(outcomeOfAnswer(res)),
+    failed,
   );
   deps.control.track(record.run_id, controller, finished);
   try {
-    return answer(ctx, record, await work, app.config.runtime.kind === "custom");
+    const { res, kept } = await work;
+    if (!kept) return answer(ctx, record, res, app.config.runtime.kind === "custom");
+    if (streamTo(ctx, res.stream!)) return answer(ctx, record, res, true);
+    // Run over Connect or gRPC: the whole body, once it has ended (RunStream streams it).
+    for await (const chunk of res.stream!.chunks) void chunk;
+    return answer(ctx, record, { ...res, body: kept() }, true);
   } catch (err) {
     throw runFailure(err).connect;
   } finally {
     ctx.signal.removeEventListener("abort", onGone);
   }
+}
+
+/** A streamed answer's outcome: the app's status, unless the app reported a failure after the head went out. */
+function outcomeOfStream(res: InvokeResponse, end: StreamEnd, body: Uint8Array): RunOutcome {
+  const outcome = outcomeOfAnswer({ ...res, body, runTimeMs: end.runTimeMs });
+  return end.error ? { ...outcome, status: "failure", error: end.error } : outcome;
+}
+
+/** The app's answer; `kept` gives what was kept of a streamed body once it ended. */
+interface Answer {
+  res: InvokeResponse;
+  kept?: () => Uint8Array;
+}
+
+/** Most of a streamed body kept for the run's final event (its webhook, or a caller that takes it whole). */
+const MAX_KEPT_STREAM_BYTES = 64 * 1024 * 1024;
+
+/**
+ * A streamed answer whose chunks are also kept (up to MAX_KEPT_STREAM_BYTES)
+ * when `keep`, for the terminal event: a webhook gets the whole body once
+ * it ended, as it gets any other.
+ */
+function keepStreamed(res: InvokeResponse, keep: boolean): Required<Answer> {
+  const source = res.stream!;
+  const parts: Uint8Array[] = [];
+  let size = 0;
+  async function* chunks(): AsyncGenerator<Uint8Array> {
+    for await (const chunk of source.chunks) {
+      if (keep && size + chunk.byteLength <= MAX_KEPT_STREAM_BYTES) {
+        parts.push(chunk);
+        size += chunk.byteLength;
+      }
+      yield chunk;
+    }
+  }
+  return {
+    res: { ...res, stream: { chunks: chunks(), cancel: source.cancel, ended: source.ended } },
+    kept: () => (parts.length === 1 ? parts[0] : Buffer.concat(parts, size)),
+  };
 }
 
 async function remote(
@@ -121,27 +179,47 @@ async function remote(
   invoke: InvokeRequest,
   signal: AbortSignal,
 ): Promise<InvokeResponse> {
-  const { data, object } = await encodeRequest(deps.transfer, invoke);
-  // A cancel or a caller gone reaches the runner that has the run.
+  // A caller that takes a stream gets a streamed answer's body through an inbox of this gateway.
+  const receiver = invoke.acceptStream ? new StreamReceiver(deps.nc) : undefined;
+  const { data, object } = await encodeRequest(deps.transfer, invoke, undefined, receiver?.inbox);
+  // A cancel or a caller gone reaches the runner that has the run, until its body has ended.
   const onAbort = () => broadcastAbort(deps.nc, invoke.runId);
   signal.addEventListener("abort", onAbort, { once: true });
+  const detach = () => signal.removeEventListener("abort", onAbort);
   try {
     const timeout = app.config.scaling.responseGracePeriod * 1000 + REPLY_MARGIN_MS;
-    const reply = await deps.nc
-      .request(subjects.invoke(app.project_id, app.app_name), data, { timeout })
-      .catch((err: unknown) => {
-        if (err instanceof NatsError && err.code === ErrorCode.NoResponders)
-          throw new NoRunner(`no runner hosts app ${app.project_id}/${app.app_name} right now`);
-        if (err instanceof NatsError && err.code === ErrorCode.Timeout)
-          throw new ReplicaCrashed(`the runner of app ${app.app_name} did not answer`, { cause: err });
-        throw err;
-      });
-    return await decodeReply(deps.transfer, reply.data);
+    const ask = async () => {
+      const reply = await deps.nc
+        .request(subjects.invoke(app.project_id, app.app_name), data, { timeout })
+        .catch((err: unknown) => {
+          if (err instanceof NatsError && err.code === ErrorCode.NoResponders)
+            throw new NoRunner(`no runner hosts app ${app.project_id}/${app.app_name} right now`);
+          if (err instanceof NatsError && err.code === ErrorCode.Timeout)
+            throw new ReplicaCrashed(`the runner of app ${app.app_name} did not answer`, { cause: err });
+          throw err;
+        });
+      return decodeReply(deps.transfer, reply.data);
+    };
+    // A runner that answers it no longer has the app (it is stopping, or the app moved) ran nothing: another
+    // runner of the queue group may have it. Asked once more, unless the body went through the object store
+    // (the first runner took it).
+    const { creditTo, ...res } = await ask().catch((err: unknown) => {
+      if (err instanceof AppNotFound && object === undefined) return ask();
+      throw err;
+    });
+    if (creditTo === undefined || receiver === undefined) {
+      receiver?.close();
+      detach();
+      return res;
+    }
+    const stream = receiver.stream(creditTo, onAbort);
+    void stream.ended.finally(detach).catch(() => undefined);
+    return { ...res, stream };
   } catch (err) {
+    receiver?.close();
+    detach();
     await deps.transfer.drop(object);
     throw err;
-  } finally {
-    signal.removeEventListener("abort", onAbort);
   }
 }
 

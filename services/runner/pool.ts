@@ -14,6 +14,7 @@ import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import type http from "node:http";
 import path from "node:path";
+import { finished } from "node:stream";
 import type { Logger } from "../config/index.js";
 import {
   AppNotFound,
@@ -23,6 +24,8 @@ import {
   ReplicaCrashed,
   RunTimeout,
   StartFailed,
+  type AnswerStream,
+  type StreamEnd,
   type InvokeRequest,
   type InvokeResponse,
 } from "../runs/index.js";
@@ -33,6 +36,10 @@ import { REPLICA_PATH } from "./replica-env.js";
 import { APP_MOUNT, CHANNEL_FD, projectUid, SHIM_MOUNT, type SandboxOptions } from "./sandbox.js";
 import { cortexEnvelope, cortexHeaders, forwardHeaders, passHeaders } from "./responses.js";
 import type { AppDeployment, AppLogLine, PreparedDeployment, ReplicaChange } from "./types.js";
+import { sendUpgrade, UpgradeTimeout, type UpgradeAnswer, type UpgradeRequest } from "./upgrade.js";
+
+/** How long an app may take to answer a WebSocket handshake (bounded by response_grace_period too). */
+const UPGRADE_ANSWER_MS = 30_000;
 
 export interface PoolOptions {
   workDir: string;
@@ -74,6 +81,8 @@ interface Slot {
 }
 
 const MAX_BACKOFF_MS = 30_000;
+/** How long a broken run waits for its sandboxed replica's exit, whose reason (a limit) is the clearer error. */
+const LIMIT_REASON_WAIT_MS = 2_000;
 const RETRY_AFTER_SECONDS = 1;
 
 function backoffMs(crashes: number): number {
@@ -131,6 +140,47 @@ export class AppPool {
     if (replica) return this.exchange(replica, req, fn);
     const slot = await this.wait(req.signal);
     return slot.pool.exchange(slot.replica, req, fn);
+  }
+
+  /**
+   * A WebSocket (see upgrade.ts) on a replica: it takes a slot as a request
+   * does (waiting, and scaling, when none is free) and holds it until the
+   * connection closes. The app's handshake must come within
+   * UPGRADE_ANSWER_MS; the connection's life is its gateway's to bound.
+   */
+  async upgrade(req: UpgradeRequest): Promise<UpgradeAnswer> {
+    if (this.functions) throw new FunctionNotFound(this.deployment.appName, req.path);
+    if (req.signal?.aborted) throw new Cancelled({ cause: req.signal.reason });
+    const replica = this.take();
+    const slot: Slot = replica ? { pool: this, replica } : await this.wait(req.signal);
+    return slot.pool.connect(slot.replica, req);
+  }
+
+  private async connect(r: Replica, req: UpgradeRequest): Promise<UpgradeAnswer> {
+    r.startRun(req.runId);
+    let held = true;
+    const release = () => {
+      if (!held) return;
+      held = false;
+      r.endRun(req.runId);
+      this.release(r);
+    };
+    try {
+      const answer = await sendUpgrade(r.address, req, Math.min(this.graceMs, UPGRADE_ANSWER_MS));
+      this.crashes = 0;
+      if (answer.kind === "answered") {
+        release();
+        return { ...answer, replicaId: r.id };
+      }
+      answer.socket.once("close", release);
+      return { ...answer, replicaId: r.id, replicaExited: () => r.whenExited() };
+    } catch (err) {
+      release();
+      if (req.signal?.aborted) throw new Cancelled({ cause: req.signal.reason });
+      if (r.stopReason) throw r.stopReason;
+      if (!(err instanceof UpgradeTimeout)) this.quarantine(r);
+      throw new ReplicaCrashed(`replica ${r.id} of app ${this.owner}: ${(err as Error).message}`, { cause: err });
+    }
   }
 
   /** A free slot on a ready replica, taken; the hot path. */
@@ -200,7 +250,12 @@ export class AppPool {
     else setImmediate(() => r.dropIdleSockets()); // once the agent has taken the socket back
   }
 
-  /** One request on one replica, bounded by response_grace_period and the caller's signal. */
+  /**
+   * One request on one replica, bounded by response_grace_period and the
+   * caller's signal. A streamed answer (see Replica.send) comes back at its
+   * head; its run keeps the slot, the timer and the signal until its body
+   * has been read to the end or has failed (see answerStream).
+   */
   private async exchange(r: Replica, req: InvokeRequest, fn: string | undefined): Promise<InvokeResponse> {
     let request: http.ClientRequest | undefined;
     let failure: Error | undefined;
@@ -220,9 +275,16 @@ export class AppPool {
       failure = new Cancelled({ cause: req.signal?.reason });
       request?.destroy(failure);
     };
+    const done = () => {
+      clearTimeout(timer);
+      req.signal?.removeEventListener("abort", onAbort);
+      r.endRun(req.runId);
+      this.release(r);
+    };
     req.signal?.addEventListener("abort", onAbort, { once: true });
     r.startRun(req.runId);
     const started = performance.now();
+    let streaming = false;
     try {
       const ex =
         fn === undefined
@@ -232,38 +294,68 @@ export class AppPool {
               forwardHeaders(req.headers, req.runId, req.body.byteLength),
               req.body,
               (c) => (request = c),
+              req.acceptStream,
             )
           : await r.send(
               "POST",
               `/${fn}`,
-              cortexHeaders(req.runId, req.body.byteLength),
+              cortexHeaders(req.runId, req.body.byteLength, req.acceptStream ? req.headers.accept : undefined),
               req.body,
               (c) => (request = c),
+              req.acceptStream,
             );
       const runTimeMs = Math.round(performance.now() - started);
       this.crashes = 0;
+      if (ex.stream) {
+        streaming = true;
+        const stream = answerStream(ex.stream, started, {
+          failure: () => failure,
+          cancel: () => {
+            failure ??= new Cancelled();
+            request?.destroy(failure);
+          },
+          failed: (err) => this.failed(r, failure, err),
+          done,
+        });
+        return {
+          status: ex.status,
+          headers: passHeaders(ex.headers),
+          body: ex.body,
+          runTimeMs,
+          replicaId: r.id,
+          stream,
+        };
+      }
       if (fn === undefined)
         return { status: ex.status, headers: passHeaders(ex.headers), body: ex.body, runTimeMs, replicaId: r.id };
       if (ex.status === 404) throw new FunctionNotFound(this.deployment.appName, fn);
       return { ...cortexEnvelope(ex, req.runId, runTimeMs), runTimeMs, replicaId: r.id };
     } catch (err) {
       if (err instanceof FunctionNotFound) throw err;
-      if (failure || r.stopReason) throw failure ?? r.stopReason;
-      this.quarantine(r);
-      // A sandbox limit that ended the replica is the clearer reason: its exit follows the broken connection closely.
-      if (r.spec.sandbox) await Promise.race([r.whenExited(), new Promise((res) => setTimeout(res, 250))]);
-      throw new ReplicaCrashed(
-        r.limitReason
-          ? `replica ${r.id} of app ${this.owner} was stopped during the run: ${r.limitReason}`
-          : `replica ${r.id} of app ${this.owner} failed during the run: ${(err as Error).message}`,
-        { cause: err },
-      );
+      throw await this.failed(r, failure, err);
     } finally {
-      clearTimeout(timer);
-      req.signal?.removeEventListener("abort", onAbort);
-      r.endRun(req.runId);
-      this.release(r);
+      if (!streaming) done();
     }
+  }
+
+  /**
+   * Why a run on `r` broke: its timeout or cancel, the replica's stop, or
+   * else a crash (the replica leaves routing until its health says).
+   */
+  private async failed(r: Replica, failure: Error | undefined, err: unknown): Promise<Error> {
+    if (failure || r.stopReason) return failure ?? r.stopReason!;
+    this.quarantine(r);
+    // A sandbox limit that ended the replica is the clearer reason: its exit follows the broken connection closely
+    // (on a busy machine, its last stderr lines and its exit may take a while to be read).
+    if (r.spec.sandbox && !r.limitNow())
+      await Promise.race([r.whenExited(), new Promise((res) => setTimeout(res, LIMIT_REASON_WAIT_MS))]);
+    const limit = r.limitNow();
+    return new ReplicaCrashed(
+      limit
+        ? `replica ${r.id} of app ${this.owner} was stopped during the run: ${limit}`
+        : `replica ${r.id} of app ${this.owner} failed during the run: ${(err as Error).message}`,
+      { cause: err },
+    );
   }
 
   /** Starts replicas for the waiting requests and for min_replicas, within the cap. */
@@ -546,4 +638,54 @@ export class AppPool {
       }),
     );
   }
+}
+
+/** The failure a Cortex shim reported in the X-Skiff-Error trailer of a streamed answer. */
+function trailerError(value: string | undefined): StreamEnd["error"] {
+  if (value === undefined) return undefined;
+  try {
+    const { type, message } = JSON.parse(value) as { type?: unknown; message?: unknown };
+    return { type: typeof type === "string" ? type : "Error", message: typeof message === "string" ? message : "" };
+  } catch {
+    return { type: "Error", message: "the app reported a failure it could not describe" };
+  }
+}
+
+/**
+ * A streamed answer's body as the run's AnswerStream: its chunks, read at
+ * the reader's pace; the run ends (slot released, timer cleared) when the
+ * body ends or breaks, and a reader that stops early cancels the run.
+ */
+function answerStream(
+  res: http.IncomingMessage,
+  started: number,
+  run: {
+    failure: () => Error | undefined;
+    cancel: () => void;
+    failed: (err: unknown) => Promise<Error>;
+    done: () => void;
+  },
+): AnswerStream {
+  const ended = new Promise<StreamEnd>((resolve, reject) => {
+    finished(res, (err) => {
+      const runTimeMs = Math.round(performance.now() - started);
+      run.done();
+      if (!err && !run.failure()) resolve({ runTimeMs, error: trailerError(res.trailers["x-skiff-error"]) });
+      else void run.failed(err).then(reject, reject);
+    });
+  });
+  ended.catch(() => undefined); // the reader, or whoever records the run, sees it
+  async function* chunks(): AsyncGenerator<Uint8Array> {
+    let settled = false;
+    try {
+      for await (const chunk of res) yield chunk as Buffer;
+      settled = true;
+    } catch {
+      settled = true;
+      await ended; // throws the run's error
+    } finally {
+      if (!settled) run.cancel();
+    }
+  }
+  return { chunks: chunks(), cancel: run.cancel, ended };
 }

@@ -19,9 +19,15 @@ export function forwardHeaders(
   return { ...appRequestHeaders(Object.entries(headers)), "x-request-id": runId, "content-length": length };
 }
 
-/** A Cortex shim's request: JSON arguments and the run id. */
-export function cortexHeaders(runId: string, length: number): http.OutgoingHttpHeaders {
-  return { "content-type": "application/json", "content-length": length, "x-request-id": runId };
+/** A Cortex shim's request: JSON arguments and the run id; `accept` asks a generator to stream (see the shims). */
+export function cortexHeaders(runId: string, length: number, accept?: string): http.OutgoingHttpHeaders {
+  const headers: http.OutgoingHttpHeaders = {
+    "content-type": "application/json",
+    "content-length": length,
+    "x-request-id": runId,
+  };
+  if (accept !== undefined) headers.accept = accept;
+  return headers;
 }
 
 /** A Custom app's response headers that its caller gets (Content-Type among them). */

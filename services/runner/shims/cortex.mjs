@@ -19,6 +19,15 @@
 // function, not a class, whose name does not start with "_" (the default
 // export has no name and is not exposed).
 //
+// A function that returns a generator (sync or async) streams what it
+// yields when the request's Accept asks for it: text/event-stream as
+// server-sent events (`event: result` per item, `event: error` when it
+// throws), application/x-ndjson as one `{"result": item}` line per item
+// (`{"error": {...}}` when it throws), each written as it comes, at the pace
+// the caller reads. A failure also goes out as the trailer X-Skiff-Error
+// ({"type","message"}), for the run's record. With any other Accept the
+// items are collected and answered as one JSON array.
+//
 // On SIGTERM the server stops accepting, finishes the requests in flight,
 // and exits 0.
 import http from "node:http";
@@ -64,15 +73,83 @@ async function call(functions, req, res, raw) {
   }
   let body;
   try {
-    body = JSON.stringify((await fn(args)) ?? null);
+    const result = await fn(args);
+    const format = isGenerator(result) ? streamFormat(req.headers.accept) : undefined;
+    if (format) return await stream(req, res, name, result, format);
+    body = JSON.stringify((isGenerator(result) ? await collect(result) : result) ?? null);
   } catch (err) {
-    const type = err instanceof Error ? err.name || err.constructor.name : typeof err;
-    const message = err instanceof Error ? err.message : String(err);
-    console.error(`run ${req.headers["x-request-id"] ?? ""}: ${name} threw`);
-    console.error(err instanceof Error ? err.stack : err);
+    const [type, message] = failed(req, name, err);
     return reply(res, 500, errorBody(type, message));
   }
   reply(res, 200, body);
+}
+
+/** The error's type and message; its stack goes to stderr, the app's log. */
+function failed(req, name, err) {
+  const type = err instanceof Error ? err.name || err.constructor.name : typeof err;
+  const message = err instanceof Error ? err.message : String(err);
+  console.error(`run ${req.headers["x-request-id"] ?? ""}: ${name} threw`);
+  console.error(err instanceof Error ? err.stack : err);
+  return [type, message];
+}
+
+function isGenerator(value) {
+  const tag = Object.prototype.toString.call(value);
+  return tag === "[object Generator]" || tag === "[object AsyncGenerator]";
+}
+
+async function collect(generator) {
+  const items = [];
+  for await (const item of generator) items.push(item);
+  return items;
+}
+
+const FORMATS = {
+  "text/event-stream": {
+    item: (json) => `event: result\ndata: ${json}\n\n`,
+    error: (json) => `event: error\ndata: ${json}\n\n`,
+  },
+  "application/x-ndjson": {
+    item: (json) => `{"result":${json}}\n`,
+    error: (json) => `{"error":${json}}\n`,
+  },
+};
+
+function streamFormat(accept = "") {
+  const type = Object.keys(FORMATS).find((t) => accept.includes(t));
+  return type && { type, ...FORMATS[type] };
+}
+
+/** Writes each item as it comes, waiting for the caller to read; stops the generator when the caller is gone. */
+async function stream(req, res, name, generator, format) {
+  res.writeHead(200, { "content-type": format.type, "cache-control": "no-cache", trailer: "x-skiff-error" });
+  res.flushHeaders();
+  let gone = false;
+  res.on("close", () => (gone = !res.writableFinished));
+  try {
+    for await (const item of generator) {
+      if (gone) break;
+      if (!res.write(format.item(JSON.stringify(item ?? null)))) {
+        await new Promise((resolve) => {
+          res.once("drain", resolve);
+          res.once("close", resolve);
+        });
+      }
+    }
+  } catch (err) {
+    const [type, message] = failed(req, name, err);
+    const error = JSON.stringify({ type, message });
+    res.write(format.error(error));
+    // A header value is ASCII: JSON's \u escapes for the rest.
+    const trailer = JSON.stringify({ type, message: message.slice(0, 500) }).replace(
+      /[\u007f-\uffff]/g,
+      (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
+    );
+    res.addTrailers({ "x-skiff-error": trailer });
+  } finally {
+    if (gone) await generator.return?.();
+  }
+  res.end();
 }
 
 /** The app file and line an error came from, relative to the working folder. */

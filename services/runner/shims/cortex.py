@@ -22,6 +22,15 @@ the module itself whose name does not start with "_"; imported functions,
 classes, modules and other values are not exposed. async functions are run
 to completion.
 
+A function that returns a generator (sync or async) streams what it yields
+when the request's Accept asks for it: text/event-stream as server-sent
+events (`event: result` per item, `event: error` when it raises),
+application/x-ndjson as one {"result": item} line per item ({"error": {...}}
+when it raises), each written as it comes, at the pace the caller reads. A
+failure also goes out as the trailer X-Skiff-Error ({"type","message"}), for
+the run's record. With any other Accept the items are collected and answered
+as one JSON array.
+
 On SIGTERM the server stops accepting, finishes the requests in flight, and
 exits 0.
 """
@@ -59,6 +68,39 @@ def public_functions(module):
         for name, value in vars(module).items()
         if not name.startswith("_") and inspect.isfunction(value) and value.__module__ == module.__name__
     }
+
+
+STREAM_FORMATS = {
+    "text/event-stream": ("event: result\ndata: %s\n\n", "event: error\ndata: %s\n\n"),
+    "application/x-ndjson": ('{"result":%s}\n', '{"error":%s}\n'),
+}
+
+
+def stream_format(accept):
+    for content_type, (item, error) in STREAM_FORMATS.items():
+        if content_type in accept:
+            return content_type, item, error
+    return None
+
+
+def generate(result):
+    """A generator's items, an async one's too (driven on a loop of its own)."""
+    if inspect.isgenerator(result):
+        return result
+
+    def drive():
+        loop = asyncio.new_event_loop()
+        try:
+            while True:
+                try:
+                    yield loop.run_until_complete(result.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            loop.run_until_complete(result.aclose())
+            loop.close()
+
+    return drive()
 
 
 def error_body(kind, message):
@@ -122,13 +164,58 @@ class Handler(BaseHTTPRequestHandler):
             result = function(**kwargs)
             if inspect.isawaitable(result):
                 result = asyncio.run(result)
+            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                items = generate(result)
+                form = stream_format(self.headers.get("Accept", ""))
+                if form is not None:
+                    return self.stream(name, items, form)
+                result = list(items)
             body = json.dumps(result, separators=(",", ":")).encode()
         except BaseException as err:  # noqa: B036 - any failure is the function's answer
-            print(f"run {self.headers.get('X-Request-Id', '')}: {name} raised", file=sys.stderr)
-            # From the function's frame on: the shim's own frame is noise to the app.
-            traceback.print_exception(type(err), err, err.__traceback__.tb_next)
-            return self.reply(500, error_body(type(err).__name__, str(err)))
+            return self.reply(500, error_body(*self.failed(name, err)))
         self.reply(200, body)
+
+    def failed(self, name, err):
+        """The error's type and message; its traceback goes to stderr, the app's log."""
+        print(f"run {self.headers.get('X-Request-Id', '')}: {name} raised", file=sys.stderr)
+        # From the function's frame on: the shim's own frame is noise to the app.
+        traceback.print_exception(type(err), err, err.__traceback__.tb_next)
+        return type(err).__name__, str(err)
+
+    def stream(self, name, items, form):
+        """Writes each item as a chunk as it comes; a full socket blocks the generator (back-pressure)."""
+        content_type, item_form, error_form = form
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Trailer", "X-Skiff-Error")
+        if self.server.draining:
+            self.close_connection = True
+            self.send_header("Connection", "close")
+        self.end_headers()
+        trailer = b""
+        try:
+            try:
+                for item in items:
+                    self.chunk(item_form % json.dumps(item, separators=(",", ":")))
+            except (BrokenPipeError, ConnectionResetError):
+                raise
+            except BaseException as err:  # noqa: B036 - any failure is the function's answer
+                kind, message = self.failed(name, err)
+                self.chunk(error_form % json.dumps({"type": kind, "message": message}))
+                # A header value is ASCII: json.dumps escapes the rest.
+                trailer = b"X-Skiff-Error: " + json.dumps({"type": kind, "message": message[:500]}).encode() + b"\r\n"
+            self.wfile.write(b"0\r\n" + trailer + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the caller went away (a cancelled run)
+        finally:
+            items.close()
+        self.busy = False
+
+    def chunk(self, text):
+        data = text.encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
 
 class Server(ThreadingHTTPServer):

@@ -24,6 +24,15 @@ export interface HttpExchange {
    * percent-encoding included; the request message holds its decoded value.
    */
   rawPathVariable(fieldPath: string): string | undefined;
+  /** Set by the handler with streamHttpBody(): the answer's body, written as it comes. */
+  stream?: StreamedBody;
+}
+
+/** A body the REST answer writes chunk by chunk, at the pace its caller reads (back-pressure). */
+export interface StreamedBody {
+  readonly chunks: AsyncIterable<Uint8Array>;
+  /** The caller went away before the end: stop producing. */
+  cancel(): void;
 }
 
 export const kHttpExchange = createContextKey<HttpExchange | undefined>(undefined, {
@@ -42,4 +51,17 @@ export function setHttpStatus(ctx: HandlerContext, status: number): void {
 /** The REST exchange of this call, or undefined for a Connect or gRPC call. */
 export function httpExchange(ctx: HandlerContext): HttpExchange | undefined {
   return ctx.values.get(kHttpExchange);
+}
+
+/**
+ * Makes the REST answer's body `body`, written chunk by chunk after the
+ * head (status, headers, the response message's content type) instead of
+ * the response message's bytes. False for a Connect or gRPC call, which
+ * has no exchange: the handler answers with a message then.
+ */
+export function streamHttpBody(ctx: HandlerContext, body: StreamedBody): boolean {
+  const exchange = ctx.values.get(kHttpExchange);
+  if (!exchange) return false;
+  exchange.stream = body;
+  return true;
 }

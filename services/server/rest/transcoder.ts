@@ -54,7 +54,7 @@ import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import { v7 } from "uuid";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
 import { isRestExchangeHeader, isRpcExchangeResponseHeader } from "../headers.js";
-import { kHttpExchange, type HttpExchange } from "./http-exchange.js";
+import { kHttpExchange, type HttpExchange, type StreamedBody } from "./http-exchange.js";
 import { httpBindings, resolveFieldPath, type HttpBinding, type Variable } from "./http-rules.js";
 import type { Logger } from "../../config/index.js";
 import { ClientGoneError, discardRequest, readBody, type NodeRequest, type NodeResponse } from "./body.js";
@@ -196,7 +196,9 @@ async function transcode(
     },
   };
   const output = await callMethod(req, res, route, input, exchange, opts);
-  writeSuccess(res, exchange.status ?? 200, responsePayload(route.binding, output));
+  const payload = responsePayload(route.binding, output);
+  if (exchange.stream) await writeStreamed(res, exchange.status ?? 200, payload.contentType, exchange.stream);
+  else writeSuccess(res, exchange.status ?? 200, payload);
 }
 
 function pickRoute(matches: RouteMatch<Route>[], method: string, path: string): RouteMatch<Route> {
@@ -453,6 +455,58 @@ function writeSuccess(res: NodeResponse, status: number, payload: Payload): void
   }
   res.writeHead(status, { "content-type": payload.contentType, "content-length": String(payload.bytes.byteLength) });
   res.end(payload.bytes);
+}
+
+/**
+ * Writes the head at once (a caller of server-sent events sees it before
+ * the first event), then each chunk as it comes, waiting for the caller to
+ * drain before reading the next. The caller going away cancels the body; a
+ * body that breaks after the head ends the connection (HTTP/1.1: no last
+ * chunk; HTTP/2: a reset stream), which is how a caller tells an answer cut
+ * short from a whole one.
+ */
+async function writeStreamed(
+  res: NodeResponse,
+  status: number,
+  contentType: string,
+  body: StreamedBody,
+): Promise<void> {
+  if (isGone(res)) return body.cancel();
+  let gone = false;
+  let wake: (() => void) | undefined;
+  const onClose = () => {
+    if (!res.writableFinished) {
+      gone = true;
+      body.cancel();
+    }
+    wake?.();
+  };
+  res.once("close", onClose);
+  try {
+    res.writeHead(status, { "content-type": contentType });
+    if (NO_BODY.has(status)) {
+      res.end();
+      return;
+    }
+    if ("flushHeaders" in res) res.flushHeaders(); // HTTP/2's writeHead sends the head by itself
+    for await (const chunk of body.chunks) {
+      if (gone) return;
+      if (!(res.write as (c: Uint8Array) => boolean)(chunk)) {
+        await new Promise<void>((resolve) => {
+          wake = resolve;
+          res.once("drain", resolve);
+        });
+        wake = undefined;
+        if (gone) return;
+      }
+    }
+    res.end();
+  } catch {
+    // The body broke after the head went out: cut the connection (the run records why).
+    res.destroy();
+  } finally {
+    res.off("close", onClose);
+  }
 }
 
 function writeError(res: NodeResponse, error: TranscodeError): void {

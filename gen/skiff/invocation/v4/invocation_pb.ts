@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file skiff/invocation/v4/invocation.proto.
  */
 export const file_skiff_invocation_v4_invocation: GenFile = /*@__PURE__*/
-  fileDesc("CiRza2lmZi9pbnZvY2F0aW9uL3Y0L2ludm9jYXRpb24ucHJvdG8SE3NraWZmLmludm9jYXRpb24udjQijQEKClJ1blJlcXVlc3QSEgoKcHJvamVjdF9pZBgBIAEoCRIQCghhcHBfbmFtZRgCIAEoCRIMCgRwYXRoGAMgASgJEg0KBWFzeW5jGAQgASgIEhgKEHdlYmhvb2tfZW5kcG9pbnQYBSABKAkSIgoEYm9keRgGIAEoCzIULmdvb2dsZS5hcGkuSHR0cEJvZHkixgEKC1J1blJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRITCgtzdGF0dXNfY29kZRgCIAEoBRI+CgdoZWFkZXJzGAMgAygLMi0uc2tpZmYuaW52b2NhdGlvbi52NC5SdW5SZXNwb25zZS5IZWFkZXJzRW50cnkSIgoEYm9keRgEIAEoCzIULmdvb2dsZS5hcGkuSHR0cEJvZHkaLgoMSGVhZGVyc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEymQEKEUludm9jYXRpb25TZXJ2aWNlEoMBCgNSdW4SHy5za2lmZi5pbnZvY2F0aW9uLnY0LlJ1blJlcXVlc3QaIC5za2lmZi5pbnZvY2F0aW9uLnY0LlJ1blJlc3BvbnNlIjmC0+STAjM6BGJvZHliBGJvZHkiJS92NC97cHJvamVjdF9pZH0ve2FwcF9uYW1lfS97cGF0aD0qKn1iBnByb3RvMw", [file_google_api_annotations, file_google_api_httpbody]);
+  fileDesc("CiRza2lmZi9pbnZvY2F0aW9uL3Y0L2ludm9jYXRpb24ucHJvdG8SE3NraWZmLmludm9jYXRpb24udjQijQEKClJ1blJlcXVlc3QSEgoKcHJvamVjdF9pZBgBIAEoCRIQCghhcHBfbmFtZRgCIAEoCRIMCgRwYXRoGAMgASgJEg0KBWFzeW5jGAQgASgIEhgKEHdlYmhvb2tfZW5kcG9pbnQYBSABKAkSIgoEYm9keRgGIAEoCzIULmdvb2dsZS5hcGkuSHR0cEJvZHkixgEKC1J1blJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRITCgtzdGF0dXNfY29kZRgCIAEoBRI+CgdoZWFkZXJzGAMgAygLMi0uc2tpZmYuaW52b2NhdGlvbi52NC5SdW5SZXNwb25zZS5IZWFkZXJzRW50cnkSIgoEYm9keRgEIAEoCzIULmdvb2dsZS5hcGkuSHR0cEJvZHkaLgoMSGVhZGVyc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEihAEKEFJ1blN0cmVhbVJlcXVlc3QSEgoKcHJvamVjdF9pZBgBIAEoCRIQCghhcHBfbmFtZRgCIAEoCRIMCgRwYXRoGAMgASgJEhgKEHdlYmhvb2tfZW5kcG9pbnQYBSABKAkSIgoEYm9keRgGIAEoCzIULmdvb2dsZS5hcGkuSHR0cEJvZHkiXgoRUnVuU3RyZWFtUmVzcG9uc2USMAoEaGVhZBgBIAEoCzIgLnNraWZmLmludm9jYXRpb24udjQuUnVuUmVzcG9uc2VIABIPCgVjaHVuaxgCIAEoDEgAQgYKBHBhcnQy9wEKEUludm9jYXRpb25TZXJ2aWNlEoMBCgNSdW4SHy5za2lmZi5pbnZvY2F0aW9uLnY0LlJ1blJlcXVlc3QaIC5za2lmZi5pbnZvY2F0aW9uLnY0LlJ1blJlc3BvbnNlIjmC0+STAjM6BGJvZHliBGJvZHkiJS92NC97cHJvamVjdF9pZH0ve2FwcF9uYW1lfS97cGF0aD0qKn0SXAoJUnVuU3RyZWFtEiUuc2tpZmYuaW52b2NhdGlvbi52NC5SdW5TdHJlYW1SZXF1ZXN0GiYuc2tpZmYuaW52b2NhdGlvbi52NC5SdW5TdHJlYW1SZXNwb25zZTABYgZwcm90bzM", [file_google_api_annotations, file_google_api_httpbody]);
 
 /**
  * @generated from message skiff.invocation.v4.RunRequest
@@ -112,6 +112,91 @@ export const RunResponseSchema: GenMessage<RunResponse> = /*@__PURE__*/
   messageDesc(file_skiff_invocation_v4_invocation, 1);
 
 /**
+ * A sync run whose answer streams: RunRequest without `async`.
+ *
+ * @generated from message skiff.invocation.v4.RunStreamRequest
+ */
+export type RunStreamRequest = Message<"skiff.invocation.v4.RunStreamRequest"> & {
+  /**
+   * Project that owns the app.
+   *
+   * @generated from field: string project_id = 1;
+   */
+  projectId: string;
+
+  /**
+   * Name of the deployed app.
+   *
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Everything after the app name: the function of a Cortex app, or the
+   * path forwarded to a Custom app.
+   *
+   * @generated from field: string path = 3;
+   */
+  path: string;
+
+  /**
+   * URL that receives the whole response body by POST once it ended (spec 6.1).
+   *
+   * @generated from field: string webhook_endpoint = 5;
+   */
+  webhookEndpoint: string;
+
+  /**
+   * The caller's request body, passed to the app unchanged.
+   *
+   * @generated from field: google.api.HttpBody body = 6;
+   */
+  body?: HttpBody | undefined;
+};
+
+/**
+ * Describes the message skiff.invocation.v4.RunStreamRequest.
+ * Use `create(RunStreamRequestSchema)` to create a new message.
+ */
+export const RunStreamRequestSchema: GenMessage<RunStreamRequest> = /*@__PURE__*/
+  messageDesc(file_skiff_invocation_v4_invocation, 2);
+
+/**
+ * One part of a streamed answer: the head first, then chunks of the body.
+ *
+ * @generated from message skiff.invocation.v4.RunStreamResponse
+ */
+export type RunStreamResponse = Message<"skiff.invocation.v4.RunStreamResponse"> & {
+  /**
+   * @generated from oneof skiff.invocation.v4.RunStreamResponse.part
+   */
+  part: {
+    /**
+     * The answer's head; `body` holds the content type and no data.
+     *
+     * @generated from field: skiff.invocation.v4.RunResponse head = 1;
+     */
+    value: RunResponse;
+    case: "head";
+  } | {
+    /**
+     * The next bytes of the body.
+     *
+     * @generated from field: bytes chunk = 2;
+     */
+    value: Uint8Array;
+    case: "chunk";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message skiff.invocation.v4.RunStreamResponse.
+ * Use `create(RunStreamResponseSchema)` to create a new message.
+ */
+export const RunStreamResponseSchema: GenMessage<RunStreamResponse> = /*@__PURE__*/
+  messageDesc(file_skiff_invocation_v4_invocation, 3);
+
+/**
  * Runs deployed apps, synchronously or as queued async runs.
  *
  * @generated from service skiff.invocation.v4.InvocationService
@@ -130,6 +215,21 @@ export const InvocationService: GenService<{
     methodKind: "unary";
     input: typeof RunRequestSchema;
     output: typeof RunResponseSchema;
+  },
+  /**
+   * Runs an app synchronously and streams its answer as it is produced:
+   * first the head (run id, status, headers), then the body in chunks, each
+   * as the app writes it (a Custom app's chunked or text/event-stream
+   * answer, a Cortex generator's items as NDJSON lines). Any answer works;
+   * one that does not stream comes as the head and one chunk. REST callers
+   * of Run get streamed answers the same way.
+   *
+   * @generated from rpc skiff.invocation.v4.InvocationService.RunStream
+   */
+  runStream: {
+    methodKind: "server_streaming";
+    input: typeof RunStreamRequestSchema;
+    output: typeof RunStreamResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_skiff_invocation_v4_invocation, 0);
