@@ -3,6 +3,7 @@ import {
   ConfigError,
   DEFAULT_MAX_BODY_BYTES,
   DEFAULT_MAX_BUNDLE_BYTES,
+  DEFAULT_MAX_PROJECT_UNPACKED_BYTES,
   DEFAULT_PORT,
   loadConfig,
   ROLES,
@@ -22,8 +23,10 @@ describe("config", () => {
       natsUser: undefined,
       natsPassword: undefined,
       natsToken: undefined,
+      natsReplicas: 1,
       maxBodyBytes: DEFAULT_MAX_BODY_BYTES,
       maxBundleBytes: DEFAULT_MAX_BUNDLE_BYTES,
+      maxProjectUnpackedBytes: DEFAULT_MAX_PROJECT_UNPACKED_BYTES,
       firstBytesTimeoutMs: 10_000,
       headersTimeoutMs: 20_000,
       keepAliveTimeoutMs: 5_000,
@@ -50,6 +53,10 @@ describe("config", () => {
       maxBundleFiles: 20_000,
       maxAppsPerProject: 100,
       replicaNetwork: "auto",
+      replicaDeniedCidrs: ["169.254.0.0/16"],
+      websocketIdleTimeoutMs: 300_000,
+      websocketMaxMessageBytes: 1024 * 1024,
+      websocketMaxConnectionsPerApp: 1000,
     });
   });
 
@@ -78,6 +85,9 @@ describe("config", () => {
     ["SKIFF_DATABASE_URL", "mysql://db/skiff", /SKIFF_DATABASE_URL: expected a postgres:\/\/ or postgresql:\/\/ URL/],
     ["SKIFF_DATABASE_URL", "not a url", /SKIFF_DATABASE_URL: expected a URL/],
     ["SKIFF_WEBHOOK_ALLOWED_CIDRS", "10.0.0.0/8,banana", /SKIFF_WEBHOOK_ALLOWED_CIDRS: not a CIDR range: "banana"/],
+    ["SKIFF_REPLICA_DENIED_CIDRS", "10.0.0.0/8,banana", /SKIFF_REPLICA_DENIED_CIDRS: not a CIDR range: "banana"/],
+    ["SKIFF_REPLICA_DENIED_CIDRS", "fd00::/8", /SKIFF_REPLICA_DENIED_CIDRS: "fd00::\/8": IPv4 only/],
+    ["SKIFF_BWRAP", "bwrap", /SKIFF_BWRAP: must be an absolute path/],
     ["SKIFF_SECRETS_KEY", "c2hvcnQ=", /SKIFF_SECRETS_KEY: must decode to 32 bytes/],
     ["SKIFF_WEBHOOK_TIMEOUT_MS", "5", /SKIFF_WEBHOOK_TIMEOUT_MS: must be between/],
     [

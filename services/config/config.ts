@@ -8,6 +8,9 @@ export const DEFAULT_PORT = 8080;
 export const DEFAULT_DATA_DIR = ".data";
 export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
 export const DEFAULT_MAX_BUNDLE_BYTES = 100 * 1024 * 1024;
+export const DEFAULT_MAX_PROJECT_UNPACKED_BYTES = 1024 * 1024 * 1024;
+/** Link-local: where clouds serve instance metadata and credentials. */
+export const DEFAULT_REPLICA_DENIED_CIDRS = ["169.254.0.0/16"];
 export const DEFAULT_LOG_LEVEL = "info";
 export const DEFAULT_NATS_PROBE_URL = "nats://127.0.0.1:4222";
 export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
@@ -17,6 +20,9 @@ export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 5_000;
 export const DEFAULT_HTTP2_IDLE_TIMEOUT_MS = 60_000;
 export const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 256;
 export const DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000;
+export const DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS = 5 * 60_000;
+export const DEFAULT_WEBSOCKET_MAX_MESSAGE_BYTES = 1024 * 1024;
+export const DEFAULT_WEBSOCKET_MAX_CONNECTIONS_PER_APP = 1000;
 /** Longest a run may take (spec section 8: 12 hours). */
 export const MAX_RUN_SECONDS = 12 * 60 * 60;
 
@@ -38,9 +44,13 @@ export interface Config {
   natsPassword: string | undefined;
   /** Secret: never logged. */
   natsToken: string | undefined;
+  /** Copies of every stream, bucket and object store in JetStream (SKIFF_NATS_REPLICAS). */
+  natsReplicas: number;
   maxBodyBytes: number;
   /** Largest app bundle, gzipped and unpacked alike. */
   maxBundleBytes: number;
+  /** Most bytes the current deployments of one project's apps may unpack to, together. */
+  maxProjectUnpackedBytes: number;
   /** A new connection's first bytes (HTTP/1.1 or HTTP/2 preface) must arrive within it. */
   firstBytesTimeoutMs: number;
   /** An HTTP/1.1 request head must be complete within it (from the start, or from the end of keep-alive idling). */
@@ -75,6 +85,8 @@ export interface Config {
   runAckWaitMs: number;
   /** "on": apps and deploy-time steps run in a bubblewrap sandbox (skiff refuses to start without one); "off": unconfined. */
   sandbox: "on" | "off";
+  /** Path of bubblewrap's `bwrap`; undefined: the first of the usual places that has one. */
+  bwrap: string | undefined;
   /** Per replica (and deploy-time step): address space (MiB), processes, largest file (MiB), tmpfs size (MiB), CPU seconds (0: none). */
   replicaMemoryMb: number;
   replicaPids: number;
@@ -87,6 +99,14 @@ export interface Config {
   maxAppsPerProject: number;
   /** Network of sandboxes: "auto" (slirp4netns when installed, else none), "slirp4netns" or "none". */
   replicaNetwork: "auto" | "slirp4netns" | "none";
+  /** IPv4 ranges replicas with outbound network may not reach, besides the host's own addresses. */
+  replicaDeniedCidrs: string[];
+  /** A WebSocket connection with no bytes either way for this long is closed (1001). */
+  websocketIdleTimeoutMs: number;
+  /** Largest WebSocket message a caller may send an app; a larger one closes the connection (1009). */
+  websocketMaxMessageBytes: number;
+  /** Open WebSocket connections to one app through one process; 429 beyond. */
+  websocketMaxConnectionsPerApp: number;
 }
 
 export class ConfigError extends Error {
@@ -304,6 +324,13 @@ export const SETTINGS: Setting<keyof Config>[] = [
     parse: secret,
   },
   {
+    key: "natsReplicas",
+    env: "SKIFF_NATS_REPLICAS",
+    fallback: "1",
+    doc: "Copies of every stream, KV bucket and object store skiff keeps in JetStream: 3 on a cluster of three or more servers (a node can fail without losing an accepted run), 1 on a single server. Existing ones are scaled to it at start.",
+    parse: integer(1, 5),
+  },
+  {
     key: "maxBodyBytes",
     env: "SKIFF_MAX_BODY_BYTES",
     fallback: String(DEFAULT_MAX_BODY_BYTES),
@@ -316,6 +343,13 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: String(DEFAULT_MAX_BUNDLE_BYTES),
     doc: "Largest app bundle, both the gzipped upload and the tar inside it; a larger one is refused and nothing is deployed.",
     parse: integer(1024, 16 * 1024 * 1024 * 1024),
+  },
+  {
+    key: "maxProjectUnpackedBytes",
+    env: "SKIFF_MAX_PROJECT_UNPACKED_BYTES",
+    fallback: String(DEFAULT_MAX_PROJECT_UNPACKED_BYTES),
+    doc: "Most bytes the current deployments of all of one project's apps may unpack to together (each bundle's tar, before dependencies are installed); a deployment that would take the project past it is refused with 429 and nothing is deployed.",
+    parse: integer(1024, 1024 * 1024 * 1024 * 1024),
   },
   {
     key: "firstBytesTimeoutMs",
@@ -479,17 +513,27 @@ export const SETTINGS: Setting<keyof Config>[] = [
     },
   },
   {
+    key: "bwrap",
+    env: "SKIFF_BWRAP",
+    fallback: "",
+    doc: "Path of bubblewrap's `bwrap`, for a host that has it elsewhere; empty: the first of `/usr/bin/bwrap`, `/usr/local/bin/bwrap`, `/bin/bwrap` that exists. With the sandbox on, a `bwrap` that is missing or fails its probe stops skiff at start with the reason.",
+    parse: optional((raw, variable) => {
+      if (!raw.startsWith("/")) throw new ConfigError(variable, `must be an absolute path, got "${raw}"`);
+      return raw;
+    }),
+  },
+  {
     key: "replicaMemoryMb",
     env: "SKIFF_REPLICA_MEMORY_MB",
     fallback: "2048",
-    doc: "Address space of each process in a sandbox (RLIMIT_AS), MiB; an allocation beyond it fails (Python raises MemoryError, Node stops).",
+    doc: "Memory of a sandbox, MiB: the address space of each of its processes (RLIMIT_AS; an allocation beyond it fails: Python raises MemoryError, Node stops) and, where skiff can make cgroups (said at start), the memory of all its processes together, its tmpfs pages included (the kernel ends a process past it; a replica ended so fails its runs with this setting's name).",
     parse: integer(256, 1024 * 1024),
   },
   {
     key: "replicaPids",
     env: "SKIFF_REPLICA_PIDS",
     fallback: "512",
-    doc: "Processes and threads of one project's sandboxes (RLIMIT_NPROC of its uid); a fork beyond it fails.",
+    doc: "Processes and threads of one project's sandboxes (RLIMIT_NPROC of its uid) and, where skiff can make cgroups, of each sandbox (pids.max); a fork beyond it fails.",
     parse: integer(16, 1_000_000),
   },
   {
@@ -531,13 +575,56 @@ export const SETTINGS: Setting<keyof Config>[] = [
     key: "replicaNetwork",
     env: "SKIFF_REPLICA_NETWORK",
     fallback: "auto",
-    doc: "Network of replicas and dependency installs, each in a network namespace of its own: `slirp4netns` gives it the outside world through Debian's `slirp4netns` (never the host's loopback, so not NATS nor skiff's port on 127.0.0.1; addresses of the host's other interfaces stay reachable, see docs/security.md); `none` gives it loopback only (dependencies must then be vendored); `auto`: `slirp4netns` when it is installed, else `none`, said at start.",
+    doc: "Network of replicas and dependency installs, each in a network namespace of its own: `slirp4netns` gives it the outside world through Debian's `slirp4netns` (never the host's loopback nor any other address of the host, so not NATS nor skiff's port wherever they listen on this host, nor `SKIFF_REPLICA_DENIED_CIDRS`; see docs/security.md); `none` gives it loopback only (dependencies must then be vendored); `auto`: `slirp4netns` when it is installed, else `none`, said at start.",
     parse: (raw, variable) => {
       const v = raw.trim();
       if (v !== "auto" && v !== "slirp4netns" && v !== "none")
         throw new ConfigError(variable, `must be auto, slirp4netns or none, got "${raw}"`);
       return v;
     },
+  },
+  {
+    key: "replicaDeniedCidrs",
+    env: "SKIFF_REPLICA_DENIED_CIDRS",
+    fallback: DEFAULT_REPLICA_DENIED_CIDRS.join(","),
+    doc: "Comma-separated IPv4 ranges that replicas and dependency installs with outbound network (`slirp4netns`) may not reach (connections fail with EACCES), besides every address of the host itself, which is always refused: e.g. the private network of the machines that run NATS and skiff. The default refuses link-local addresses, where clouds serve instance metadata and credentials. Empty: only the host's addresses.",
+    parse: (raw, variable) =>
+      raw
+        .split(",")
+        .map((c) => c.trim())
+        .filter((c) => c !== "")
+        .map((c) => {
+          let cidr;
+          try {
+            cidr = parseCidr(c);
+          } catch (err) {
+            throw new ConfigError(variable, (err as Error).message);
+          }
+          if (cidr.family !== "ipv4")
+            throw new ConfigError(variable, `"${c}": IPv4 only (replicas have no IPv6 route)`);
+          return `${cidr.address}/${cidr.prefix}`;
+        }),
+  },
+  {
+    key: "websocketIdleTimeoutMs",
+    env: "SKIFF_WEBSOCKET_IDLE_TIMEOUT_MS",
+    fallback: String(DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS),
+    doc: "A WebSocket connection to an app with no frame either way (pings count) for this long is closed by skiff with code 1001; send pings to keep a quiet connection open. Its life is bounded by the app's `response_grace_period` too (code 1008).",
+    parse: integer(1000, MAX_RUN_SECONDS * 1000),
+  },
+  {
+    key: "websocketMaxMessageBytes",
+    env: "SKIFF_WEBSOCKET_MAX_MESSAGE_BYTES",
+    fallback: String(DEFAULT_WEBSOCKET_MAX_MESSAGE_BYTES),
+    doc: "Largest WebSocket message a caller may send to an app (the payloads of its frames together, as they travel); a larger one closes the connection with code 1009 before any of it reaches the app.",
+    parse: integer(125, 1024 * 1024 * 1024),
+  },
+  {
+    key: "websocketMaxConnectionsPerApp",
+    env: "SKIFF_WEBSOCKET_MAX_CONNECTIONS_PER_APP",
+    fallback: String(DEFAULT_WEBSOCKET_MAX_CONNECTIONS_PER_APP),
+    doc: "Open WebSocket connections to one app through one skiff process; a handshake beyond it is refused with 429. Each connection also holds one of the app's replica slots while it lasts (`replica_concurrency` per replica, up to `max_replicas`).",
+    parse: integer(1, 1_000_000),
   },
 ];
 

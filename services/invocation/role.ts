@@ -9,10 +9,12 @@ import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets } from "../nats/index.js";
 import type { RunContext } from "../runs/index.js";
+import type { UpgradeHandler } from "../server/index.js";
 import { createSecretBox, secretsBucket, AddressGuard } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { QueueDepths } from "./queue-depth.js";
 import { routes } from "./routes.js";
+import { webSockets, type WebSocketOptions } from "./websocket.js";
 
 export interface InvocationRoleOptions {
   nc: NatsConnection;
@@ -29,10 +31,16 @@ export interface InvocationRoleOptions {
   webhookAllowedCidrs: readonly string[];
   /** SKIFF_SECRETS_KEY. */
   secretsKey?: string;
+  /** WebSocket calls: how their tokens are checked, their limits, their gauge. */
+  websocket: WebSocketOptions;
 }
 
 export interface InvocationRole {
   routes(router: ConnectRouter): void;
+  /** WebSocket calls (websocket.ts). */
+  upgrade: UpgradeHandler;
+  /** Waits until the WebSocket connections the port closed are recorded. */
+  close(): Promise<void>;
 }
 
 export async function startInvocationRole(opts: InvocationRoleOptions): Promise<InvocationRole> {
@@ -55,5 +63,6 @@ export async function startInvocationRole(opts: InvocationRoleOptions): Promise<
     maxQueuedRuns: opts.maxQueuedRuns,
     logger,
   };
-  return { routes: (router) => routes(router, deps) };
+  const websockets = webSockets(deps, opts.websocket);
+  return { routes: (router) => routes(router, deps), upgrade: websockets.upgrade, close: () => websockets.close() };
 }

@@ -51,6 +51,13 @@ export class Metrics {
     labelNames: ["outcome"] as const,
     registers: [this.registry],
   });
+  /** WebSocket connections to apps open through this process. */
+  readonly websockets = new Gauge({
+    name: "skiff_websocket_connections",
+    help: "WebSocket connections to apps open through this process, by project and app",
+    labelNames: ["project", "app"] as const,
+    registers: [this.registry],
+  });
   readonly natsReconnects = new Counter({
     name: "skiff_nats_reconnects_total",
     help: "Times this process reconnected to NATS",

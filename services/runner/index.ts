@@ -8,3 +8,5 @@ export { deploymentsDir, startRunnerRole } from "./role.js";
 export { configureSandbox } from "./sandbox.js";
 export type { Runner } from "./runner.js";
 export type { PreparedDeployment } from "./types.js";
+export type { UpgradeAnswer, UpgradeRequest } from "./upgrade.js";
+export { upgradeRemote } from "./ws-dispatch.js";

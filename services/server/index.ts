@@ -4,7 +4,12 @@
 export { HealthState, healthRoutes } from "./health.js";
 export { appRequestHeaders, isPassedToCaller } from "./headers.js";
 export { codeFromString, codeHttpStatus, errorBody } from "./rest/errors.js";
-export { httpExchange, setHttpStatus } from "./rest/http-exchange.js";
+export { httpExchange, setHttpStatus, streamHttpBody } from "./rest/http-exchange.js";
+export type { HttpExchange, StreamedBody } from "./rest/http-exchange.js";
 export { SKIFF_APIS, openapiDocument, openapiDocuments } from "./rest/openapi.js";
 export { startServer } from "./server.js";
+export type { UpgradeHandler } from "./server.js";
+export { CLOSE, FrameReader, closeFrame } from "./websocket-frames.js";
+export { WebSocketRelay } from "./websocket-relay.js";
+export type { RelayEnd } from "./websocket-relay.js";
 export { createStaticFiles } from "./static-files.js";

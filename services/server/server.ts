@@ -58,7 +58,22 @@ export interface ServerOptions {
   connections?: Partial<ConnectionLimits>;
   /** Where request counts and latencies go; GET /metrics serves the registry to a bearer `authorize` accepts. */
   metrics?: { metrics: Metrics; authorize(token: string): boolean };
+  /** Takes every HTTP/1.1 upgrade request (WebSockets); without it, they are served as plain requests. */
+  upgrade?: UpgradeHandler;
 }
+
+/**
+ * An HTTP/1.1 upgrade request: the socket is the handler's from then on
+ * (it answers, refusals included, and closes it). `draining` is aborted
+ * when the server begins to stop; the stop waits (up to its grace) for the
+ * socket to close.
+ */
+export type UpgradeHandler = (
+  req: http.IncomingMessage,
+  socket: net.Socket,
+  head: Buffer,
+  draining: AbortSignal,
+) => void;
 
 const DEFAULT_CONNECTION_LIMITS: ConnectionLimits = {
   firstBytesTimeoutMs: DEFAULT_FIRST_BYTES_TIMEOUT_MS,
@@ -145,6 +160,31 @@ function definedOnly<T extends object>(options: T): Partial<T> {
   return Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)) as Partial<T>;
 }
 
+/**
+ * The head of a request that offered an upgrade, less the offer (Upgrade,
+ * HTTP2-Settings and their Connection tokens), to be parsed again as a
+ * plain request: Node hands every upgrade offer to the upgrade listener.
+ */
+function withoutUpgrade(req: http.IncomingMessage): Buffer {
+  const lines = [`${req.method} ${req.url} HTTP/${req.httpVersion}`];
+  const raw = req.rawHeaders;
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    const name = raw[i].toLowerCase();
+    let value = raw[i + 1];
+    if (name === "upgrade" || name === "http2-settings") continue;
+    if (name === "connection") {
+      value = value
+        .split(",")
+        .map((token) => token.trim())
+        .filter((token) => !/^(upgrade|http2-settings)$/i.test(token))
+        .join(", ");
+      if (value === "") continue;
+    }
+    lines.push(`${raw[i]}: ${value}`);
+  }
+  return Buffer.from(`${lines.join("\r\n")}\r\n\r\n`, "latin1");
+}
+
 const METRICS_PATH = "/metrics";
 
 /** GET /metrics: the Prometheus text, for an admin token or the metrics token. */
@@ -175,6 +215,13 @@ function sendJson(res: NodeResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
   res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
   res.end(text);
+}
+
+/** A whole HTTP/1.1 answer carrying a JSON error, for a socket no ServerResponse holds; the connection closes. */
+function rawJsonAnswer(status: number, reason: string, code: string, message: string): string {
+  const body = JSON.stringify({ code, message });
+  const head = `HTTP/1.1 ${status} ${reason}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}`;
+  return `${head}\r\nconnection: close\r\n\r\n${body}`;
 }
 
 export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
@@ -290,10 +337,67 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
       headersTimeout: 0,
       // A silent socket between requests (socket inactivity, as Node does it).
       keepAliveTimeout: limits.keepAliveTimeoutMs,
+      // Refused below, with a JSON body (Node's own refusal has none).
+      requireHostHeader: false,
     },
-    track,
+    (req, res) => {
+      // HTTP/1.1 demands Host (RFC 9112, section 3.2).
+      if (req.httpVersionMinor === 1 && req.headers.host === undefined) {
+        res.setHeader("connection", "close");
+        return sendJson(res, 400, { code: "invalid_argument", message: "an HTTP/1.1 request must have a Host header" });
+      }
+      track(req, res);
+    },
   );
   h1.on("request", (req: http.IncomingMessage, res: http.ServerResponse) => guard.http1Request(req.socket, res));
+  // CONNECT (a proxy's method): Node would close the socket without a word.
+  h1.on("connect", (_req: http.IncomingMessage, socket: net.Socket) => {
+    socket.end(rawJsonAnswer(405, "Method Not Allowed", "unimplemented", "CONNECT is not served here"));
+  });
+  // An Expect other than 100-continue: Node's refusal has no body.
+  h1.on("checkExpectation", (req: http.IncomingMessage, res: http.ServerResponse) => {
+    guard.http1Request(req.socket, res);
+    sendJson(res, 417, { code: "failed_precondition", message: "the only expectation served is Expect: 100-continue" });
+  });
+  // A request Node's parser refuses (a malformed head, headers too large): answered as every other
+  // refusal is, with a JSON {code, message}, where Node would send a bare status line.
+  h1.on("clientError", (err: NodeJS.ErrnoException, socket: net.Socket) => {
+    if (socket.writable && socket.bytesWritten === 0) {
+      const [status, reason, code, message] =
+        err.code === "HPE_HEADER_OVERFLOW"
+          ? [431, "Request Header Fields Too Large", "resource_exhausted", "the request's headers are too large"]
+          : [
+              400,
+              "Bad Request",
+              "invalid_argument",
+              `malformed HTTP request: ${err.message.replace(/^Parse Error: /, "")}`,
+            ];
+      socket.write(rawJsonAnswer(status, reason, code, message));
+    }
+    socket.destroy();
+  });
+  const draining = new AbortController();
+  // Every open upgraded connection listens to it: not a leak.
+  setMaxListeners(0, draining.signal);
+  const upgrade = opts.upgrade;
+  if (upgrade) {
+    h1.on("upgrade", (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => {
+      // Any other upgrade offer (curl --http2 offers h2c) is declined: the request is served as HTTP/1.1.
+      if (req.headers.upgrade?.toLowerCase() !== "websocket") {
+        socket.unshift(Buffer.concat([withoutUpgrade(req), head]));
+        h1.emit("connection", socket);
+        return;
+      }
+      // Busy until it closes: no deadline of an idle connection cuts it, and a stop waits for it.
+      guard.http1Request(socket, socket);
+      inFlight++;
+      socket.once("close", () => {
+        inFlight--;
+        if (inFlight === 0) drained?.();
+      });
+      upgrade(req, socket, head, draining.signal);
+    });
+  }
   const h2 = http2.createServer({}, track);
   let handing: Connection | undefined;
   h2.on("session", (session) => {
@@ -347,6 +451,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     port,
     async close(graceMs: number) {
       stopping = true;
+      draining.abort();
       health.setStopping();
       tcp.close();
       // Idle HTTP/1.1 connections close now; HTTP/2 sessions get GOAWAY: open streams finish, no new ones.

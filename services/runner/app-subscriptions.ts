@@ -1,0 +1,55 @@
+// One queue-group subscription per app deployed here, for the requests a
+// runner takes over NATS (sync runs: dispatch.ts; WebSocket handshakes:
+// ws-dispatch.ts). Removing an app or closing drains, not just
+// unsubscribes: a request the server routed here before it heard the
+// unsubscribe, or that waits in the client's buffer, is handled (by the
+// app, or with the app's absence) instead of dropped, which would leave its
+// gateway waiting for a reply that never comes. close() resolves once every
+// request taken has been handled.
+import type { Msg, NatsConnection, Subscription } from "nats";
+import { subjects } from "../nats/index.js";
+import type { AppRef } from "./deployed-apps.js";
+
+export class AppSubscriptions {
+  private readonly subs = new Map<string, Subscription>();
+  /** Requests taken and not yet handled. */
+  private readonly handling = new Set<Promise<void>>();
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly subject: (app: AppRef) => string,
+    private readonly handle: (app: AppRef, msg: Msg) => Promise<void>,
+  ) {}
+
+  add(app: AppRef): void {
+    const key = `${app.projectId}.${app.appName}`;
+    if (this.subs.has(key)) return;
+    const sub = this.nc.subscribe(this.subject(app), {
+      queue: subjects.invokeQueueGroup,
+      callback: (err, msg) => {
+        if (err) return;
+        const handled = this.handle(app, msg);
+        this.handling.add(handled);
+        void handled.finally(() => this.handling.delete(handled));
+      },
+    });
+    this.subs.set(key, sub);
+  }
+
+  remove(app: AppRef): void {
+    const key = `${app.projectId}.${app.appName}`;
+    void this.subs
+      .get(key)
+      ?.drain()
+      .catch(() => undefined);
+    this.subs.delete(key);
+  }
+
+  /** Takes no more requests; resolves once those already routed here have been handled. */
+  async close(): Promise<void> {
+    const subs = [...this.subs.values()];
+    this.subs.clear();
+    await Promise.all(subs.map((sub) => sub.drain().catch(() => undefined)));
+    await Promise.allSettled([...this.handling]);
+  }
+}
