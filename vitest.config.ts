@@ -15,29 +15,40 @@ const UNIT = [
   "test/config.test.ts",
   "test/dashboard-stats.test.ts",
   "test/deployment-cache.test.ts",
+  "test/event-bytes.test.ts",
   "test/static-files.test.ts",
   "test/transcoder-property.test.ts",
   "test/transcoder.test.ts",
   "test/webhook-address-guard.test.ts",
   "test/webhook-delivery-endpoint.test.ts",
+  "test/websocket-frames.test.ts",
 ];
+
+/**
+ * Fuzzing (fast-check): FUZZ_RUNS cases per property, 500 by default (as in
+ * `npm test`), 10,000 with `npm run test:fuzz`. Each test sets its own time
+ * limit from FUZZ_RUNS.
+ */
+const FUZZ = ["test/fuzz/**/*.test.ts"];
 
 const timeouts = { testTimeout: 30_000, hookTimeout: 60_000 };
 
 export default defineConfig({
   test: {
-    // `vitest run` runs both; `--project unit` or `--project integration` one of them.
+    // `vitest run` runs all three; `--project unit`, `--project integration` or `--project fuzz` one of them.
     projects: [
       { test: { name: "unit", include: UNIT, ...timeouts, pool: "threads" } },
       {
         test: {
           name: "integration",
           include: ["test/**/*.test.ts"],
-          exclude: [...configDefaults.exclude, ...UNIT],
+          // The fault suite runs alone: `npm run test:faults` (vitest.faults.config.ts).
+          exclude: [...configDefaults.exclude, ...UNIT, ...FUZZ, "test/faults/**"],
           ...timeouts,
           pool: "forks",
         },
       },
+      { test: { name: "fuzz", include: FUZZ, ...timeouts, pool: "forks" } },
     ],
   },
 });

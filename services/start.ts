@@ -14,7 +14,14 @@ import { AppRegistry } from "./apps/index.js";
 import { sameToken, startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
 import type { Config, Role, Logger } from "./config/index.js";
-import { HealthState, healthRoutes, openapiDocuments, startServer, createStaticFiles } from "./server/index.js";
+import {
+  HealthState,
+  healthRoutes,
+  openapiDocuments,
+  startServer,
+  createStaticFiles,
+  type UpgradeHandler,
+} from "./server/index.js";
 import { connectNats, provision, type NatsHandle } from "./nats/index.js";
 import { Metrics } from "./metrics/index.js";
 
@@ -54,6 +61,8 @@ interface Shared {
 interface StartedRole {
   /** The handlers of its RPC service. */
   routes?: (router: ConnectRouter) => void;
+  /** Takes the port's HTTP/1.1 upgrade requests (the invocation role's WebSockets). */
+  upgrade?: UpgradeHandler;
   /** Stops it; called once the port is closed, in the reverse of the start order. */
   close?: () => void | Promise<void>;
 }
@@ -108,7 +117,7 @@ const ROLES: Record<Role, RoleSpec> = {
         secretsKey: config.secretsKey,
       }),
   },
-  // InvocationService; nothing of its own to close.
+  // InvocationService and WebSocket calls; closing waits until the connections the port closed are recorded.
   invocation: {
     service: InvocationService,
     async start(shared) {
@@ -122,6 +131,15 @@ const ROLES: Record<Role, RoleSpec> = {
         maxQueuedRuns: config.maxQueuedRuns,
         webhookAllowedCidrs: shared.webhookAllowedCidrs,
         secretsKey: config.secretsKey,
+        websocket: {
+          authenticator: (await shared.auth()).authenticator,
+          limits: {
+            idleTimeoutMs: config.websocketIdleTimeoutMs,
+            maxMessageBytes: config.websocketMaxMessageBytes,
+            maxConnectionsPerApp: config.websocketMaxConnectionsPerApp,
+          },
+          metrics: shared.metrics,
+        },
       });
     },
   },
@@ -138,6 +156,7 @@ const ROLES: Record<Role, RoleSpec> = {
         signingKey: config.signingKey,
         adminToken: config.adminToken,
         maxBundleBytes: config.maxBundleBytes,
+        maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
         runs: await shared.runs(),
         deployments: shared.deployments,
         logger,
@@ -238,7 +257,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     watchNats(nats, health, logger, metrics);
     const stopQueueDepths = metrics.queueDepths(() => queueDepths(nats));
     closeShared.push(stopQueueDepths);
-    await provision(nats.nc, logger);
+    await provision(nats.nc, logger, config.natsReplicas);
     health.setProvisioned();
 
     const shared: Shared = {
@@ -303,6 +322,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       // The dashboard comes with the management role, whose API it uses.
       site: config.roles.includes("management") ? dashboardSite() : undefined,
       interceptors: auth ? [auth.interceptor] : [],
+      upgrade: started.find((role) => role.upgrade)?.upgrade,
       metrics: {
         metrics,
         authorize: (token) =>

@@ -51,7 +51,7 @@ function record(calls: Call[], method: string, request: unknown, ctx: HandlerCon
   });
 }
 
-function invocation(calls: Call[]): ServiceImpl<typeof InvocationService> {
+export function invocation(calls: Call[]): Partial<ServiceImpl<typeof InvocationService>> {
   return {
     run(req: RunRequest, ctx) {
       record(calls, "Run", req, ctx);
@@ -70,7 +70,7 @@ function invocation(calls: Call[]): ServiceImpl<typeof InvocationService> {
   };
 }
 
-function management(calls: Call[]): Partial<ServiceImpl<typeof ManagementService>> {
+export function management(calls: Call[]): Partial<ServiceImpl<typeof ManagementService>> {
   const at = timestampFromMs(Date.UTC(2025, 0, 2, 3, 4, 5));
   return {
     getIdentity(req, ctx) {
@@ -130,7 +130,7 @@ function management(calls: Call[]): Partial<ServiceImpl<typeof ManagementService
 }
 
 /** Shows that interceptors run for REST calls: records them, refuses a bad token, tags the answer. */
-function interceptor(intercepted: string[]): Interceptor {
+export function interceptor(intercepted: string[]): Interceptor {
   return (next) => async (req) => {
     intercepted.push(req.method.name);
     if (req.header.get("authorization") === "Bearer bad") throw new ConnectError("bad token", Code.Unauthenticated);

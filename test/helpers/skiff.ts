@@ -72,3 +72,32 @@ export async function startTestSkiff(opts: TestSkiffOptions = {}): Promise<TestS
     throw err;
   }
 }
+
+export interface TestRunner {
+  skiff: Skiff;
+  /** Stops it (once) and removes its data folder. */
+  close(): Promise<void>;
+}
+
+/**
+ * A process with only the runner role, on the NATS server of `of`: a
+ * gateway started with SKIFF_ROLES=invocation,management sends its runs to it.
+ */
+export async function startTestRunner(of: TestSkiff): Promise<TestRunner> {
+  const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-runner-"));
+  const config = loadConfig({
+    SKIFF_NATS_URL: of.nats.url,
+    SKIFF_PORT: "0",
+    SKIFF_DATA_DIR: dataDir,
+    SKIFF_ROLES: "runner",
+  });
+  const skiff = await startSkiff(config, silentLogger).catch(async (err: unknown) => {
+    await rm(dataDir, { recursive: true, force: true });
+    throw err;
+  });
+  let closed: Promise<void> | undefined;
+  return {
+    skiff,
+    close: () => (closed ??= skiff.close().finally(() => rm(dataDir, { recursive: true, force: true }))),
+  };
+}
