@@ -15,6 +15,7 @@ import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { startNatsServer, type TestNats } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
+import { streamedAnswers } from "./streaming.js";
 import { startSkiffProcess, type SkiffProcess } from "./skiff-process.js";
 import {
   ECHO_SERVER,
@@ -42,6 +43,8 @@ export interface PipelineResults {
   webhook: { p50_ms: number; p99_ms: number };
   cold_start_ms: { node: number; python: number; node_floor: number; python_floor: number };
   revocation_ms: { p50: number; p99: number };
+  /** A streamed answer (server-sent events): time to its first byte and to its end, direct and through skiff. */
+  streamed: Awaited<ReturnType<typeof streamedAnswers>>;
   rss_mb: { idle: number; loaded: number; after_soak: number | null };
   list_runs_ms: number | null;
   errors: Record<string, number>;
@@ -306,6 +309,8 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
     console.log(`  webhook p50 ${webhook.p50_ms} ms, p99 ${webhook.p99_ms} ms`);
     const cold_start_ms = await coldStarts(skiff, tmp, quick ? 3 : 7);
     console.log(`  cold start ${JSON.stringify(cold_start_ms)}`);
+    const streamed = await streamedAnswers(skiff, tmp, quick ? 10 : 30);
+    console.log(`  streamed answer ${JSON.stringify(streamed)}`);
     other = await startSkiffProcess({
       natsUrl: nats.url,
       dataDir: path.join(tmp, "data-other"),
@@ -328,6 +333,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       webhook,
       cold_start_ms,
       revocation_ms,
+      streamed,
       rss_mb: { idle, loaded, after_soak: null },
       list_runs_ms: null,
       errors,
@@ -337,6 +343,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
         sync_c1_added_p50_ms: round(sync_c1.skiff.p50_ms - sync_c1.direct.p50_ms, 3),
         cold_start_node_vs_floor: round(cold_start_ms.node / cold_start_ms.node_floor),
         cold_start_python_vs_floor: round(cold_start_ms.python / cold_start_ms.python_floor),
+        streamed_added_ttfb_ms: round(streamed.skiff.ttfb_ms - streamed.direct.ttfb_ms, 3),
       },
     };
     return results;

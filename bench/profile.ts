@@ -1,18 +1,25 @@
-// `npx tsx bench/profile.ts [sync|async|custom] [seconds]`: runs skiff under
-// `node --cpu-prof` with one kind of load from wrk, then prints where its
-// main thread spent its time (self time by function and by file), for the
-// profile that should come before an optimisation.
+// `npx tsx bench/profile.ts [sync|async|accept|custom] [seconds]`: runs skiff
+// under `node --cpu-prof` with one kind of load from wrk (`accept`: async
+// calls to a process without the runner role, the accept path alone), then
+// prints req/s, the CPU that skiff and nats-server used, and where skiff's
+// main thread spent its time during the measured run only (self time by
+// function and by file), for the profile that should come before an
+// optimisation. PROFILE_CALLERS=fn1,fn2 also prints who calls those
+// functions (PROFILE_DEPTH frames up, default 6).
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
-import { startSkiffProcess } from "./skiff-process.js";
+import { startSkiffProcess, waitRunHistory } from "./skiff-process.js";
 import { ECHO_SERVER, ensureTools, wrk } from "./tools.js";
 
 const kind = process.argv[2] ?? "async";
 const seconds = Number(process.argv[3] ?? 8);
 ensureTools();
+/** The measured run, on the monotonic clock in µs, as V8's profiles time their samples. */
+const window = { from: 0, to: 0 };
+const microseconds = () => Number(process.hrtime.bigint() / 1000n);
 const tmp = await mkdtemp(path.join(tmpdir(), "skiff-profile-"));
 const profDir = path.join(tmp, "prof");
 const nats = await startNatsServer();
@@ -21,6 +28,8 @@ const skiff = await startSkiffProcess({
   dataDir: path.join(tmp, "data"),
   env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
   nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${profDir}`],
+  // `accept`: async calls to a process without the runner role, so the queue only fills: the accept path alone.
+  ...(kind === "accept" ? { roles: "invocation,management,webhook" } : {}),
 });
 try {
   const scaling = "[scaling]\nmin_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 64\ncooldown = 600\n";
@@ -35,9 +44,10 @@ try {
   const url = {
     sync: `${skiff.url}/v4/p-dev/p-add/add`,
     async: `${skiff.url}/v4/p-dev/p-add/add?async=true`,
+    accept: `${skiff.url}/v4/p-dev/p-add/add?async=true`,
     custom: `${skiff.url}/v4/p-dev/p-echo/echo`,
   }[kind]!;
-  const status = kind === "async" ? 202 : 200;
+  const status = kind === "async" || kind === "accept" ? 202 : 200;
   const job = {
     url,
     body: '{"a":1,"b":2}',
@@ -45,45 +55,104 @@ try {
     status,
     connections: 32,
   };
+  await waitRunHistory(skiff, "p-add");
   await wrk({ ...job, seconds: 3 }, tmp);
+  const before = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+  window.from = microseconds();
   const r = await wrk({ ...job, seconds }, tmp);
+  window.to = microseconds();
+  const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+  const share = (i: number) => `${Math.round((100 * (after[i] - before[i])) / seconds)}%`;
   console.log(`${kind}: ${r.rps} req/s, p50 ${r.p50_ms} ms, p99 ${r.p99_ms} ms, errors ${r.errors}`);
+  // CPU per request varies less than req/s when other work shares the machine.
+  const perCall = (i: number) => `${Math.round(((after[i] - before[i]) * 1e6) / r.requests)} µs`;
+  console.log(
+    `CPU over the run (100% = one core): skiff ${share(0)}, nats-server ${share(1)}; per request: skiff ${perCall(0)}, nats-server ${perCall(1)}`,
+  );
 } finally {
   await skiff.stop();
   await nats.stop();
 }
 
+/** CPU time (user + system) a process has used so far, from /proc. */
+async function cpuSeconds(pid: number): Promise<number> {
+  const fields = (await readFile(`/proc/${pid}/stat`, "utf8")).replace(/^.*\) /, "").split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
 interface Node {
   id: number;
   callFrame: { functionName: string; url: string; lineNumber: number };
-  hitCount: number;
+  children?: number[];
 }
-const files = (await readdir(profDir)).filter((f) => f.endsWith(".cpuprofile"));
-// skiff's main thread is the profile that worked most (the module loader's thread idles).
-const busy = (p: { nodes: Node[] }) =>
-  p.nodes.reduce((a, n) => a + (n.callFrame.functionName === "(idle)" ? 0 : n.hitCount), 0);
-let best: { nodes: Node[]; samples: number[] } | undefined;
-for (const f of files) {
-  const p = JSON.parse(await readFile(path.join(profDir, f), "utf8")) as { nodes: Node[]; samples: number[] };
-  if (!best || busy(p) > busy(best)) best = p;
+interface Profile {
+  nodes: Node[];
+  startTime: number;
+  samples: number[];
+  timeDeltas: number[];
 }
-const total = best!.nodes.reduce((a, n) => a + n.hitCount, 0);
+
+/** Samples per node id taken within the measured run (V8 and process.hrtime share the monotonic clock). */
+function samplesInWindow(p: Profile): Map<number, number> {
+  const hits = new Map<number, number>();
+  let t = p.startTime;
+  for (let i = 0; i < p.samples.length; i++) {
+    t += p.timeDeltas[i];
+    if (t >= window.from && t <= window.to) hits.set(p.samples[i], (hits.get(p.samples[i]) ?? 0) + 1);
+  }
+  return hits;
+}
+
+const byName = new Map<number, Node>();
+const parents = new Map<number, number>();
+const threads: { name: string; hits: Map<number, number>; busy: number; total: number }[] = [];
+for (const f of (await readdir(profDir)).filter((f) => f.endsWith(".cpuprofile"))) {
+  const p = JSON.parse(await readFile(path.join(profDir, f), "utf8")) as Profile;
+  const hits = samplesInWindow(p);
+  const nodes = new Map(p.nodes.map((n) => [n.id, n]));
+  let busy = 0;
+  let total = 0;
+  for (const [id, n] of hits) {
+    total += n;
+    if (nodes.get(id)!.callFrame.functionName !== "(idle)") busy += n;
+  }
+  // Node ids are per profile: keep each profile's nodes under ids of their own.
+  const offset = threads.length * 1e7;
+  const shifted = new Map<number, number>();
+  for (const [id, n] of hits) shifted.set(id + offset, n);
+  for (const n of p.nodes) {
+    byName.set(n.id + offset, n);
+    for (const child of n.children ?? []) parents.set(child + offset, n.id + offset);
+  }
+  threads.push({ name: f, hits: shifted, busy, total });
+}
+threads.sort((a, b) => b.busy - a.busy);
+console.log(
+  `threads of skiff in the measured run (busy share of samples): ${threads
+    .filter((t) => t.total > 0)
+    .map((t) => `${t.name.split(".").slice(-3, -1).join(".")} ${Math.round((100 * t.busy) / t.total)}%`)
+    .join(", ")}`,
+);
+// The main thread's profile is thread 0 in its file name (CPU.{date}.{time}.{pid}.{thread}.{seq}.cpuprofile).
+const main = threads.find((t) => t.name.split(".")[4] === "0") ?? threads[0];
+const total = main.total;
 const byFn = new Map<string, number>();
 const byFile = new Map<string, number>();
-for (const n of best!.nodes) {
+for (const [id, hits] of main.hits) {
+  const n = byName.get(id)!;
   const file = n.callFrame.url
     .replace(/^file:\/\//, "")
     .replace(/.*node_modules\//, "npm:")
     .replace(/.*\/main\//, "");
   const fn = `${n.callFrame.functionName || "(anonymous)"} ${file}:${n.callFrame.lineNumber + 1}`;
-  byFn.set(fn, (byFn.get(fn) ?? 0) + n.hitCount);
+  byFn.set(fn, (byFn.get(fn) ?? 0) + hits);
   const key = file.startsWith("npm:")
     ? file
         .split("/")
         .slice(0, file.startsWith("npm:@") ? 2 : 1)
         .join("/")
     : file || n.callFrame.functionName;
-  byFile.set(key, (byFile.get(key) ?? 0) + n.hitCount);
+  byFile.set(key, (byFile.get(key) ?? 0) + hits);
 }
 const top = (m: Map<string, number>, n: number) =>
   [...m]
@@ -91,5 +160,25 @@ const top = (m: Map<string, number>, n: number) =>
     .slice(0, n)
     .map(([k, v]) => `  ${((100 * v) / total).toFixed(1).padStart(5)}%  ${k}`)
     .join("\n");
-console.log(`self time by file or package:\n${top(byFile, 25)}\n\nself time by function:\n${top(byFn, 25)}`);
+console.log(
+  `main thread, measured run only; self time by file or package:\n${top(byFile, 25)}\n\nself time by function:\n${top(byFn, 25)}`,
+);
+// PROFILE_CALLERS=writeBuffer,encode: who calls these functions (six frames up), by self time.
+const frame = (n: Node) =>
+  `${n.callFrame.functionName}@${n.callFrame.url.replace(/.*\/(main|node_modules)\//, "")}:${n.callFrame.lineNumber + 1}`;
+for (const name of (process.env.PROFILE_CALLERS ?? "").split(",").filter(Boolean)) {
+  const chains = new Map<string, number>();
+  for (const [id, hits] of main.hits) {
+    if (byName.get(id)!.callFrame.functionName !== name) continue;
+    const chain: string[] = [];
+    for (
+      let up = parents.get(id);
+      up !== undefined && chain.length < Number(process.env.PROFILE_DEPTH ?? 6);
+      up = parents.get(up)
+    )
+      chain.push(frame(byName.get(up)!));
+    chains.set(chain.join(" < "), (chains.get(chain.join(" < ")) ?? 0) + hits);
+  }
+  console.log(`\ncallers of ${name}:\n${top(chains, 8)}`);
+}
 await rm(tmp, { recursive: true, force: true });

@@ -1,10 +1,12 @@
 // `npm run bench` (`-- --quick` for a shorter run): the run pipeline against
 // direct calls and nginx, webhook latency, cold starts, revocation, memory,
-// and run listing; writes bench/results/latest.json and prints the ratios.
+// run listing and WebSockets; writes bench/results/latest.json (and
+// websocket.json) and prints the ratios.
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { benchPipeline, writeResults } from "./pipeline.js";
 import { benchRunListing } from "./run-listing.js";
+import { benchWebSocket } from "./websocket.js";
 
 const argv = process.argv.slice(2);
 const quick = argv.includes("--quick");
@@ -20,5 +22,8 @@ const soak = await readFile(path.join(import.meta.dirname, "results", "soak.json
   () => undefined,
 );
 results.rss_mb.after_soak = soak?.rss_mb.end ?? null;
+console.log("== WebSockets");
+const ws = await benchWebSocket(quick);
+for (const [name, ratio] of Object.entries(ws.ratios)) results.ratios[`websocket_${name}`] = ratio;
 const file = await writeResults("latest.json", results);
 console.log(`\n${JSON.stringify(results.ratios, null, 2)}\nwritten to ${path.relative(process.cwd(), file)}`);

@@ -64,3 +64,19 @@ export async function startSkiffProcess(opts: {
     stop: () => stop(child),
   };
 }
+
+/**
+ * Waits until the run history answers (ListRuns): a fresh data folder makes
+ * its embedded database first, a few seconds of one core that would
+ * otherwise fall inside the first measurement.
+ */
+export async function waitRunHistory(skiff: { url: string; devToken: string }, app: string): Promise<void> {
+  for (;;) {
+    const res = await fetch(`${skiff.url}/v2/projects/p-dev/apps/${app}/runs?page_size=1`, {
+      headers: { authorization: `Bearer ${skiff.devToken}` },
+    });
+    await res.arrayBuffer();
+    if (res.status === 200) return;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
