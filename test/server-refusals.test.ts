@@ -65,4 +65,15 @@ describe("server: refusals before a handler are JSON", () => {
     const answer = await send("GET /v2/identity HTTP/1.0\r\n\r\n");
     expect(answer !== "closed" && answer.status).toBe(200);
   });
+
+  it("HTTP/1.0 without Host to an RPC path is answered too (the handler's URL needs an authority)", async () => {
+    const answer = await send(
+      "POST /skiff.management.v2.ManagementService/GetIdentity HTTP/1.0\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+    );
+    expect(answer !== "closed" && answer.status).toBe(200);
+    const get = await send(
+      "GET /skiff.management.v2.ManagementService/GetIdentity HTTP/1.0\r\ncontent-length: 1\r\n\r\n0",
+    );
+    expect(get !== "closed" && get.status).toBeLessThan(500);
+  });
 });

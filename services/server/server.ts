@@ -346,6 +346,8 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
         res.setHeader("connection", "close");
         return sendJson(res, 400, { code: "invalid_argument", message: "an HTTP/1.1 request must have a Host header" });
       }
+      // HTTP/1.0 may leave Host out; the handlers build the request's URL from it, so it is this server's address.
+      if (req.headers.host === undefined) req.headers.host = hostOf(req.socket);
       track(req, res);
     },
   );
@@ -467,4 +469,10 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
       guard.destroyAll();
     },
   };
+}
+
+/** The address a socket was reached at, as a Host header would name it. */
+function hostOf(socket: net.Socket): string {
+  const address = socket.localAddress ?? "127.0.0.1";
+  return `${net.isIPv6(address) ? `[${address}]` : address}:${socket.localPort ?? 0}`;
 }
