@@ -78,6 +78,14 @@ export class AccountDirectory {
     this.view.close();
   }
 
+  /**
+   * An account this process just deleted (the value at `revision`): refused
+   * here at once, before the watch brings the delete.
+   */
+  deleted(projectId: string, serviceAccountId: string, revision: number): void {
+    this.view.delete(accountKey(projectId, serviceAccountId), revision);
+  }
+
   /** The account, from memory when possible; a Promise only on a miss. */
   find(
     projectId: string,

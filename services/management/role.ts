@@ -55,7 +55,10 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
   const key = await opts.auth.keyring.signingKey(opts.signingKey);
   const deps: ManagementDeps = {
     projects: new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true })),
-    serviceAccounts: new ServiceAccountStore(await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true })),
+    serviceAccounts: new ServiceAccountStore(
+      await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true }),
+      (projectId, id, revision) => opts.auth.accounts.deleted(projectId, id, revision),
+    ),
     apps: await appDeps(opts),
     runs: await startRunApi({
       nc: opts.nc,

@@ -5,7 +5,15 @@ import type { KV } from "nats";
 import { accountKey, decodeAccount, type ServiceAccountRecord } from "../auth/index.js";
 
 export class ServiceAccountStore {
-  constructor(private readonly kv: KV) {}
+  /**
+   * `onDeleted`: told of each delete this store made, with the revision it
+   * removed, so that this process's own token checks refuse the account at
+   * once rather than when its watch brings the DEL marker.
+   */
+  constructor(
+    private readonly kv: KV,
+    private readonly onDeleted: (projectId: string, serviceAccountId: string, revision: number) => void = () => {},
+  ) {}
 
   /** Stores a new account; false when the key exists. */
   async create(record: ServiceAccountRecord): Promise<boolean> {
@@ -62,6 +70,7 @@ export class ServiceAccountStore {
     try {
       // Only the revision we saw: of two concurrent deletes, one answers 404.
       await this.kv.delete(accountKey(projectId, serviceAccountId), { previousSeq: found.revision });
+      this.onDeleted(projectId, serviceAccountId, found.revision);
       return true;
     } catch (err) {
       if (!(await this.get(projectId, serviceAccountId))) return false;

@@ -85,6 +85,8 @@ export interface KvViewOptions<T> {
 /** A map of a bucket's (or a key range's) decoded values. */
 export class KvView<T> {
   private readonly entries = new Map<string, T>();
+  /** Keys this process deleted ahead of the watch: PUTs at or below the revision are old news. */
+  private readonly deletedUpTo = new Map<string, number>();
   private follower: KvFollower | undefined;
 
   constructor(private readonly opts: KvViewOptions<T>) {}
@@ -106,6 +108,16 @@ export class KvView<T> {
     this.entries.set(key, value);
   }
 
+  /**
+   * Removes a key ahead of the watch (a delete made by this process of the
+   * value at `revision`): the watch's older PUTs of it, still on their way, do
+   * not bring it back.
+   */
+  delete(key: string, revision: number): void {
+    this.entries.delete(key);
+    this.deletedUpTo.set(key, Math.max(revision, this.deletedUpTo.get(key) ?? 0));
+  }
+
   /** Starts watching; resolves once the current values are loaded (or the wait timed out). */
   start(timeoutMs = DEFAULT_VIEW_INIT_TIMEOUT_MS): Promise<void> {
     this.follower = followKv({ ...this.opts, initTimeoutMs: timeoutMs, onEntry: (e) => this.apply(e) });
@@ -117,6 +129,11 @@ export class KvView<T> {
   }
 
   private apply(entry: KvEntry): void {
+    const floor = this.deletedUpTo.get(entry.key);
+    if (floor !== undefined) {
+      if (entry.operation === "PUT" && entry.revision <= floor) return;
+      this.deletedUpTo.delete(entry.key);
+    }
     if (entry.operation !== "PUT") {
       this.entries.delete(entry.key);
       return;
