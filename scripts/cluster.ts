@@ -232,9 +232,12 @@ async function main(): Promise<void> {
     else children.push({ name: p.name, child });
   }
 
+  // The first gateway provisions every stream and bucket (three copies each) before the others start:
+  // a cluster that has just formed answers nine processes provisioning at once slowly, past their timeouts.
   for (const p of PROCESSES) {
     launch(p);
     say(`${p.name}: --roles ${p.roles}${p.port ? ` on 127.0.0.1:${p.port}` : ""}`);
+    if (p === PROCESSES[0]) await waitForPort(p.port, 120_000);
   }
   for (const p of PROCESSES.filter((q) => q.port !== 0)) await waitForPort(p.port);
 

@@ -295,7 +295,11 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     for (const name of Object.keys(ROLES) as Role[]) {
       if (!config.roles.includes(name)) continue;
       const spec = ROLES[name];
-      const role = await spec.start(shared);
+      const role = await spec.start(shared).catch((err: unknown) => {
+        throw new Error(`cannot start the ${name} role: ${err instanceof Error ? err.message : String(err)}`, {
+          cause: err,
+        });
+      });
       started.push(role);
       if (spec.service && role.routes) rpc.push({ service: spec.service, routes: role.routes });
     }
