@@ -1,9 +1,16 @@
-// `npm run soak`: mixed load on one skiff process for SOAK_SECONDS (default
-// 600): sync calls of a Custom and a Cortex app, async runs, and sync calls
-// with a webhook to a local receiver, each from its own wrk or loop. Prints
-// the errors of each kind and skiff's RSS after warm-up and at the end, and
-// writes bench/results/soak.json (read by `npm run bench` for rss_mb.after_soak).
-import { mkdtemp, rm } from "node:fs/promises";
+// `npm run soak`: mixed load for SOAK_SECONDS (default 600): sync calls of a
+// Custom and a Cortex app, async runs, and sync calls with a webhook to a
+// local receiver, each from its own wrk. Prints the errors of each kind and
+// the RSS of skiff's processes after warm-up and at the end, and writes
+// bench/results/soak.json (read by `npm run bench` for rss_mb.after_soak).
+//
+// `npm run soak -- --cluster` runs the same load on the topology of
+// `npm run cluster` (three NATS nodes, two gateways, two runners, two webhook
+// processes; started here as `scripts/cluster.ts` is started by hand, on
+// ports of its own) through its nginx, and writes bench/results/soak-cluster.json
+// with every process's RSS.
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import http from "node:http";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -11,20 +18,108 @@ import { startNatsServer } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
 import { writeResults } from "./pipeline.js";
 import { startSkiffProcess } from "./skiff-process.js";
-import { ECHO_SERVER, ensureTools, rssMb, wrk } from "./tools.js";
+import { ECHO_SERVER, ensureTools, freePort, rssMb, wrk } from "./tools.js";
 
 const SECONDS = Number(process.env.SOAK_SECONDS ?? 600);
 const WARMUP_SECONDS = Math.min(60, Math.max(5, Math.round(SECONDS / 10)));
 const P = "p-dev";
+const CLUSTER = process.argv.includes("--cluster");
+const ROOT = path.resolve(import.meta.dirname, "..");
+
+/** What the load is aimed at, and the skiff processes whose memory is watched. */
+interface Target {
+  url: string;
+  devToken: string;
+  /** Process name to pid, for the RSS figures. */
+  processes(): Promise<Record<string, number>>;
+  stop(): Promise<void>;
+}
+
+async function single(tmp: string): Promise<Target> {
+  const nats = await startNatsServer();
+  const skiff = await startSkiffProcess({
+    natsUrl: nats.url,
+    dataDir: path.join(tmp, "data"),
+    env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
+  });
+  return {
+    url: skiff.url,
+    devToken: skiff.devToken,
+    processes: async () => ({ skiff: skiff.pid }),
+    async stop() {
+      await skiff.stop();
+      await nats.stop();
+    },
+  };
+}
+
+/** `scripts/cluster.ts` as `npm run cluster` starts it, in a folder and on ports of its own. */
+async function cluster(tmp: string): Promise<Target> {
+  const dir = path.join(tmp, "cluster");
+  let port = await freePort();
+  // The script takes the port and the two after it (the gateways).
+  while (port > 65_000) port = await freePort();
+  const child: ChildProcess = spawn(process.execPath, ["--import", "tsx", path.join(ROOT, "scripts", "cluster.ts")], {
+    cwd: ROOT,
+    env: {
+      ...process.env,
+      SKIFF_CLUSTER_DIR: dir,
+      SKIFF_CLUSTER_PORT: String(port),
+      SKIFF_MAX_QUEUED_RUNS: "10000000",
+    },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  await new Promise<void>((resolve, reject) => {
+    let out = "";
+    child.once("exit", (code) => reject(new Error(`npm run cluster exited (${code}):\n${out.slice(-3000)}`)));
+    child.stdout!.on("data", (d: Buffer) => {
+      out += d.toString();
+      process.stdout.write(d);
+      if (out.includes("[cluster] ready.")) resolve();
+    });
+  });
+  child.stdout!.removeAllListeners("data");
+  child.stdout!.resume();
+  return {
+    url: `http://127.0.0.1:${port}`,
+    devToken: (await readFile(path.join(dir, "dev-token"), "utf8")).trim(),
+    processes: () => clusterProcesses(dir),
+    async stop() {
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill("SIGINT");
+      await exited;
+    },
+  };
+}
+
+/** The cluster's skiff processes (by their data folder) and nats-servers, by name. */
+async function clusterProcesses(dir: string): Promise<Record<string, number>> {
+  const found: Record<string, number> = {};
+  for (const pid of await readdir("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    const env = await readFile(`/proc/${pid}/environ`, "utf8").catch(() => "");
+    const cmd = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+    const data = /(?:^|\0)SKIFF_DATA_DIR=([^\0]+)/.exec(env)?.[1];
+    if (data?.startsWith(dir + path.sep) && cmd.includes("services/main.ts")) found[path.basename(data)] = Number(pid);
+    else if (cmd.startsWith("nats-server") || cmd.includes("/nats-server\0")) {
+      const conf = /\0-c\0([^\0]+)/.exec(cmd)?.[1] ?? /--config\0([^\0]+)/.exec(cmd)?.[1];
+      if (conf?.startsWith(dir + path.sep)) found[`nats-${path.basename(path.dirname(conf))}`] = Number(pid);
+    }
+  }
+  return found;
+}
+
+async function rssOf(target: Target): Promise<Record<string, number>> {
+  const out: Record<string, number> = {};
+  for (const [name, pid] of Object.entries(await target.processes()).sort())
+    out[name] = await rssMb(pid).catch(() => NaN);
+  return out;
+}
 
 ensureTools();
 const tmp = await mkdtemp(path.join(tmpdir(), "skiff-soak-"));
-const nats = await startNatsServer();
-const skiff = await startSkiffProcess({
-  natsUrl: nats.url,
-  dataDir: path.join(tmp, "data"),
-  env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
-});
+const target = await (CLUSTER ? cluster(tmp) : single(tmp));
+const skiff = target;
 const receiver = http.createServer((req, res) => {
   req.resume();
   req.on("end", () => res.end("ok"));
@@ -43,13 +138,20 @@ try {
   const hook = encodeURIComponent(`http://127.0.0.1:${(receiver.address() as { port: number }).port}/hook`);
   const auth = { Authorization: `Bearer ${skiff.devToken}` };
   const body = JSON.stringify({ a: 1, b: 2 });
+  // Every runner must have the apps before the load starts (a gateway answers 503 until one does).
   for (const app of ["soak-echo/echo", "soak-add/add"]) {
-    const res = await fetch(`${skiff.url}/v4/${P}/${app}`, {
-      method: "POST",
-      headers: { ...auth, "content-type": "application/json" },
-      body,
-    });
-    if (res.status !== 200) throw new Error(`${app} answered ${res.status}`);
+    const deadline = Date.now() + 60_000;
+    for (let ok = 0; ok < 10;) {
+      const res = await fetch(`${skiff.url}/v4/${P}/${app}`, {
+        method: "POST",
+        headers: { ...auth, "content-type": "application/json" },
+        body,
+      });
+      await res.arrayBuffer();
+      if (res.status === 200) ok++;
+      else if (Date.now() > deadline) throw new Error(`${app} answered ${res.status}`);
+      else await new Promise((r) => setTimeout(r, 250));
+    }
   }
   const mix = (seconds: number) =>
     Promise.all([
@@ -81,22 +183,28 @@ try {
         tmp,
       ),
     ]);
-  console.log(`soak: warm-up ${WARMUP_SECONDS} s, then ${SECONDS} s of mixed load`);
+  console.log(`soak: warm-up ${WARMUP_SECONDS} s, then ${SECONDS} s of mixed load${CLUSTER ? " on the cluster" : ""}`);
   await mix(WARMUP_SECONDS);
-  const start = await rssMb(skiff.pid);
+  const start = await rssOf(target);
   const [sync, cortex, accepted, hooked] = await mix(SECONDS);
-  const end = await rssMb(skiff.pid);
+  const end = await rssOf(target);
+  const total = (r: Record<string, number>) => Object.values(r).reduce((a, b) => a + b, 0);
+  const ratios = Object.fromEntries(Object.keys(end).map((k) => [k, Number((end[k] / start[k]).toFixed(2))]));
   const result = {
+    topology: CLUSTER
+      ? "cluster: 3 NATS nodes, 2 gateways behind nginx, 2 runners, 2 webhook processes"
+      : "one process",
     seconds: SECONDS,
     requests: { custom: sync.requests, cortex: cortex.requests, async: accepted.requests, webhook: hooked.requests },
     errors: { custom: sync.errors, cortex: cortex.errors, async: accepted.errors, webhook: hooked.errors },
-    rss_mb: { start, end, ratio: Number((end / start).toFixed(2)) },
+    rss_mb: CLUSTER
+      ? { start, end, ratio_by_process: ratios, ratio: Number((total(end) / total(start)).toFixed(2)) }
+      : { start: start.skiff, end: end.skiff, ratio: ratios.skiff },
   };
   console.log(JSON.stringify(result, null, 2));
-  await writeResults("soak.json", result);
+  await writeResults(CLUSTER ? "soak-cluster.json" : "soak.json", result);
 } finally {
   receiver.close();
-  await skiff.stop();
-  await nats.stop();
+  await target.stop();
   await rm(tmp, { recursive: true, force: true });
 }
