@@ -53,7 +53,8 @@ try {
     body: '{"a":1,"b":2}',
     headers: { Authorization: `Bearer ${skiff.devToken}` },
     status,
-    connections: 32,
+    // PROFILE_CONNECTIONS=1: the cost of one request with nothing else waiting.
+    connections: Number(process.env.PROFILE_CONNECTIONS ?? 32),
   };
   await waitRunHistory(skiff, "p-add");
   await wrk({ ...job, seconds: 3 }, tmp);

@@ -2,6 +2,7 @@
 // reaches the REST caller chunk by chunk as the app writes it, at the pace
 // the caller reads; a Connect caller of Run gets it whole; the run record
 // keeps status, time and size. The app is examples/stream-events.
+import { spawn } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -142,6 +143,32 @@ describe("streamed answers", () => {
     const ids = [...text.matchAll(/^id: (\d+)$/gm)].map((m) => Number(m[1]));
     expect(ids).toEqual(Array.from({ length: 20 }, (_, i) => i + 1));
     expect(text.split("\n\n").filter(Boolean)).toHaveLength(20);
+    // The record keeps the size of what the caller got, although nothing kept the body.
+    const run = await runOf(s.res.headers.get("x-request-id")!, "success");
+    expect(run.responseBytes).toBe(BigInt(Buffer.byteLength(text)));
+  });
+
+  it("curl -N gets the first event while the app is still answering, then the rest", async () => {
+    const curl = spawn(
+      "curl",
+      ["-N", "-sS", "-X", "POST", "-H", `Authorization: Bearer ${t.devToken}`, "-D", "-", v4("gate/curl")],
+      { stdio: ["ignore", "pipe", "pipe"] },
+    );
+    let out = "";
+    curl.stdout.on("data", (d: Buffer) => (out += d.toString()));
+    const exited = new Promise<number | null>((resolve) => curl.once("exit", resolve));
+    try {
+      // The app ends only once opened: without -N's unbuffered reads (or a buffering skiff) this never shows.
+      await vi.waitUntil(() => out.includes('data: {"waiting":"curl"}'), { timeout: 15_000 });
+      expect(out).toMatch(/^HTTP\/1\.1 200/);
+      expect(out.toLowerCase()).toContain("content-type: text/event-stream");
+      expect(out).not.toContain("opened");
+      expect((await post(v4("open/curl"), t.devToken, "")).json).toEqual({ opened: true });
+      expect(await exited).toBe(0);
+      expect(out).toContain('data: {"waiting":"curl"}\n\ndata: {"opened":"curl"}\n\n');
+    } finally {
+      curl.kill();
+    }
   });
 
   it("an NDJSON answer to a body streams line by line", async () => {
@@ -220,6 +247,7 @@ describe("streamed answers", () => {
     expect(res.statusCode).toBe(200);
     expect(res.body?.contentType).toBe("text/event-stream");
     expect(new TextDecoder().decode(res.body?.data).match(/^id: /gm)).toHaveLength(5);
+    expect((await runOf(res.runId, "success")).responseBytes).toBe(BigInt(res.body!.data.byteLength));
   });
 });
 

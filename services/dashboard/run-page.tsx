@@ -147,6 +147,12 @@ export function RunPage({ project, app, runId }: { project: string; app: string;
             <dd className="mono">{r.path}</dd>
             <dt>Run time</dt>
             <dd>{isFinal(r.status) && r.startedAt ? formatDuration(r.runTimeMs) : "—"}</dd>
+            {isFinal(r.status) && !r.websocket && (
+              <>
+                <dt>Response</dt>
+                <dd>{formatBytes(r.responseBytes)}</dd>
+              </>
+            )}
             {r.websocket && (
               <>
                 <dt>WebSocket</dt>

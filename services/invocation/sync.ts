@@ -113,9 +113,9 @@ export async function runSync(
   };
   const failed = (err: unknown) => end(outcomeOfError(err, Math.round(performance.now() - started)));
   const finished = work.then(
-    ({ res, kept }) =>
+    ({ res, kept, streamed }) =>
       kept
-        ? res.stream!.ended.then((streamEnd) => end(outcomeOfStream(res, streamEnd, kept())), failed)
+        ? res.stream!.ended.then((streamEnd) => end(outcomeOfStream(res, streamEnd, kept(), streamed!())), failed)
         : end(outcomeOfAnswer(res)),
     failed,
   );
@@ -135,15 +135,16 @@ export async function runSync(
 }
 
 /** A streamed answer's outcome: the app's status, unless the app reported a failure after the head went out. */
-function outcomeOfStream(res: InvokeResponse, end: StreamEnd, body: Uint8Array): RunOutcome {
-  const outcome = outcomeOfAnswer({ ...res, body, runTimeMs: end.runTimeMs });
+function outcomeOfStream(res: InvokeResponse, end: StreamEnd, body: Uint8Array, bytes: number): RunOutcome {
+  const outcome = { ...outcomeOfAnswer({ ...res, body, runTimeMs: end.runTimeMs }), responseBytes: bytes };
   return end.error ? { ...outcome, status: "failure", error: end.error } : outcome;
 }
 
-/** The app's answer; `kept` gives what was kept of a streamed body once it ended. */
+/** The app's answer; `kept` gives what was kept of a streamed body once it ended, `streamed` its whole size. */
 interface Answer {
   res: InvokeResponse;
   kept?: () => Uint8Array;
+  streamed?: () => number;
 }
 
 /** Most of a streamed body kept for the run's final event (its webhook, or a caller that takes it whole). */
@@ -158,8 +159,10 @@ function keepStreamed(res: InvokeResponse, keep: boolean): Required<Answer> {
   const source = res.stream!;
   const parts: Uint8Array[] = [];
   let size = 0;
+  let total = 0;
   async function* chunks(): AsyncGenerator<Uint8Array> {
     for await (const chunk of source.chunks) {
+      total += chunk.byteLength;
       if (keep && size + chunk.byteLength <= MAX_KEPT_STREAM_BYTES) {
         parts.push(chunk);
         size += chunk.byteLength;
@@ -170,6 +173,7 @@ function keepStreamed(res: InvokeResponse, keep: boolean): Required<Answer> {
   return {
     res: { ...res, stream: { chunks: chunks(), cancel: source.cancel, ended: source.ended } },
     kept: () => (parts.length === 1 ? parts[0] : Buffer.concat(parts, size)),
+    streamed: () => total,
   };
 }
 

@@ -23,6 +23,7 @@ function runFields(record: RunRecord) {
     async: record.async,
     status: record.status,
     runTimeMs: record.run_time_ms ?? 0,
+    responseBytes: BigInt(record.response_bytes ?? 0),
     statusCode: record.status_code ?? 0,
     error: record.error,
     webhookEndpoint: record.webhook_endpoint ?? "",

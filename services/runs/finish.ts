@@ -21,6 +21,7 @@ function finalRecord(record: RunRecord, outcome: RunOutcome, now: Date): RunReco
     finished_at: now.toISOString(),
     run_time_ms: outcome.runTimeMs,
     status_code: outcome.statusCode,
+    response_bytes: outcome.responseBytes ?? outcome.body.data.byteLength,
     ...(outcome.error ? { error: outcome.error } : {}),
   };
 }

@@ -24,6 +24,8 @@ export interface RunOutcome {
   error?: RunErrorInfo;
   /** The body the sync caller got (or would have got). */
   body: { contentType: string; data: Uint8Array };
+  /** The body's size when `body` holds less than the caller got (a streamed answer, kept in part or not at all). */
+  responseBytes?: number;
 }
 
 /** No runner hosts the app (nobody answered its invoke subject). */

@@ -55,6 +55,8 @@ export interface RunRecord {
   result?: StoredResult;
   /** A WebSocket run's connection, once it closed (its status_code is the app's 101). */
   websocket?: WebSocketSummary;
+  /** Bytes of the answer's body the caller got (a streamed answer's chunks together); set when the run ends. */
+  response_bytes?: number;
 }
 
 /** What a WebSocket connection did, written when it closed. */
