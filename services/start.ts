@@ -257,7 +257,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     watchNats(nats, health, logger, metrics);
     const stopQueueDepths = metrics.queueDepths(() => queueDepths(nats));
     closeShared.push(stopQueueDepths);
-    await provision(nats.nc, logger, config.natsReplicas);
+    await provision(nats.nc, logger, { replicas: config.natsReplicas, resultTtlSeconds: config.resultTtlSeconds });
     health.setProvisioned();
 
     const shared: Shared = {

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { buckets } from "../services/nats/layout.js";
+import { publishRunEvent } from "../services/runs/events.js";
 import { cortexApp, deploy } from "./helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
@@ -21,24 +21,19 @@ describe("streams end with their credentials", () => {
   });
   afterAll(() => t?.close());
 
-  /** Writes a run record as a runner would, so that an open WatchRuns stream has something to send. */
+  /** Publishes a run's event as a gateway would, so that an open WatchRuns stream has something to send. */
   async function writeRun(app: string): Promise<string> {
-    const kv = await t.skiff.nats.nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true });
     const runId = v7();
-    const now = new Date().toISOString();
-    await kv.put(
-      `${P}.${app}.${runId}`,
-      JSON.stringify({
-        run_id: runId,
-        project_id: P,
-        app_name: app,
-        path: "run",
-        async: true,
-        status: "queued",
-        queued_at: now,
-        attempts: 0,
-      }),
-    );
+    await publishRunEvent(t.skiff.nats.nc, {
+      run_id: runId,
+      project_id: P,
+      app_name: app,
+      path: "run",
+      async: true,
+      status: "queued",
+      queued_at: new Date().toISOString(),
+      attempts: 0,
+    });
     return runId;
   }
 

@@ -32,8 +32,8 @@ describe("a three-node JetStream cluster", () => {
   });
 
   it("provisioning with three replicas puts every stream and bucket on three nodes, and is idempotent", async () => {
-    await provision(nc, silentLogger, 3);
-    await provision(nc, silentLogger, 3);
+    await provision(nc, silentLogger, { replicas: 3 });
+    await provision(nc, silentLogger, { replicas: 3 });
     const jsm = await nc.jetstreamManager();
     for (const name of [streams.runs.name, streams.events.name, `KV_${buckets.runs.name}`]) {
       const info = await jsm.streams.info(name);

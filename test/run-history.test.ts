@@ -1,17 +1,19 @@
-// The run history: run records written to KV `skiff-runs` projected into SQL
-// (embedded PGlite, and the PostgreSQL server of this machine), listed newest
+// The run history: run events (each carrying its run's record in a header)
+// projected into SQL (embedded PGlite, and the PostgreSQL server of this
+// machine), listed newest
 // first with filters and page tokens, kept up to date, resumed after a
 // restart, shared by two processes, and pruned by age. Each test has a schema
 // of its own; NATS is a real server provisioned as skiff provisions it.
 import { mkdtemp, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import type { KV, NatsConnection } from "nats";
+import { headers, type NatsConnection } from "nats";
 import pg from "pg";
 import { v7 } from "uuid";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { silentLogger } from "../services/config/logger.js";
-import { RUN_RETENTION_MS, buckets } from "../services/nats/layout.js";
+import { RUN_RETENTION_MS, subjects } from "../services/nats/layout.js";
+import { publishRunEvent, publishRunEventUnacked } from "../services/runs/events.js";
 import {
   openRunHistory,
   PGLITE_FOLDER,
@@ -19,15 +21,13 @@ import {
   type RunHistory,
   type RunHistoryOptions,
 } from "../services/runs/history/index.js";
-import { RunStore, type RunRecord } from "../services/runs/store.js";
+import type { RunRecord } from "../services/runs/store.js";
 import { startProvisionedNats } from "./helpers/nats-server.js";
 
 const DATABASE_URL = process.env.SKIFF_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 
 let nats: Awaited<ReturnType<typeof startProvisionedNats>>;
 let nc: NatsConnection;
-let store: RunStore;
-let kv: KV;
 let pgliteDir: string;
 const schemas: string[] = [];
 const opened: RunHistory[] = [];
@@ -35,8 +35,6 @@ const opened: RunHistory[] = [];
 beforeAll(async () => {
   nats = await startProvisionedNats();
   nc = nats.nc;
-  store = await RunStore.open(nc);
-  kv = await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true });
   pgliteDir = await mkdtemp(path.join(tmpdir(), "skiff-history-"));
 });
 
@@ -111,7 +109,7 @@ function run(project: string, app: string, over: Partial<RunRecord> = {}, atMs?:
 }
 
 describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => {
-  it("records written to KV are listed newest first, filtered by status and async, paged by run id", async () => {
+  it("runs are listed newest first, filtered by status and async, paged by run id", async () => {
     const h = await open(backend, newSchema());
     try {
       const P = newProject();
@@ -138,7 +136,7 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
           base + 5,
         ),
       ];
-      for (const r of runs) await store.put(r);
+      for (const r of runs) await publishRunEvent(nc, r);
       await caughtUp(h);
       const ids = (page: { runs: RunRecord[] }) => page.runs.map((r) => r.run_id);
       const [a0, a1, b2, a3, a4, a5] = runs.map((r) => r.run_id);
@@ -147,7 +145,7 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
       expect(ids(all)).toEqual([a5, a4, a3, a1, a0]);
       expect(all.next).toBeUndefined();
       expect(all.runs[0]).toMatchObject({ run_id: a5, project_id: P, app_name: "a", status: "success", async: true });
-      expect(all.runs[0].result).toBeUndefined(); // results stay in KV
+      expect(all.runs[0].result).toBeUndefined(); // results stay in KV and the object store
       expect(all.runs[3].error).toEqual({ type: "ValueError", message: "no\ufffdpe" });
 
       const first = await h.list(P, "a", { pageSize: 2 });
@@ -173,38 +171,48 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
     }
   });
 
-  it("an update replaces the run (queued → running → success); delete and purge markers remove it", async () => {
+  it("a later event replaces the run (queued → running → success), never a final state by an earlier one", async () => {
     const h = await open(backend, newSchema());
     try {
       const P = newProject();
-      const r = run(P, "a", { async: true, status: "queued", finished_at: undefined, run_time_ms: undefined });
-      const gone = run(P, "a");
-      const purged = run(P, "a");
-      await store.create(r);
-      await store.put(gone);
-      await store.put(purged);
+      const queued = run(P, "a", { async: true, status: "queued", finished_at: undefined, run_time_ms: undefined });
+      await publishRunEvent(nc, queued);
       await caughtUp(h);
-      expect((await h.list(P, "a", { pageSize: 10 })).runs.map((x) => x.run_id)).toEqual([
-        purged.run_id,
-        gone.run_id,
-        r.run_id,
+      expect((await h.list(P, "a", { pageSize: 10, status: "queued" })).runs.map((x) => x.run_id)).toEqual([
+        queued.run_id,
       ]);
-
-      await store.update(P, "a", r.run_id, (cur) => ({
-        ...cur,
-        status: "running",
-        started_at: new Date().toISOString(),
-      }));
+      const running = { ...queued, status: "running" as const, started_at: new Date().toISOString() };
+      await publishRunEvent(nc, running);
       await caughtUp(h);
-      expect((await h.list(P, "a", { pageSize: 10, status: "running" })).runs.map((x) => x.run_id)).toEqual([r.run_id]);
+      expect(await h.get(P, "a", queued.run_id)).toMatchObject({ status: "running" });
+      expect((await h.list(P, "a", { pageSize: 10, status: "queued" })).runs).toEqual([]);
 
-      await store.update(P, "a", r.run_id, (cur) => ({ ...cur, status: "success", run_time_ms: 42 }));
-      await kv.delete(`${P}.a.${gone.run_id}`);
-      await kv.purge(`${P}.a.${purged.run_id}`);
+      await publishRunEvent(nc, { ...running, status: "success", run_time_ms: 42 });
+      // A `running` event that comes after the end (a repeated one) does not bring the run back.
+      await publishRunEvent(nc, { ...running, attempts: 2 });
       await caughtUp(h);
-      const page = await h.list(P, "a", { pageSize: 10 });
-      expect(page.runs).toEqual([expect.objectContaining({ run_id: r.run_id, status: "success", run_time_ms: 42 })]);
-      expect((await h.list(P, "a", { pageSize: 10, status: "running" })).runs).toEqual([]);
+      expect((await h.list(P, "a", { pageSize: 10 })).runs).toEqual([
+        expect.objectContaining({ run_id: queued.run_id, status: "success", run_time_ms: 42 }),
+      ]);
+      expect(await h.get(P, "a", queued.run_id)).toMatchObject({ status: "success", run_time_ms: 42 });
+      expect(await h.get(P, "other-app", queued.run_id)).toBeUndefined();
+    } finally {
+      await close(h);
+    }
+  });
+
+  it("an event without a record (of an earlier version) or with one that is not a run is passed over", async () => {
+    const h = await open(backend, newSchema());
+    try {
+      const P = newProject();
+      nc.publish(subjects.runEvent(P, "a", "success"), new Uint8Array([1, 2, 3]));
+      const bad = headers();
+      bad.set("Skiff-Run", '{"run_id":"not-a-uuid","status":"success"}');
+      nc.publish(subjects.runEvent(P, "a", "success"), new Uint8Array(), { headers: bad });
+      const good = run(P, "a");
+      await publishRunEvent(nc, good);
+      await caughtUp(h);
+      expect((await h.list(P, "a", { pageSize: 10 })).runs.map((r) => r.run_id)).toEqual([good.run_id]);
     } finally {
       await close(h);
     }
@@ -214,13 +222,13 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
     const schema = newSchema();
     const P = newProject();
     let h = await open(backend, schema);
-    for (let i = 0; i < 30; i++) await store.put(run(P, "a"));
+    for (let i = 0; i < 30; i++) await publishRunEvent(nc, run(P, "a"));
     const before = await caughtUp(h);
     expect(h.projector!.applied).toBeGreaterThanOrEqual(30); // the first start projects the whole stream
     await close(h);
 
     const later = Array.from({ length: 7 }, () => run(P, "a"));
-    for (const r of later) store.putUnacked(r);
+    for (const r of later) publishRunEventUnacked(nc, r);
     await nc.flush();
     h = await open(backend, schema);
     try {
@@ -242,7 +250,7 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
       const now = Date.now();
       const old = [1, 2, 3].map((i) => run(P, "aged", {}, now - RUN_RETENTION_MS - i * 60_000));
       const recent = run(P, "aged", {}, now - RUN_RETENTION_MS + 60_000);
-      for (const r of [...old, recent]) await store.put(r);
+      for (const r of [...old, recent]) await publishRunEvent(nc, r);
       await caughtUp(h);
       expect((await h.list(P, "aged", { pageSize: 10 })).runs).toHaveLength(4);
       // The stream holds the other tests' runs too, some as old: at least these three go.
@@ -271,7 +279,7 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
         at(MINUTE + 1_000, "failure", 400),
         at(61 * MINUTE, "success", 5), // before the hour
       ];
-      for (const r of records) await store.put(r);
+      for (const r of records) await publishRunEvent(nc, r);
       await caughtUp(h);
       const from = Math.floor(now / MINUTE) * MINUTE - 59 * MINUTE;
       const stats = await h.minuteStats(P, "s", from, now + MINUTE);
@@ -290,7 +298,7 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
     const h = await open(backend, newSchema(), { projector: { batchSize, batchMs: 10, leaderRetryMs: 100 } });
     try {
       const P = newProject();
-      for (let i = 0; i < 300; i++) store.putUnacked(run(P, "many"));
+      for (let i = 0; i < 300; i++) publishRunEventUnacked(nc, run(P, "many"));
       await nc.flush();
       await caughtUp(h);
       expect((await h.list(P, "many", { pageSize: 500 })).runs).toHaveLength(300);
@@ -339,7 +347,7 @@ describe("run history - two processes sharing one PostgreSQL", () => {
     // Both start at once: the migrations take turns under their lock.
     const [h1, h2] = await Promise.all([open("postgres", schema), open("postgres", schema)]);
     const first = Array.from({ length: 40 }, () => run(P, "a"));
-    for (const r of first) store.putUnacked(r);
+    for (const r of first) publishRunEventUnacked(nc, r);
     await nc.flush();
     const mid = await caughtUp(h1);
     const leaders = [h1, h2].filter((h) => h.projector!.leading);
@@ -350,7 +358,7 @@ describe("run history - two processes sharing one PostgreSQL", () => {
 
     await close(leader);
     const second = Array.from({ length: 15 }, () => run(P, "a"));
-    for (const r of second) store.putUnacked(r);
+    for (const r of second) publishRunEventUnacked(nc, r);
     await nc.flush();
     try {
       const last = await caughtUp(other);
@@ -365,13 +373,44 @@ describe("run history - two processes sharing one PostgreSQL", () => {
   });
 });
 
+describe("run history - projected from the run bucket before", () => {
+  it("its rows stay, and the events go on from the stream's start, updating them", async () => {
+    const schema = newSchema();
+    const P = newProject();
+    const r = run(P, "a", { status: "running", finished_at: undefined, run_time_ms: undefined });
+    const client = new pg.Client({ connectionString: DATABASE_URL });
+    await client.connect();
+    try {
+      let h = await open("postgres", schema);
+      await publishRunEvent(nc, r);
+      await caughtUp(h);
+      await close(h);
+      // As an earlier version left it: the cursor of the run bucket's stream, and revisions of that stream.
+      await client.query(`UPDATE "${schema}".projection SET stream = 'KV_skiff-runs', last_seq = 999999999`);
+      await client.query(`UPDATE "${schema}".runs SET revision = 999999999`);
+      h = await open("postgres", schema);
+      try {
+        await publishRunEvent(nc, { ...r, status: "success", run_time_ms: 7 });
+        await caughtUp(h);
+        expect(await h.get(P, "a", r.run_id)).toMatchObject({ status: "success", run_time_ms: 7 });
+        const cursors = await client.query(`SELECT stream FROM "${schema}".projection`);
+        expect(cursors.rows).toEqual([{ stream: RUNS_STREAM }]);
+      } finally {
+        await close(h);
+      }
+    } finally {
+      await client.end();
+    }
+  });
+});
+
 describe("run history - NATS restarts", () => {
   it("the projection goes on after the NATS server restarts, from where it stood", async () => {
     const h = await open("postgres", newSchema());
     try {
       const P = newProject();
       const before = Array.from({ length: 5 }, () => run(P, "a"));
-      for (const r of before) await store.put(r);
+      for (const r of before) await publishRunEvent(nc, r);
       await caughtUp(h);
       // The projector's consumer lives in the server's memory: a restart loses it.
       await nats.nats.restart();
@@ -379,7 +418,7 @@ describe("run history - NATS restarts", () => {
       await vi.waitUntil(
         async () => {
           try {
-            await store.put(after[0]);
+            await publishRunEvent(nc, after[0]);
             return true;
           } catch {
             return false;
@@ -387,7 +426,7 @@ describe("run history - NATS restarts", () => {
         },
         { timeout: 20_000, interval: 200 },
       );
-      for (const r of after.slice(1)) await store.put(r);
+      for (const r of after.slice(1)) await publishRunEvent(nc, r);
       await caughtUp(h);
       const page = await h.list(P, "a", { pageSize: 20 });
       expect(page.runs.map((r) => r.run_id)).toEqual([...before, ...after].map((r) => r.run_id).reverse());

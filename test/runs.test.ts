@@ -11,6 +11,9 @@ import { runCli } from "./helpers/cli.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
 import { silentLogger } from "../services/config/logger.js";
+import { buckets } from "../services/nats/layout.js";
+import { recordOfEvent } from "../services/runs/events.js";
+import type { RunRecord } from "../services/runs/store.js";
 
 let t: TestSkiff;
 let tmp: string;
@@ -54,8 +57,13 @@ afterAll(async () => {
 describe("runs - events", () => {
   it("every state change publishes a RunEvent; the terminal one carries the response body byte for byte", async () => {
     const events: RunEvent[] = [];
+    const records = new Map<string, RunRecord[]>();
     const sub = t.skiff.nats.nc.subscribe(`skiff.events.runs.${P}.many.>`, {
-      callback: (_e, m) => events.push(fromBinary(RunEventSchema, m.data)),
+      callback: (_e, m) => {
+        const event = fromBinary(RunEventSchema, m.data);
+        events.push(event);
+        records.set(event.runId, [...(records.get(event.runId) ?? []), recordOfEvent(m.headers)!]);
+      },
     });
     try {
       const runId = await sleepAsync("many", 50);
@@ -85,6 +93,13 @@ describe("runs - events", () => {
       );
       expect(syncEvents.map((e) => e.status)).toEqual(["success"]);
       expect(new TextDecoder().decode(syncEvents[0].response!.data)).toBe(sync.text);
+      // That publish is its record: the event carries it in a header, and KV holds none for a sync run.
+      expect(records.get(sync.json.run_id)).toEqual([
+        expect.objectContaining({ run_id: sync.json.run_id, status: "success", async: false, status_code: 200 }),
+      ]);
+      const kv = await t.skiff.nats.nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true });
+      expect(await kv.get(`${P}.many.${sync.json.run_id}`)).toBeNull();
+      expect(await kv.get(`${P}.many.${runId}`)).not.toBeNull(); // an async run has one, for its state changes
       // One that runs longer shows as running while it does.
       const slow = await post(v4("many", "sleep"), t.devToken, '{"ms":1500}', {});
       expect(slow.status).toBe(200);
@@ -305,22 +320,20 @@ describe("runs - results retention", () => {
 });
 
 describe("runs - record retention", () => {
-  it("run and delivery records expire after RUN_RETENTION_MS, and the run history deletes runs of that age", async () => {
-    const { openRunHistory } = await import("../services/runs/index.js");
-    const { RunStore } = await import("../services/runs/store.js");
+  it("async run records stay in KV two days, delivery records RUN_RETENTION_MS; the run history deletes runs of that age", async () => {
+    const { openRunHistory, publishRunEvent } = await import("../services/runs/index.js");
     const { buckets, RUN_RETENTION_MS } = await import("../services/nats/layout.js");
     const { v7 } = await import("uuid");
     const nc = t.skiff.nats.nc;
     const jsm = await nc.jetstreamManager();
-    for (const b of [buckets.runs, buckets.webhooks]) {
-      expect((await jsm.streams.info(`KV_${b.name}`)).config.max_age).toBe(RUN_RETENTION_MS * 1_000_000);
-    }
-    const store = await RunStore.open(nc);
+    // SKIFF_RESULT_TTL is a day here: records are kept a day beyond it.
+    expect((await jsm.streams.info(`KV_${buckets.runs.name}`)).config.max_age).toBe(2 * 86_400_000 * 1_000_000);
+    expect((await jsm.streams.info(`KV_${buckets.webhooks.name}`)).config.max_age).toBe(RUN_RETENTION_MS * 1_000_000);
     const now = Date.now();
     const old = v7({ msecs: now - RUN_RETENTION_MS - 60_000 });
     const recent = v7({ msecs: now - RUN_RETENTION_MS + 60_000 });
     for (const id of [old, recent]) {
-      await store.put({
+      await publishRunEvent(nc, {
         run_id: id,
         project_id: P,
         app_name: "aged",
@@ -331,12 +344,12 @@ describe("runs - record retention", () => {
         attempts: 1,
       });
     }
-    // Listed through the run API of the running skiff, which projects the bucket into its own history.
+    // Listed through the run API of the running skiff, which projects the events into its own history.
     await vi.waitUntil(
       async () => (await t.management().listRuns({ projectId: P, appName: "aged" })).runs.length === 2,
       { timeout: 20_000 },
     );
-    // A second history of the same bucket (in a folder of its own) prunes by the time in the run ids.
+    // A second history of the same events (in a folder of its own) prunes by the time in the run ids.
     const history = await openRunHistory({ nc, logger: silentLogger, databaseUrl: undefined, dataDir: tmp });
     try {
       await vi.waitUntil(async () => (await history.list(P, "aged", { pageSize: 10 })).runs.length === 2, {

@@ -1,6 +1,6 @@
 // The sweep of sync runs whose gateway is gone (runs/stale-sync.ts), against
-// a real nats-server and a real run history (PGlite): records written as a
-// gateway writes them, gateways that are RunControls listening on NATS (or
+// a real nats-server and a real run history (PGlite): events published as a
+// gateway publishes them (a sync run's record is its events), gateways that are RunControls listening on NATS (or
 // closed, as a dead process is), two looks `confirmMs` apart.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -12,7 +12,8 @@ import { silentLogger } from "../services/config/logger.js";
 import { cancelSubject, RunControl } from "../services/runs/control.js";
 import { openRunHistory, type RunHistory } from "../services/runs/history/index.js";
 import { sweepStaleSyncRuns, type StaleSyncSweep } from "../services/runs/stale-sync.js";
-import { RunStore, type RunRecord } from "../services/runs/store.js";
+import { publishRunEvent } from "../services/runs/events.js";
+import type { RunRecord } from "../services/runs/store.js";
 import { startProvisionedNats } from "./helpers/nats-server.js";
 
 const CONFIRM_MS = 300;
@@ -20,7 +21,6 @@ const WAIT = { timeout: 30_000, interval: 50 };
 let n: Awaited<ReturnType<typeof startProvisionedNats>>;
 let dir: string;
 let history: RunHistory;
-let store: RunStore;
 let sweep: StaleSyncSweep;
 let events: Subscription;
 const terminal: string[] = [];
@@ -28,7 +28,6 @@ const terminal: string[] = [];
 beforeAll(async () => {
   n = await startProvisionedNats();
   dir = await mkdtemp(path.join(tmpdir(), "skiff-stale-sync-"));
-  store = await RunStore.open(n.nc);
   history = await openRunHistory({
     nc: n.nc,
     logger: silentLogger,
@@ -39,7 +38,6 @@ beforeAll(async () => {
   // everyMs: the timer stays out of the way; the test looks itself.
   sweep = sweepStaleSyncRuns({
     nc: n.nc,
-    store,
     history: async () => history,
     logger: silentLogger,
     everyMs: 3_600_000,
@@ -71,7 +69,7 @@ async function runningSync(runner: string, extra: Partial<RunRecord> = {}): Prom
     runner,
     ...extra,
   };
-  await store.put(record);
+  await publishRunEvent(n.nc, record);
   return record;
 }
 
@@ -82,7 +80,14 @@ const projected = (ids: string[]) =>
     return ids.every((id) => running.has(id));
   }, WAIT);
 
-const status = async (r: RunRecord) => (await store.get("p", "a", r.run_id))!.record;
+/** The run as the history holds it (a sync run's record is its events). */
+const status = async (r: RunRecord) => (await history.get("p", "a", r.run_id))!;
+/** The run once the history holds it in `state`. */
+const reaches = (r: RunRecord, state: string) =>
+  vi.waitUntil(async () => {
+    const cur = await history.get("p", "a", r.run_id);
+    return cur?.status === state ? cur : undefined;
+  }, WAIT);
 
 describe("stale sync runs", () => {
   it("a run whose gateway is gone fails (gateway_lost) on the second look, with its event; live gateways' runs are left", async () => {
@@ -104,7 +109,7 @@ describe("stale sync runs", () => {
     await new Promise((r) => setTimeout(r, CONFIRM_MS + 50));
     const failed = await sweep.look();
     expect(failed.map((r) => r.run_id)).toEqual([orphan.run_id]);
-    const after = await status(orphan);
+    const after = await reaches(orphan, "failure");
     expect(after).toMatchObject({ status: "failure", error: { type: "gateway_lost" }, runner: dead.id });
     expect(after.error!.message).toContain("stopped before recording how it ended");
     expect(after.finished_at).toBeDefined();
@@ -115,7 +120,12 @@ describe("stale sync runs", () => {
     await vi.waitUntil(async () => !(await history.runningSync(1000)).some((r) => r.run_id === orphan.run_id), WAIT);
     expect(await sweep.look()).toEqual([]);
     // The live gateway ends its run as a gateway does: final record first, then it stops holding it.
-    await store.put({ ...held, status: "success", finished_at: new Date().toISOString(), status_code: 200 });
+    await publishRunEvent(n.nc, {
+      ...held,
+      status: "success",
+      finished_at: new Date().toISOString(),
+      status_code: 200,
+    });
     finish();
     live.close();
   });
@@ -147,11 +157,16 @@ describe("stale sync runs", () => {
     await projected([lost.run_id, finishing.run_id]);
     expect(await sweep.look()).toEqual([]);
     // The final record arrives late, between the two looks.
-    await store.put({ ...finishing, status: "success", finished_at: new Date().toISOString(), status_code: 200 });
+    await publishRunEvent(n.nc, {
+      ...finishing,
+      status: "success",
+      finished_at: new Date().toISOString(),
+      status_code: 200,
+    });
     await new Promise((r) => setTimeout(r, CONFIRM_MS + 50));
     const failed = await sweep.look();
     expect(failed.map((r) => r.run_id)).toEqual([lost.run_id]);
-    expect((await status(lost)).error!.message).toContain("no longer runs it");
+    expect((await reaches(lost, "failure")).error!.message).toContain("no longer runs it");
     expect((await status(finishing)).status).toBe("success");
     gw.close();
   });

@@ -10,9 +10,10 @@ import WebSocket from "ws";
 import { packApp } from "../services/apps/bundle.js";
 import { loadConfig } from "../services/config/config.js";
 import { silentLogger } from "../services/config/logger.js";
-import { RunStore, type RunRecord } from "../services/runs/store.js";
+import type { RunRecord } from "../services/runs/store.js";
 import { startSkiff } from "../services/start.js";
 import { P, UUID_V7 } from "./helpers/run-apps.js";
+import { followRunRecords, type RunRecords } from "./helpers/run-records.js";
 import { startTestRunner, startTestSkiff, type TestRunner, type TestSkiff } from "./helpers/skiff.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
@@ -20,7 +21,7 @@ const APP = "ws-echo";
 const MAX_MESSAGE = 8 * 1024 * 1024;
 let gateway: TestSkiff;
 let runner: TestRunner;
-let runs: RunStore;
+let runs: RunRecords;
 const url = () => `${gateway.url.replace(/^http/, "ws")}/v4/${P}/${APP}/echo`;
 
 function open(): Promise<{ ws: WebSocket; runId: string }> {
@@ -44,20 +45,14 @@ const closed = (ws: WebSocket) =>
   );
 
 async function finalRecord(runId: string): Promise<RunRecord> {
-  return vi.waitUntil(
-    async () => {
-      const got = await runs.get(P, APP, runId);
-      return got && got.record.status !== "running" ? got.record : undefined;
-    },
-    { timeout: 10_000, interval: 50 },
-  );
+  return runs.final(runId);
 }
 
 beforeAll(async () => {
   gateway = await startTestSkiff({
     env: { SKIFF_ROLES: "invocation,management", SKIFF_WEBSOCKET_MAX_MESSAGE_BYTES: String(MAX_MESSAGE) },
   });
-  runs = await RunStore.open(gateway.skiff.nats.nc);
+  runs = await followRunRecords(gateway.skiff.nats.nc);
   runner = await startTestRunner(gateway);
   const bundle = (await packApp(path.join(ROOT, "examples", APP))).bytes;
   await gateway.management().deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: bundle } });

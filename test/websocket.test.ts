@@ -12,8 +12,9 @@ import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import WebSocket from "ws";
 import { packApp } from "../services/apps/bundle.js";
-import { RunStore, type RunRecord } from "../services/runs/store.js";
+import type { RunRecord } from "../services/runs/store.js";
 import { skiffToml } from "./helpers/apps.js";
+import { followRunRecords, type RunRecords } from "./helpers/run-records.js";
 import { cortexApp, deploy, P, UUID_V7 } from "./helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
@@ -24,7 +25,7 @@ const IDLE_MS = 3000;
 
 let t: TestSkiff;
 let tmp: string;
-let runs: RunStore;
+let runs: RunRecords;
 const wsUrl = (app: string, rest = "echo") => `${t.url.replace(/^http/, "ws")}/v4/${P}/${app}/${rest}`;
 
 /** The ws-echo example under another name and scaling. */
@@ -91,15 +92,11 @@ function closed(ws: WebSocket): Promise<{ code: number; reason: string }> {
   return new Promise((resolve) => ws.once("close", (code, reason) => resolve({ code, reason: reason.toString() })));
 }
 
-/** The run's final record, once written. */
+/** The run's final record, once its event is published. */
 async function finalRecord(app: string, runId: string): Promise<RunRecord> {
-  return vi.waitUntil(
-    async () => {
-      const got = await runs.get(P, app, runId);
-      return got && got.record.status !== "running" ? got.record : undefined;
-    },
-    { timeout: 10_000, interval: 50 },
-  );
+  const record = await runs.final(runId);
+  expect(record.app_name).toBe(app);
+  return record;
 }
 
 beforeAll(async () => {
@@ -111,7 +108,7 @@ beforeAll(async () => {
       SKIFF_WEBSOCKET_MAX_CONNECTIONS_PER_APP: "2",
     },
   });
-  runs = await RunStore.open(t.skiff.nats.nc);
+  runs = await followRunRecords(t.skiff.nats.nc);
   await t
     .management()
     .deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(EXAMPLE)).bytes } });
@@ -435,7 +432,7 @@ describe("WebSockets - limits and failures", () => {
     const { ws, runId } = await open(wsUrl("ws-echo"));
     const done = closed(ws);
     // The running record is written at the 101; the cancel finds the process that holds the connection.
-    await vi.waitUntil(async () => (await runs.get(P, "ws-echo", runId))?.record.status === "running", {
+    await vi.waitUntil(() => runs.latest(runId)?.status === "running", {
       timeout: 5_000,
     });
     const { run } = await t.management().cancelRun({ projectId: P, appName: "ws-echo", runId });

@@ -86,10 +86,7 @@ export async function runSync(
   if (secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, record.run_id, secret);
   // Bookkeeping of a sync run is not awaited, nor acknowledged (see finishSync);
   // a run that ends quickly is written only once it ended.
-  const announce = setTimeout(() => {
-    deps.runs.putUnacked(record);
-    publishRunEventUnacked(deps.nc, record);
-  }, SYNC_RUNNING_RECORD_AFTER_MS);
+  const announce = setTimeout(() => publishRunEventUnacked(deps.nc, record), SYNC_RUNNING_RECORD_AFTER_MS);
 
   const controller = new AbortController();
   const onGone = () => controller.abort(ctx.signal.reason);

@@ -368,7 +368,6 @@ function connected(
     callerHead: call.head,
     appHead: answer.head,
   });
-  deps.runs.putUnacked(record);
   publishRunEventUnacked(deps.nc, record);
   const labels = { project: record.project_id, app: record.app_name };
   opts.metrics?.websockets.inc(labels);

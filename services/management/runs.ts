@@ -1,8 +1,9 @@
 // The run methods of ManagementService: ListRuns (newest first, a page read
 // from the run history's index, so it costs the same however many runs are
-// stored), GetRun (the record itself from KV, with its result while kept, and
-// its webhook deliveries), CancelRun and WatchRuns (the changes of a
-// project's runs from now on, from a KV watch of new writes only). It also
+// stored), GetRun (an async run's record from KV while it has one, with its
+// result while kept, else the history's; and its webhook deliveries),
+// CancelRun and WatchRuns (the changes of a project's runs from now on: the
+// run events, headers only, from now on). It also
 // sweeps expired results from object store `skiff-results` once an hour, and
 // fails sync runs whose gateway is gone (runs/stale-sync.ts).
 //
@@ -13,15 +14,16 @@
 // `cancelled` here. A final run cannot be cancelled: failed_precondition.
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
-import { KvWatchInclude, type NatsConnection } from "nats";
+import { DeliverPolicy, type NatsConnection } from "nats";
 import {
   WatchRunsResponseSchema,
   type ManagementService,
   type WatchRunsResponse,
 } from "../../gen/skiff/management/v2/management_pb.js";
 import type { Logger } from "../config/index.js";
+import { streams, subjects } from "../nats/index.js";
 import {
-  decodeRunRecord,
+  recordOfEvent,
   requestCancel,
   publishRunEvent,
   isFinal,
@@ -46,6 +48,13 @@ export const DEFAULT_PAGE_SIZE = 50;
 export const MAX_PAGE_SIZE = 500;
 /** How long CancelRun waits for an aborted run's final record. */
 const CANCEL_SETTLE_MS = 5_000;
+/** A run made this recently that is found nowhere may be on its way to the history: looked for again... */
+const FRESH_RUN_MS = 60_000;
+/** ...for this long. */
+const FRESH_RUN_WAIT_MS = 3_000;
+
+/** The time in a UUIDv7 run id, ms. */
+const timeOfRunId = (runId: string) => parseInt(runId.slice(0, 8) + runId.slice(9, 13), 16);
 /** How often objects in `skiff-results` past their keep are removed. */
 const SWEEP_EVERY_MS = 60 * 60 * 1000;
 const NAME = /^[a-z][a-z0-9-]{0,62}$/;
@@ -112,22 +121,48 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   }, SWEEP_EVERY_MS);
   sweeper.unref();
   // Sync runs left `running` by a gateway that died: failed once it is seen gone (runs/stale-sync.ts).
-  const staleSync = sweepStaleSyncRuns({ nc, store: runs, history: () => opening, logger });
+  const staleSync = sweepStaleSyncRuns({ nc, history: () => opening, logger });
+
+  /** The run: an async run's KV record while it has one, else (sync runs, older async ones) the history's. */
+  async function lookUp(projectId: string, appName: string, runId: string): Promise<RunRecord | undefined> {
+    const cur = await runs.get(projectId, appName, runId);
+    return cur ? cur.record : (await history()).get(projectId, appName, runId);
+  }
 
   async function findRecord(projectId: string, appName: string, runId: string): Promise<RunRecord> {
     names(projectId, appName, runId);
-    const cur = await runs.get(projectId, appName, runId);
-    if (!cur) throw new ConnectError(`run ${runId} not found in app ${appName}`, Code.NotFound);
-    return cur.record;
+    let found = await lookUp(projectId, appName, runId);
+    // A run that ended a moment ago may not be in the history yet (its event is projected within milliseconds).
+    if (found === undefined && Date.now() - timeOfRunId(runId) < FRESH_RUN_MS) {
+      const end = Date.now() + FRESH_RUN_WAIT_MS;
+      while (found === undefined && Date.now() < end) {
+        await new Promise((res) => setTimeout(res, 25));
+        found = await lookUp(projectId, appName, runId);
+      }
+    }
+    if (!found) throw new ConnectError(`run ${runId} not found in app ${appName}`, Code.NotFound);
+    return found;
   }
 
-  /** Sets a run `cancelled` unless it is final; publishes the event when this call did it. */
+  /**
+   * Sets a run `cancelled` unless it is final; publishes the event when this
+   * call did it. An async run by compare-and-set of its KV record; a sync run
+   * (whose gateway is gone, so nobody else writes it) by its event alone.
+   */
   async function markCancelled(record: RunRecord, from: RunStatus, message: string): Promise<RunRecord | undefined> {
-    const final = await runs.update(record.project_id, record.app_name, record.run_id, (cur) =>
-      cur.status !== from || (from === "running" && cur.attempts !== record.attempts)
-        ? undefined
-        : { ...cur, status: "cancelled", finished_at: new Date().toISOString(), error: { type: "cancelled", message } },
-    );
+    const cancelled = (cur: RunRecord): RunRecord => ({
+      ...cur,
+      status: "cancelled",
+      finished_at: new Date().toISOString(),
+      error: { type: "cancelled", message },
+    });
+    const final = record.async
+      ? await runs.update(record.project_id, record.app_name, record.run_id, (cur) =>
+          cur.status !== from || (from === "running" && cur.attempts !== record.attempts) ? undefined : cancelled(cur),
+        )
+      : record.status === from
+        ? cancelled(record)
+        : undefined;
     if (final) await publishRunEvent(nc, final);
     return final;
   }
@@ -135,7 +170,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   async function settled(record: RunRecord): Promise<RunRecord> {
     const end = Date.now() + CANCEL_SETTLE_MS;
     for (;;) {
-      const cur = (await runs.get(record.project_id, record.app_name, record.run_id))?.record ?? record;
+      const cur = (await lookUp(record.project_id, record.app_name, record.run_id)) ?? record;
       if (isFinal(cur.status) || Date.now() > end) return cur;
       await new Promise((res) => setTimeout(res, 20));
     }
@@ -226,22 +261,24 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       if (!everyApp) names(req.projectId, req.appName);
       if (!NAME.test(req.projectId))
         throw new ConnectError(`project ${JSON.stringify(req.projectId.slice(0, 80))} not found`, Code.NotFound);
-      // Writes from now on only: the caller lists what is already stored with ListRuns.
-      const watcher = await runs.kv.watch({
-        key: everyApp ? `${req.projectId}.>` : `${req.projectId}.${req.appName}.>`,
-        include: KvWatchInclude.UpdatesOnly,
+      // Changes from now on only: the caller lists what is already stored with ListRuns. Every change of a
+      // run is an event that carries its record in a header; the events' bodies (responses) stay on the server.
+      const consumer = await js.consumers.get(streams.events.name, {
+        filterSubjects: subjects.runEvent(req.projectId, everyApp ? "*" : req.appName, "*"),
+        deliver_policy: DeliverPolicy.New,
+        headers_only: true,
       });
-      const onAbort = () => watcher.stop();
+      const messages = await consumer.consume({ max_messages: 256 });
+      const onAbort = () => void messages.close();
       ctx.signal.addEventListener("abort", onAbort);
       try {
-        for await (const entry of watcher) {
+        for await (const m of messages) {
           if (ctx.signal.aborted) break;
-          const record = decodeRunRecord(entry);
-          // The listing never shows results: their bytes stay out of the stream.
-          if (record) yield create(WatchRunsResponseSchema, { run: runMessage({ ...record, result: undefined }) });
+          const record = recordOfEvent(m.headers);
+          if (record) yield create(WatchRunsResponseSchema, { run: runMessage(record) });
         }
       } finally {
-        watcher.stop();
+        await messages.close().catch(() => undefined);
         ctx.signal.removeEventListener("abort", onAbort);
       }
     },

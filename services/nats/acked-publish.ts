@@ -32,6 +32,8 @@ export interface PublishOptions {
   msgId?: string;
   /** Stored only if the subject's last message has this sequence (0: the subject has none): a compare-and-set. */
   expectedLastSubjectSequence?: number;
+  /** Headers of the message's own. */
+  headers?: MsgHdrs;
 }
 
 /** How long a publish waits for its acknowledgement, as nats.js's default. */
@@ -68,9 +70,9 @@ export class AckedPublisher {
 
   publish(subject: string, data: Uint8Array, opts: PublishOptions = {}): Promise<PubAck> {
     const token = String(++this.next);
-    let h: MsgHdrs | undefined;
+    let h = opts.headers;
     if (opts.msgId !== undefined || opts.expectedLastSubjectSequence !== undefined) {
-      h = headers();
+      h ??= headers();
       if (opts.msgId !== undefined) h.set("Nats-Msg-Id", opts.msgId);
       if (opts.expectedLastSubjectSequence !== undefined)
         h.set("Nats-Expected-Last-Subject-Sequence", String(opts.expectedLastSubjectSequence));

@@ -148,10 +148,22 @@ export const consumers = {
 } as const satisfies Record<string, ConsumerSpec | ((project: string, app: string) => ConsumerSpec)>;
 
 /**
- * How long run records and webhook delivery records are kept after their
- * last change; the run history deletes runs of that age too (by the time in their ids).
+ * How long runs are kept: the run history deletes runs of that age (by the
+ * time in their ids), and webhook delivery records are kept that long after
+ * their last change.
  */
 export const RUN_RETENTION_MS = 30 * DAY_MS;
+
+/**
+ * How long KV `skiff-runs` keeps an async run's record after its last write:
+ * the run history holds every run for RUN_RETENTION_MS, so NATS holds only
+ * recent ones (a subject per record costs the server memory). At least two
+ * days (a run may wait, then run 12 h), and a day more than results are kept
+ * (an async run's result is in its record).
+ */
+export function runRecordTtlMs(resultTtlSeconds: number): number {
+  return Math.max(2 * DAY_MS, resultTtlSeconds * 1000 + DAY_MS);
+}
 
 export interface BucketSpec {
   name: string;
@@ -171,7 +183,7 @@ export const buckets = {
   },
   keys: { name: "skiff-keys", ttlMs: 0, history: 1, description: "token signing keys" },
   apps: { name: "skiff-apps", ttlMs: 0, history: 5, description: "apps, their config and deployments" },
-  runs: { name: "skiff-runs", ttlMs: RUN_RETENTION_MS, history: 1, description: "run records" },
+  runs: { name: "skiff-runs", ttlMs: runRecordTtlMs(24 * 60 * 60), history: 1, description: "async run records" },
   secrets: { name: "skiff-secrets", ttlMs: 2 * DAY_MS, history: 1, description: "sealed webhook secrets (short TTL)" },
   idempotency: { name: "skiff-idempotency", ttlMs: DAY_MS, history: 1, description: "Idempotency-Key to run id, 24 h" },
   replicas: {

@@ -17,7 +17,15 @@ import {
 } from "nats";
 import type { Logger } from "../config/index.js";
 import { JsErrorCode, NatsProvisionError, isJsError, jsErrorCode, messageOf } from "./errors.js";
-import { buckets, objectStores, streams, type BucketSpec, type ObjectStoreSpec, type StreamSpec } from "./layout.js";
+import {
+  buckets,
+  objectStores,
+  runRecordTtlMs,
+  streams,
+  type BucketSpec,
+  type ObjectStoreSpec,
+  type StreamSpec,
+} from "./layout.js";
 
 /** How long one JetStream API call of provisioning may take. */
 const PROVISION_TIMEOUT_MS = 30_000;
@@ -45,18 +53,33 @@ interface Target {
   create: () => Promise<unknown>;
 }
 
-/**
- * `replicas` (SKIFF_NATS_REPLICAS): copies of every stream, bucket and
- * object store, on that many servers of a JetStream cluster (1 on a single
- * server); an existing one is scaled to it.
- */
-export async function provision(nc: NatsConnection, logger: Logger, replicas = 1): Promise<void> {
+export interface ProvisionOptions {
+  /**
+   * SKIFF_NATS_REPLICAS: copies of every stream, bucket and object store, on
+   * that many servers of a JetStream cluster (1 on a single server); an
+   * existing one is scaled to it. Default 1.
+   */
+  replicas?: number;
+  /** SKIFF_RESULT_TTL, which KV `skiff-runs` keeps records beyond (runRecordTtlMs); default a day. */
+  resultTtlSeconds?: number;
+}
+
+export async function provision(nc: NatsConnection, logger: Logger, opts: ProvisionOptions = {}): Promise<void> {
+  const replicas = opts.replicas ?? 1;
   // Placing copies on a cluster's nodes can take longer than an API call's usual 5 s.
   const jsm = await nc.jetstreamManager({ timeout: PROVISION_TIMEOUT_MS });
   const js = nc.jetstream({ timeout: PROVISION_TIMEOUT_MS });
   const targets = [
     ...Object.values(streams).map((spec) => streamTarget(jsm, spec, replicas)),
-    ...Object.values(buckets).map((spec) => bucketTarget(js, spec, replicas)),
+    ...Object.values(buckets).map((spec) =>
+      bucketTarget(
+        js,
+        spec === buckets.runs && opts.resultTtlSeconds !== undefined
+          ? { ...spec, ttlMs: runRecordTtlMs(opts.resultTtlSeconds) }
+          : spec,
+        replicas,
+      ),
+    ),
     ...Object.values(objectStores).map((spec) => objectStoreTarget(js, spec, replicas)),
   ];
   await Promise.all(targets.map((target) => ensureWithRetries(jsm, target, logger)));

@@ -3,11 +3,21 @@
 // every change of a run's state. An acknowledged publish, which its
 // publisher may repeat (a retried completion), carries `Nats-Msg-Id` =
 // `{run_id}.{status}.{attempt}` and is deduplicated.
-import type { NatsConnection } from "nats";
+//
+// The event is also the run's record: header `Skiff-Run` carries the run
+// record as JSON (without its result), which the run history projects and
+// WatchRuns follows, both reading headers only. A sync run has no other
+// record: each of its state changes is this one publish. An async run keeps
+// a KV record as well, for the compare-and-set of its state changes
+// (runs/store.ts), and publishes this event after each.
+import { headers, type MsgHdrs, type NatsConnection } from "nats";
 import { publishAcked, subjects } from "../nats/index.js";
 import { runEventBytes } from "./event-bytes.js";
 import { isFinal } from "./status.js";
 import type { RunRecord } from "./store.js";
+
+/** The header of a run event that holds the run record (JSON, without its result). */
+export const RUN_RECORD_HEADER = "Skiff-Run";
 
 /** Largest response carried inside an event; a larger one is named by `response_object`. */
 export const MAX_EVENT_RESPONSE_BYTES = 1024 * 1024;
@@ -25,6 +35,26 @@ export type EventResponse = { contentType: string; data: Uint8Array } | { object
 const eventBytes = (record: RunRecord, response: EventResponse) => runEventBytes(record, response);
 const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math.max(1, record.attempts)}`;
 
+/** The record as the event's header carries it: JSON (no line breaks), without the result's bytes. */
+export function recordHeader(record: RunRecord): MsgHdrs {
+  const h = headers();
+  const { result: _result, ...slim } = record;
+  h.set(RUN_RECORD_HEADER, JSON.stringify(slim));
+  return h;
+}
+
+/** The record an event carries in its header; undefined when it has none or it is not a run record. */
+export function recordOfEvent(h: MsgHdrs | undefined): RunRecord | undefined {
+  const text = h?.get(RUN_RECORD_HEADER);
+  if (!text) return undefined;
+  try {
+    const r = JSON.parse(text) as RunRecord;
+    return r && typeof r === "object" && typeof r.run_id === "string" && typeof r.status === "string" ? r : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /**
  * Publishes the event of the record's current state; resolves once JetStream
  * stored it. The terminal event of a run that named a webhook also goes to
@@ -34,7 +64,10 @@ export async function publishRunEvent(nc: NatsConnection, record: RunRecord, res
   const bytes = eventBytes(record, response);
   const msgId = eventId(record);
   await Promise.all([
-    publishAcked(nc, subjects.runEvent(record.project_id, record.app_name, record.status), bytes, { msgId }),
+    publishAcked(nc, subjects.runEvent(record.project_id, record.app_name, record.status), bytes, {
+      msgId,
+      headers: recordHeader(record),
+    }),
     isFinal(record.status) && record.webhook_endpoint
       ? publishAcked(nc, subjects.webhookRun(record.project_id, record.app_name), bytes, { msgId })
       : undefined,
@@ -50,5 +83,7 @@ export async function publishRunEvent(nc: NatsConnection, record: RunRecord, res
  * at thousands of runs a second) for it.
  */
 export function publishRunEventUnacked(nc: NatsConnection, record: RunRecord, response?: EventResponse): void {
-  nc.publish(subjects.runEvent(record.project_id, record.app_name, record.status), eventBytes(record, response));
+  nc.publish(subjects.runEvent(record.project_id, record.app_name, record.status), eventBytes(record, response), {
+    headers: recordHeader(record),
+  });
 }

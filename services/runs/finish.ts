@@ -27,11 +27,12 @@ function finalRecord(record: RunRecord, outcome: RunOutcome, now: Date): RunReco
 }
 
 /**
- * A sync run: only its gateway writes its record, in order on one
- * connection, so a plain unacknowledged publish does; its caller has the
- * answer already. Only a terminal event that a webhook depends on is
- * published with an acknowledgement (and logged when that fails). Never
- * awaited on the request path.
+ * A sync run: its record is its events (runs/events.ts), which only its
+ * gateway publishes, in order on one connection, so one plain
+ * unacknowledged publish records how it ended; its caller has the answer
+ * already. Only a terminal event that a webhook depends on is published with
+ * an acknowledgement (and logged when that fails). Never awaited on the
+ * request path.
  */
 export function finishSync(deps: FinishDeps & { nc: NatsConnection }, running: RunRecord, outcome: RunOutcome): void {
   const now = new Date();
@@ -39,7 +40,7 @@ export function finishSync(deps: FinishDeps & { nc: NatsConnection }, running: R
   void (async () => {
     // Results of sync runs are not kept (the caller has them); the event carries the body.
     const { event } = await deps.results.keep(running.run_id, outcome.body, now, false);
-    deps.runs.putUnacked(final);
+    deps.runs.ended(final);
     if (final.webhook_endpoint) await publishRunEvent(deps.nc, final, event);
     else publishRunEventUnacked(deps.nc, final, event);
   })().catch((err: unknown) => deps.logger.error({ err, runId: final.run_id }, "cannot publish a run's final event"));

@@ -20,7 +20,7 @@ export {
 } from "./errors.js";
 export { PGLITE_FOLDER, openRunHistory } from "./history/index.js";
 export type { ListQuery, MinuteStats, RunHistory, RunHistoryOptions, RunPage } from "./history/index.js";
-export { publishRunEvent, publishRunEventUnacked } from "./events.js";
+export { publishRunEvent, publishRunEventUnacked, RUN_RECORD_HEADER, recordOfEvent } from "./events.js";
 export { finishAsync, finishSync, republishFinal } from "./finish.js";
 export type { FinishDeps } from "./finish.js";
 export type { AnswerStream, InvokeRequest, InvokeResponse, StreamEnd } from "./invoke.js";

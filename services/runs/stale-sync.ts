@@ -10,8 +10,9 @@
 // of them it still holds. A run whose gateway is gone (no responders, on
 // that subject and on its cancel subject, which older versions answer) or no
 // longer holds it, on two looks at least `confirmMs` apart, is set `failure`
-// (`gateway_lost`) by compare-and-set from that same `running` record, and
-// its terminal event is published (its webhook reports the failure). The
+// (`gateway_lost`) when the history still holds it `running` from that
+// gateway: its terminal event is published, which is its record (its
+// webhook reports the failure). The
 // second look lets a final record that was on its way land first; a gateway
 // that does not answer in time is left alone.
 import type { NatsConnection } from "nats";
@@ -19,7 +20,7 @@ import type { Logger } from "../config/index.js";
 import { heldRuns, requestCancel } from "./control.js";
 import { publishRunEvent } from "./events.js";
 import type { RunHistory } from "./history/index.js";
-import type { RunRecord, RunStore } from "./store.js";
+import type { RunRecord } from "./store.js";
 
 export const STALE_SYNC_EVERY_MS = 5_000;
 export const STALE_SYNC_CONFIRM_MS = 10_000;
@@ -28,8 +29,7 @@ const BATCH = 1_000;
 
 export interface StaleSyncOptions {
   nc: NatsConnection;
-  store: RunStore;
-  history: () => Promise<Pick<RunHistory, "runningSync">>;
+  history: () => Promise<Pick<RunHistory, "runningSync" | "get">>;
   logger: Logger;
   everyMs?: number;
   confirmMs?: number;
@@ -42,7 +42,7 @@ export interface StaleSyncSweep {
 }
 
 export function sweepStaleSyncRuns(opts: StaleSyncOptions): StaleSyncSweep {
-  const { nc, store, logger } = opts;
+  const { nc, logger } = opts;
   const confirmMs = opts.confirmMs ?? STALE_SYNC_CONFIRM_MS;
   /** Runs seen orphaned, and when first: failed once seen so again confirmMs later. */
   const suspects = new Map<string, number>();
@@ -52,17 +52,16 @@ export function sweepStaleSyncRuns(opts: StaleSyncOptions): StaleSyncSweep {
       why === "gone"
         ? `the gateway that ran it (${record.runner}) stopped before recording how it ended`
         : `its gateway (${record.runner}) no longer runs it, and its final record never arrived`;
-    const final = await store.update(record.project_id, record.app_name, record.run_id, (cur) =>
-      cur.status !== "running" || cur.async || cur.runner !== record.runner || cur.attempts !== record.attempts
-        ? undefined
-        : {
-            ...cur,
-            status: "failure",
-            finished_at: new Date().toISOString(),
-            error: { type: "gateway_lost", message },
-          },
-    );
-    if (!final) return undefined;
+    // The history's record is the run's latest (a sync run's record is its events): still `running`, and
+    // nobody else will write it.
+    const cur = await (await opts.history()).get(record.project_id, record.app_name, record.run_id);
+    if (!cur || cur.status !== "running" || cur.async || cur.runner !== record.runner) return undefined;
+    const final: RunRecord = {
+      ...cur,
+      status: "failure",
+      finished_at: new Date().toISOString(),
+      error: { type: "gateway_lost", message },
+    };
     await publishRunEvent(nc, final);
     logger.warn(
       { runId: final.run_id, app: `${final.project_id}/${final.app_name}`, why },

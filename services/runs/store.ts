@@ -1,6 +1,11 @@
-// Run records in KV `skiff-runs`, one entry per run under
-// `{project}.{app}.{run_id}`, so GetRun is a single get and a watch on
-// `{project}.>` or `{project}.{app}.>` follows one project or app.
+// Records of async runs in KV `skiff-runs`, one entry per run under
+// `{project}.{app}.{run_id}`, so GetRun of a run in flight is a single get.
+// Sync runs have none: their record is their events (runs/events.ts), and
+// every run's is in the run history. The bucket keeps a record a while
+// after its last write (SKIFF_RESULT_TTL plus a day, two days at least: long
+// enough for a run that waited and ran 12 h, and for its kept result); the
+// run history keeps it SKIFF's 30 days, so what NATS holds per run does not
+// grow with the history.
 //
 // Every state change after the first write is a compare-and-set on the
 // entry's revision, and a final record (success, failure, cancelled) is
@@ -125,6 +130,11 @@ export class RunStore {
     return () => this.finalListeners.delete(listener);
   }
 
+  /** Tells the onFinal listeners of a run that ended, whose final record is not written here (a sync run). */
+  ended(record: RunRecord): void {
+    this.wrote(record);
+  }
+
   private wrote(record: RunRecord): void {
     if (this.finalListeners.size === 0 || !isFinal(record.status)) return;
     for (const listener of this.finalListeners) listener(record);
@@ -152,27 +162,6 @@ export class RunStore {
       encode(record),
       { headers: h },
     );
-  }
-
-  /** Unconditional write, for sync runs whose records only their own gateway writes, in order. */
-  async put(record: RunRecord): Promise<number> {
-    const revision = await this.kv.put(runKey(record.project_id, record.app_name, record.run_id), encode(record));
-    this.wrote(record);
-    return revision;
-  }
-
-  /**
-   * The same write as a plain NATS publish to the bucket's subject: no
-   * acknowledgement is awaited, which is most of what a write costs the
-   * gateway. For the bookkeeping of sync runs, whose callers already have
-   * their answer; the connection keeps the order of a run's writes.
-   */
-  putUnacked(record: RunRecord): void {
-    this.nc.publish(
-      `$KV.${buckets.runs.name}.${runKey(record.project_id, record.app_name, record.run_id)}`,
-      encode(record),
-    );
-    this.wrote(record);
   }
 
   /**

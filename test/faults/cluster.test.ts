@@ -18,12 +18,12 @@ import { buckets, streams } from "../../services/nats/layout.js";
 import type { RunRecord } from "../../services/runs/store.js";
 import { listDeliveries } from "../../services/webhook/deliveries.js";
 import { cortexApp, deploy, P } from "../helpers/run-apps.js";
+import { followRunRecords } from "../helpers/run-records.js";
 import { startReceiver, type Receiver } from "../helpers/webhook-receiver.js";
 import {
   byStatus,
   call,
   pool,
-  readRecords,
   report,
   spawnSkiff,
   statuses,
@@ -45,6 +45,12 @@ let devToken: string;
 let rx: Receiver;
 const procs: Record<string, SkiffProcess> = {};
 const gateways = () => [procs["gateway-1"], procs["gateway-2"]];
+const adminToken = `skiff_admin_${randomBytes(24).toString("base64url")}`;
+const managementOf = (baseUrl: string) =>
+  createClient(
+    ManagementService,
+    createConnectTransport({ baseUrl, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
+  );
 
 /** Whether a runner process has a replica of the app (min_replicas 1: it has prepared it). */
 async function hasReplica(runner: SkiffProcess): Promise<boolean> {
@@ -60,7 +66,6 @@ beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-faults-"));
   cluster = await startNatsCluster({ dir: path.join(tmp, "nats") });
   nc = await connect({ servers: cluster.url.split(","), user: cluster.user, pass: cluster.password });
-  const adminToken = `skiff_admin_${randomBytes(24).toString("base64url")}`;
   const env = {
     SKIFF_NATS_URL: cluster.url,
     SKIFF_NATS_USER: cluster.user,
@@ -84,14 +89,7 @@ beforeAll(async () => {
   await procs["gateway-1"].start();
   await Promise.all(Object.values(procs).map((p) => p.start()));
   devToken = (await readFile(path.join(tmp, "gateway-1", "dev-token"), "utf8")).trim();
-  const management = createClient(
-    ManagementService,
-    createConnectTransport({
-      baseUrl: procs["gateway-1"].url,
-      httpVersion: "1.1",
-      interceptors: [bearerAuth(adminToken)],
-    }),
-  );
+  const management = managementOf(procs["gateway-1"].url);
   await deploy(
     tmp,
     management,
@@ -286,38 +284,35 @@ describe("faults on the cluster topology", () => {
   it("SIGKILL a gateway mid sync calls: its callers get an error, never a hang; its runs end failure (gateway_lost), the other gateway's succeed", async () => {
     const started = Date.now();
     const N = 24;
-    const kv = await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true });
-    const before = new Set<string>();
-    for await (const k of await kv.keys(`${P}.${APP}.*`)) before.add(k);
-    const mine = async () => {
-      const keys: string[] = [];
-      for await (const k of await kv.keys(`${P}.${APP}.*`)) if (!before.has(k)) keys.push(k.split(".")[2]);
-      return keys;
-    };
+    // A sync run has no KV record: its states are its events (header Skiff-Run), followed from here on.
+    const seen = await followRunRecords(nc);
+    const mine = () => [...seen.ids()].filter((id) => seen.latest(id)?.app_name === APP);
     const running = pool(
       Array.from({ length: N }, (_, i) => i),
       N,
       (i) => call(`${gateways()[i % 2].url}/v4/${P}/${APP}/sleep`, devToken, '{"ms":8000}', 180_000),
     );
     // Once the gateways have recorded them running (after a second).
-    await vi.waitUntil(
-      async () => {
-        const recs = await readRecords(nc, P, APP, await mine());
-        return [...recs.values()].filter((r) => r?.status === "running").length >= N;
-      },
-      { timeout: 120_000, interval: 250 },
-    );
+    await vi.waitUntil(() => mine().filter((id) => seen.latest(id)?.status === "running").length >= N, {
+      timeout: 120_000,
+      interval: 250,
+    });
     const gone = procs["gateway-1"];
-    const ids = await mine();
-    const records = await readRecords(nc, P, APP, ids);
+    const ids = mine();
     // The gateway's RunControl id, which its records name, holds its pid.
-    const goneId = [...records.values()].map((r) => r?.runner).find((id) => id?.includes(`-${gone.pid}-`));
+    const goneId = ids.map((id) => seen.latest(id)?.runner).find((id) => id?.includes(`-${gone.pid}-`));
     expect(goneId).toBeDefined();
     await gone.kill();
     const killedAt = Date.now();
     const calls = await running;
     const answered = Date.now();
-    const finals = await waitFinal(nc, P, APP, ids, 120_000);
+    const finals = new Map<string, RunRecord | undefined>();
+    await pool(ids, N, async (id) => finals.set(id, await seen.final(id, 120_000).catch(() => seen.latest(id))));
+    seen.stop();
+    // What a user reads: GetRun on the surviving gateway (the run history) says the same.
+    const other = managementOf(gateways()[1].url);
+    const read = await pool(ids, 8, async (id) => (await other.getRun({ projectId: P, appName: APP, runId: id })).run);
+    expect(read.map((r) => r?.status)).toEqual(ids.map((id) => finals.get(id)?.status));
     const runners: Record<string, number> = {};
     for (const r of finals.values()) runners[r?.runner ?? "none"] = (runners[r?.runner ?? "none"] ?? 0) + 1;
     const errorTypes: Record<string, number> = {};

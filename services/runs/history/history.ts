@@ -107,6 +107,16 @@ export class HistoryQueries {
     }));
   }
 
+  /** One run of one app; undefined when the history does not hold it. */
+  async get(projectId: string, appName: string, runId: string): Promise<RunRecord | undefined> {
+    if (!UUID.test(runId)) return undefined;
+    const [row] = await this.db.query<{ record: RunRecord }>(
+      `SELECT record FROM ${this.t.runs} WHERE run_id = $1::uuid AND project_id = $2 AND app_name = $3`,
+      [runId, projectId, appName],
+    );
+    return row?.record;
+  }
+
   /** Sync runs recorded `running`, oldest first (a partial index holds just them): the stale-sync sweep's candidates. */
   async runningSync(limit: number): Promise<RunRecord[]> {
     const rows = await this.db.query<{ record: RunRecord }>(

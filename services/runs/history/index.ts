@@ -1,4 +1,4 @@
-// The run history: every run of KV `skiff-runs`, projected into a SQL table
+// The run history: every run, projected from its events into a SQL table
 // indexed for listing, so that ListRuns, the dashboard and GetAppStats read a
 // page from an index instead of any process holding the runs in memory.
 // Embedded PGlite under SKIFF_DATA_DIR when SKIFF_DATABASE_URL is unset; a
@@ -27,6 +27,8 @@ export interface RunHistory {
   list(projectId: string, appName: string | undefined, q: ListQuery): Promise<RunPage>;
   /** Per-minute figures of one app's runs queued in [fromMs, toMs), minutes with runs only, oldest first. */
   minuteStats(projectId: string, appName: string, fromMs: number, toMs: number): Promise<MinuteStats[]>;
+  /** One run of one app, as the history holds it; undefined when it holds none. */
+  get(projectId: string, appName: string, runId: string): Promise<RunRecord | undefined>;
   /** Sync runs recorded `running`, oldest first, at most `limit`. */
   runningSync(limit: number): Promise<RunRecord[]>;
   /** The last sequence of the run stream that the history has applied; 0 before the first. */
@@ -89,6 +91,7 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
     projector,
     list: (projectId, appName, q) => queries.list(projectId, appName, q),
     minuteStats: (projectId, appName, fromMs, toMs) => queries.minuteStats(projectId, appName, fromMs, toMs),
+    get: (projectId, appName, runId) => queries.get(projectId, appName, runId),
     runningSync: (limit) => queries.runningSync(limit),
     async position() {
       const [row] = await db.query<{ last_seq: string | number }>(

@@ -1,17 +1,20 @@
-// The projection of KV `skiff-runs` into the history's `runs` table: an
-// ordered consumer of the bucket's stream (`KV_skiff-runs`) whose messages
-// are upserted in batches (up to `batchSize` messages, or what arrived within
-// `batchMs`), each batch one SQL statement that also moves the stored cursor
-// (the last stream sequence applied). A restart resumes at cursor + 1, so it
-// never reads the stream from the start again; start-up does not wait for it.
+// The projection of the run events (stream SKIFF_EVENTS) into the history's
+// `runs` table: every event carries its run's record in header `Skiff-Run`
+// (runs/events.ts), so an ordered consumer of the stream that delivers
+// headers only reads each state change of every run, sync or async. Its
+// messages are upserted in batches (up to `batchSize` messages, or what
+// arrived within `batchMs`), each batch one SQL statement that also moves
+// the stored cursor (the last stream sequence applied). A restart resumes at
+// cursor + 1, so it never reads the stream from the start again; start-up
+// does not wait for it.
 //
 // One projector writes at a time: it holds a session-level advisory lock on
 // the connection it writes through, and processes sharing one PostgreSQL wait
 // for it and take over (from the stored cursor) when its session ends. Writes
-// thus keep stream order, a delete marker simply deletes the row, and an
-// upsert only replaces a row of a lower revision, so a batch applied twice is
-// applied once. What the projector holds is the batch it is making: nothing
-// per stored run.
+// thus keep stream order, and an upsert only replaces a row of a lower
+// sequence (and never a final state by one that is not), so a batch applied
+// twice is applied once. What the projector holds is the batch it is making:
+// nothing per stored run.
 import {
   AckPolicy,
   ConsumerEvents,
@@ -22,13 +25,16 @@ import {
   type NatsConnection,
 } from "nats";
 import type { Logger } from "../../config/index.js";
-import { buckets } from "../../nats/index.js";
+import { streams } from "../../nats/index.js";
+import { recordOfEvent } from "../events.js";
+import { isFinal, type RunStatus } from "../status.js";
 import type { RunRecord } from "../store.js";
 import { lockKey, type Tables } from "./schema.js";
 import type { Database, Session } from "./sql.js";
 
-export const RUNS_STREAM = `KV_${buckets.runs.name}`;
-const SUBJECT_PREFIX = `$KV.${buckets.runs.name}.`;
+export const RUNS_STREAM = streams.events.name;
+/** The stream projected before the events carried their records (the run bucket's): its cursor is moved once. */
+const OLD_STREAM = "KV_skiff-runs";
 
 export const DEFAULT_BATCH_SIZE = 500;
 export const DEFAULT_BATCH_MS = 50;
@@ -81,17 +87,9 @@ const iso = (v: unknown): string | null | undefined => {
   return Number.isFinite(ms) ? new Date(ms).toISOString() : undefined;
 };
 
-/** The row of a record stored under `{project}.{app}.{run_id}`; undefined when the value is not a run record. */
-export function rowOf(key: string, data: Uint8Array, revision: number): Row | undefined {
-  const [projectId, appName, runId, extra] = key.split(".");
-  if (extra !== undefined || !runId || !UUID.test(runId)) return undefined;
-  let r: RunRecord;
-  try {
-    r = JSON.parse(new TextDecoder().decode(data)) as RunRecord;
-  } catch {
-    return undefined;
-  }
-  if (!r || typeof r !== "object" || r.run_id !== runId || typeof r.status !== "string") return undefined;
+/** The row of a run record (an event's `Skiff-Run` header) at stream sequence `revision`; undefined when it is not one. */
+export function rowOf(r: RunRecord, revision: number): Row | undefined {
+  if (!UUID.test(r.run_id) || typeof r.project_id !== "string" || typeof r.app_name !== "string") return undefined;
   const queued = iso(r.queued_at);
   const started = iso(r.started_at);
   const finished = iso(r.finished_at);
@@ -101,9 +99,9 @@ export function rowOf(key: string, data: Uint8Array, revision: number): Row | un
   // The listing never shows results: their bytes stay in KV and the object store.
   const { result: _result, ...slim } = r;
   return {
-    run_id: runId,
-    project_id: projectId,
-    app_name: appName,
+    run_id: r.run_id,
+    project_id: r.project_id,
+    app_name: r.app_name,
     status: r.status,
     async: r.async === true,
     queued_at: queued,
@@ -123,7 +121,7 @@ const noNul = (_k: string, v: unknown) =>
 
 interface Pending {
   /** Last message per run id in this batch: only the newest state of a run is written. */
-  byRun: Map<string, Row | null>;
+  byRun: Map<string, Row>;
   messages: number;
   lastSeq: number;
 }
@@ -214,17 +212,26 @@ export class RunProjector {
       [RUNS_STREAM],
     );
     let from = cursor ? Number(cursor.last_seq) : 0;
-    if (cursor && cursor.stream_created !== info.created) {
-      // The bucket was made anew (a new NATS store): what the table holds is gone from it.
-      logger.warn({ stream: RUNS_STREAM }, "run history: the run bucket was created again; projecting it anew");
+    const [old] = cursor
+      ? []
+      : await session.query<{ stream: string }>(`SELECT stream FROM ${tables.cursor} WHERE stream = $1`, [OLD_STREAM]);
+    if ((cursor && cursor.stream_created !== info.created) || old) {
+      // The events' stream was made anew (a new NATS store), or the history was projected from the run
+      // bucket before: the rows stay (the history is where runs are kept), and their sequences, of another
+      // stream, must not hold back the ones to come.
+      logger.warn({ stream: RUNS_STREAM }, "run history: following a stream new to it from its start; the rows stay");
       await session.query(
-        `WITH gone AS (DELETE FROM ${tables.runs}) UPDATE ${tables.cursor} SET last_seq = 0, stream_created = $2 WHERE stream = $1`,
+        `WITH reset AS (UPDATE ${tables.runs} SET revision = 0 WHERE revision <> 0),
+           dropped AS (DELETE FROM ${tables.cursor} WHERE stream <> $1)
+         INSERT INTO ${tables.cursor} AS c (stream, stream_created, last_seq) VALUES ($1, $2, 0)
+         ON CONFLICT (stream) DO UPDATE SET last_seq = 0, stream_created = excluded.stream_created`,
         [RUNS_STREAM, info.created],
       );
       from = 0;
     }
-    logger.debug({ from }, "run history: following the run stream");
-    // An ordered stream of the bucket from the cursor on: an ephemeral consumer without acks, whose delivery
+    logger.debug({ from }, "run history: following the run events");
+    // An ordered stream of the events from the cursor on, headers only (the record is a header; the body,
+    // with a run's response, stays on the server): an ephemeral consumer without acks, whose delivery
     // sequence must go up by one; a gap (or a lost consumer) ends this follow, and the next starts anew
     // from the stored cursor.
     const jsm = await nc.jetstreamManager();
@@ -232,6 +239,7 @@ export class RunProjector {
       ...(from === 0
         ? { deliver_policy: DeliverPolicy.All }
         : { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from + 1 }),
+      headers_only: true,
       ack_policy: AckPolicy.None,
       inactive_threshold: nanos(CONSUMER_IDLE_MS),
       mem_storage: true,
@@ -292,17 +300,19 @@ export class RunProjector {
   private add(batch: Pending, m: JsMsg): void {
     batch.messages++;
     batch.lastSeq = m.seq;
-    if (!m.subject.startsWith(SUBJECT_PREFIX)) return;
-    const key = m.subject.slice(SUBJECT_PREFIX.length);
-    const runId = key.slice(key.lastIndexOf(".") + 1);
-    if (!UUID.test(runId)) return;
-    const op = m.headers?.get("KV-Operation");
-    // A delete or purge marker, or a value that is not a run record, removes the run from the listing.
-    const row = op === "DEL" || op === "PURGE" ? null : (rowOf(key, m.data, m.seq) ?? null);
-    if (row === null && op !== "DEL" && op !== "PURGE")
-      this.opts.logger.warn({ key, seq: m.seq }, "run history: a value in the run bucket is not a run record");
-    batch.byRun.delete(runId); // keeps the map in arrival order
-    batch.byRun.set(runId, row);
+    const record = recordOfEvent(m.headers);
+    // Events of versions that did not carry the record were projected from the run bucket then.
+    if (record === undefined) return;
+    const row = rowOf(record, m.seq);
+    if (row === undefined) {
+      this.opts.logger.warn({ subject: m.subject, seq: m.seq }, "run history: an event's record is not a run record");
+      return;
+    }
+    // As the statement does it: a final state is never replaced by one that is not.
+    const prev = batch.byRun.get(row.run_id);
+    if (prev !== undefined && isFinal(prev.status as RunStatus) && !isFinal(row.status as RunStatus)) return;
+    batch.byRun.delete(row.run_id); // keeps the map in arrival order
+    batch.byRun.set(row.run_id, row);
   }
 
   /**
@@ -329,15 +339,9 @@ export class RunProjector {
     this.analyzeAfter = Math.max(ANALYZE_MIN_ROWS, rows / 10);
   }
 
-  /** One statement: the upserts, the deletes and the cursor, all or nothing. */
+  /** One statement: the upserts and the cursor, all or nothing. */
   private async write(session: Session, b: Pending, streamCreated: string): Promise<void> {
     const t = this.opts.tables;
-    const rows: Row[] = [];
-    const deleted: string[] = [];
-    for (const [runId, row] of b.byRun) {
-      if (row) rows.push(row);
-      else deleted.push(runId);
-    }
     await session.query(
       `WITH upserted AS (
          INSERT INTO ${t.runs} AS r (run_id, project_id, app_name, status, async, queued_at, started_at,
@@ -354,14 +358,12 @@ export class RunProjector {
            status_code = excluded.status_code, error_type = excluded.error_type, record = excluded.record,
            revision = excluded.revision
          WHERE excluded.revision > r.revision
-         RETURNING 1),
-       deleted AS (
-         DELETE FROM ${t.runs}
-         WHERE run_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb)) AND revision < $3::bigint
+           AND (r.status NOT IN ('success', 'failure', 'cancelled')
+             OR excluded.status IN ('success', 'failure', 'cancelled'))
          RETURNING 1)
-       INSERT INTO ${t.cursor} AS c (stream, stream_created, last_seq) VALUES ($4, $5, $3::bigint)
+       INSERT INTO ${t.cursor} AS c (stream, stream_created, last_seq) VALUES ($2, $3, $4::bigint)
        ON CONFLICT (stream) DO UPDATE SET last_seq = excluded.last_seq, stream_created = excluded.stream_created`,
-      [JSON.stringify(rows, noNul), JSON.stringify(deleted), b.lastSeq, RUNS_STREAM, streamCreated],
+      [JSON.stringify([...b.byRun.values()], noNul), RUNS_STREAM, streamCreated, b.lastSeq],
     );
   }
 }

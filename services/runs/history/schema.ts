@@ -11,7 +11,7 @@ const IDENT = /^[a-z_][a-z0-9_]{0,62}$/;
 /** The schema-qualified names of the history's tables. */
 export interface Tables {
   schema: string;
-  /** One row per run in KV `skiff-runs`. */
+  /** One row per run: its latest record, as its events on SKIFF_EVENTS carry it. */
   runs: string;
   /** Where the projection of each stream stands. */
   cursor: string;
