@@ -96,10 +96,21 @@ beforeAll(async () => {
     cortexApp(APP, { min_replicas: 1, max_replicas: 2, replica_concurrency: 8, response_grace_period: 60 }),
   );
   // Both runners have prepared the app once each has its first replica.
-  await vi.waitUntil(async () => (await hasReplica(procs["runner-1"])) && (await hasReplica(procs["runner-2"])), {
-    timeout: 180_000,
-    interval: 500,
-  });
+  await vi
+    .waitUntil(async () => (await hasReplica(procs["runner-1"])) && (await hasReplica(procs["runner-2"])), {
+      timeout: 180_000,
+      interval: 500,
+    })
+    .catch(async (err: unknown) => {
+      const kv = await nc.jetstream().views.kv(buckets.replicas.name, { bindOnly: true });
+      const entries: string[] = [];
+      for await (const key of await kv.keys()) entries.push(`${key} ${JSON.stringify((await kv.get(key))?.string())}`);
+      console.log(`replicas: ${entries.join("\n")}\npids: ${procs["runner-1"].pid} ${procs["runner-2"].pid}`);
+      const tails = ["runner-1", "runner-2"].map(
+        (n) => `--- ${n} (exits: ${procs[n].exits.join(",")})\n${procs[n].tail.join("\n")}`,
+      );
+      throw new Error(`the runners did not both start a replica of ${APP}:\n${tails.join("\n")}`, { cause: err });
+    });
   // /flaky/*: 404 (retried) to the first two requests on a path, then 200; anything else 200.
   rx = await startReceiver((p, n) => (p.startsWith("/flaky/") && n <= 2 ? 404 : 200));
 }, 300_000);

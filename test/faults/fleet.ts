@@ -109,7 +109,7 @@ export async function spawnSkiff(opts: {
             HOME: process.env.HOME,
             SKIFF_PORT: String(port),
             SKIFF_DATA_DIR: opts.dataDir,
-            SKIFF_LOG_LEVEL: "warn",
+            SKIFF_LOG_LEVEL: process.env.FAULTS_LOG_LEVEL ?? "warn",
             ...opts.env,
           },
           stdio: ["ignore", "pipe", "pipe"],
