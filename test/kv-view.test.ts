@@ -5,7 +5,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connect, type KV, type NatsConnection } from "nats";
 import { silentLogger } from "../services/config/logger.js";
-import { KvView } from "../services/nats/kv-view.js";
+import { KvView, kvKeys } from "../services/nats/kv-view.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 
 describe("KvView", () => {
@@ -49,5 +49,15 @@ describe("KvView", () => {
     } finally {
       v.close();
     }
+  });
+
+  it("kvKeys lists the keys under a filter from the stream's index, deleted ones with them", async () => {
+    const jsm = await nc.jetstreamManager();
+    const many = Array.from({ length: 300 }, (_, i) => `p1.app.r${i}`);
+    await Promise.all([...many, "p1.other.x", "p2.app.y"].map((k) => kv.put(k, "v")));
+    await kv.delete("p1.app.r0");
+    const keys = await kvKeys(jsm, "view-test", "p1.app.*");
+    expect(keys.sort()).toEqual([...many].sort());
+    expect(await kvKeys(jsm, "view-test", "p3.>")).toEqual([]);
   });
 });

@@ -9,7 +9,7 @@ import {
   type KV,
   type NatsConnection,
 } from "nats";
-import { jsonOf, buckets, streams, subjects } from "../nats/index.js";
+import { jsonOf, buckets, kvKeys, streams, subjects } from "../nats/index.js";
 import { decodeLogLine, type LogLineRecord, type ReplicaRecord } from "../runner/index.js";
 
 export const DEFAULT_LOG_LIMIT = 200;
@@ -38,8 +38,7 @@ export class AppObserver {
 
   /** Live replicas of the app on every runner, oldest first. */
   async replicas(projectId: string, appName: string): Promise<ReplicaRecord[]> {
-    const keys: string[] = [];
-    for await (const k of await this.replicasKv.keys(`${projectId}.${appName}.*`)) keys.push(k);
+    const keys = await kvKeys(this.jsm, buckets.replicas.name, `${projectId}.${appName}.*`);
     const entries = await Promise.all(keys.map((k) => this.replicasKv.get(k)));
     const records = entries.map((e) =>
       e && e.operation === "PUT" ? (jsonOf(e) as ReplicaRecord | undefined) : undefined,

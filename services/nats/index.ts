@@ -11,7 +11,7 @@ export type { NatsHandle } from "./connect.js";
 export { ensureConsumer } from "./consumers.js";
 export type { ConsumerChange } from "./consumers.js";
 export { JsErrorCode, isJsError, jsErrorCode } from "./errors.js";
-export { KvView, followKv, jsonOf } from "./kv-view.js";
+export { KvView, followKv, jsonOf, kvKeys } from "./kv-view.js";
 export type { KvFollower } from "./kv-view.js";
 export { MAX_RUN_ATTEMPTS, RUN_RETENTION_MS, buckets, consumers, objectStores, streams, subjects } from "./layout.js";
 export type { ConsumerSpec } from "./layout.js";

@@ -2,7 +2,7 @@
 // hot paths (authentication, app lookups) instead of asking
 // NATS. Deletions arrive as DEL/PURGE entries and remove the key, which is
 // how a deleted service account stops working in every process.
-import type { KV, KvEntry, QueuedIterator } from "nats";
+import type { JetStreamManager, KV, KvEntry, QueuedIterator } from "nats";
 import type { Logger } from "../config/index.js";
 
 /** How long a view waits for the initial values before serving anyway (misses fall back to a KV get). */
@@ -155,4 +155,18 @@ export function jsonOf(entry: KvEntry): unknown {
   } catch {
     return undefined;
   }
+}
+
+/**
+ * The keys of `bucket` that match `filter` (subject syntax), from the
+ * stream's own index of subjects, in one request. A key whose last entry is
+ * a delete marker is listed too: the caller's get() tells. (kv.keys() counts
+ * down the pending messages of a consumer instead, and on a three-node
+ * nats-server 2.9 cluster it was seen to end after the first of two live
+ * keys of skiff-replicas, again and again.)
+ */
+export async function kvKeys(jsm: JetStreamManager, bucket: string, filter: string): Promise<string[]> {
+  const prefix = `$KV.${bucket}.`;
+  const info = await jsm.streams.info(`KV_${bucket}`, { subjects_filter: `${prefix}${filter}` });
+  return Object.keys(info.state.subjects ?? {}).map((subject) => subject.slice(prefix.length));
 }

@@ -14,6 +14,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { ManagementService, type WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
 import { bearerAuth } from "../../services/auth/bearer.js";
 import { startNatsCluster, type NatsCluster } from "../../services/nats/cluster-process.js";
+import { kvKeys } from "../../services/nats/kv-view.js";
 import { buckets, streams } from "../../services/nats/layout.js";
 import type { RunRecord } from "../../services/runs/store.js";
 import { listDeliveries } from "../../services/webhook/deliveries.js";
@@ -55,7 +56,7 @@ const managementOf = (baseUrl: string) =>
 /** Whether a runner process has a replica of the app (min_replicas 1: it has prepared it). */
 async function hasReplica(runner: SkiffProcess): Promise<boolean> {
   const kv = await nc.jetstream().views.kv(buckets.replicas.name, { bindOnly: true });
-  for await (const key of await kv.keys(`${P}.${APP}.*`)) {
+  for (const key of await kvKeys(await nc.jetstreamManager(), buckets.replicas.name, `${P}.${APP}.*`)) {
     const entry = await kv.get(key);
     if (entry?.operation === "PUT" && entry.json<{ runner: string }>().runner.endsWith(`:${runner.pid}`)) return true;
   }
@@ -104,7 +105,8 @@ beforeAll(async () => {
     .catch(async (err: unknown) => {
       const kv = await nc.jetstream().views.kv(buckets.replicas.name, { bindOnly: true });
       const entries: string[] = [];
-      for await (const key of await kv.keys()) entries.push(`${key} ${JSON.stringify((await kv.get(key))?.string())}`);
+      for (const key of await kvKeys(await nc.jetstreamManager(), buckets.replicas.name, ">"))
+        entries.push(`${key} ${JSON.stringify((await kv.get(key))?.string())}`);
       console.log(`replicas: ${entries.join("\n")}\npids: ${procs["runner-1"].pid} ${procs["runner-2"].pid}`);
       const tails = ["runner-1", "runner-2"].map(
         (n) => `--- ${n} (exits: ${procs[n].exits.join(",")})\n${procs[n].tail.join("\n")}`,
