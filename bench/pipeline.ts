@@ -13,6 +13,8 @@ import http from "node:http";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
+import { connect } from "nats";
+import { streams } from "../services/nats/layout.js";
 import { startNatsServer, type TestNats } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
 import { streamedAnswers } from "./streaming.js";
@@ -40,6 +42,8 @@ export interface PipelineResults {
   sync_c1: { direct: Latency; nginx: Latency; skiff: Latency; cortex: Latency };
   sync: { direct: Latency; nginx: Latency; skiff: Latency; cortex: Latency };
   async_accept: Latency;
+  /** The runs accepted by async_accept, run by the same process after it: left in the queue when it ended, and how fast they went. */
+  async_drain: { backlog: number; seconds: number; per_second: number };
   webhook: { p50_ms: number; p99_ms: number };
   cold_start_ms: { node: number; python: number; node_floor: number; python_floor: number };
   revocation_ms: { p50: number; p99: number };
@@ -143,6 +147,22 @@ async function bareStart(command: string, args: string[]): Promise<number> {
     return performance.now() - t0;
   } finally {
     await stop(child);
+  }
+}
+
+/** Waits until the run queue is empty; how many runs it held when called and how fast they went. */
+async function drainQueue(natsUrl: string) {
+  const nc = await connect({ servers: natsUrl });
+  try {
+    const jsm = await nc.jetstreamManager();
+    const queued = async () => (await jsm.streams.info(streams.runs.name)).state.messages;
+    const started = performance.now();
+    const backlog = await queued();
+    while ((await queued()) > 0) await new Promise((r) => setTimeout(r, 100));
+    const seconds = (performance.now() - started) / 1000;
+    return { backlog, seconds: round(seconds, 2), per_second: seconds > 0 ? Math.round(backlog / seconds) : 0 };
+  } finally {
+    await nc.close();
   }
 }
 
@@ -303,6 +323,9 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
     console.log(`async accept, 32 connections:`);
     const async_accept = await run("skiff async c=32", `${urls.cortex}?async=true`, addBody, 32, 202);
     const loaded = await rssMb(skiff.pid);
+    // The accepted runs are still being run: the webhook figures are taken on an idle process.
+    const async_drain = await drainQueue(nats.url);
+    console.log(`  the ${async_drain.backlog} runs left in the queue ran at ${async_drain.per_second}/s`);
 
     console.log("webhook delivery, cold starts, revocation:");
     const webhook = await webhookLatency(skiff, quick ? 50 : 200);
@@ -330,6 +353,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       sync_c1,
       sync,
       async_accept,
+      async_drain,
       webhook,
       cold_start_ms,
       revocation_ms,
