@@ -77,6 +77,16 @@ async function close(h: RunHistory): Promise<void> {
   opened.splice(opened.indexOf(h), 1);
 }
 
+/** A history on a schema of its own, for a project of its own, closed after `body`. */
+async function withHistory(backend: Backend, body: (h: RunHistory, P: string) => Promise<void>): Promise<void> {
+  const h = await open(backend, newSchema());
+  try {
+    await body(h, newProject());
+  } finally {
+    await close(h);
+  }
+}
+
 const lastSeq = async () => (await (await nc.jetstreamManager()).streams.info(RUNS_STREAM)).state.last_seq;
 
 /** Waits until the history has applied everything the run stream holds now. */
@@ -110,9 +120,7 @@ function run(project: string, app: string, over: Partial<RunRecord> = {}, atMs?:
 
 describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => {
   it("runs are listed newest first, filtered by status and async, paged by run id", async () => {
-    const h = await open(backend, newSchema());
-    try {
-      const P = newProject();
+    await withHistory(backend, async (h, P) => {
       const base = Date.now() - 60_000;
       const runs = [
         run(P, "a", { async: true, status: "success" }, base),
@@ -166,15 +174,11 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
       expect(ids(await h.list(P, undefined, { pageSize: 50, status: "success" }))).toEqual([a5, b2, a0]);
       expect(ids(await h.list(P, "nope", { pageSize: 50 }))).toEqual([]);
       expect(ids(await h.list(newProject(), "a", { pageSize: 50 }))).toEqual([]);
-    } finally {
-      await close(h);
-    }
+    });
   });
 
   it("a later event replaces the run (queued → running → success), never a final state by an earlier one", async () => {
-    const h = await open(backend, newSchema());
-    try {
-      const P = newProject();
+    await withHistory(backend, async (h, P) => {
       const queued = run(P, "a", { async: true, status: "queued", finished_at: undefined, run_time_ms: undefined });
       await publishRunEvent(nc, queued);
       await caughtUp(h);
@@ -196,15 +200,11 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
       ]);
       expect(await h.get(P, "a", queued.run_id)).toMatchObject({ status: "success", run_time_ms: 42 });
       expect(await h.get(P, "other-app", queued.run_id)).toBeUndefined();
-    } finally {
-      await close(h);
-    }
+    });
   });
 
   it("an event without a record (of an earlier version) or with one that is not a run is passed over", async () => {
-    const h = await open(backend, newSchema());
-    try {
-      const P = newProject();
+    await withHistory(backend, async (h, P) => {
       nc.publish(subjects.runEvent(P, "a", "success"), new Uint8Array([1, 2, 3]));
       const bad = headers();
       bad.set("Skiff-Run", '{"run_id":"not-a-uuid","status":"success"}');
@@ -213,9 +213,7 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
       await publishRunEvent(nc, good);
       await caughtUp(h);
       expect((await h.list(P, "a", { pageSize: 10 })).runs.map((r) => r.run_id)).toEqual([good.run_id]);
-    } finally {
-      await close(h);
-    }
+    });
   });
 
   it("a restart resumes after the last message applied, without reading the stream again", async () => {
@@ -244,9 +242,7 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
   });
 
   it("retention deletes the runs made more than RUN_RETENTION_MS ago, by the time in their ids", async () => {
-    const h = await open(backend, newSchema());
-    try {
-      const P = newProject();
+    await withHistory(backend, async (h, P) => {
       const now = Date.now();
       const old = [1, 2, 3].map((i) => run(P, "aged", {}, now - RUN_RETENTION_MS - i * 60_000));
       const recent = run(P, "aged", {}, now - RUN_RETENTION_MS + 60_000);
@@ -257,15 +253,11 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
       expect(await h.prune(now)).toBeGreaterThanOrEqual(3);
       expect((await h.list(P, "aged", { pageSize: 10 })).runs.map((r) => r.run_id)).toEqual([recent.run_id]);
       expect(await h.prune(now)).toBe(0);
-    } finally {
-      await close(h);
-    }
+    });
   });
 
   it("minute stats: runs by the minute they were queued, failures, nearest-rank percentiles of finished runs", async () => {
-    const h = await open(backend, newSchema());
-    try {
-      const P = newProject();
+    await withHistory(backend, async (h, P) => {
       const MINUTE = 60_000;
       const now = Math.floor(Date.now() / MINUTE) * MINUTE + 30_000;
       const at = (msAgo: number, status: RunRecord["status"], runTimeMs?: number) =>
@@ -288,9 +280,7 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
         { minuteMs: from + 59 * MINUTE, runs: 5, failures: 1, p50Ms: 20, p95Ms: 30, p99Ms: 30 },
       ]);
       expect(await h.minuteStats(P, "other", from, now + MINUTE)).toEqual([]);
-    } finally {
-      await close(h);
-    }
+    });
   });
 
   it("the projector holds its batch and nothing per stored run", async () => {

@@ -3,9 +3,9 @@
 // addressed, so two deploys racing for one version number never overwrite
 // each other's bundle). A new version is recorded with compare-and-set on
 // the app's entry and retried on a lost race, so versions never repeat.
-import type { KV, ObjectStore } from "nats";
+import type { JetStreamManager, KV, ObjectStore } from "nats";
 import { type AppConfig, appKey, decodeAppRecord, type AppRecord, type DeploymentRecord } from "../apps/index.js";
-import { jsonOf } from "../nats/index.js";
+import { buckets, jsonOf, kvKeys } from "../nats/index.js";
 
 /** Deployments (and their bundles) kept per app, the current one included. */
 export const KEPT_DEPLOYMENTS = 10;
@@ -27,6 +27,7 @@ export const bundleObject = (projectId: string, appName: string, digest: string)
 export class AppStore {
   constructor(
     private readonly kv: KV,
+    private readonly jsm: JetStreamManager,
     private readonly bundles: ObjectStore,
   ) {}
 
@@ -42,8 +43,9 @@ export class AppStore {
 
   /** The apps of one project, by name. */
   async list(projectId: string): Promise<AppRecord[]> {
-    const names: string[] = [];
-    for await (const k of await this.kv.keys(`${projectId}.*`)) names.push(k.slice(projectId.length + 1));
+    const names = (await kvKeys(this.jsm, buckets.apps.name, `${projectId}.*`)).map((k) =>
+      k.slice(projectId.length + 1),
+    );
     const records = await Promise.all(names.map((n) => this.get(projectId, n)));
     return records.filter((r): r is AppRecord => r !== undefined).sort((a, b) => a.app_name.localeCompare(b.app_name));
   }

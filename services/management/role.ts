@@ -57,6 +57,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
     projects: new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true })),
     serviceAccounts: new ServiceAccountStore(
       await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true }),
+      await opts.nc.jetstreamManager(),
       (projectId, id, revision) => opts.auth.accounts.deleted(projectId, id, revision),
     ),
     apps: await appDeps(opts),
@@ -92,6 +93,7 @@ async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {
   const js = opts.nc.jetstream();
   const store = new AppStore(
     await js.views.kv(buckets.apps.name, { bindOnly: true }),
+    await opts.nc.jetstreamManager(),
     await js.views.os(objectStores.bundles.name),
   );
   const check = { maxBytes: opts.maxBundleBytes, logger: opts.logger };

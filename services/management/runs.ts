@@ -30,6 +30,7 @@ import {
   openRunHistory,
   RUN_STATUSES,
   sweepStaleSyncRuns,
+  timeOfId,
   type RunContext,
   type RunHistory,
   type RunRecord,
@@ -53,8 +54,6 @@ const FRESH_RUN_MS = 60_000;
 /** ...for this long. */
 const FRESH_RUN_WAIT_MS = 3_000;
 
-/** The time in a UUIDv7 run id, ms. */
-const timeOfRunId = (runId: string) => parseInt(runId.slice(0, 8) + runId.slice(9, 13), 16);
 /** How often objects in `skiff-results` past their keep are removed. */
 const SWEEP_EVERY_MS = 60 * 60 * 1000;
 const NAME = /^[a-z][a-z0-9-]{0,62}$/;
@@ -133,7 +132,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     names(projectId, appName, runId);
     let found = await lookUp(projectId, appName, runId);
     // A run that ended a moment ago may not be in the history yet (its event is projected within milliseconds).
-    if (found === undefined && Date.now() - timeOfRunId(runId) < FRESH_RUN_MS) {
+    if (found === undefined && Date.now() - timeOfId(runId) < FRESH_RUN_MS) {
       const end = Date.now() + FRESH_RUN_WAIT_MS;
       while (found === undefined && Date.now() < end) {
         await new Promise((res) => setTimeout(res, 25));

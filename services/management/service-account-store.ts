@@ -1,8 +1,9 @@
 // Service accounts in KV `skiff-service-accounts`, keyed `<project>.<id>`.
 // Deletes leave a DEL marker: the watches of every process see it and stop
 // accepting the account's tokens.
-import type { KV } from "nats";
+import type { JetStreamManager, KV } from "nats";
 import { accountKey, decodeAccount, type ServiceAccountRecord } from "../auth/index.js";
+import { buckets, kvKeys } from "../nats/index.js";
 
 export class ServiceAccountStore {
   /**
@@ -12,6 +13,7 @@ export class ServiceAccountStore {
    */
   constructor(
     private readonly kv: KV,
+    private readonly jsm: JetStreamManager,
     private readonly onDeleted: (projectId: string, serviceAccountId: string, revision: number) => void = () => {},
   ) {}
 
@@ -51,8 +53,7 @@ export class ServiceAccountStore {
 
   /** The accounts of one project, oldest first. */
   async list(projectId: string): Promise<ServiceAccountRecord[]> {
-    const keys: string[] = [];
-    for await (const k of await this.kv.keys(`${projectId}.*`)) keys.push(k);
+    const keys = await kvKeys(this.jsm, buckets.serviceAccounts.name, `${projectId}.*`);
     const records = await Promise.all(
       keys.map((k) => this.kv.get(k).then((e) => (e && e.operation === "PUT" ? decodeAccount(e) : undefined))),
     );

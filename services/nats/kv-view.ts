@@ -160,10 +160,10 @@ export function jsonOf(entry: KvEntry): unknown {
 /**
  * The keys of `bucket` that match `filter` (subject syntax), from the
  * stream's own index of subjects, in one request. A key whose last entry is
- * a delete marker is listed too: the caller's get() tells. (kv.keys() counts
- * down the pending messages of a consumer instead, and on a three-node
- * nats-server 2.9 cluster it was seen to end after the first of two live
- * keys of skiff-replicas, again and again.)
+ * a delete marker is listed too: the caller's get() tells. Every listing of
+ * keys goes through here: kv.keys() counts down the pending messages of a
+ * consumer instead, and on a three-node nats-server 2.9 cluster it was seen
+ * to end after the first of two live keys of skiff-replicas, again and again.
  */
 export async function kvKeys(jsm: JetStreamManager, bucket: string, filter: string): Promise<string[]> {
   const prefix = `$KV.${bucket}.`;

@@ -18,7 +18,7 @@ export {
   RunnerError,
   StartFailed,
 } from "./errors.js";
-export { PGLITE_FOLDER, openRunHistory } from "./history/index.js";
+export { PGLITE_FOLDER, openRunHistory, timeOfId } from "./history/index.js";
 export type { ListQuery, MinuteStats, RunHistory, RunHistoryOptions, RunPage } from "./history/index.js";
 export { publishRunEvent, publishRunEventUnacked, RUN_RECORD_HEADER, recordOfEvent } from "./events.js";
 export { finishAsync, finishSync, republishFinal } from "./finish.js";

@@ -130,12 +130,11 @@ export class RunStore {
     return () => this.finalListeners.delete(listener);
   }
 
-  /** Tells the onFinal listeners of a run that ended, whose final record is not written here (a sync run). */
+  /**
+   * Tells the onFinal listeners of a record written: by this store, or
+   * elsewhere (a sync run's final record is its event); one not final is no news.
+   */
   ended(record: RunRecord): void {
-    this.wrote(record);
-  }
-
-  private wrote(record: RunRecord): void {
     if (this.finalListeners.size === 0 || !isFinal(record.status)) return;
     for (const listener of this.finalListeners) listener(record);
   }
@@ -143,7 +142,7 @@ export class RunStore {
   /** Writes the first record of a run; fails if the run id exists. */
   async create(record: RunRecord): Promise<void> {
     await this.kv.create(runKey(record.project_id, record.app_name, record.run_id), encode(record));
-    this.wrote(record);
+    this.ended(record);
   }
 
   /**
@@ -197,7 +196,7 @@ export class RunStore {
       if (!next) return undefined;
       try {
         const ack = await publishAcked(this.nc, subject, encode(next), { expectedLastSubjectSequence: cur.revision });
-        this.wrote(next);
+        this.ended(next);
         return { record: next, revision: ack.seq };
       } catch (err) {
         if (!isWrongRevision(err)) throw err;

@@ -46,6 +46,9 @@ export function idAt(ms: number): string {
   return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-0000-0000-000000000000`;
 }
 
+/** The time a UUIDv7 run id was made at, ms: what idAt writes. */
+export const timeOfId = (runId: string): number => parseInt(runId.slice(0, 8) + runId.slice(9, 13), 16);
+
 export class HistoryQueries {
   constructor(
     private readonly db: Sql,

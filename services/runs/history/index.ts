@@ -14,7 +14,7 @@ import { DEFAULT_SCHEMA, migrate, tables } from "./schema.js";
 import { openPglite, openPostgres, type Database } from "./sql.js";
 
 export type { ListQuery, MinuteStats, RunPage } from "./history.js";
-export { PRUNE_BATCH, idAt } from "./history.js";
+export { PRUNE_BATCH, idAt, timeOfId } from "./history.js";
 export { RUNS_STREAM } from "./projector.js";
 
 /** How often runs past RUN_RETENTION_MS are deleted. */
