@@ -164,6 +164,18 @@ const top = (m: Map<string, number>, n: number) =>
 console.log(
   `main thread, measured run only; self time by file or package:\n${top(byFile, 25)}\n\nself time by function:\n${top(byFn, 25)}`,
 );
+// Inclusive time by file of skiff's own: the share of samples with a frame of that file on the stack.
+const inclusive = new Map<string, number>();
+for (const [id, hits] of main.hits) {
+  const files = new Set<string>();
+  for (let up: number | undefined = id; up !== undefined; up = parents.get(up)) {
+    const url = byName.get(up)!.callFrame.url;
+    const own = url.match(/\/main\/(services\/.*)$/);
+    if (own) files.add(own[1]);
+  }
+  for (const f of files) inclusive.set(f, (inclusive.get(f) ?? 0) + hits);
+}
+console.log(`\ninclusive time by file of skiff's own (a frame of it on the stack):\n${top(inclusive, 30)}`);
 // PROFILE_CALLERS=writeBuffer,encode: who calls these functions (six frames up), by self time.
 const frame = (n: Node) =>
   `${n.callFrame.functionName}@${n.callFrame.url.replace(/.*\/(main|node_modules)\//, "")}:${n.callFrame.lineNumber + 1}`;

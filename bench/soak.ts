@@ -9,16 +9,22 @@
 // processes; started here as `scripts/cluster.ts` is started by hand, on
 // ports of its own) through its nginx, and writes bench/results/soak-cluster.json
 // with every process's RSS.
+//
+// Every SOAK_SAMPLE_SECONDS (default 60) it prints, and keeps in the results
+// as `samples`, each process's RSS and the state of every JetStream stream
+// (messages, bytes, subjects, interior deletes, consumers): what grows, and
+// whether it levels off.
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import http from "node:http";
 import { tmpdir } from "node:os";
 import path from "node:path";
+import { connect, type ConnectionOptions } from "nats";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
 import { writeResults } from "./pipeline.js";
 import { startSkiffProcess } from "./skiff-process.js";
-import { ECHO_SERVER, ensureTools, freePort, rssMb, wrk } from "./tools.js";
+import { ECHO_SERVER, ensureTools, freePort, round, rssMb, wrk } from "./tools.js";
 
 const SECONDS = Number(process.env.SOAK_SECONDS ?? 600);
 const WARMUP_SECONDS = Math.min(60, Math.max(5, Math.round(SECONDS / 10)));
@@ -30,6 +36,8 @@ const ROOT = path.resolve(import.meta.dirname, "..");
 interface Target {
   url: string;
   devToken: string;
+  /** How to reach its NATS (one node of the cluster). */
+  nats: ConnectionOptions;
   /** Process name to pid, for the RSS figures. */
   processes(): Promise<Record<string, number>>;
   stop(): Promise<void>;
@@ -45,6 +53,7 @@ async function single(tmp: string): Promise<Target> {
   return {
     url: skiff.url,
     devToken: skiff.devToken,
+    nats: { servers: nats.url },
     processes: async () => ({ skiff: skiff.pid }),
     async stop() {
       await skiff.stop();
@@ -80,9 +89,13 @@ async function cluster(tmp: string): Promise<Target> {
   });
   child.stdout!.removeAllListeners("data");
   child.stdout!.resume();
+  // The nodes' configuration names the listen address and the credentials.
+  const conf = await readFile(path.join(dir, "nats", "n1", "nats.conf"), "utf8");
+  const field = (name: string) => new RegExp(`${name}: ("[^"]*"|\\S+)`).exec(conf)?.[1].replace(/^"|"$/g, "");
   return {
     url: `http://127.0.0.1:${port}`,
     devToken: (await readFile(path.join(dir, "dev-token"), "utf8")).trim(),
+    nats: { servers: `nats://${field("listen")}`, user: field("user"), pass: field("password") },
     processes: () => clusterProcesses(dir),
     async stop() {
       const exited = new Promise((r) => child.once("exit", r));
@@ -114,6 +127,65 @@ async function rssOf(target: Target): Promise<Record<string, number>> {
   for (const [name, pid] of Object.entries(await target.processes()).sort())
     out[name] = await rssMb(pid).catch(() => NaN);
   return out;
+}
+
+interface StreamSample {
+  messages: number;
+  mb: number;
+  subjects: number;
+  deleted: number;
+  consumers: number;
+}
+
+/** Every stream's state, by name. */
+async function streamStates(opts: ConnectionOptions): Promise<Record<string, StreamSample>> {
+  const nc = await connect({ ...opts, timeout: 5_000 });
+  try {
+    const jsm = await nc.jetstreamManager({ timeout: 10_000 });
+    const out: Record<string, StreamSample> = {};
+    for await (const si of jsm.streams.list()) {
+      const st = si.state;
+      out[si.config.name] = {
+        messages: st.messages,
+        mb: round(st.bytes / 2 ** 20, 1),
+        subjects: st.num_subjects ?? 0,
+        deleted: st.num_deleted ?? 0,
+        consumers: st.consumer_count,
+      };
+    }
+    return out;
+  } finally {
+    await nc.close();
+  }
+}
+
+const SAMPLE_SECONDS = Number(process.env.SOAK_SAMPLE_SECONDS ?? 60);
+const samples: { seconds: number; rss_mb: Record<string, number>; streams: Record<string, StreamSample> }[] = [];
+
+/** Samples RSS and streams every SAMPLE_SECONDS until the returned function is called. */
+function sampleEvery(target: Target): () => Promise<void> {
+  const from = Date.now();
+  let busy: Promise<void> = Promise.resolve();
+  const take = () =>
+    (busy = busy.then(async () => {
+      const sample = {
+        seconds: Math.round((Date.now() - from) / 1000),
+        rss_mb: await rssOf(target),
+        streams: await streamStates(target.nats).catch(() => ({})),
+      };
+      samples.push(sample);
+      const streamText = Object.entries(sample.streams)
+        .filter(([, s]) => s.subjects > 100 || s.mb > 10)
+        .map(([n, s]) => `${n} ${s.messages} msgs/${s.subjects} subjects/${s.mb} MB/${s.deleted} deleted`)
+        .join("; ");
+      console.log(`soak: ${sample.seconds} s rss ${JSON.stringify(sample.rss_mb)} streams: ${streamText}`);
+    }));
+  void take();
+  const timer = setInterval(take, SAMPLE_SECONDS * 1000);
+  return async () => {
+    clearInterval(timer);
+    await take();
+  };
 }
 
 ensureTools();
@@ -186,7 +258,9 @@ try {
   console.log(`soak: warm-up ${WARMUP_SECONDS} s, then ${SECONDS} s of mixed load${CLUSTER ? " on the cluster" : ""}`);
   await mix(WARMUP_SECONDS);
   const start = await rssOf(target);
+  const sampled = sampleEvery(target);
   const [sync, cortex, accepted, hooked] = await mix(SECONDS);
+  await sampled();
   const end = await rssOf(target);
   const total = (r: Record<string, number>) => Object.values(r).reduce((a, b) => a + b, 0);
   const ratios = Object.fromEntries(Object.keys(end).map((k) => [k, Number((end[k] / start[k]).toFixed(2))]));
@@ -200,6 +274,7 @@ try {
     rss_mb: CLUSTER
       ? { start, end, ratio_by_process: ratios, ratio: Number((total(end) / total(start)).toFixed(2)) }
       : { start: start.skiff, end: end.skiff, ratio: ratios.skiff },
+    samples,
   };
   console.log(JSON.stringify(result, null, 2));
   await writeResults(CLUSTER ? "soak-cluster.json" : "soak.json", result);
