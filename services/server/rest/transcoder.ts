@@ -45,7 +45,7 @@ import {
   Code,
   ConnectError,
   createContextValues,
-  createHandlerContext,
+  type HandlerContext,
   type Interceptor,
   type MethodImplSpec,
 } from "@connectrpc/connect";
@@ -322,39 +322,74 @@ async function callMethod(
   exchange: HttpExchange,
   opts: TranscoderOptions,
 ): Promise<Message> {
-  const { service, method } = route.binding;
-  const context = createHandlerContext({
-    service,
-    method,
-    protocolName: "rest",
-    requestMethod: req.method ?? "POST",
-    url: `http://${authority(req)}${req.url ?? "/"}`,
-    requestSignal: requestSignal(res),
-    shutdownSignal: opts.shutdownSignal,
-    requestHeader: handlerHeaders(req),
-    contextValues: createContextValues().set(kHttpExchange, exchange),
-  });
+  const call = restContext(req, res, route, exchange, opts.shutdownSignal);
   try {
     const output = await invokeUnaryImplementation(
       route.impl as Extract<MethodImplSpec, { kind: "unary" }>,
-      context,
+      call.context,
       input,
       (opts.interceptors ?? []) as Interceptor[],
     );
-    copyResponseHeaders(context.responseHeader, res);
+    copyResponseHeaders(call.context.responseHeader, res);
     return output;
   } catch (e) {
-    context.abort(e);
-    copyResponseHeaders(context.responseHeader, res);
+    call.end(e);
+    copyResponseHeaders(call.context.responseHeader, res);
     throw handlerError(e, route, opts.logger, res);
   } finally {
-    // Releases the context's deadline and its listeners on the request and shutdown signals.
-    context.abort(CALL_ENDED);
+    call.end(CALL_ENDED);
   }
 }
 
 /** The reason a finished call's context is aborted with (made once: an abort without one makes a DOMException). */
 const CALL_ENDED = new ConnectError("the call ended", Code.Canceled);
+const NO_TIMEOUT = () => undefined;
+
+/**
+ * The handler context of a REST call, as Connect's createHandlerContext
+ * makes one for a call without a deadline (REST has no timeout header), with
+ * one abort signal of its own: aborted when the caller goes away before the
+ * answer is written, when the server shuts down, and once the call ended
+ * (`end`, which also drops its listeners). The request headers are the ones
+ * read from the request, not a copy of them.
+ */
+function restContext(
+  req: NodeRequest,
+  res: NodeResponse,
+  route: Route,
+  exchange: HttpExchange,
+  shutdown: AbortSignal | undefined,
+): { context: HandlerContext; end(reason: unknown): void } {
+  const controller = new AbortController();
+  const onClose = () => {
+    if (!res.writableFinished) controller.abort(new ClientGoneError("client closed the request"));
+  };
+  const onShutdown = () => controller.abort(shutdown!.reason);
+  res.once("close", onClose);
+  if (shutdown?.aborted) onShutdown();
+  else shutdown?.addEventListener("abort", onShutdown, { once: true });
+  const context: HandlerContext = {
+    service: route.binding.service,
+    method: route.binding.method,
+    protocolName: "rest",
+    requestMethod: req.method ?? "POST",
+    url: `http://${authority(req)}${req.url ?? "/"}`,
+    signal: controller.signal,
+    timeoutMs: NO_TIMEOUT,
+    requestHeader: handlerHeaders(req),
+    responseHeader: new Headers(),
+    responseTrailer: new Headers(),
+    values: createContextValues().set(kHttpExchange, exchange),
+  };
+  return {
+    context,
+    end(reason) {
+      res.off("close", onClose);
+      shutdown?.removeEventListener("abort", onShutdown);
+      if (!controller.signal.aborted) controller.abort(reason);
+    },
+  };
+}
 
 function handlerHeaders(req: NodeRequest): Headers {
   const out = new Headers();
@@ -377,15 +412,6 @@ const AUTHORITY = /^[A-Za-z0-9.\-_~:[\]]+$/;
 function authority(req: NodeRequest): string {
   const host = "authority" in req ? req.authority : req.headers.host;
   return host && AUTHORITY.test(host) ? host : "localhost";
-}
-
-/** Aborted when the client goes away before the answer is written. */
-function requestSignal(res: NodeResponse): AbortSignal {
-  const controller = new AbortController();
-  res.once("close", () => {
-    if (!res.writableFinished) controller.abort(new ClientGoneError("client closed the request"));
-  });
-  return controller.signal;
 }
 
 /** What a handler (or an interceptor) threw, as a transcoder error; its metadata become headers of the answer. */
