@@ -6,9 +6,21 @@
 // everything the command starts is counted. The limits then hold for the
 // replica as a whole (all its processes, and the pages of its tmpfs folders),
 // where the rlimits (sandbox.ts) count per process or per uid.
+//
+// A skiff process that is killed (SIGKILL, a crash) cannot remove its
+// cgroups, and a sandbox's processes may outlive it (one still starting,
+// before bwrap's --die-with-parent holds). The next skiff to start ends them
+// and removes the folders (reapLeftovers).
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
 import { rmdir } from "node:fs/promises";
 import path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+
+/** Where skiff says what it found (a pino Logger is one). */
+export interface WarnLogger {
+  warn(obj: object, msg: string): void;
+  info(obj: object, msg: string): void;
+}
 
 export interface CgroupLimits {
   memoryBytes: number;
@@ -69,12 +81,20 @@ function ownFolder(mount: Mount, cgroup: string): string | undefined {
   return path.join(mount.point, cgroup.slice(root.length));
 }
 
-/** Removes empty `skiff-<pid>` folders of processes that are gone, and their empty children. */
-function removeStale(base: string): void {
+/** The `skiff-<pid>` folders in `base` of other processes than this one, by pid. */
+function otherSkiffFolders(base: string): Map<number, string> {
+  const out = new Map<number, string>();
   for (const name of readdirSync(base)) {
     const m = /^skiff-(\d+)$/.exec(name);
-    if (!m || Number(m[1]) === process.pid || existsSync(`/proc/${m[1]}`)) continue;
-    const dir = path.join(base, name);
+    if (m && Number(m[1]) !== process.pid) out.set(Number(m[1]), path.join(base, name));
+  }
+  return out;
+}
+
+/** Removes empty `skiff-<pid>` folders of processes that are gone, and their empty children. */
+function removeStale(base: string): void {
+  for (const [pid, dir] of otherSkiffFolders(base)) {
+    if (existsSync(`/proc/${pid}`)) continue;
     try {
       for (const child of readdirSync(dir, { withFileTypes: true }))
         if (child.isDirectory()) rmdirSync(path.join(dir, child.name));
@@ -105,10 +125,138 @@ async function removeDirs(dirs: string[]): Promise<void> {
       } catch (err) {
         const code = (err as NodeJS.ErrnoException).code;
         if (code === "ENOENT" || attempt >= 100) break;
-        await new Promise((r) => setTimeout(r, 20)); // EBUSY: its last processes are being reaped
+        await sleep(20); // EBUSY: its last processes are being reaped
       }
     }
   }
+}
+
+/** A live process's start, in clock ticks since boot (/proc/<pid>/stat); undefined once it is gone or a zombie. */
+function startOf(pid: number): number | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    // After the command (in parentheses, it may hold spaces) come the state (field 3) … starttime (field 22).
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return fields[0] === "Z" || fields[0] === "X" ? undefined : Number(fields[19]);
+  } catch {
+    return undefined;
+  }
+}
+
+/** A cgroup folder and every folder below it, the deepest first (the order rmdir needs). */
+function subtree(dir: string): string[] {
+  const below = readdirSync(dir, { withFileTypes: true })
+    .filter((e) => e.isDirectory())
+    .flatMap((e) => subtree(path.join(dir, e.name)));
+  return [...below, dir];
+}
+
+/** The processes in cgroup folders (cgroup.procs); 0 stands for one this process's pid namespace does not see. */
+function processesIn(dirs: string[]): number[] {
+  return dirs.flatMap((dir) => {
+    try {
+      return readFileSync(path.join(dir, "cgroup.procs"), "utf8").split("\n").filter(Boolean).map(Number);
+    } catch {
+      return []; // removed meanwhile
+    }
+  });
+}
+
+/**
+ * Whether the skiff process that made `skiff-<pid>` is gone: no live process
+ * has that pid, or the one that has it started after a process in those
+ * cgroups (which that skiff started), so the pid has been reused.
+ */
+function ownerGone(pid: number, processes: number[]): boolean {
+  const started = startOf(pid);
+  return started === undefined || processes.some((p) => (startOf(p) ?? Infinity) < started);
+}
+
+/**
+ * Kills the processes in a skiff process's cgroups (`tops`, and `dirs`: every
+ * folder in them) until none is left or `ms` have passed, again each round
+ * for those forked meanwhile: with v2's cgroup.kill where the kernel has it,
+ * else one by one. Returns how many it killed and those still there.
+ */
+async function killAll(tops: string[], dirs: string[], ms: number): Promise<{ killed: number; left: number[] }> {
+  const killed = new Set<number>();
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const left = processesIn(dirs);
+    if (left.length === 0 || Date.now() >= deadline) return { killed: killed.size, left };
+    for (const p of left) killed.add(p);
+    const groupKill = tops.filter((top) => existsSync(path.join(top, "cgroup.kill")));
+    for (const top of groupKill) write(path.join(top, "cgroup.kill"), "1");
+    if (groupKill.length === 0)
+      for (const p of left)
+        try {
+          process.kill(p, "SIGKILL");
+        } catch {
+          // gone meanwhile
+        }
+    await sleep(20);
+  }
+}
+
+/** What reapLeftovers found and did. */
+export interface Reaped {
+  /** Skiff processes that were gone and left cgroups. */
+  skiffs: number;
+  /** Processes killed in those cgroups. */
+  processes: number;
+  /** Cgroup folders removed. */
+  folders: number;
+}
+
+/**
+ * Ends the sandboxes of skiff processes that are gone and removes their
+ * cgroups. `bases` are the folders that hold the `skiff-<pid>` folders, one per
+ * hierarchy (next to this process's cgroup). This process's own folder and
+ * those of live skiff processes are left alone (see ownerGone). Errors are
+ * logged, never thrown: a leftover not ended now is tried again at the next start.
+ */
+export async function reapLeftovers(bases: string[], logger: WarnLogger): Promise<Reaped> {
+  const reaped: Reaped = { skiffs: 0, processes: 0, folders: 0 };
+  // One skiff process's `skiff-<pid>` folders (v1: memory and pids), so its processes are judged once.
+  const byPid = new Map<number, string[]>();
+  for (const base of bases)
+    try {
+      for (const [pid, dir] of otherSkiffFolders(base)) byPid.set(pid, [...(byPid.get(pid) ?? []), dir]);
+    } catch (err) {
+      logger.warn({ cgroup: base, err }, "cannot look for cgroups of skiff processes that are gone");
+    }
+  for (const [pid, tops] of byPid) {
+    try {
+      const dirs = tops.flatMap(subtree);
+      const processes = processesIn(dirs);
+      if (!ownerGone(pid, processes)) continue;
+      if (processes.includes(0)) {
+        logger.warn(
+          { skiffPid: pid, cgroups: tops },
+          "left alone: cgroups of a skiff process that is gone hold processes of another pid namespace",
+        );
+        continue;
+      }
+      const { killed, left } = await killAll(tops, dirs, 2000);
+      if (left.length === 0) await removeDirs(dirs);
+      const removed = dirs.filter((dir) => !existsSync(dir)).length;
+      reaped.skiffs++;
+      reaped.processes += killed;
+      reaped.folders += removed;
+      logger.info(
+        { skiffPid: pid, processes: killed, folders: removed, cgroups: tops },
+        "ended the sandboxes left by a skiff process that is gone and removed their cgroups",
+      );
+      if (left.length > 0 || removed < dirs.length)
+        logger.warn(
+          { skiffPid: pid, processes: left, folders: dirs.length - removed },
+          "some processes or cgroups left by a skiff process that is gone remain; tried again at the next start",
+        );
+    } catch (err) {
+      logger.warn({ skiffPid: pid, cgroups: tops, err }, "cannot end the sandboxes of a skiff process that is gone");
+    }
+  }
+  return reaped;
 }
 
 function v1(all: Mount[], own: Map<string, string>): Cgroups {

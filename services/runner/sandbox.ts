@@ -40,7 +40,7 @@ import { constants, networkInterfaces, tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { bundleLimits } from "../apps/index.js";
-import { detectCgroups, type Cgroups } from "./cgroups.js";
+import { detectCgroups, reapLeftovers, type Cgroups, type WarnLogger } from "./cgroups.js";
 import { DEFAULT_REPLICA_DENIED_CIDRS, type Config } from "../config/index.js";
 
 export interface SandboxLimits {
@@ -567,11 +567,6 @@ export type SandboxSettings = Pick<
 > &
   Partial<Pick<Config, "maxBundleFiles" | "maxAppsPerProject" | "replicaNetwork" | "bwrap" | "replicaDeniedCidrs">>;
 
-interface WarnLogger {
-  warn(obj: object, msg: string): void;
-  info(obj: object, msg: string): void;
-}
-
 /**
  * Checks that this host can sandbox apps with these settings and makes them
  * this process's default (with the bundle limits). Throws when it cannot and SKIFF_SANDBOX is not
@@ -639,6 +634,8 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
       "no cgroup per replica here: a replica's memory is bounded per process (RLIMIT_AS) and its processes per " +
         "project uid (RLIMIT_NPROC), not in total (see docs/security.md)",
     );
+  // Sandboxes of a skiff process that was killed can outlive it: ended now, in the background (cgroups.ts).
+  void reapLeftovers(cgroupsInUse?.parents.map((p) => path.dirname(p)) ?? [], logger);
   processDefault = { enabled: true, limits, network };
   logger.info(
     { sandbox: "on", hostUid: runsAsRoot(), network, cgroup: cgroupsInUse?.version ?? null, ...limits },
