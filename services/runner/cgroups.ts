@@ -10,7 +10,7 @@
 // A skiff process that is killed (SIGKILL, a crash) cannot remove its
 // cgroups, and a sandbox's processes may outlive it (one still starting,
 // before bwrap's --die-with-parent holds). The next skiff to start ends them
-// and removes the folders (reapLeftovers).
+// and removes the folders, empty ones too (reapLeftovers).
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
 import { rmdir } from "node:fs/promises";
 import path from "node:path";
@@ -89,20 +89,6 @@ function otherSkiffFolders(base: string): Map<number, string> {
     if (m && Number(m[1]) !== process.pid) out.set(Number(m[1]), path.join(base, name));
   }
   return out;
-}
-
-/** Removes empty `skiff-<pid>` folders of processes that are gone, and their empty children. */
-function removeStale(base: string): void {
-  for (const [pid, dir] of otherSkiffFolders(base)) {
-    if (existsSync(`/proc/${pid}`)) continue;
-    try {
-      for (const child of readdirSync(dir, { withFileTypes: true }))
-        if (child.isDirectory()) rmdirSync(path.join(dir, child.name));
-      rmdirSync(dir);
-    } catch {
-      // still in use: left for its own process
-    }
-  }
 }
 
 const write = (file: string, value: string) => writeFileSync(file, value);
@@ -269,7 +255,6 @@ function v1(all: Mount[], own: Map<string, string>): Cgroups {
   };
   const [memory, pids] = ["memory", "pids"].map(hierarchy);
   const parents = [memory, pids].map((base) => {
-    removeStale(base);
     const dir = path.join(base, `skiff-${process.pid}`);
     mkdirSync(dir, { recursive: true });
     return dir;
@@ -311,7 +296,6 @@ function v2(all: Mount[], own: Map<string, string>): Cgroups {
   const controllers = readFileSync(path.join(base, "cgroup.controllers"), "utf8").split(/\s+/);
   for (const c of ["memory", "pids"])
     if (!controllers.includes(c)) throw new Error(`the ${c} controller is not available to skiff's cgroup ${base}`);
-  removeStale(base);
   const parent = path.join(base, `skiff-${process.pid}`);
   mkdirSync(parent, { recursive: true });
   // Fails (EBUSY) where skiff's own cgroup holds processes and is not the root: v2 wants a delegated subtree.
@@ -365,7 +349,7 @@ export function detectCgroups(): Cgroups | string {
           try {
             rmdirSync(dir);
           } catch {
-            // a cgroup still in it: removed at the next start (removeStale)
+            // a cgroup still in it: removed at the next start (reapLeftovers)
           }
       });
       const probe = cgroups.create(`probe-${Date.now()}`, { memoryBytes: 64 * 1024 * 1024, pids: 16 });

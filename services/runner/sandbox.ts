@@ -634,8 +634,12 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
       "no cgroup per replica here: a replica's memory is bounded per process (RLIMIT_AS) and its processes per " +
         "project uid (RLIMIT_NPROC), not in total (see docs/security.md)",
     );
-  // Sandboxes of a skiff process that was killed can outlive it: ended now, in the background (cgroups.ts).
-  void reapLeftovers(cgroupsInUse?.parents.map((p) => path.dirname(p)) ?? [], logger);
+  // Sandboxes and cgroups of skiff processes that are gone: ended and removed now, in the background (cgroups.ts).
+  if (cgroupsInUse)
+    void reapLeftovers(
+      cgroupsInUse.parents.map((p) => path.dirname(p)),
+      logger,
+    );
   processDefault = { enabled: true, limits, network };
   logger.info(
     { sandbox: "on", hostUid: runsAsRoot(), network, cgroup: cgroupsInUse?.version ?? null, ...limits },

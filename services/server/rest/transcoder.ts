@@ -386,7 +386,7 @@ function restContext(
     end(reason) {
       res.off("close", onClose);
       shutdown?.removeEventListener("abort", onShutdown);
-      if (!controller.signal.aborted) controller.abort(reason);
+      controller.abort(reason); // the first reason stays
     },
   };
 }
