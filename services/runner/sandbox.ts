@@ -289,8 +289,21 @@ export interface SandboxSpec {
 }
 
 /**
+ * What runs the command once the sandbox is released: a line on the gate fd
+ * lets it run; the end of the fd with no line (the runner died before it
+ * released the sandbox) ends the sandbox with GATE_CLOSED instead. bwrap goes
+ * on at the end of its block fd as at a byte, and its parent-death signal is
+ * not set yet then, so without the gate the command would run with no cgroup
+ * and no runner.
+ */
+const gateScript = (fd: number) => `read -r go <&${fd} || exit ${GATE_CLOSED}; exec ${fd}<&-; exec "$@"`;
+/** The exit status of a sandbox whose runner was gone before it released it. */
+export const GATE_CLOSED = 125;
+
+/**
  * The bwrap command line for a spec; the info fd is the one after the passed
- * fds, and with slirp4netns bwrap waits on `blockFd` until the network is up.
+ * fds. With a block fd (a cgroup to join, or slirp4netns to set up), bwrap
+ * waits on it, and the command on the gate fd after it (gateScript).
  */
 export function sandboxArgv(spec: SandboxSpec, infoFd: number, blockFd?: number): string[] {
   const { limits } = spec;
@@ -346,6 +359,11 @@ export function sandboxArgv(spec: SandboxSpec, infoFd: number, blockFd?: number)
     args.splice(0, 0, "--unshare-user", "--disable-userns", "--uid", String(spec.uid), "--gid", String(spec.uid));
     args.push("--", ...limit);
   }
+  if (blockFd !== undefined) {
+    const gateFd = blockFd + 1;
+    if (gateFd > 9) throw new Error(`too many fds for a sandbox (${gateFd})`); // sh redirects fds 0-9
+    args.push("/bin/sh", "-c", gateScript(gateFd), "skiff-gate");
+  }
   args.push(spec.command, ...spec.args);
   return args;
 }
@@ -391,9 +409,10 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
     memoryBytes: spec.limits.memoryMb * 1024 * 1024,
     pids: spec.limits.pids,
   });
-  // bwrap waits on the block fd, when there is one, before it runs the command.
+  // bwrap waits on the block fd, when there is one, before it runs the command, and the command on the gate fd.
   const blockFd = slirp || cgroup ? infoFd + 1 : undefined;
-  const stdio: StdioOptions = ["ignore", "pipe", "pipe", ...fds, "pipe", ...(blockFd ? ["pipe" as const] : [])];
+  const gated = blockFd ? (["pipe", "pipe"] as const) : [];
+  const stdio: StdioOptions = ["ignore", "pipe", "pipe", ...fds, "pipe", ...gated];
   let child: ChildProcess;
   try {
     child = spawn(bwrap, sandboxArgv(spec, infoFd, blockFd), { env: spec.env, stdio, detached: true });
@@ -435,11 +454,14 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
   };
   if (blockFd === undefined) return sandboxed;
   const block = child.stdio[blockFd] as NodeJS.WritableStream | null;
+  const gate = child.stdio[blockFd + 1] as NodeJS.WritableStream | null;
   block?.on("error", () => undefined); // bwrap gone before the sandbox was ready
+  gate?.on("error", () => undefined);
   let released = false;
   const release = () => {
     if (released) return;
     released = true;
+    gate?.end("go\n");
     block?.end("1");
   };
   // Whatever fails before the command runs ends the sandbox first (bwrap goes on at any byte, or at the
