@@ -5,7 +5,8 @@
 // main thread spent its time during the measured run only (self time by
 // function and by file), for the profile that should come before an
 // optimisation. PROFILE_CALLERS=fn1,fn2 also prints who calls those
-// functions (PROFILE_DEPTH frames up, default 6).
+// functions (PROFILE_DEPTH frames up, default 6); PROFILE_THREAD=n looks at thread n
+// (its number in the profile's file name) instead of the main thread.
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -134,8 +135,10 @@ console.log(
     .map((t) => `${t.name.split(".").slice(-3, -1).join(".")} ${Math.round((100 * t.busy) / t.total)}%`)
     .join(", ")}`,
 );
-// The main thread's profile is thread 0 in its file name (CPU.{date}.{time}.{pid}.{thread}.{seq}.cpuprofile).
-const main = threads.find((t) => t.name.split(".")[4] === "0") ?? threads[0];
+// The main thread's profile is thread 0 in its file name (CPU.{date}.{time}.{pid}.{thread}.{seq}.cpuprofile);
+// PROFILE_THREAD=3 looks at thread 3 instead (a worker, such as the run history's PGlite thread).
+const threadId = process.env.PROFILE_THREAD ?? "0";
+const main = threads.find((t) => t.name.split(".")[4] === threadId) ?? threads[0];
 const total = main.total;
 const byFn = new Map<string, number>();
 const byFile = new Map<string, number>();
@@ -162,7 +165,7 @@ const top = (m: Map<string, number>, n: number) =>
     .map(([k, v]) => `  ${((100 * v) / total).toFixed(1).padStart(5)}%  ${k}`)
     .join("\n");
 console.log(
-  `main thread, measured run only; self time by file or package:\n${top(byFile, 25)}\n\nself time by function:\n${top(byFn, 25)}`,
+  `thread ${threadId}, measured run only; self time by file or package:\n${top(byFile, 25)}\n\nself time by function:\n${top(byFn, 25)}`,
 );
 // Inclusive time by file of skiff's own: the share of samples with a frame of that file on the stack.
 const inclusive = new Map<string, number>();
