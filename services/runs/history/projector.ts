@@ -42,7 +42,13 @@ export const DEFAULT_BATCH_MS = 50;
 export const DEFAULT_LEADER_RETRY_MS = 2_000;
 
 /** Rows written before the statistics are brought up to date again, at least. */
-const ANALYZE_MIN_ROWS = 1_000;
+const ANALYZE_MIN_ROWS = 5_000;
+/**
+ * The columns the history's queries filter and order on: ANALYZE reads only these. The record (jsonb)
+ * is never a condition, and its statistics made ANALYZE three times as costly (23 against 69 ms of CPU
+ * on 27,500 rows in PGlite).
+ */
+const ANALYZED_COLUMNS = "run_id, project_id, app_name, status, async";
 /** How long the server keeps the projector's consumer after its process went silent. */
 const CONSUMER_IDLE_MS = 60_000;
 /** Events after which the consumer cannot be trusted to deliver every message. */
@@ -316,9 +322,9 @@ export class RunProjector {
   }
 
   /**
-   * Brings the table's statistics up to date (`ANALYZE` reads a sample of fixed size) when it never had
-   * any, or when a tenth of it was written since: the planner needs them to walk the listing indexes,
-   * and PGlite has no autovacuum to keep them.
+   * Brings the table's statistics up to date (`ANALYZE` of the columns queries filter on reads a sample
+   * of fixed size) when it never had any, or when a tenth of it (5,000 rows at least) was written since:
+   * the planner needs them to walk the listing indexes, and PGlite has no autovacuum to keep them.
    */
   private async analyze(session: Session, due: boolean): Promise<void> {
     const runs = this.opts.tables.runs;
@@ -332,7 +338,7 @@ export class RunProjector {
       );
     let rows = await estimate();
     if (due || rows < 0) {
-      await session.query(`ANALYZE ${runs}`);
+      await session.query(`ANALYZE ${runs} (${ANALYZED_COLUMNS})`);
       rows = await estimate();
     }
     this.sinceAnalyze = 0;
