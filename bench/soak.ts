@@ -54,7 +54,7 @@ async function single(tmp: string): Promise<Target> {
     url: skiff.url,
     devToken: skiff.devToken,
     nats: { servers: nats.url },
-    processes: async () => ({ skiff: skiff.pid }),
+    processes: async () => ({ skiff: skiff.pid, "nats-server": nats.pid }),
     async stop() {
       await skiff.stop();
       await nats.stop();

@@ -208,7 +208,7 @@ async function main(): Promise<void> {
           SKIFF_NATS_URL: cluster!.url,
           SKIFF_NATS_USER: cluster!.user,
           SKIFF_NATS_PASSWORD: cluster!.password,
-          SKIFF_NATS_REPLICAS: "3",
+          SKIFF_NATS_REPLICAS: process.env.SKIFF_NATS_REPLICAS ?? "3",
           SKIFF_ADMIN_TOKEN: adminToken,
           SKIFF_LOG_LEVEL: logLevel,
           ...(database ? { SKIFF_DATABASE_URL: database } : {}),
