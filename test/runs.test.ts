@@ -337,6 +337,23 @@ describe("runs - record retention", () => {
     expect(info.state.num_deleted ?? 0).toBe(0);
   });
 
+  it("only a terminal event carries a Nats-Msg-Id: the one event that may be published again", async () => {
+    const { streams, subjects } = await import("../services/nats/layout.js");
+    const runId = (await post(`${v4("many", "big")}?async=true`, t.devToken, '{"n":2}')).json.run_id as string;
+    await reaches("many", runId, "success");
+    const jsm = await t.skiff.nats.nc.jetstreamManager();
+    const last = async (status: string) => {
+      const m = await jsm.streams.getMessage(streams.events.name, {
+        last_by_subj: subjects.runEvent(P, "many", status),
+      });
+      expect(recordOfEvent(m.header)?.run_id).toBe(runId);
+      return m.header.get("Nats-Msg-Id");
+    };
+    // nats-server holds every id of a stream's duplicate window in memory: none for events never repeated.
+    expect(await last("running")).toBe("");
+    expect(await last("success")).toBe(`${runId}.success.1`);
+  });
+
   it("async run records stay in KV two days, delivery records RUN_RETENTION_MS; the run history deletes runs of that age", async () => {
     const { openRunHistory, publishRunEvent } = await import("../services/runs/index.js");
     const { buckets, RUN_RETENTION_MS } = await import("../services/nats/layout.js");

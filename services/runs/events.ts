@@ -1,8 +1,10 @@
 // The public run lifecycle events: a `skiff.events.v1.RunEvent` (protobuf
 // binary) on `skiff.events.runs.{project}.{app}.{status}` in SKIFF_EVENTS at
-// every change of a run's state. An acknowledged publish, which its
-// publisher may repeat (a retried completion), carries `Nats-Msg-Id` =
-// `{run_id}.{status}.{attempt}` and is deduplicated.
+// every change of a run's state. An acknowledged terminal event, which may
+// be published again (republishFinal: its runner may have died before
+// publishing it), carries `Nats-Msg-Id` = `{run_id}.{status}.{attempt}` and
+// is deduplicated; other events are never repeated and carry none (the
+// server holds every id of the duplicate window in memory).
 //
 // The event is also the run's record: header `Skiff-Run` carries the run
 // record as JSON (without its result), which the run history projects and
@@ -57,12 +59,12 @@ export function recordOfEvent(h: MsgHdrs | undefined): RunRecord | undefined {
 
 /**
  * Publishes the event of the record's current state; resolves once JetStream
- * stored it. The terminal event of a run that named a webhook also goes to
+ * stored it (a terminal one deduplicated by its message id). The terminal event of a run that named a webhook also goes to
  * the webhook role's own subject (SKIFF_WEBHOOKS).
  */
 export async function publishRunEvent(nc: NatsConnection, record: RunRecord, response?: EventResponse): Promise<void> {
   const bytes = eventBytes(record, response);
-  const msgId = eventId(record);
+  const msgId = isFinal(record.status) ? eventId(record) : undefined;
   await Promise.all([
     publishAcked(nc, subjects.runEvent(record.project_id, record.app_name, record.status), bytes, {
       msgId,
