@@ -9,7 +9,7 @@ import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { startInvocationRole } from "./invocation/index.js";
 import { startManagementRole } from "./management/index.js";
 import { configureSandbox, deploymentsDir, startRunnerRole, DeploymentCache, type Runner } from "./runner/index.js";
-import { openRunContext, queuedRuns, type RunContext } from "./runs/index.js";
+import { newRunId, openRunContext, queuedRuns, type RunContext } from "./runs/index.js";
 import { AppRegistry } from "./apps/index.js";
 import { sameToken, startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
@@ -315,6 +315,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       bodyLimits: new Map([[ManagementService.method.deployApp, Math.max(config.maxBodyBytes, config.maxBundleBytes)]]),
       // Every answer to an invocation carries X-Request-Id, refusals included.
       requestIds: new Set([InvocationService.method.run]),
+      newRequestId: newRunId,
       logger,
       health,
       restServices: rpc.map(({ service }) => service),

@@ -4,9 +4,8 @@
 // carry it too), checks it, then runs it synchronously (sync.ts) or queues
 // it (enqueue.ts).
 import type { HandlerContext } from "@connectrpc/connect";
-import { v7 } from "uuid";
 import type { RunRequest, RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
-import type { InvokeRequest, RunRecord } from "../runs/index.js";
+import { newRunId, type InvokeRequest, type RunRecord } from "../runs/index.js";
 import { appRequestHeaders, httpExchange } from "../server/index.js";
 import { cortexBody, cortexFunction, customPath, findApp, webhookEndpoint, webhookSecret } from "./checks.js";
 import type { InvocationDeps } from "./deps.js";
@@ -42,7 +41,7 @@ const NDJSON = { accept: "application/x-ndjson" };
 export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerContext): Promise<RunResponse> {
   // Refused calls get an id too, for the caller's and the logs' sake; no run is recorded under it.
   const exchange = httpExchange(ctx);
-  const runId = exchange?.requestId ?? v7();
+  const runId = exchange?.requestId ?? newRunId();
   ctx.responseHeader.set("x-request-id", runId);
   const app = findApp(deps.registry, req.projectId, req.appName);
   const cortex = app.config.runtime.kind === "cortex";

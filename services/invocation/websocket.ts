@@ -22,7 +22,6 @@ import { STATUS_CODES } from "node:http";
 import type http from "node:http";
 import type net from "node:net";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { v7 } from "uuid";
 import type { AppRecord } from "../apps/index.js";
 import type { Authenticator } from "../auth/index.js";
 import type { Metrics } from "../metrics/index.js";
@@ -30,6 +29,7 @@ import { upgradeRemote, type UpgradeAnswer } from "../runner/index.js";
 import {
   Cancelled,
   finishSync,
+  newRunId,
   outcomeOfAnswer,
   outcomeOfError,
   publishRunEventUnacked,
@@ -91,7 +91,7 @@ export function webSockets(deps: InvocationDeps, opts: WebSocketOptions): WebSoc
   return {
     upgrade(req, socket, head, draining) {
       socket.on("error", () => socket.destroy());
-      const runId = v7();
+      const runId = newRunId();
       accept(deps, opts, open, { req, socket, head, draining, runId, live }).catch((err: unknown) => {
         if (!(err instanceof ConnectError)) deps.logger.error({ err, runId }, "a WebSocket call failed inside skiff");
         refuse(socket, runId, err instanceof ConnectError ? err : new ConnectError("internal error", Code.Internal));

@@ -27,6 +27,7 @@ export type { AnswerStream, InvokeRequest, InvokeResponse, StreamEnd } from "./i
 export { NoRunner, contentTypeOf, outcomeOfAnswer, outcomeOfError, runFailure } from "./outcome.js";
 export type { RunOutcome } from "./outcome.js";
 export { queuedRuns } from "./queue.js";
+export { newRunId } from "./run-id.js";
 export type { QueuedRuns } from "./queue.js";
 export { RunResults } from "./results.js";
 export type { Body } from "./results.js";

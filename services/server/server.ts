@@ -43,6 +43,8 @@ export interface ServerOptions {
   bodyLimits?: ReadonlyMap<DescMethod, number>;
   /** Methods whose every REST answer carries X-Request-Id (see TranscoderOptions.requestIds). */
   requestIds?: ReadonlySet<DescMethod>;
+  /** Makes those ids (see TranscoderOptions.newRequestId). */
+  newRequestId?: () => string;
   logger: Logger;
   health: HealthState;
   /** Services whose google.api.http rules become REST routes. */
@@ -291,6 +293,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     maxBodyBytes: opts.maxBodyBytes,
     bodyLimits: opts.bodyLimits,
     requestIds: opts.requestIds,
+    newRequestId: opts.newRequestId,
     logger,
   });
 

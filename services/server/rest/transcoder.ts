@@ -84,6 +84,8 @@ export interface TranscoderOptions {
    * handed to the handler as `httpExchange(ctx).requestId`.
    */
   requestIds?: ReadonlySet<DescMethod>;
+  /** Makes those ids; default a UUIDv7 from uuid. */
+  newRequestId?: () => string;
   logger: Logger;
 }
 
@@ -179,7 +181,7 @@ async function transcode(
   const method = req.method ?? "";
   const match = pickRoute(table.match(path), method, path);
   restRoutes.set(res, match.route.label);
-  const requestId = opts.requestIds?.has(match.route.binding.method) ? v7() : undefined;
+  const requestId = opts.requestIds?.has(match.route.binding.method) ? (opts.newRequestId ?? v7)() : undefined;
   // Set before anything can fail: an error answer's headers are merged with it.
   if (requestId !== undefined) res.setHeader("x-request-id", requestId);
   const body = await readBody(req, opts.bodyLimits?.get(match.route.binding.method) ?? opts.maxBodyBytes);
