@@ -18,11 +18,12 @@ import { streams } from "../services/nats/layout.js";
 import { startNatsServer, type TestNats } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
 import { streamedAnswers } from "./streaming.js";
-import { startSkiffProcess, type SkiffProcess } from "./skiff-process.js";
+import { startSkiffProcess, waitRunHistory, type SkiffProcess } from "./skiff-process.js";
 import {
   ECHO_SERVER,
   ensureTools,
   percentile,
+  quiet,
   round,
   rssMb,
   serveNode,
@@ -42,6 +43,11 @@ export interface PipelineResults {
   sync_c1: { direct: Latency; nginx: Latency; skiff: Latency; cortex: Latency };
   sync: { direct: Latency; nginx: Latency; skiff: Latency; cortex: Latency };
   async_accept: Latency;
+  /**
+   * The same accepts on a gateway alone (a process without the runner role, on a NATS server of its own), as
+   * when runners are other processes: async_accept's process also runs every run it accepts, on the same cores.
+   */
+  async_accept_gateway: Latency;
   /** The runs accepted by async_accept, run by the same process after it: left in the queue when it ended, and how fast they went. */
   async_drain: { backlog: number; seconds: number; per_second: number };
   webhook: { p50_ms: number; p99_ms: number };
@@ -326,6 +332,13 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
     // The accepted runs are still being run: the webhook figures are taken on an idle process.
     const async_drain = await drainQueue(nats.url);
     console.log(`  the ${async_drain.backlog} runs left in the queue ran at ${async_drain.per_second}/s`);
+    await quiet(skiff.pid);
+    const alone = await acceptOnGateway(tmp, addBody, seconds);
+    errors["skiff async c=32, gateway alone"] = alone.errors;
+    const async_accept_gateway = latency(alone);
+    console.log(
+      `  skiff async c=32, gateway alone: ${async_accept_gateway.rps} req/s  p50 ${async_accept_gateway.p50_ms} ms  p99 ${async_accept_gateway.p99_ms} ms`,
+    );
 
     console.log("webhook delivery, cold starts, revocation:");
     const webhook = await webhookLatency(skiff, quick ? 50 : 200);
@@ -353,6 +366,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       sync_c1,
       sync,
       async_accept,
+      async_accept_gateway,
       async_drain,
       webhook,
       cold_start_ms,
@@ -377,6 +391,41 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
     for (const c of children) await stop(c);
     await nats?.stop();
     await rm(tmp, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Async accepts at 32 connections on a gateway alone: a skiff process with every role but the runner's, on a
+ * NATS server of its own, so that the accepted runs wait in the queue and nothing else takes the cores.
+ */
+async function acceptOnGateway(tmp: string, body: string, seconds: number): Promise<WrkResult> {
+  const nats = await startNatsServer();
+  let gateway: SkiffProcess | undefined;
+  try {
+    gateway = await startSkiffProcess({
+      natsUrl: nats.url,
+      dataDir: path.join(tmp, "data-gateway"),
+      roles: "invocation,management,webhook",
+      env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
+    });
+    await deployFolder(gateway, tmp, {
+      "skiff.toml": appToml(CORTEX, 'kind = "cortex"\nlanguage = "node"\nentry = "index.mjs"', ""),
+      "index.mjs": "export function add({ a, b }) { return a + b; }\n",
+    });
+    const job = {
+      url: `${gateway.url}/v4/${P}/${CORTEX}/add?async=true`,
+      body,
+      headers: { Authorization: `Bearer ${gateway.devToken}` },
+      status: 202,
+      connections: 32,
+    };
+    // Its run history's first start (PGlite's initdb, seconds of CPU) is over before the load, and JIT is warm.
+    await waitRunHistory(gateway, CORTEX);
+    await wrk({ ...job, seconds: 3 }, tmp);
+    return await wrk({ ...job, seconds }, tmp);
+  } finally {
+    await gateway?.stop();
+    await nats.stop();
   }
 }
 

@@ -13,7 +13,7 @@ import path from "node:path";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
 import { startSkiffProcess, waitRunHistory } from "./skiff-process.js";
-import { ECHO_SERVER, ensureTools, wrk } from "./tools.js";
+import { cpuSeconds, ECHO_SERVER, ensureTools, wrk } from "./tools.js";
 
 const kind = process.argv[2] ?? "async";
 const seconds = Number(process.argv[3] ?? 8);
@@ -74,12 +74,6 @@ try {
 } finally {
   await skiff.stop();
   await nats.stop();
-}
-
-/** CPU time (user + system) a process has used so far, from /proc. */
-async function cpuSeconds(pid: number): Promise<number> {
-  const fields = (await readFile(`/proc/${pid}/stat`, "utf8")).replace(/^.*\) /, "").split(" ");
-  return (Number(fields[11]) + Number(fields[12])) / 100;
 }
 
 interface Node {

@@ -209,6 +209,25 @@ export async function rssMb(pid: number): Promise<number> {
   return Math.round(kb / 1024);
 }
 
+/** CPU time (user + system) a process has used so far, from /proc. */
+export async function cpuSeconds(pid: number): Promise<number> {
+  const fields = (await readFile(`/proc/${pid}/stat`, "utf8")).replace(/^.*\) /, "").split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
+/**
+ * Waits (up to `maxMs`) until a process uses less than a tenth of a core over half a second: the work a load
+ * left behind (projecting its runs into the run history) is done before the next measurement.
+ */
+export async function quiet(pid: number, maxMs = 30_000): Promise<void> {
+  const deadline = Date.now() + maxMs;
+  while (Date.now() < deadline) {
+    const before = await cpuSeconds(pid);
+    await new Promise((r) => setTimeout(r, 500));
+    if ((await cpuSeconds(pid)) - before < 0.05) return;
+  }
+}
+
 export function percentile(xs: number[], p: number): number {
   const s = [...xs].sort((a, b) => a - b);
   return s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.floor(p * s.length))];
