@@ -207,6 +207,8 @@ describe("runner - scaling and replica life", () => {
     await new Promise((res) => setTimeout(res, 50));
     const crash = await call(r, "/crash").catch((e: unknown) => e);
     expect(crash).toBeInstanceOf(ReplicaCrashed);
+    // How it ended, for whoever reads the error: /crash exits with 3.
+    expect((crash as Error).message).toContain("(it ended with exit code 3)");
     expect(await other).toBeInstanceOf(ReplicaCrashed);
     const next = await call(r, "/sleep", "ms=0");
     expect(next.status).toBe(200);

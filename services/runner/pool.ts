@@ -353,7 +353,7 @@ export class AppPool {
     return new ReplicaCrashed(
       limit
         ? `replica ${r.id} of app ${this.owner} was stopped during the run: ${limit}`
-        : `replica ${r.id} of app ${this.owner} failed during the run: ${(err as Error).message}`,
+        : `replica ${r.id} of app ${this.owner} failed during the run: ${(err as Error).message}${r.endedWith ? ` (it ended with ${r.endedWith})` : ""}`,
       { cause: err },
     );
   }

@@ -57,8 +57,8 @@ export interface ReplicaSpec {
 export const CHANNEL_SOCKET = "channel.sock";
 /** How long a sandboxed replica taken out of routing gets before SIGTERM, for requests already on their way. */
 const DRAIN_SETTLE_MS = 50;
-/** What runtimes write when an allocation fails (V8's fatal OOM, Python's MemoryError, malloc). */
-const OUT_OF_MEMORY = /out of memory|MemoryError|Allocation failed|Cannot allocate memory/i;
+/** What runtimes write when an allocation fails (V8's fatal OOM, Python's MemoryError, malloc, C++'s new). */
+const OUT_OF_MEMORY = /out of memory|MemoryError|Allocation failed|Cannot allocate memory|std::bad_alloc/i;
 /** Longest Unix socket path with room for the ".new" of its binding (sun_path holds 107 bytes). */
 const MAX_SOCKET_PATH = 100;
 
@@ -177,6 +177,8 @@ export class Replica {
   private outOfMemory = false;
   /** Why the process ended on its own when a sandbox limit ended it, once it has ended. */
   limitReason: string | undefined;
+  /** How the process ended ("exit code 1", "signal SIGSEGV"), once it has. */
+  endedWith: string | undefined;
   private readonly exited: Promise<void>;
   private markExited!: () => void;
 
@@ -273,7 +275,9 @@ export class Replica {
     child.on("close", (code, signal) => {
       this.closed = true;
       this.state = "stopped";
-      if (s.sandbox) this.limitReason = this.limitHit(exitSignal(code, signal));
+      const sig = s.sandbox ? exitSignal(code, signal) : (signal ?? undefined);
+      this.endedWith = sig ? `signal ${sig}` : `exit code ${code}`;
+      if (s.sandbox) this.limitReason = this.limitHit(sig);
       this.hooks.onExit(this, code, s.sandbox ? ((exitSignal(code, signal) ?? null) as NodeJS.Signals | null) : signal);
       // Stopped means its folder is gone too, so that a caller that waited may remove what holds it.
       const socket = this.endpoint.socketPath;
