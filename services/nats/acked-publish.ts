@@ -4,7 +4,8 @@
 // object (with its stack trace) made only to cancel the finished request:
 // about 3% of the async accept path's CPU. Here every publish of a
 // connection gets its reply on `{inbox}.{n}` of one wildcard subscription,
-// and one sweep a second fails the publishes that waited too long.
+// and one sweep a second fails the publishes that waited too long. Plain
+// requests (a KV record's direct get) share the same subscription.
 import { createInbox, headers, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "nats";
 
 /** JetStream's acknowledgement of a stored message. */
@@ -42,9 +43,12 @@ const SWEEP_MS = 1_000;
 const decoder = new TextDecoder();
 
 interface Waiting {
-  resolve(ack: PubAck): void;
+  /** The answer arrived (not "no responders"). */
+  settle(msg: Msg): void;
   reject(err: Error): void;
   subject: string;
+  /** What the timeout's error names: an acknowledgement, or any answer. */
+  awaits: "acknowledgement" | "answer";
   sentAt: number;
 }
 
@@ -69,7 +73,6 @@ export class AckedPublisher {
   }
 
   publish(subject: string, data: Uint8Array, opts: PublishOptions = {}): Promise<PubAck> {
-    const token = String(++this.next);
     let h = opts.headers;
     if (opts.msgId !== undefined || opts.expectedLastSubjectSequence !== undefined) {
       h ??= headers();
@@ -78,14 +81,35 @@ export class AckedPublisher {
         h.set("Nats-Expected-Last-Subject-Sequence", String(opts.expectedLastSubjectSequence));
     }
     return new Promise<PubAck>((resolve, reject) => {
-      this.waiting.set(token, { resolve, reject, subject, sentAt: Date.now() });
-      try {
-        this.nc.publish(subject, data, { reply: `${this.inbox}.${token}`, ...(h ? { headers: h } : {}) });
-      } catch (err) {
-        this.waiting.delete(token);
-        reject(err as Error);
-      }
+      this.send(subject, data, h, {
+        settle: (msg) => settleAck(msg, subject, resolve, reject),
+        reject,
+        subject,
+        awaits: "acknowledgement",
+      });
     });
+  }
+
+  /**
+   * A request whose answer is the message itself (headers and status
+   * included); rejected with a PublishError on "no responders" or when no
+   * answer comes within the timeout.
+   */
+  request(subject: string, data: Uint8Array, h?: MsgHdrs): Promise<Msg> {
+    return new Promise<Msg>((resolve, reject) =>
+      this.send(subject, data, h, { settle: resolve, reject, subject, awaits: "answer" }),
+    );
+  }
+
+  private send(subject: string, data: Uint8Array, h: MsgHdrs | undefined, w: Omit<Waiting, "sentAt">): void {
+    const token = String(++this.next);
+    this.waiting.set(token, { ...w, sentAt: Date.now() });
+    try {
+      this.nc.publish(subject, data, { reply: `${this.inbox}.${token}`, ...(h ? { headers: h } : {}) });
+    } catch (err) {
+      this.waiting.delete(token);
+      w.reject(err as Error);
+    }
   }
 
   private answer(msg: Msg): void {
@@ -93,23 +117,13 @@ export class AckedPublisher {
     const w = this.waiting.get(token);
     if (w === undefined) return; // it timed out already
     this.waiting.delete(token);
-    // No stream listens on the subject: the server answers "no responders" (503, no payload).
+    // Nothing listens on the subject: the server answers "no responders" (503, no payload).
     if (msg.data.length === 0 && msg.headers?.code === 503) {
-      w.reject(new PublishError(`no JetStream stream takes messages on ${w.subject}`));
+      const why = w.awaits === "acknowledgement" ? " (no JetStream stream takes it)" : "";
+      w.reject(new PublishError(`nothing answers on ${w.subject}${why}`));
       return;
     }
-    try {
-      const ack = JSON.parse(decoder.decode(msg.data)) as Partial<PubAck> & {
-        error?: { code?: number; err_code?: number; description?: string };
-      };
-      if (ack.error) {
-        w.reject(
-          new PublishError(ack.error.description ?? `JetStream refused a message on ${w.subject}`, ack.error.err_code),
-        );
-      } else w.resolve({ stream: ack.stream ?? "", seq: ack.seq ?? 0, duplicate: ack.duplicate === true });
-    } catch {
-      w.reject(new PublishError(`JetStream's answer to a message on ${w.subject} is not an acknowledgement`));
-    }
+    w.settle(msg);
   }
 
   private sweep(): void {
@@ -117,7 +131,7 @@ export class AckedPublisher {
     for (const [token, w] of this.waiting) {
       if (w.sentAt > deadline) break; // in the order they were sent
       this.waiting.delete(token);
-      w.reject(new PublishError(`no acknowledgement of a message on ${w.subject} within ${this.timeoutMs} ms`));
+      w.reject(new PublishError(`no ${w.awaits} to a message on ${w.subject} within ${this.timeoutMs} ms`));
     }
   }
 
@@ -126,6 +140,22 @@ export class AckedPublisher {
     for (const w of this.waiting.values()) w.reject(err);
     this.waiting.clear();
     this.sub.unsubscribe();
+  }
+}
+
+/** JetStream's acknowledgement in `msg`, or its refusal. */
+function settleAck(msg: Msg, subject: string, resolve: (ack: PubAck) => void, reject: (err: Error) => void): void {
+  try {
+    const ack = JSON.parse(decoder.decode(msg.data)) as Partial<PubAck> & {
+      error?: { code?: number; err_code?: number; description?: string };
+    };
+    if (ack.error)
+      reject(
+        new PublishError(ack.error.description ?? `JetStream refused a message on ${subject}`, ack.error.err_code),
+      );
+    else resolve({ stream: ack.stream ?? "", seq: ack.seq ?? 0, duplicate: ack.duplicate === true });
+  } catch {
+    reject(new PublishError(`JetStream's answer to a message on ${subject} is not an acknowledgement`));
   }
 }
 
@@ -141,10 +171,23 @@ export function publishAcked(
   data: Uint8Array,
   opts?: PublishOptions,
 ): Promise<PubAck> {
+  return publisherOf(nc).publish(subject, data, opts);
+}
+
+/**
+ * A request on the connection's shared reply subscription (see
+ * AckedPublisher.request): many in flight at once, none costing a
+ * subscription entry, a timer or an error object of its own.
+ */
+export function requestPipelined(nc: NatsConnection, subject: string, data: Uint8Array): Promise<Msg> {
+  return publisherOf(nc).request(subject, data);
+}
+
+function publisherOf(nc: NatsConnection): AckedPublisher {
   let publisher = publishers.get(nc);
   if (publisher === undefined) {
     publisher = new AckedPublisher(nc, PUBLISH_TIMEOUT_MS);
     publishers.set(nc, publisher);
   }
-  return publisher.publish(subject, data, opts);
+  return publisher;
 }

@@ -11,6 +11,8 @@ export type { NatsHandle } from "./connect.js";
 export { ensureConsumer } from "./consumers.js";
 export type { ConsumerChange } from "./consumers.js";
 export { JsErrorCode, isJsError, jsErrorCode } from "./errors.js";
+export { kvGetDirect } from "./kv-direct.js";
+export type { DirectEntry } from "./kv-direct.js";
 export { KvView, followKv, jsonOf, kvKeys } from "./kv-view.js";
 export type { KvFollower } from "./kv-view.js";
 export { MAX_RUN_ATTEMPTS, RUN_RETENTION_MS, buckets, consumers, objectStores, streams, subjects } from "./layout.js";
