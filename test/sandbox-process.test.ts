@@ -3,7 +3,7 @@
 // process behind; a host where the sandbox cannot work stops skiff at start
 // with how to fix it, unless SKIFF_SANDBOX=off.
 import { spawn, type ChildProcess } from "node:child_process";
-import { cp, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { cp, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { createInterface } from "node:readline";
@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { packApp } from "../services/apps/bundle.js";
 import { skiffToml } from "./helpers/apps.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
+import { hostProcessesWith } from "./helpers/host-processes.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
 const SHUTDOWN_TIMEOUT_MS = 15_000;
@@ -59,16 +60,6 @@ async function served(s: Skiff): Promise<string> {
     if (s.child.exitCode !== null) throw new Error(`skiff exited with ${s.child.exitCode}:\n${s.output.join("\n")}`);
     await new Promise((r) => setTimeout(r, 50));
   }
-}
-
-async function hostProcessesWith(marker: string): Promise<number[]> {
-  const found: number[] = [];
-  for (const name of await readdir("/proc")) {
-    if (!/^\d+$/.test(name)) continue;
-    const cmd = await readFile(`/proc/${name}/cmdline`, "latin1").catch(() => "");
-    if (cmd.includes(marker)) found.push(Number(name));
-  }
-  return found;
 }
 
 describe("skiff's SIGTERM with a setsid orphan inside a replica", () => {

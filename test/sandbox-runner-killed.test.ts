@@ -7,13 +7,14 @@
 // slirp4netns; skipped, with the reason, on a host with neither.
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
-import { chmod, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { chmod, mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { detectCgroups } from "../services/runner/cgroups.js";
 import { bwrapPath, slirpPath } from "../services/runner/sandbox.js";
+import { hostProcessesWith } from "./helpers/host-processes.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
 const SANDBOX = path.join(ROOT, "services/runner/sandbox.ts");
@@ -57,17 +58,6 @@ setInterval(() => {}, 1 << 30);
 let tmp: string;
 const runners: ChildProcess[] = [];
 
-/** Host pids of the processes whose command line names `dir` (bwrap's does: it binds it). */
-async function processesOf(dir: string): Promise<number[]> {
-  const found: number[] = [];
-  for (const entry of await readdir("/proc")) {
-    if (!/^\d+$/.test(entry)) continue;
-    const cmdline = await readFile(`/proc/${entry}/cmdline`, "utf8").catch(() => "");
-    if (cmdline.includes(dir)) found.push(Number(entry));
-  }
-  return found;
-}
-
 /** Runs a runner to its SIGKILL; the app folder it used. */
 async function killedRunner(mode: "starting" | "running"): Promise<string> {
   const dir = await mkdtemp(path.join(tmp, `${mode}-`));
@@ -88,11 +78,11 @@ async function killedRunner(mode: "starting" | "running"): Promise<string> {
 /** Waits up to 5 s for the processes of `dir` to be gone; those left. */
 async function leftOf(dir: string): Promise<number[]> {
   for (let i = 0; i < 100; i++) {
-    const left = await processesOf(dir);
+    const left = await hostProcessesWith(dir);
     if (left.length === 0) return left;
     await sleep(50);
   }
-  return processesOf(dir);
+  return hostProcessesWith(dir);
 }
 
 describe.skipIf(skip !== undefined)("a runner killed while its sandbox starts", () => {
@@ -101,7 +91,7 @@ describe.skipIf(skip !== undefined)("a runner killed while its sandbox starts", 
   });
   afterAll(async () => {
     for (const r of runners) if (r.exitCode === null && r.signalCode === null) r.kill("SIGKILL");
-    for (const pid of await processesOf(tmp)) process.kill(pid, "SIGKILL");
+    for (const pid of await hostProcessesWith(tmp)) process.kill(pid, "SIGKILL");
     await rm(tmp, { recursive: true, force: true });
   });
 

@@ -17,6 +17,7 @@ import { Runner } from "../services/runner/runner.js";
 import { DEFAULT_SANDBOX_LIMITS, projectUid, type SandboxOptions } from "../services/runner/sandbox.js";
 import { skiffToml, type CortexRuntime } from "./helpers/apps.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
+import { hostProcessesWith } from "./helpers/host-processes.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
 const SANDBOX: SandboxOptions = {
@@ -63,17 +64,6 @@ async function call(project: string, app: string, fn: string, body: unknown = {}
 
 const py = (fn: string, body: unknown = {}) => call("p-intruder", "intruder", fn, body);
 const node = (fn: string, body: unknown = {}) => call("p-intruder-node", "intruder-node", fn, body);
-
-/** Host processes whose command line contains `marker`. */
-async function hostProcessesWith(marker: string): Promise<number[]> {
-  const found: number[] = [];
-  for (const name of await readdir("/proc")) {
-    if (!/^\d+$/.test(name)) continue;
-    const cmd = await readFile(`/proc/${name}/cmdline`, "latin1").catch(() => "");
-    if (cmd.includes(marker)) found.push(Number(name));
-  }
-  return found;
-}
 
 beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-sandbox-"));
