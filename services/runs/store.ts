@@ -13,7 +13,7 @@
 // and a cancel racing a completion all end in one final state, decided by
 // whichever write lands first.
 import { headers, type KV, type KvEntry, type NatsConnection } from "nats";
-import { JsErrorCode, buckets, isJsError, kvGetDirect, publishAcked } from "../nats/index.js";
+import { JsErrorCode, buckets, isJsError, kvGetLatest, publishAcked } from "../nats/index.js";
 
 import { isFinal, type RunStatus } from "./status.js";
 
@@ -103,13 +103,10 @@ export class RunStore {
     readonly kv: KV,
     /** The connection its writes go out on (and their events with them, in order). */
     readonly nc: NatsConnection,
-    /** The bucket allows direct gets (nats.js makes buckets so from nats-server 2.9 on): reads skip kv.get. */
-    private readonly direct = false,
   ) {}
 
   static async open(nc: NatsConnection): Promise<RunStore> {
-    const kv = await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true });
-    return new RunStore(kv, nc, (await kv.status()).streamInfo.config.allow_direct === true);
+    return new RunStore(await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true }), nc);
   }
 
   async get(
@@ -118,7 +115,8 @@ export class RunStore {
     runId: string,
   ): Promise<{ record: RunRecord; revision: number } | undefined> {
     const key = runKey(projectId, appName, runId);
-    const entry = this.direct ? await kvGetDirect(this.nc, buckets.runs.name, key) : await this.kv.get(key);
+    // From the stream's leader, as kv.get() does on this binding (never a replica's stale copy: see kv-get.ts).
+    const entry = await kvGetLatest(this.nc, buckets.runs.name, key);
     const record = entry ? decodeRunRecord(entry) : undefined;
     return record && entry ? { record, revision: entry.revision } : undefined;
   }
