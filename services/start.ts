@@ -314,8 +314,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       // An app bundle may be larger than an ordinary request body.
       bodyLimits: new Map([[ManagementService.method.deployApp, Math.max(config.maxBodyBytes, config.maxBundleBytes)]]),
       // Every answer to an invocation carries X-Request-Id, refusals included.
-      requestIds: new Set([InvocationService.method.run]),
-      newRequestId: newRunId,
+      requestIds: { methods: new Set([InvocationService.method.run]), make: newRunId },
       logger,
       health,
       restServices: rpc.map(({ service }) => service),

@@ -5,7 +5,8 @@
 // about 3% of the async accept path's CPU. Here every publish of a
 // connection gets its reply on `{inbox}.{n}` of one wildcard subscription,
 // and one sweep a second fails the publishes that waited too long. Plain
-// requests (a KV record's direct get) share the same subscription.
+// requests (a KV record read from its stream's leader, kv-get.ts) share the
+// same subscription.
 import { createInbox, headers, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "nats";
 
 /** JetStream's acknowledgement of a stored message. */

@@ -275,10 +275,11 @@ export class Replica {
     child.on("close", (code, signal) => {
       this.closed = true;
       this.state = "stopped";
-      const sig = s.sandbox ? exitSignal(code, signal) : (signal ?? undefined);
+      // A sandbox's signal comes as bwrap's exit code 128 + n.
+      const sig = s.sandbox ? ((exitSignal(code, signal) ?? null) as NodeJS.Signals | null) : signal;
       this.endedWith = sig ? `signal ${sig}` : `exit code ${code}`;
-      if (s.sandbox) this.limitReason = this.limitHit(sig);
-      this.hooks.onExit(this, code, s.sandbox ? ((exitSignal(code, signal) ?? null) as NodeJS.Signals | null) : signal);
+      if (s.sandbox) this.limitReason = this.limitHit(sig ?? undefined);
+      this.hooks.onExit(this, code, sig);
       // Stopped means its folder is gone too, so that a caller that waited may remove what holds it.
       const socket = this.endpoint.socketPath;
       const removeSocket = socket && path.dirname(socket) !== s.workDir ? rm(socket, { force: true }) : undefined;

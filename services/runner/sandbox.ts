@@ -288,6 +288,8 @@ export interface SandboxSpec {
   network?: SandboxNetwork;
 }
 
+/** The exit status of a sandbox whose runner was gone before it released it. */
+const GATE_CLOSED = 125;
 /**
  * What runs the command once the sandbox is released: a line on the gate fd
  * lets it run; the end of the fd with no line (the runner died before it
@@ -297,8 +299,6 @@ export interface SandboxSpec {
  * and no runner.
  */
 const gateScript = (fd: number) => `read -r go <&${fd} || exit ${GATE_CLOSED}; exec ${fd}<&-; exec "$@"`;
-/** The exit status of a sandbox whose runner was gone before it released it. */
-export const GATE_CLOSED = 125;
 
 /**
  * The bwrap command line for a spec; the info fd is the one after the passed

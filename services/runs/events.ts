@@ -59,8 +59,9 @@ export function recordOfEvent(h: MsgHdrs | undefined): RunRecord | undefined {
 
 /**
  * Publishes the event of the record's current state; resolves once JetStream
- * stored it (a terminal one deduplicated by its message id). The terminal event of a run that named a webhook also goes to
- * the webhook role's own subject (SKIFF_WEBHOOKS).
+ * stored it (a terminal one deduplicated by its message id). The terminal
+ * event of a run that named a webhook also goes to the webhook role's own
+ * subject (SKIFF_WEBHOOKS).
  */
 export async function publishRunEvent(nc: NatsConnection, record: RunRecord, response?: EventResponse): Promise<void> {
   const bytes = eventBytes(record, response);

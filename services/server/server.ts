@@ -29,7 +29,7 @@ import type { HealthState } from "./health.js";
 import { answerUnimplemented, isGrpcRequest, minimalGrpcMessages } from "./grpc-status.js";
 import { reflectionRoutes } from "./reflection.js";
 import { isApiPath, type StaticHandler } from "./static-files.js";
-import { createTranscoder, restRouteOf, type NodeHandler } from "./rest/transcoder.js";
+import { createTranscoder, restRouteOf, type NodeHandler, type RequestIds } from "./rest/transcoder.js";
 import { METRICS_CONTENT_TYPE, type Metrics } from "../metrics/index.js";
 
 type NodeRequest = Parameters<NodeHandler>[0];
@@ -42,9 +42,7 @@ export interface ServerOptions {
   /** Methods that take larger bodies than maxBodyBytes (an app bundle), on every protocol. */
   bodyLimits?: ReadonlyMap<DescMethod, number>;
   /** Methods whose every REST answer carries X-Request-Id (see TranscoderOptions.requestIds). */
-  requestIds?: ReadonlySet<DescMethod>;
-  /** Makes those ids (see TranscoderOptions.newRequestId). */
-  newRequestId?: () => string;
+  requestIds?: RequestIds;
   logger: Logger;
   health: HealthState;
   /** Services whose google.api.http rules become REST routes. */
@@ -293,7 +291,6 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     maxBodyBytes: opts.maxBodyBytes,
     bodyLimits: opts.bodyLimits,
     requestIds: opts.requestIds,
-    newRequestId: opts.newRequestId,
     logger,
   });
 

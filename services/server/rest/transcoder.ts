@@ -51,7 +51,6 @@ import {
 } from "@connectrpc/connect";
 import { invokeUnaryImplementation } from "@connectrpc/connect/protocol";
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
-import { v7 } from "uuid";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
 import { isRestExchangeHeader, isRpcExchangeResponseHeader } from "../headers.js";
 import { kHttpExchange, type HttpExchange, type StreamedBody } from "./http-exchange.js";
@@ -83,10 +82,14 @@ export interface TranscoderOptions {
    * carries `X-Request-Id`: the id is made as soon as the route is known and
    * handed to the handler as `httpExchange(ctx).requestId`.
    */
-  requestIds?: ReadonlySet<DescMethod>;
-  /** Makes those ids; default a UUIDv7 from uuid. */
-  newRequestId?: () => string;
+  requestIds?: RequestIds;
   logger: Logger;
+}
+
+/** The methods whose REST answers carry `X-Request-Id`, and what makes the ids (the run id's maker: one id for both). */
+export interface RequestIds {
+  methods: ReadonlySet<DescMethod>;
+  make(): string;
 }
 
 const HTTP_BODY = "google.api.HttpBody";
@@ -181,7 +184,7 @@ async function transcode(
   const method = req.method ?? "";
   const match = pickRoute(table.match(path), method, path);
   restRoutes.set(res, match.route.label);
-  const requestId = opts.requestIds?.has(match.route.binding.method) ? (opts.newRequestId ?? v7)() : undefined;
+  const requestId = opts.requestIds?.methods.has(match.route.binding.method) ? opts.requestIds.make() : undefined;
   // Set before anything can fail: an error answer's headers are merged with it.
   if (requestId !== undefined) res.setHeader("x-request-id", requestId);
   const body = await readBody(req, opts.bodyLimits?.get(match.route.binding.method) ?? opts.maxBodyBytes);
