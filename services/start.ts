@@ -92,6 +92,7 @@ const ROLES: Record<Role, RoleSpec> = {
         deployments: shared.deployments!,
         runs: await shared.runs(),
         runAckWaitMs: config.runAckWaitMs,
+        finalRecordKeepMs: config.finalRecordKeepMs,
       });
       shared.runner = runnerRole.runner;
       const registry = await shared.registry();

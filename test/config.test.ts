@@ -44,6 +44,7 @@ describe("config", () => {
       resultTtlSeconds: 86_400,
       maxQueuedRuns: 10_000,
       runAckWaitMs: 30_000,
+      finalRecordKeepMs: 60_000,
       sandbox: "on",
       replicaMemoryMb: 2048,
       replicaPids: 512,

@@ -3,7 +3,7 @@ import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { connect, nanos, RetentionPolicy, StorageType, StringCodec, type NatsConnection } from "nats";
-import { pino } from "pino";
+import { capturingLogger } from "./helpers/logs.js";
 import { afterEach, beforeEach, describe, expect, test } from "vitest";
 import { silentLogger } from "../services/config/logger.js";
 import { buckets, objectStores, streams } from "../services/nats/layout.js";
@@ -67,12 +67,6 @@ function isRunning(pid: number): boolean {
   }
 }
 
-function capturingLogger() {
-  const lines: { level: number; msg: string }[] = [];
-  const logger = pino({ level: "debug" }, { write: (s: string) => void lines.push(JSON.parse(s)) });
-  return { logger, lines };
-}
-
 async function streamNames(nc: NatsConnection): Promise<string[]> {
   const jsm = await nc.jetstreamManager();
   const names: string[] = [];
@@ -126,6 +120,15 @@ describe("nats - provision", () => {
       await os.putBlob({ name: "o" }, sc.encode(spec.name));
       expect(sc.decode((await os.getBlob("o"))!)).toBe(spec.name);
     }
+  });
+
+  test("results kept longer than a week keep the events as long (GetRun reads an ended run's result from its event)", async () => {
+    const nc = await client(nats.url);
+    const jsm = await nc.jetstreamManager();
+    await provision(nc, silentLogger, { resultTtlSeconds: 30 * 86_400 });
+    expect((await jsm.streams.info(streams.events.name)).config.max_age).toBe(nanos(30 * 86_400_000));
+    await provision(nc, silentLogger, { resultTtlSeconds: 86_400 });
+    expect((await jsm.streams.info(streams.events.name)).config.max_age).toBe(nanos(streams.events.maxAgeMs));
   });
 
   test("provision is idempotent and safe with five concurrent provisioners", async () => {

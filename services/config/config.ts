@@ -83,6 +83,8 @@ export interface Config {
   maxQueuedRuns: number;
   /** Ack deadline of the async run queue's consumers; a lost runner's run is retried after it. */
   runAckWaitMs: number;
+  /** How long an async run's final record stays in KV after its queue message was acked (twice runAckWaitMs at least). */
+  finalRecordKeepMs: number;
   /** "on": apps and deploy-time steps run in a bubblewrap sandbox (skiff refuses to start without one); "off": unconfined. */
   sandbox: "on" | "off";
   /** Path of bubblewrap's `bwrap`; undefined: the first of the usual places that has one. */
@@ -500,6 +502,13 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: "30000",
     doc: "How long a runner may go silent on an async run before the run is given to another runner (runners check in every third of it); at most 3 attempts in all.",
     parse: integer(1000, 10 * 60_000),
+  },
+  {
+    key: "finalRecordKeepMs",
+    env: "SKIFF_FINAL_RECORD_KEEP_MS",
+    fallback: "60000",
+    doc: "How long an ended async run's record stays in KV `skiff-runs` after its runner acked the run (twice SKIFF_RUN_ACK_WAIT_MS at least); then GetRun reads the run from the run history and its result from the run's final event, and NATS holds nothing for it.",
+    parse: integer(0, 24 * 60 * 60_000),
   },
   {
     key: "sandbox",

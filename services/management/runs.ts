@@ -1,7 +1,8 @@
 // The run methods of ManagementService: ListRuns (newest first, a page read
 // from the run history's index, so it costs the same however many runs are
 // stored), GetRun (an async run's record from KV while it has one, with its
-// result while kept, else the history's; and its webhook deliveries),
+// result while kept, else the history's, with the result from the run's
+// terminal event; and its webhook deliveries),
 // CancelRun and WatchRuns (the changes of a project's runs from now on: the
 // run events, headers only, from now on). It also
 // sweeps expired results from object store `skiff-results` once an hour, and
@@ -36,6 +37,7 @@ import {
   type RunRecord,
   type RunStatus,
   runMessage,
+  type Body,
 } from "../runs/index.js";
 import { listDeliveries, redeliver, RedeliveryError } from "../webhook/index.js";
 
@@ -74,6 +76,12 @@ export interface RunApi {
   /** The run history, once open (it opens in the background: start-up never waits for it). */
   history(): Promise<RunHistory>;
   close(): Promise<void>;
+}
+
+/** A run found, with its result read on demand. */
+interface FoundRun {
+  record: RunRecord;
+  result(): Promise<Body | undefined>;
 }
 
 function names(projectId: string, appName: string, runId?: string): void {
@@ -122,13 +130,20 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   // Sync runs left `running` by a gateway that died: failed once it is seen gone (runs/stale-sync.ts).
   const staleSync = sweepStaleSyncRuns({ nc, history: () => opening, logger });
 
-  /** The run: an async run's KV record while it has one, else (sync runs, older async ones) the history's. */
-  async function lookUp(projectId: string, appName: string, runId: string): Promise<RunRecord | undefined> {
+  /**
+   * The run, and how to read its result: an async run's KV record while it
+   * has one (the result kept in it), else the history's row (sync runs, and
+   * async ones ended over a minute ago, whose result is read from their
+   * terminal event).
+   */
+  async function lookUp(projectId: string, appName: string, runId: string): Promise<FoundRun | undefined> {
     const cur = await runs.get(projectId, appName, runId);
-    return cur ? cur.record : (await history()).get(projectId, appName, runId);
+    if (cur) return { record: cur.record, result: () => results.read(cur.record) };
+    const row = await (await history()).find(projectId, appName, runId);
+    return row && { record: row.record, result: () => results.readFromEvent(row.record, row.eventSeq) };
   }
 
-  async function findRecord(projectId: string, appName: string, runId: string): Promise<RunRecord> {
+  async function findRun(projectId: string, appName: string, runId: string): Promise<FoundRun> {
     names(projectId, appName, runId);
     let found = await lookUp(projectId, appName, runId);
     // A run that ended a moment ago may not be in the history yet (its event is projected within milliseconds).
@@ -142,6 +157,9 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     if (!found) throw new ConnectError(`run ${runId} not found in app ${appName}`, Code.NotFound);
     return found;
   }
+
+  const findRecord = async (projectId: string, appName: string, runId: string): Promise<RunRecord> =>
+    (await findRun(projectId, appName, runId)).record;
 
   /**
    * Sets a run `cancelled` unless it is final; publishes the event when this
@@ -169,7 +187,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   async function settled(record: RunRecord): Promise<RunRecord> {
     const end = Date.now() + CANCEL_SETTLE_MS;
     for (;;) {
-      const cur = (await lookUp(record.project_id, record.app_name, record.run_id)) ?? record;
+      const cur = (await lookUp(record.project_id, record.app_name, record.run_id))?.record ?? record;
       if (isFinal(cur.status) || Date.now() > end) return cur;
       await new Promise((res) => setTimeout(res, 20));
     }
@@ -221,8 +239,8 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       };
     },
     async getRun(req) {
-      const record = await findRecord(req.projectId, req.appName, req.runId);
-      const run = runMessage(record, await results.read(record));
+      const { record, result } = await findRun(req.projectId, req.appName, req.runId);
+      const run = runMessage(record, await result());
       run.webhookDeliveries = await listDeliveries(nc, record.run_id);
       return { run };
     },

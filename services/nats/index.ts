@@ -11,9 +11,18 @@ export type { NatsHandle } from "./connect.js";
 export { ensureConsumer } from "./consumers.js";
 export type { ConsumerChange } from "./consumers.js";
 export { JsErrorCode, isJsError, jsErrorCode } from "./errors.js";
-export { kvGetLatest } from "./kv-get.js";
-export type { KvGetEntry } from "./kv-get.js";
+export { kvGetLatest, kvPurgeKey, streamMessage } from "./kv-get.js";
+export type { KvGetEntry, StoredMessage } from "./kv-get.js";
 export { KvView, followKv, jsonOf, kvKeys } from "./kv-view.js";
 export type { KvFollower } from "./kv-view.js";
-export { MAX_RUN_ATTEMPTS, RUN_RETENTION_MS, buckets, consumers, objectStores, streams, subjects } from "./layout.js";
+export {
+  MAX_RUN_ATTEMPTS,
+  RUN_RETENTION_MS,
+  buckets,
+  eventsMaxAgeMs,
+  consumers,
+  objectStores,
+  streams,
+  subjects,
+} from "./layout.js";
 export type { ConsumerSpec } from "./layout.js";

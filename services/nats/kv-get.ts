@@ -9,6 +9,11 @@
 // get: on a cluster any replica answers those, one still catching up
 // included, and a runner that read a run's record stale left the run
 // `queued` for good (the fault suite's rolling restart).
+//
+// And one KV key taken out of its bucket whole (kvPurgeKey): every revision
+// removed by a stream purge filtered on the key's subject, which leaves no
+// marker, so the server keeps nothing for the key (kv.purge() writes a
+// marker that keeps the subject, and its memory, until the bucket's age).
 import type { NatsConnection } from "nats";
 import { PublishError, requestPipelined } from "./acked-publish.js";
 
@@ -29,26 +34,71 @@ const NO_MESSAGE = 10037;
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
-/** The latest entry of `key` in `bucket`; undefined when it has none. */
-export async function kvGetLatest(nc: NatsConnection, bucket: string, key: string): Promise<KvGetEntry | undefined> {
-  const request = encoder.encode(JSON.stringify({ last_by_subj: `$KV.${bucket}.${key}` }));
-  const msg = await requestPipelined(nc, `$JS.API.STREAM.MSG.GET.KV_${bucket}`, request);
+/** A message of a stream as its leader gave it. */
+export interface StoredMessage {
+  seq: number;
+  /** The headers as sent (NATS/1.0 header block), latin1; "" when none. */
+  headers: string;
+  data: Uint8Array;
+}
+
+/** One message of `stream` read by the leader: by sequence, or the last on a subject; undefined when there is none. */
+export async function streamMessage(
+  nc: NatsConnection,
+  stream: string,
+  which: { seq: number } | { last_by_subj: string },
+  /** What errors call it; default the message's sequence or subject and the stream. */
+  what = "seq" in which ? `message ${which.seq} of ${stream}` : `${which.last_by_subj} in ${stream}`,
+): Promise<StoredMessage | undefined> {
+  const msg = await requestPipelined(nc, `$JS.API.STREAM.MSG.GET.${stream}`, encoder.encode(JSON.stringify(which)));
   let answer: MsgGetAnswer;
   try {
     answer = JSON.parse(decoder.decode(msg.data)) as MsgGetAnswer;
   } catch {
-    throw new PublishError(`cannot read ${key} of KV ${bucket}: JetStream's answer is not JSON`);
+    throw new PublishError(`cannot read ${what}: JetStream's answer is not JSON`);
   }
   if (answer.error?.err_code === NO_MESSAGE) return undefined;
   const m = answer.message;
   if (answer.error || !m || !Number.isSafeInteger(m.seq) || m.seq! <= 0)
     throw new PublishError(
-      `cannot read ${key} of KV ${bucket}: ${answer.error?.description ?? "no message in JetStream's answer"}`,
+      `cannot read ${what}: ${answer.error?.description ?? "no message in JetStream's answer"}`,
       answer.error?.err_code,
     );
-  const op = m.hdrs
-    ? /^KV-Operation:\s*(DEL|PURGE)\s*$/im.exec(Buffer.from(m.hdrs, "base64").toString("latin1"))
-    : null;
-  const value = m.data ? Buffer.from(m.data, "base64") : new Uint8Array(0);
-  return { value, revision: m.seq!, operation: op ? (op[1].toUpperCase() as "DEL" | "PURGE") : "PUT" };
+  return {
+    seq: m.seq!,
+    headers: m.hdrs ? Buffer.from(m.hdrs, "base64").toString("latin1") : "",
+    data: m.data ? Buffer.from(m.data, "base64") : new Uint8Array(0),
+  };
+}
+
+/** The latest entry of `key` in `bucket`; undefined when it has none. */
+export async function kvGetLatest(nc: NatsConnection, bucket: string, key: string): Promise<KvGetEntry | undefined> {
+  const m = await streamMessage(nc, `KV_${bucket}`, { last_by_subj: `$KV.${bucket}.${key}` }, `${key} of KV ${bucket}`);
+  if (!m) return undefined;
+  const op = /^KV-Operation:\s*(DEL|PURGE)\s*$/im.exec(m.headers);
+  return { value: m.data, revision: m.seq, operation: op ? (op[1].toUpperCase() as "DEL" | "PURGE") : "PUT" };
+}
+
+interface PurgeAnswer {
+  success?: boolean;
+  purged?: number;
+  error?: { code?: number; err_code?: number; description?: string };
+}
+
+/** Removes every revision of `key` from `bucket`, leaving no marker; resolves with how many messages went. */
+export async function kvPurgeKey(nc: NatsConnection, bucket: string, key: string): Promise<number> {
+  const request = encoder.encode(JSON.stringify({ filter: `$KV.${bucket}.${key}` }));
+  const msg = await requestPipelined(nc, `$JS.API.STREAM.PURGE.KV_${bucket}`, request);
+  let answer: PurgeAnswer;
+  try {
+    answer = JSON.parse(decoder.decode(msg.data)) as PurgeAnswer;
+  } catch {
+    throw new PublishError(`cannot purge ${key} of KV ${bucket}: JetStream's answer is not JSON`);
+  }
+  if (answer.error || answer.success !== true)
+    throw new PublishError(
+      `cannot purge ${key} of KV ${bucket}: ${answer.error?.description ?? "JetStream did not say it was done"}`,
+      answer.error?.err_code,
+    );
+  return answer.purged ?? 0;
 }

@@ -156,14 +156,21 @@ export const consumers = {
 export const RUN_RETENTION_MS = 30 * DAY_MS;
 
 /**
- * How long KV `skiff-runs` keeps an async run's record after its last write:
- * the run history holds every run for RUN_RETENTION_MS, so NATS holds only
- * recent ones (a subject per record costs the server memory). At least two
- * days (a run may wait, then run 12 h), and a day more than results are kept
- * (an async run's result is in its record).
+ * How long KV `skiff-runs` keeps an async run's record after its last write,
+ * when nothing took it out before: a runner purges a run's record a minute
+ * after the run ended (runs/record-purge.ts), so the age only bounds records
+ * whose purge was lost (their runner died). Two days: a run may wait, then
+ * run 12 h.
  */
-export function runRecordTtlMs(resultTtlSeconds: number): number {
-  return Math.max(2 * DAY_MS, resultTtlSeconds * 1000 + DAY_MS);
+export const RUN_RECORD_TTL_MS = 2 * DAY_MS;
+
+/**
+ * How long SKIFF_EVENTS keeps events: a week, or longer when results are
+ * kept longer (SKIFF_RESULT_TTL), since GetRun reads an ended async run's
+ * result from its terminal event.
+ */
+export function eventsMaxAgeMs(resultTtlSeconds: number): number {
+  return Math.max(streams.events.maxAgeMs, resultTtlSeconds * 1000);
 }
 
 export interface BucketSpec {
@@ -198,7 +205,7 @@ export const buckets = {
   apps: { name: "skiff-apps", ttlMs: 0, history: 5, description: "apps, their config and deployments" },
   runs: {
     name: "skiff-runs",
-    ttlMs: runRecordTtlMs(24 * 60 * 60),
+    ttlMs: RUN_RECORD_TTL_MS,
     history: REWRITTEN_HISTORY,
     description: "async run records",
   },

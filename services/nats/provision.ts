@@ -20,7 +20,7 @@ import { JsErrorCode, NatsProvisionError, isJsError, jsErrorCode, messageOf } fr
 import {
   buckets,
   objectStores,
-  runRecordTtlMs,
+  eventsMaxAgeMs,
   streams,
   type BucketSpec,
   type ObjectStoreSpec,
@@ -60,7 +60,7 @@ export interface ProvisionOptions {
    * existing one is scaled to it. Default 1.
    */
   replicas?: number;
-  /** SKIFF_RESULT_TTL, which KV `skiff-runs` keeps records beyond (runRecordTtlMs); default a day. */
+  /** SKIFF_RESULT_TTL, which SKIFF_EVENTS keeps events at least as long as (eventsMaxAgeMs); default a day. */
   resultTtlSeconds?: number;
 }
 
@@ -70,16 +70,16 @@ export async function provision(nc: NatsConnection, logger: Logger, opts: Provis
   const jsm = await nc.jetstreamManager({ timeout: PROVISION_TIMEOUT_MS });
   const js = nc.jetstream({ timeout: PROVISION_TIMEOUT_MS });
   const targets = [
-    ...Object.values(streams).map((spec) => streamTarget(jsm, spec, replicas)),
-    ...Object.values(buckets).map((spec) =>
-      bucketTarget(
-        js,
-        spec === buckets.runs && opts.resultTtlSeconds !== undefined
-          ? { ...spec, ttlMs: runRecordTtlMs(opts.resultTtlSeconds) }
+    ...Object.values(streams).map((spec) =>
+      streamTarget(
+        jsm,
+        spec === streams.events && opts.resultTtlSeconds !== undefined
+          ? { ...spec, maxAgeMs: eventsMaxAgeMs(opts.resultTtlSeconds) }
           : spec,
         replicas,
       ),
     ),
+    ...Object.values(buckets).map((spec) => bucketTarget(js, spec, replicas)),
     ...Object.values(objectStores).map((spec) => objectStoreTarget(js, spec, replicas)),
   ];
   await Promise.all(targets.map((target) => ensureWithRetries(jsm, target, logger)));

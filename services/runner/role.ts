@@ -35,6 +35,8 @@ export interface RunnerRoleOptions {
   runs: RunContext;
   /** SKIFF_RUN_ACK_WAIT_MS: ack deadline of the run consumers. */
   runAckWaitMs: number;
+  /** SKIFF_FINAL_RECORD_KEEP_MS (default FINAL_RECORD_KEPT_MS): how long a final record stays in KV once acked. */
+  finalRecordKeepMs?: number;
   /** Tuning of the Runner (timeouts, queue limits). */
   runnerOptions?: Omit<RunnerOptions, "workDir" | "logger" | "onLog" | "onReplicaChange">;
   /** How often replicas are re-published to KV (default a third of the bucket's TTL). */
@@ -173,6 +175,7 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     runs: opts.runs,
     logger,
     ackWaitMs: opts.runAckWaitMs,
+    finalRecordKeepMs: opts.finalRecordKeepMs,
   }).catch(async (err: unknown) => {
     await stopDeploying();
     throw err;

@@ -7,7 +7,7 @@
 import type { NatsConnection } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import type { RunContext } from "../runs/index.js";
+import { FINAL_RECORD_KEPT_MS, FinalRecordPurger, type RunContext } from "../runs/index.js";
 import { followDeployedApps } from "./deployed-apps.js";
 import { SyncDispatch } from "./dispatch.js";
 import { followLostRuns } from "./run-advisories.js";
@@ -23,6 +23,8 @@ export interface RunIntakeOptions {
   logger: Logger;
   /** SKIFF_RUN_ACK_WAIT_MS. */
   ackWaitMs: number;
+  /** How long a final record stays in KV once its message was acked; twice ackWaitMs at least. */
+  finalRecordKeepMs?: number;
 }
 
 export interface RunIntake {
@@ -32,6 +34,12 @@ export interface RunIntake {
 
 export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake> {
   const { nc, runner, registry, runs, logger } = opts;
+  // A final record stays past any redelivery of its acked message (record-purge.ts).
+  const purger = new FinalRecordPurger(
+    runs.store,
+    logger,
+    Math.max(opts.finalRecordKeepMs ?? FINAL_RECORD_KEPT_MS, 2 * opts.ackWaitMs),
+  );
   const dispatch = new SyncDispatch({ nc, runner, transfer: runs.transfer, control: runs.control, logger });
   const worker = new RunWorker({
     js: nc.jetstream(),
@@ -44,6 +52,7 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
     control: runs.control,
     logger,
     ackWaitMs: opts.ackWaitMs,
+    purger,
   });
   const lost = await followLostRuns(nc, runs.store, runs.transfer, logger, opts.ackWaitMs);
   const websockets = new WebSocketDispatch({ nc, runner, logger });
@@ -64,6 +73,7 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
       stopFollowing();
       lost.stop();
       await Promise.all([websockets.close(), dispatch.close(), worker.close()]);
+      purger.close();
     },
   };
 }

@@ -14,7 +14,8 @@
 // queued, or finished by an earlier attempt whose ack was lost) is acked
 // without running, after publishing the terminal event again (deduplicated
 // by its message id): that attempt's runner may have died between the final
-// record and the event.
+// record and the event. The message of a final run is acked with a confirmed
+// ack, after which the record leaves KV a minute later (runs/record-purge.ts).
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
@@ -37,6 +38,8 @@ import {
   Cancelled,
   Overloaded,
   type InvokeRequest,
+  type FinalRecordPurger,
+  type RunRecord,
 } from "../runs/index.js";
 import type { AppRef } from "./deployed-apps.js";
 import type { Runner } from "./runner.js";
@@ -57,6 +60,8 @@ export interface WorkerDeps extends FinishDeps {
   control: RunControl;
   /** Ack deadline of the run consumers; the last runner to start sets it. */
   ackWaitMs: number;
+  /** Takes the records of runs acked final out of KV; none: they stay for the bucket's age. */
+  purger?: FinalRecordPurger;
 }
 
 /** Put back for another runner: this one cannot run it now (shutting down, app gone from here). */
@@ -185,7 +190,7 @@ export class RunWorker {
       if (isFinal(cur.record.status)) {
         // An earlier attempt finished it; its runner may have died before publishing the event.
         await republishFinal(deps.runs, cur.record);
-        return msg.ack();
+        return this.ackFinal(msg, cur.record);
       }
       // JetStream's delivery count is not an attempt count: a delivery to a
       // runner that died can be taken back uncounted (seen with nats-server
@@ -208,14 +213,14 @@ export class RunWorker {
               runner: deps.control.id,
             },
       );
-      if (!running) return msg.ack();
+      if (!running) return this.ackFinal(msg, cur.record);
       await publishRunEvent(deps.runs.nc, running.record);
       const controller = new AbortController();
       const done = this.invoke(queue, req, controller.signal).then((outcome) => finishAsync(deps, running, outcome));
       deps.control.track(runId, controller, done);
       await done;
       await deps.transfer.drop(requestMeta(msg.data).body_object);
-      msg.ack();
+      this.ackFinal(msg, running.record);
     } catch (err) {
       if (!(err instanceof Requeue))
         deps.logger.warn(
@@ -226,6 +231,21 @@ export class RunWorker {
     } finally {
       clearInterval(heartbeat);
     }
+  }
+
+  /**
+   * Acks the message of a run whose record is final; once the server has
+   * confirmed the ack (the message is gone from the queue), the record is
+   * due for its purge. An ack that is not confirmed leaves the record to the
+   * bucket's age.
+   */
+  private ackFinal(msg: JsMsg, run: Pick<RunRecord, "project_id" | "app_name" | "run_id">): void {
+    const purger = this.deps.purger;
+    if (!purger) return msg.ack();
+    msg.ackAck().then(
+      (confirmed) => confirmed && purger.schedule(run),
+      () => undefined,
+    );
   }
 
   /** The run's outcome; a full app is waited for (the message stays ours through working()). */

@@ -29,6 +29,7 @@ export type { RunOutcome } from "./outcome.js";
 export { queuedRuns } from "./queue.js";
 export { newRunId } from "./run-id.js";
 export type { QueuedRuns } from "./queue.js";
+export { FINAL_RECORD_KEPT_MS, FinalRecordPurger } from "./record-purge.js";
 export { RunResults } from "./results.js";
 export type { Body } from "./results.js";
 export { STALE_SYNC_CONFIRM_MS, STALE_SYNC_EVERY_MS, sweepStaleSyncRuns } from "./stale-sync.js";

@@ -9,10 +9,16 @@
 //     event, else the same `skiff-results` object, named by `response_object`.
 //     Such an object is kept at least as long as SKIFF_EVENTS keeps events,
 //     so a webhook redelivery can still read it.
+//   - Once an async run's record has left KV (runs/record-purge.ts), GetRun
+//     reads the result from the run's terminal event (readFromEvent), which
+//     SKIFF_EVENTS keeps at least as long as SKIFF_RESULT_TTL (eventsMaxAgeMs).
+import { fromBinary } from "@bufbuild/protobuf";
 import type { JetStreamClient, NatsConnection, ObjectStore } from "nats";
+import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import { eventResponseLimit, type EventResponse } from "./events.js";
 import type { Logger } from "../config/index.js";
-import { objectStores, streams } from "../nats/index.js";
+import { eventsMaxAgeMs, objectStores, streamMessage, streams } from "../nats/index.js";
+import { isFinal } from "./status.js";
 import type { RunRecord, StoredResult } from "./store.js";
 
 /** Largest result kept inside the run record; larger ones go to the object store. */
@@ -29,7 +35,7 @@ export class RunResults {
 
   constructor(
     private readonly js: JetStreamClient,
-    nc: NatsConnection,
+    private readonly nc: NatsConnection,
     /** SKIFF_RESULT_TTL in seconds; 0 keeps no results. */
     readonly ttlSeconds: number,
   ) {
@@ -77,12 +83,39 @@ export class RunResults {
   }
 
   /**
+   * The result of a final async run whose record has left KV, from its
+   * terminal event (SKIFF_EVENTS sequence `eventSeq`, as the run history
+   * holds it) while SKIFF_RESULT_TTL lasts from the run's end; undefined
+   * when none is kept, it has expired, or the event is gone.
+   */
+  async readFromEvent(record: RunRecord, eventSeq: number, now = Date.now()): Promise<Body | undefined> {
+    if (!record.async || !isFinal(record.status) || this.ttlSeconds === 0 || eventSeq <= 0) return undefined;
+    const ended = Date.parse(record.finished_at ?? "");
+    if (!(ended + this.ttlSeconds * 1000 > now)) return undefined;
+    const stored = await streamMessage(this.nc, streams.events.name, { seq: eventSeq });
+    if (!stored) return undefined;
+    let event;
+    try {
+      event = fromBinary(RunEventSchema, stored.data);
+    } catch {
+      return undefined;
+    }
+    if (event.runId !== record.run_id || event.status !== record.status) return undefined;
+    if (event.response) return { contentType: event.response.contentType, data: event.response.data };
+    if (!event.responseObject) return undefined;
+    const os = await this.objects();
+    const info = await os.info(event.responseObject);
+    const data = info ? await os.getBlob(event.responseObject) : null;
+    return info && data ? { contentType: info.description ?? "", data } : undefined;
+  }
+
+  /**
    * Removes objects older than both the result TTL and the events' age
    * limit (a webhook redelivery may still need them until then). Returns
    * how many were removed.
    */
   async sweep(logger: Logger, now = Date.now()): Promise<number> {
-    const keepMs = Math.max(this.ttlSeconds * 1000, streams.events.maxAgeMs);
+    const keepMs = eventsMaxAgeMs(this.ttlSeconds);
     const os = await this.objects();
     let removed = 0;
     for (const info of await os.list()) {

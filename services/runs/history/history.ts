@@ -15,6 +15,13 @@ export interface ListQuery {
   status?: RunStatus;
 }
 
+/** A run as the history holds it. */
+export interface HistoryRun {
+  record: RunRecord;
+  /** SKIFF_EVENTS sequence of the event the row was last written from; 0 when that stream is not the one it came from. */
+  eventSeq: number;
+}
+
 export interface RunPage {
   /** Newest first, without results. */
   runs: RunRecord[];
@@ -110,14 +117,14 @@ export class HistoryQueries {
     }));
   }
 
-  /** One run of one app; undefined when the history does not hold it. */
-  async get(projectId: string, appName: string, runId: string): Promise<RunRecord | undefined> {
+  /** One run of one app, with the sequence of its event; undefined when the history does not hold it. */
+  async find(projectId: string, appName: string, runId: string): Promise<HistoryRun | undefined> {
     if (!UUID.test(runId)) return undefined;
-    const [row] = await this.db.query<{ record: RunRecord }>(
-      `SELECT record FROM ${this.t.runs} WHERE run_id = $1::uuid AND project_id = $2 AND app_name = $3`,
+    const [row] = await this.db.query<{ record: RunRecord; revision: string | number }>(
+      `SELECT record, revision FROM ${this.t.runs} WHERE run_id = $1::uuid AND project_id = $2 AND app_name = $3`,
       [runId, projectId, appName],
     );
-    return row?.record;
+    return row && { record: row.record, eventSeq: Number(row.revision) };
   }
 
   /** Sync runs recorded `running`, oldest first (a partial index holds just them): the stale-sync sweep's candidates. */

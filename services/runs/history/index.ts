@@ -8,12 +8,12 @@ import type { NatsConnection } from "nats";
 import type { Logger } from "../../config/index.js";
 import { RUN_RETENTION_MS } from "../../nats/index.js";
 import type { RunRecord } from "../store.js";
-import { HistoryQueries, type ListQuery, type MinuteStats, type RunPage } from "./history.js";
+import { HistoryQueries, type HistoryRun, type ListQuery, type MinuteStats, type RunPage } from "./history.js";
 import { RunProjector, RUNS_STREAM, type ProjectorOptions } from "./projector.js";
 import { DEFAULT_SCHEMA, migrate, tables } from "./schema.js";
 import { openPglite, openPostgres, type Database } from "./sql.js";
 
-export type { ListQuery, MinuteStats, RunPage } from "./history.js";
+export type { HistoryRun, ListQuery, MinuteStats, RunPage } from "./history.js";
 export { PRUNE_BATCH, idAt, timeOfId } from "./history.js";
 export { RUNS_STREAM } from "./projector.js";
 
@@ -29,6 +29,8 @@ export interface RunHistory {
   minuteStats(projectId: string, appName: string, fromMs: number, toMs: number): Promise<MinuteStats[]>;
   /** One run of one app, as the history holds it; undefined when it holds none. */
   get(projectId: string, appName: string, runId: string): Promise<RunRecord | undefined>;
+  /** The same with `eventSeq`, the SKIFF_EVENTS sequence of the event it was projected from (0: not known). */
+  find(projectId: string, appName: string, runId: string): Promise<HistoryRun | undefined>;
   /** Sync runs recorded `running`, oldest first, at most `limit`. */
   runningSync(limit: number): Promise<RunRecord[]>;
   /** The last sequence of the run stream that the history has applied; 0 before the first. */
@@ -91,7 +93,8 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
     projector,
     list: (projectId, appName, q) => queries.list(projectId, appName, q),
     minuteStats: (projectId, appName, fromMs, toMs) => queries.minuteStats(projectId, appName, fromMs, toMs),
-    get: (projectId, appName, runId) => queries.get(projectId, appName, runId),
+    get: async (projectId, appName, runId) => (await queries.find(projectId, appName, runId))?.record,
+    find: (projectId, appName, runId) => queries.find(projectId, appName, runId),
     runningSync: (limit) => queries.runningSync(limit),
     async position() {
       const [row] = await db.query<{ last_seq: string | number }>(

@@ -1,0 +1,153 @@
+// An ended async run's record leaves KV `skiff-runs` (runs/record-purge.ts),
+// so that nats-server holds nothing per finished run; GetRun then answers
+// from the run history, with the result read from the run's terminal event.
+// Against real nats-servers and a real skiff process.
+import { toJson } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { connect, type KV, type NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { silentLogger } from "../services/config/logger.js";
+import { kvGetLatest, kvPurgeKey } from "../services/nats/kv-get.js";
+import { FinalRecordPurger } from "../services/runs/record-purge.js";
+import { RunStore } from "../services/runs/store.js";
+import { capturingLogger } from "./helpers/logs.js";
+import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
+import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
+import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
+
+describe("kvPurgeKey and FinalRecordPurger", () => {
+  let nats: TestNats;
+  let nc: NatsConnection;
+  let kv: KV;
+  const subjectsOf = async (filter: string) =>
+    (await (await nc.jetstreamManager()).streams.info("KV_purge-test", { subjects_filter: filter })).state.subjects ??
+    {};
+
+  beforeAll(async () => {
+    nats = await startNatsServer();
+    nc = await connect({ servers: nats.url });
+    kv = await nc.jetstream().views.kv("purge-test", { history: 8 });
+  });
+  afterAll(async () => {
+    await nc?.close();
+    await nats?.stop();
+  });
+
+  it("takes every revision of one key out, leaves no marker and no subject, and touches no other key", async () => {
+    for (const v of ["queued", "running", "success"]) await kv.put("p.a.one", v);
+    await kv.put("p.a.two", "queued");
+    expect(await kvPurgeKey(nc, "purge-test", "p.a.one")).toBe(3);
+    expect(await kvGetLatest(nc, "purge-test", "p.a.one")).toBeUndefined();
+    expect(await subjectsOf("$KV.purge-test.p.a.>")).toEqual({ "$KV.purge-test.p.a.two": 1 });
+    // A key with nothing, or already purged: nothing to do, no error.
+    expect(await kvPurgeKey(nc, "purge-test", "p.a.one")).toBe(0);
+    await expect(kvPurgeKey(nc, "no-such-bucket", "x")).rejects.toThrow(/cannot purge x of KV no-such-bucket/);
+  });
+
+  it("purges a scheduled record once its time has come, not before, many at once", async () => {
+    const store = { purge: (p: string, a: string, r: string) => kvPurgeKey(nc, "purge-test", `${p}.${a}.${r}`) };
+    const purger = new FinalRecordPurger(store, silentLogger, 400);
+    try {
+      const ids = Array.from({ length: 300 }, (_, i) => `r${i}`);
+      await Promise.all(ids.map((id) => kv.put(`many.a.${id}`, "success")));
+      for (const id of ids) purger.schedule({ project_id: "many", app_name: "a", run_id: id });
+      expect(purger.pending).toBe(300);
+      await new Promise((r) => setTimeout(r, 150));
+      purger.drain();
+      expect(Object.keys(await subjectsOf("$KV.purge-test.many.>"))).toHaveLength(300);
+      await vi.waitUntil(() => purger.purged === 300, { timeout: 5_000, interval: 50 });
+      expect(await subjectsOf("$KV.purge-test.many.>")).toEqual({});
+      expect(purger.pending).toBe(0);
+    } finally {
+      purger.close();
+    }
+  });
+
+  it("tries a failed purge again, gives up after three tries with one warning, and drops what is pending at close", async () => {
+    const tries: string[] = [];
+    const store = {
+      purge: async (_p: string, _a: string, r: string) => {
+        tries.push(r);
+        throw new Error("JetStream is away");
+      },
+    };
+    const { logger, lines } = capturingLogger();
+    const purger = new FinalRecordPurger(store, logger, 1);
+    purger.schedule({ project_id: "p", app_name: "a", run_id: "failing" });
+    await vi.waitUntil(() => purger.abandoned === 1, { timeout: 20_000, interval: 50 });
+    expect(tries).toEqual(["failing", "failing", "failing"]);
+    expect(lines.filter((l) => l.level === 40).map((l) => l.msg)).toEqual([
+      expect.stringMatching(/cannot take a final run record out of KV/),
+    ]);
+    purger.close();
+    const later = new FinalRecordPurger(store, silentLogger, 60_000);
+    later.schedule({ project_id: "p", app_name: "a", run_id: "left" });
+    later.close();
+    later.drain(Date.now() + 120_000);
+    expect(tries).not.toContain("left");
+  }, 30_000);
+});
+
+describe("an async run after its record left KV", () => {
+  let t: TestSkiff;
+  let tmp: string;
+  let store: RunStore;
+
+  beforeAll(async () => {
+    tmp = await mkdtemp(path.join(tmpdir(), "skiff-purge-"));
+    // Records leave KV 2 s (twice the ack wait) after their runs were acked.
+    t = await startTestSkiff({ env: { SKIFF_RUN_ACK_WAIT_MS: "1000", SKIFF_FINAL_RECORD_KEEP_MS: "0" } });
+    await deploy(tmp, t.management(), cortexApp("pur", { max_replicas: 1 }));
+    store = await RunStore.open(t.skiff.nats.nc);
+  }, 60_000);
+  afterAll(async () => {
+    await t?.close();
+    await rm(tmp, { recursive: true, force: true });
+  });
+
+  const getRun = async (runId: string) => (await t.management().getRun({ projectId: P, appName: "pur", runId })).run!;
+
+  async function runAsync(fn: string, body: string): Promise<string> {
+    const res = await post(`${t.url}/v4/${P}/pur/${fn}?async=true`, t.devToken, body);
+    expect(res.status).toBe(202);
+    return res.json.run_id as string;
+  }
+
+  it("GetRun answers the same run and result from the history and the terminal event as it did from KV; NATS keeps no subject for it", async () => {
+    const small = await runAsync("add", '{"a":40,"b":2}');
+    const failed = await runAsync("fail", "{}");
+    // Past the events' inline limit: the result is an object in skiff-results, named by the event.
+    const large = await runAsync("big", JSON.stringify({ n: 1_200_000 }));
+    const ids = [small, failed, large];
+    const before = new Map<string, Awaited<ReturnType<typeof getRun>>>();
+    for (const id of ids) {
+      await vi.waitUntil(async () => ["success", "failure"].includes((await getRun(id)).status), {
+        timeout: 30_000,
+        interval: 100,
+      });
+      // Read while the record is still in KV (it stays 2 s after the run's ack).
+      expect(await store.get(P, "pur", id)).toBeDefined();
+      before.set(id, await getRun(id));
+    }
+    for (const id of ids)
+      await vi.waitUntil(async () => (await store.get(P, "pur", id)) === undefined, { timeout: 15_000, interval: 100 });
+    const jsm = await t.skiff.nats.nc.jetstreamManager();
+    const left = (await jsm.streams.info("KV_skiff-runs", { subjects_filter: `$KV.skiff-runs.${P}.pur.>` })).state;
+    expect(left.subjects ?? {}).toEqual({});
+    for (const id of ids) {
+      const after = await getRun(id);
+      expect(after).toEqual(before.get(id));
+    }
+    const resultOf = (id: string) => toJson(ValueSchema, before.get(id)!.result!);
+    expect(resultOf(small)).toMatchObject({ run_id: small, result: 42 });
+    expect(before.get(failed)).toMatchObject({ status: "failure", error: { type: "TypeError" } });
+    expect(resultOf(large)).toMatchObject({ run_id: large, result: "x".repeat(1_200_000) });
+    // A final run cannot be cancelled, whichever store answers.
+    await expect(t.management().cancelRun({ projectId: P, appName: "pur", runId: small })).rejects.toThrow(
+      /already success/,
+    );
+  }, 90_000);
+});
