@@ -116,6 +116,7 @@ const ROLES: Record<Role, RoleSpec> = {
         allowedCidrs: webhookAllowedCidrs,
         timeoutMs: config.webhookTimeoutMs,
         secretsKey: config.secretsKey,
+        keepMs: config.finalRecordKeepMs,
       }),
   },
   // InvocationService and WebSocket calls; closing waits until the connections the port closed are recorded.

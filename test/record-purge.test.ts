@@ -1,6 +1,8 @@
-// An ended async run's record leaves KV `skiff-runs` (runs/record-purge.ts),
+// An ended async run's record leaves KV `skiff-runs` (nats/kv-purge.ts),
 // so that nats-server holds nothing per finished run; GetRun then answers
 // from the run history, with the result read from the run's terminal event.
+// A run's webhook deliveries leave KV `skiff-webhooks` once over, and GetRun
+// reads them from the history too.
 // Against real nats-servers and a real skiff process.
 import { toJson } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
@@ -10,15 +12,17 @@ import path from "node:path";
 import { connect, type KV, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { silentLogger } from "../services/config/logger.js";
-import { kvGetLatest, kvPurgeKey } from "../services/nats/kv-get.js";
-import { FinalRecordPurger } from "../services/runs/record-purge.js";
+import { kvGetLatest } from "../services/nats/kv-get.js";
+import { KvPurger, kvPurgeKey } from "../services/nats/kv-purge.js";
 import { RunStore } from "../services/runs/store.js";
 import { capturingLogger } from "./helpers/logs.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
+import { startReceiver, type Receiver } from "./helpers/webhook-receiver.js";
+import { startWebhookRole, type WebhookRole } from "../services/webhook/role.js";
 
-describe("kvPurgeKey and FinalRecordPurger", () => {
+describe("kvPurgeKey and KvPurger", () => {
   let nats: TestNats;
   let nc: NatsConnection;
   let kv: KV;
@@ -48,12 +52,11 @@ describe("kvPurgeKey and FinalRecordPurger", () => {
   });
 
   it("purges a scheduled record once its time has come, not before, many at once", async () => {
-    const store = { purge: (p: string, a: string, r: string) => kvPurgeKey(nc, "purge-test", `${p}.${a}.${r}`) };
-    const purger = new FinalRecordPurger(store, silentLogger, 400);
+    const purger = new KvPurger((key) => kvPurgeKey(nc, "purge-test", key), silentLogger, 400, "test keys");
     try {
       const ids = Array.from({ length: 300 }, (_, i) => `r${i}`);
       await Promise.all(ids.map((id) => kv.put(`many.a.${id}`, "success")));
-      for (const id of ids) purger.schedule({ project_id: "many", app_name: "a", run_id: id });
+      for (const id of ids) purger.schedule(`many.a.${id}`);
       expect(purger.pending).toBe(300);
       await new Promise((r) => setTimeout(r, 150));
       purger.drain();
@@ -68,23 +71,21 @@ describe("kvPurgeKey and FinalRecordPurger", () => {
 
   it("tries a failed purge again, gives up after three tries with one warning, and drops what is pending at close", async () => {
     const tries: string[] = [];
-    const store = {
-      purge: async (_p: string, _a: string, r: string) => {
-        tries.push(r);
-        throw new Error("JetStream is away");
-      },
+    const purge = async (key: string) => {
+      tries.push(key);
+      throw new Error("JetStream is away");
     };
     const { logger, lines } = capturingLogger();
-    const purger = new FinalRecordPurger(store, logger, 1);
-    purger.schedule({ project_id: "p", app_name: "a", run_id: "failing" });
+    const purger = new KvPurger(purge, logger, 1, "test keys");
+    purger.schedule("failing");
     await vi.waitUntil(() => purger.abandoned === 1, { timeout: 20_000, interval: 50 });
     expect(tries).toEqual(["failing", "failing", "failing"]);
     expect(lines.filter((l) => l.level === 40).map((l) => l.msg)).toEqual([
-      expect.stringMatching(/cannot take a final run record out of KV/),
+      expect.stringMatching(/cannot take test keys out of KV/),
     ]);
     purger.close();
-    const later = new FinalRecordPurger(store, silentLogger, 60_000);
-    later.schedule({ project_id: "p", app_name: "a", run_id: "left" });
+    const later = new KvPurger(purge, silentLogger, 60_000, "test keys");
+    later.schedule("left");
     later.close();
     later.drain(Date.now() + 120_000);
     expect(tries).not.toContain("left");
@@ -150,4 +151,83 @@ describe("an async run after its record left KV", () => {
       /already success/,
     );
   }, 90_000);
+});
+
+describe("a run's webhook deliveries after they left KV", () => {
+  let t: TestSkiff;
+  let tmp: string;
+  let rx: Receiver;
+  let role: WebhookRole;
+
+  beforeAll(async () => {
+    tmp = await mkdtemp(path.join(tmpdir(), "skiff-purge-wh-"));
+    rx = await startReceiver((p) => (p === "/down" ? 404 : 200));
+    t = await startTestSkiff({ env: { SKIFF_ROLES: "invocation,management,runner" } });
+    // A webhook role whose entries leave KV 2 s (twice its ack wait) after their deliveries are over.
+    role = await startWebhookRole({
+      nc: t.skiff.nats.nc,
+      logger: silentLogger,
+      allowedCidrs: ["127.0.0.0/8"],
+      ackWaitMs: 1_000,
+      keepMs: 0,
+    });
+    await deploy(tmp, t.management(), cortexApp("hook", { max_replicas: 1 }));
+  }, 60_000);
+  afterAll(async () => {
+    await role?.close();
+    await t?.close();
+    await rx?.close();
+    await rm(tmp, { recursive: true, force: true });
+  });
+
+  const deliveriesOf = async (runId: string) =>
+    (await t.management().getRun({ projectId: P, appName: "hook", runId })).run!.webhookDeliveries;
+  const inKv = async (runId: string) => (await kvGetLatest(t.skiff.nats.nc, "skiff-webhooks", runId)) !== undefined;
+  const settledIn = async (runId: string, n: number) =>
+    vi.waitUntil(
+      async () => {
+        const d = await deliveriesOf(runId);
+        return d.length === n && d.every((x) => x.state !== "pending") && d;
+      },
+      { timeout: 60_000, interval: 100 },
+    );
+
+  it("GetRun shows the same deliveries from the history; a redelivery numbers on from them and leaves KV in turn", async () => {
+    const hooked = async (target: string) => {
+      const url = encodeURIComponent(`${rx.url}${target}`);
+      const res = await post(
+        `${t.url}/v4/${P}/hook/add?async=true&webhookEndpoint=${url}`,
+        t.devToken,
+        '{"a":1,"b":2}',
+      );
+      expect(res.status).toBe(202);
+      return res.json.run_id as string;
+    };
+    const ok = await hooked("/ok");
+    const down = await hooked("/down");
+    const before = new Map([
+      [ok, await settledIn(ok, 1)],
+      [down, await settledIn(down, 1)],
+    ]);
+    expect(before.get(ok)![0]).toMatchObject({ deliveryId: "1", state: "delivered" });
+    expect(before.get(down)![0]).toMatchObject({ deliveryId: "1", state: "failed" });
+    expect(before.get(down)![0].attempts).toHaveLength(3);
+    for (const id of [ok, down]) {
+      await vi.waitUntil(async () => !(await inKv(id)), { timeout: 15_000, interval: 100 });
+      expect(await deliveriesOf(id)).toEqual(before.get(id));
+    }
+    const again = await t.management().redeliverWebhook({ projectId: P, appName: "hook", runId: ok });
+    expect(again.delivery).toMatchObject({ deliveryId: "2", state: "pending" });
+    const both = await settledIn(ok, 2);
+    expect(both.map((d) => [d.deliveryId, d.state])).toEqual([
+      ["1", "delivered"],
+      ["2", "delivered"],
+    ]);
+    expect(rx.to("/ok")).toHaveLength(2);
+    await vi.waitUntil(async () => !(await inKv(ok)), { timeout: 15_000, interval: 100 });
+    expect(await deliveriesOf(ok)).toEqual(both);
+    const jsm = await t.skiff.nats.nc.jetstreamManager();
+    const left = (await jsm.streams.info("KV_skiff-webhooks", { subjects_filter: ">" })).state;
+    expect(left.subjects ?? {}).toEqual({});
+  }, 120_000);
 });

@@ -83,7 +83,7 @@ export interface Config {
   maxQueuedRuns: number;
   /** Ack deadline of the async run queue's consumers; a lost runner's run is retried after it. */
   runAckWaitMs: number;
-  /** How long an async run's final record stays in KV after its queue message was acked (twice runAckWaitMs at least). */
+  /** How long an async run's final record, and a run's deliveries once over, stay in KV (twice the ack waits at least). */
   finalRecordKeepMs: number;
   /** "on": apps and deploy-time steps run in a bubblewrap sandbox (skiff refuses to start without one); "off": unconfined. */
   sandbox: "on" | "off";
@@ -507,7 +507,7 @@ export const SETTINGS: Setting<keyof Config>[] = [
     key: "finalRecordKeepMs",
     env: "SKIFF_FINAL_RECORD_KEEP_MS",
     fallback: "60000",
-    doc: "How long an ended async run's record stays in KV `skiff-runs` after its runner acked the run (twice SKIFF_RUN_ACK_WAIT_MS at least); then GetRun reads the run from the run history and its result from the run's final event, and NATS holds nothing for it.",
+    doc: "How long an ended async run's record stays in KV `skiff-runs` after its runner acked the run (twice SKIFF_RUN_ACK_WAIT_MS at least), and a run's webhook deliveries stay in KV `skiff-webhooks` once they are over; then GetRun reads them from the run history (the result from the run's final event), and NATS holds nothing for the run but its events.",
     parse: integer(0, 24 * 60 * 60_000),
   },
   {

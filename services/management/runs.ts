@@ -158,6 +158,12 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     return found;
   }
 
+  /** The run's deliveries that are over and have left KV (none for a run that named no webhook). */
+  const keptDeliveries = async (record: RunRecord): Promise<unknown[]> =>
+    record.webhook_endpoint && isFinal(record.status)
+      ? (await history()).deliveries(record.project_id, record.app_name, record.run_id)
+      : [];
+
   const findRecord = async (projectId: string, appName: string, runId: string): Promise<RunRecord> =>
     (await findRun(projectId, appName, runId)).record;
 
@@ -241,12 +247,12 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     async getRun(req) {
       const { record, result } = await findRun(req.projectId, req.appName, req.runId);
       const run = runMessage(record, await result());
-      run.webhookDeliveries = await listDeliveries(nc, record.run_id);
+      run.webhookDeliveries = await listDeliveries(nc, record.run_id, await keptDeliveries(record));
       return { run };
     },
     async listWebhookDeliveries(req) {
       const record = await findRecord(req.projectId, req.appName, req.runId);
-      return { deliveries: await listDeliveries(nc, record.run_id) };
+      return { deliveries: await listDeliveries(nc, record.run_id, await keptDeliveries(record)) };
     },
     async redeliverWebhook(req) {
       const record = await findRecord(req.projectId, req.appName, req.runId);
@@ -256,7 +262,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
           Code.FailedPrecondition,
         );
       try {
-        const delivery = await redeliver(nc, record.run_id);
+        const delivery = await redeliver(nc, record.run_id, await keptDeliveries(record));
         logger.info({ runId: record.run_id, deliveryId: delivery.deliveryId }, "webhook redelivery requested");
         return { delivery };
       } catch (err) {

@@ -9,11 +9,6 @@
 // get: on a cluster any replica answers those, one still catching up
 // included, and a runner that read a run's record stale left the run
 // `queued` for good (the fault suite's rolling restart).
-//
-// And one KV key taken out of its bucket whole (kvPurgeKey): every revision
-// removed by a stream purge filtered on the key's subject, which leaves no
-// marker, so the server keeps nothing for the key (kv.purge() writes a
-// marker that keeps the subject, and its memory, until the bucket's age).
 import type { NatsConnection } from "nats";
 import { PublishError, requestPipelined } from "./acked-publish.js";
 
@@ -77,28 +72,4 @@ export async function kvGetLatest(nc: NatsConnection, bucket: string, key: strin
   if (!m) return undefined;
   const op = /^KV-Operation:\s*(DEL|PURGE)\s*$/im.exec(m.headers);
   return { value: m.data, revision: m.seq, operation: op ? (op[1].toUpperCase() as "DEL" | "PURGE") : "PUT" };
-}
-
-interface PurgeAnswer {
-  success?: boolean;
-  purged?: number;
-  error?: { code?: number; err_code?: number; description?: string };
-}
-
-/** Removes every revision of `key` from `bucket`, leaving no marker; resolves with how many messages went. */
-export async function kvPurgeKey(nc: NatsConnection, bucket: string, key: string): Promise<number> {
-  const request = encoder.encode(JSON.stringify({ filter: `$KV.${bucket}.${key}` }));
-  const msg = await requestPipelined(nc, `$JS.API.STREAM.PURGE.KV_${bucket}`, request);
-  let answer: PurgeAnswer;
-  try {
-    answer = JSON.parse(decoder.decode(msg.data)) as PurgeAnswer;
-  } catch {
-    throw new PublishError(`cannot purge ${key} of KV ${bucket}: JetStream's answer is not JSON`);
-  }
-  if (answer.error || answer.success !== true)
-    throw new PublishError(
-      `cannot purge ${key} of KV ${bucket}: ${answer.error?.description ?? "JetStream did not say it was done"}`,
-      answer.error?.err_code,
-    );
-  return answer.purged ?? 0;
 }

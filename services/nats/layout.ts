@@ -23,6 +23,13 @@ export const subjects = {
    */
   webhookRun: (project: string, app: string) => `skiff.webhooks.runs.${project}.${app}`,
   webhookRunsAll: "skiff.webhooks.runs.>",
+  /**
+   * A webhook delivery that is over (delivered or failed), its record in
+   * header `Skiff-Delivery`: stored in SKIFF_EVENTS for the run history,
+   * which keeps it once its KV entry is gone. Not a public event.
+   */
+  deliveryRecord: (project: string, app: string) => `skiff.history.deliveries.${project}.${app}`,
+  deliveryRecordsAll: "skiff.history.deliveries.>",
   /** App log lines (replica stdout/stderr), one subject per app. */
   appLogs: (project: string, app: string) => `skiff.logs.${project}.${app}`,
   appLogsAll: "skiff.logs.>",
@@ -60,7 +67,7 @@ export const streams = {
   },
   events: {
     name: "SKIFF_EVENTS",
-    subjects: [subjects.eventsAll],
+    subjects: [subjects.eventsAll, subjects.deliveryRecordsAll],
     retention: "limits",
     maxAgeMs: 7 * DAY_MS,
     duplicateWindowMs: 2 * 60 * 1000,

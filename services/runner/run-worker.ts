@@ -14,12 +14,21 @@
 // queued, or finished by an earlier attempt whose ack was lost) is acked
 // without running, after publishing the terminal event again (deduplicated
 // by its message id): that attempt's runner may have died between the final
-// record and the event. The message of a final run is acked with a confirmed
-// ack, after which the record leaves KV a minute later (runs/record-purge.ts).
+// record and the event.
+//
+// The message of a final run is acked with a confirmed ack (ackAck), after
+// which its record leaves KV a minute later (KvPurger, nats/kv-purge.ts), so
+// that nats-server holds nothing per ended run. By then nothing writes the
+// record: a confirmed ack is not redelivered, except by a consumer whose
+// leader changed before the ack was replicated, within its ack_wait, hence a
+// delay of twice ack_wait at least (the message then finds the record final);
+// and the run history has the run (projected a few milliseconds after its
+// final event), from which GetRun reads it, with its result from the final
+// event (runs/results.ts readFromEvent).
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { consumers, ensureConsumer, MAX_RUN_ATTEMPTS } from "../nats/index.js";
+import { consumers, ensureConsumer, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
 import {
   type RunControl,
   publishRunEvent,
@@ -38,8 +47,8 @@ import {
   Cancelled,
   Overloaded,
   type InvokeRequest,
-  type FinalRecordPurger,
   type RunRecord,
+  runKey,
 } from "../runs/index.js";
 import type { AppRef } from "./deployed-apps.js";
 import type { Runner } from "./runner.js";
@@ -61,7 +70,7 @@ export interface WorkerDeps extends FinishDeps {
   /** Ack deadline of the run consumers; the last runner to start sets it. */
   ackWaitMs: number;
   /** Takes the records of runs acked final out of KV; none: they stay for the bucket's age. */
-  purger?: FinalRecordPurger;
+  purger?: KvPurger;
 }
 
 /** Put back for another runner: this one cannot run it now (shutting down, app gone from here). */
@@ -243,7 +252,7 @@ export class RunWorker {
     const purger = this.deps.purger;
     if (!purger) return msg.ack();
     msg.ackAck().then(
-      (confirmed) => confirmed && purger.schedule(run),
+      (confirmed) => confirmed && purger.schedule(runKey(run.project_id, run.app_name, run.run_id)),
       () => undefined,
     );
   }

@@ -20,6 +20,12 @@ import type { RunRecord } from "./store.js";
 
 /** The header of a run event that holds the run record (JSON, without its result). */
 export const RUN_RECORD_HEADER = "Skiff-Run";
+/**
+ * The header of a message on `skiff.history.deliveries.{project}.{app}` (in
+ * SKIFF_EVENTS, not a public event) that holds a webhook delivery that is
+ * over, as the webhook role recorded it (JSON): the run history keeps it.
+ */
+export const DELIVERY_RECORD_HEADER = "Skiff-Delivery";
 
 /** Largest response carried inside an event; a larger one is named by `response_object`. */
 export const MAX_EVENT_RESPONSE_BYTES = 1024 * 1024;

@@ -20,7 +20,13 @@ export {
 } from "./errors.js";
 export { PGLITE_FOLDER, openRunHistory, timeOfId } from "./history/index.js";
 export type { ListQuery, MinuteStats, RunHistory, RunHistoryOptions, RunPage } from "./history/index.js";
-export { publishRunEvent, publishRunEventUnacked, RUN_RECORD_HEADER, recordOfEvent } from "./events.js";
+export {
+  DELIVERY_RECORD_HEADER,
+  publishRunEvent,
+  publishRunEventUnacked,
+  RUN_RECORD_HEADER,
+  recordOfEvent,
+} from "./events.js";
 export { finishAsync, finishSync, republishFinal } from "./finish.js";
 export type { FinishDeps } from "./finish.js";
 export type { AnswerStream, InvokeRequest, InvokeResponse, StreamEnd } from "./invoke.js";
@@ -29,14 +35,13 @@ export type { RunOutcome } from "./outcome.js";
 export { queuedRuns } from "./queue.js";
 export { newRunId } from "./run-id.js";
 export type { QueuedRuns } from "./queue.js";
-export { FINAL_RECORD_KEPT_MS, FinalRecordPurger } from "./record-purge.js";
 export { RunResults } from "./results.js";
 export type { Body } from "./results.js";
 export { STALE_SYNC_CONFIRM_MS, STALE_SYNC_EVERY_MS, sweepStaleSyncRuns } from "./stale-sync.js";
 export type { StaleSyncOptions, StaleSyncSweep } from "./stale-sync.js";
 export { RUN_STATUSES, isFinal } from "./status.js";
 export type { RunStatus } from "./status.js";
-export { RunStore, decodeRunRecord, isWrongRevision } from "./store.js";
+export { RunStore, decodeRunRecord, isWrongRevision, runKey } from "./store.js";
 export type { RunRecord } from "./store.js";
 export {
   BodyTransfer,

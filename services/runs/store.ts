@@ -13,7 +13,7 @@
 // and a cancel racing a completion all end in one final state, decided by
 // whichever write lands first.
 import { headers, type KV, type KvEntry, type NatsConnection } from "nats";
-import { JsErrorCode, buckets, isJsError, kvGetLatest, kvPurgeKey, publishAcked } from "../nats/index.js";
+import { JsErrorCode, buckets, isJsError, kvGetLatest, publishAcked } from "../nats/index.js";
 
 import { isFinal, type RunStatus } from "./status.js";
 
@@ -119,15 +119,6 @@ export class RunStore {
     const entry = await kvGetLatest(this.nc, buckets.runs.name, key);
     const record = entry ? decodeRunRecord(entry) : undefined;
     return record && entry ? { record, revision: entry.revision } : undefined;
-  }
-
-  /**
-   * Takes the run's record out of the bucket, every revision, leaving no
-   * marker (record-purge.ts does it once the run is final, acked and in the
-   * history). Resolves with how many revisions went.
-   */
-  purge(projectId: string, appName: string, runId: string): Promise<number> {
-    return kvPurgeKey(this.nc, buckets.runs.name, runKey(projectId, appName, runId));
   }
 
   private readonly finalListeners = new Set<(record: RunRecord) => void>();

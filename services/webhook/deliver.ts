@@ -32,7 +32,8 @@ const OUTCOME: Record<ReturnType<typeof nextStep>, AttemptVerdict> = {
   give_up: "failed",
 };
 
-export type Step = { ack: true } | { nakMs: number };
+/** What to do with the message: ack it (with the delivery, when there is one and it is over) or nak it for later. */
+export type Step = { ack: true; over?: DeliveryRecord } | { nakMs: number };
 const ACK: Step = { ack: true };
 
 export interface DeliveryDeps {
@@ -87,7 +88,7 @@ export async function advanceDelivery(d: DeliveryDeps, event: RunEvent, eventSeq
     const cur =
       (await d.store.get(runId, deliveryId)) ?? (await d.store.create(newDeliveryRecord(event, deliveryId, eventSeq)));
     const r = cur.record;
-    if (r.state !== "pending") return ACK;
+    if (r.state !== "pending") return { ack: true, over: r };
     const now = Date.now();
     const open = r.attempts.find((a) => a.outcome === undefined);
     if (open !== undefined) {
@@ -118,7 +119,7 @@ export async function advanceDelivery(d: DeliveryDeps, event: RunEvent, eventSeq
         ? { error: prepared.problem, permanent: true, durationMs: 0 }
         : await send(d, runId, prepared);
     const after = await finishAttempt(d, r, attempt.attempt, result);
-    return after.state === "pending" ? { nakMs: delayAfter(attempt.attempt) } : ACK;
+    return after.state === "pending" ? { nakMs: delayAfter(attempt.attempt) } : { ack: true, over: after };
   }
 }
 

@@ -65,9 +65,28 @@ export function toWebhookDelivery(record: DeliveryRecord): WebhookDelivery {
   });
 }
 
-/** The webhook deliveries of a run, oldest first; none for a run called without webhookEndpoint. */
-export async function listDeliveries(nc: NatsConnection, runId: string): Promise<WebhookDelivery[]> {
-  return (await (await storeOf(nc)).list(runId)).map(toWebhookDelivery);
+/**
+ * A run's deliveries in KV together with `kept`, those the run history holds
+ * (over, and gone from KV); KV's copy of a delivery wins. In delivery order.
+ */
+function merged(live: DeliveryRecord[], kept: readonly unknown[]): DeliveryRecord[] {
+  const byId = new Map<string, DeliveryRecord>();
+  for (const k of kept as Partial<DeliveryRecord>[])
+    if (typeof k?.delivery_id === "string" && Array.isArray(k.attempts)) byId.set(k.delivery_id, k as DeliveryRecord);
+  for (const d of live) byId.set(d.delivery_id, d);
+  return [...byId.values()].sort((a, b) => Number(a.delivery_id) - Number(b.delivery_id));
+}
+
+/**
+ * The webhook deliveries of a run, oldest first; none for a run called
+ * without webhookEndpoint. `kept`: the run history's (RunHistory.deliveries).
+ */
+export async function listDeliveries(
+  nc: NatsConnection,
+  runId: string,
+  kept: readonly unknown[] = [],
+): Promise<WebhookDelivery[]> {
+  return merged(await (await storeOf(nc)).list(runId), kept).map(toWebhookDelivery);
 }
 
 /**
@@ -75,9 +94,13 @@ export async function listDeliveries(nc: NatsConnection, runId: string): Promise
  * (state pending, no attempts yet). Throws RedeliveryError when the run has
  * no delivery to repeat or its event has aged out of SKIFF_EVENTS.
  */
-export async function redeliver(nc: NatsConnection, runId: string): Promise<WebhookDelivery> {
+export async function redeliver(
+  nc: NatsConnection,
+  runId: string,
+  kept: readonly unknown[] = [],
+): Promise<WebhookDelivery> {
   const store = await storeOf(nc);
-  const previous = await store.list(runId);
+  const previous = merged(await store.list(runId), kept);
   const source = previous.at(-1);
   if (source === undefined) {
     throw new RedeliveryError(

@@ -4,16 +4,34 @@
 // by deliver.ts and acked when its delivery is over, or nacked with a delay
 // until its next attempt is due; delivery runs here, off the request path,
 // and never touches the caller's response.
+//
+// A delivery that is over (delivered or failed) is published, its record in
+// a header, to SKIFF_EVENTS for the run history, before its message is
+// acked with a confirmed ack; a minute later the run's KV entry is purged,
+// when none of its deliveries is under way (a redelivery), so that
+// nats-server holds nothing per delivered run. The same delay as a run
+// record's, for the same reasons (runner/run-worker.ts): a redelivered
+// message must still find its delivery over, and the history has it by then.
 import { fromBinary } from "@bufbuild/protobuf";
-import type { JsMsg, NatsConnection, ObjectStore } from "nats";
+import { headers, type JsMsg, type NatsConnection, type ObjectStore } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import type { Logger } from "../config/index.js";
 import type { Metrics } from "../metrics/index.js";
-import { buckets, consumers, ensureConsumer, objectStores } from "../nats/index.js";
+import {
+  buckets,
+  consumers,
+  ensureConsumer,
+  KvPurger,
+  kvPurgeKey,
+  objectStores,
+  publishAcked,
+  subjects,
+} from "../nats/index.js";
+import { DELIVERY_RECORD_HEADER } from "../runs/index.js";
 import { createSecretBox } from "./secrets.js";
 import { AddressGuard } from "./address-guard.js";
 import { advanceDelivery, type DeliveryDeps } from "./deliver.js";
-import { DeliveryStore } from "./delivery-store.js";
+import { DeliveryStore, type DeliveryRecord } from "./delivery-store.js";
 
 export const WEBHOOK_CONSUMER = consumers.webhook.name;
 /** SKIFF_WEBHOOK_TIMEOUT_MS: the whole of one attempt. */
@@ -28,6 +46,8 @@ export const DEFAULT_WEBHOOK_CONCURRENCY = 64;
 export const DEFAULT_WEBHOOK_ACK_WAIT_MS = 30_000;
 /** After an unexpected error (NATS unavailable), when the message is tried again. */
 const RETRY_AFTER_ERROR_MS = 2_000;
+/** The least time a run's delivery entry stays in KV once its deliveries are over (SKIFF_FINAL_RECORD_KEEP_MS). */
+export const DEFAULT_DELIVERY_KEEP_MS = 60_000;
 
 export interface WebhookRoleOptions {
   nc: NatsConnection;
@@ -41,6 +61,8 @@ export interface WebhookRoleOptions {
   concurrency?: number;
   /** The shared consumer's ack_wait; the last process to start sets it. */
   ackWaitMs?: number;
+  /** How long a run's delivery entry stays in KV once its deliveries are over; twice ackWaitMs at least. */
+  keepMs?: number;
   metrics?: Metrics;
 }
 
@@ -72,6 +94,26 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
   };
   if ((await ensureConsumer(await nc.jetstreamManager(), consumers.webhook, ackWaitMs)) === "updated")
     logger.info({ consumer: WEBHOOK_CONSUMER, ackWaitMs }, "updated the webhook consumer");
+  const store = deps.store;
+  // A run's entry leaves KV when every delivery in it is over: a redelivery started since keeps it.
+  const purger = new KvPurger(
+    async (runId) => {
+      const deliveries = await store.list(runId);
+      if (deliveries.every((d) => d.state !== "pending")) await kvPurgeKey(nc, buckets.webhooks.name, runId);
+    },
+    logger,
+    Math.max(opts.keepMs ?? DEFAULT_DELIVERY_KEEP_MS, 2 * ackWaitMs),
+    "webhook delivery entries",
+  );
+  /** The delivery, over, for the run history; deduplicated, since a message that comes again publishes it again. */
+  const record = (d: DeliveryRecord) => {
+    const h = headers();
+    h.set(DELIVERY_RECORD_HEADER, JSON.stringify(d));
+    return publishAcked(nc, subjects.deliveryRecord(d.project_id, d.app_name), new Uint8Array(0), {
+      headers: h,
+      msgId: `${d.run_id}.delivery.${d.delivery_id}`,
+    });
+  };
   const consumer = await js.consumers.get(consumers.webhook.stream, WEBHOOK_CONSUMER);
   const messages = await consumer.consume({ max_messages: concurrency });
 
@@ -88,7 +130,14 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
       }
       const step = await advanceDelivery(deps, event, msg.seq);
       if ("nakMs" in step) msg.nak(Math.max(1, Math.ceil(step.nakMs)));
-      else msg.ack();
+      else if (step.over) {
+        await record(step.over);
+        const runId = step.over.run_id;
+        msg.ackAck().then(
+          (confirmed) => confirmed && purger.schedule(runId),
+          () => undefined,
+        );
+      } else msg.ack();
     } catch (err) {
       logger.warn(
         { err, subject: msg.subject, seq: msg.seq },
@@ -121,6 +170,7 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
         messages.stop();
         await loop;
         await Promise.allSettled(inflight);
+        purger.close();
       })()),
   };
 }

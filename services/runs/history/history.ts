@@ -127,6 +127,20 @@ export class HistoryQueries {
     return row && { record: row.record, eventSeq: Number(row.revision) };
   }
 
+  /**
+   * The webhook deliveries of a run that are over and have left KV, as their
+   * records were (the webhook role's JSON, opaque here), in delivery order.
+   */
+  async deliveries(projectId: string, appName: string, runId: string): Promise<unknown[]> {
+    if (!UUID.test(runId)) return [];
+    const rows = await this.db.query<{ record: unknown }>(
+      `SELECT record FROM ${this.t.deliveries} WHERE run_id = $1::uuid AND project_id = $2 AND app_name = $3
+       ORDER BY length(delivery_id), delivery_id`,
+      [runId, projectId, appName],
+    );
+    return rows.map((r) => r.record);
+  }
+
   /** Sync runs recorded `running`, oldest first (a partial index holds just them): the stale-sync sweep's candidates. */
   async runningSync(limit: number): Promise<RunRecord[]> {
     const rows = await this.db.query<{ record: RunRecord }>(
@@ -149,6 +163,19 @@ export class HistoryQueries {
         [idAt(beforeMs)],
       );
       total += n;
+      if (n < batch) break;
+    }
+    // Their deliveries, by the same measure (a delivery's run id is its run's).
+    for (;;) {
+      const [{ n }] = await this.db.query<{ n: number }>(
+        `WITH gone AS (
+           DELETE FROM ${this.t.deliveries} WHERE (run_id, delivery_id) IN (
+             SELECT run_id, delivery_id FROM ${this.t.deliveries} WHERE run_id < $1::uuid
+             ORDER BY run_id LIMIT ${batch})
+           RETURNING 1)
+         SELECT count(*)::int AS n FROM gone`,
+        [idAt(beforeMs)],
+      );
       if (n < batch) return total;
     }
   }

@@ -31,6 +31,8 @@ export interface RunHistory {
   get(projectId: string, appName: string, runId: string): Promise<RunRecord | undefined>;
   /** The same with `eventSeq`, the SKIFF_EVENTS sequence of the event it was projected from (0: not known). */
   find(projectId: string, appName: string, runId: string): Promise<HistoryRun | undefined>;
+  /** The webhook deliveries of a run that are over and have left KV (records of the webhook role, opaque here). */
+  deliveries(projectId: string, appName: string, runId: string): Promise<unknown[]>;
   /** Sync runs recorded `running`, oldest first, at most `limit`. */
   runningSync(limit: number): Promise<RunRecord[]>;
   /** The last sequence of the run stream that the history has applied; 0 before the first. */
@@ -95,6 +97,7 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
     minuteStats: (projectId, appName, fromMs, toMs) => queries.minuteStats(projectId, appName, fromMs, toMs),
     get: async (projectId, appName, runId) => (await queries.find(projectId, appName, runId))?.record,
     find: (projectId, appName, runId) => queries.find(projectId, appName, runId),
+    deliveries: (projectId, appName, runId) => queries.deliveries(projectId, appName, runId),
     runningSync: (limit) => queries.runningSync(limit),
     async position() {
       const [row] = await db.query<{ last_seq: string | number }>(

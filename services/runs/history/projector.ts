@@ -1,7 +1,9 @@
 // The projection of the run events (stream SKIFF_EVENTS) into the history's
 // `runs` table: every event carries its run's record in header `Skiff-Run`
 // (runs/events.ts), so an ordered consumer of the stream that delivers
-// headers only reads each state change of every run, sync or async. Its
+// headers only reads each state change of every run, sync or async. The
+// stream's webhook deliveries that are over (header `Skiff-Delivery`) go to
+// table `webhook_deliveries` in the same statements. Its
 // messages are upserted in batches (up to `batchSize` messages, or what
 // arrived within `batchMs`), each batch one SQL statement that also moves
 // the stored cursor (the last stream sequence applied). A restart resumes at
@@ -25,8 +27,8 @@ import {
   type NatsConnection,
 } from "nats";
 import type { Logger } from "../../config/index.js";
-import { streams } from "../../nats/index.js";
-import { recordOfEvent } from "../events.js";
+import { streams, subjects } from "../../nats/index.js";
+import { DELIVERY_RECORD_HEADER, recordOfEvent } from "../events.js";
 import { isFinal, type RunStatus } from "../status.js";
 import type { RunRecord } from "../store.js";
 import { lockKey, type Tables } from "./schema.js";
@@ -125,14 +127,43 @@ export function rowOf(r: RunRecord, revision: number): Row | undefined {
 const noNul = (_k: string, v: unknown) =>
   typeof v === "string" && v.includes("\0") ? v.replaceAll("\0", "\ufffd") : v;
 
+/** A webhook delivery that is over, as the batch statement reads it. */
+interface DeliveryRow {
+  run_id: string;
+  delivery_id: string;
+  project_id: string;
+  app_name: string;
+  record: unknown;
+  revision: number;
+}
+
+/** The delivery of a `Skiff-Delivery` header at stream sequence `revision`; undefined when it is not one. */
+export function deliveryRowOf(text: string | undefined, revision: number): DeliveryRow | undefined {
+  let d: Record<string, unknown>;
+  try {
+    d = JSON.parse(text ?? "") as Record<string, unknown>;
+  } catch {
+    return undefined;
+  }
+  const { run_id, delivery_id, project_id, app_name } = d ?? {};
+  if (typeof run_id !== "string" || !UUID.test(run_id) || typeof delivery_id !== "string" || delivery_id === "")
+    return undefined;
+  if (typeof project_id !== "string" || typeof app_name !== "string") return undefined;
+  return { run_id, delivery_id, project_id, app_name, record: d, revision };
+}
+
+const DELIVERY_PREFIX = subjects.deliveryRecord("", "").slice(0, -2);
+
 interface Pending {
   /** Last message per run id in this batch: only the newest state of a run is written. */
   byRun: Map<string, Row>;
+  /** Last record per delivery (run id and delivery id). */
+  deliveries: Map<string, DeliveryRow>;
   messages: number;
   lastSeq: number;
 }
 
-const emptyBatch = (): Pending => ({ byRun: new Map(), messages: 0, lastSeq: 0 });
+const emptyBatch = (): Pending => ({ byRun: new Map(), deliveries: new Map(), messages: 0, lastSeq: 0 });
 
 export class RunProjector {
   /** Stream messages applied by this projector since it started. */
@@ -306,6 +337,12 @@ export class RunProjector {
   private add(batch: Pending, m: JsMsg): void {
     batch.messages++;
     batch.lastSeq = m.seq;
+    if (m.subject.startsWith(DELIVERY_PREFIX)) {
+      const row = deliveryRowOf(m.headers?.get(DELIVERY_RECORD_HEADER), m.seq);
+      if (row) batch.deliveries.set(`${row.run_id}/${row.delivery_id}`, row);
+      else this.opts.logger.warn({ subject: m.subject, seq: m.seq }, "run history: not a webhook delivery record");
+      return;
+    }
     const record = recordOfEvent(m.headers);
     // Events of versions that did not carry the record were projected from the run bucket then.
     if (record === undefined) return;
@@ -366,10 +403,24 @@ export class RunProjector {
          WHERE excluded.revision > r.revision
            AND (r.status NOT IN ('success', 'failure', 'cancelled')
              OR excluded.status IN ('success', 'failure', 'cancelled'))
+         RETURNING 1),
+       delivered AS (
+         INSERT INTO ${t.deliveries} AS d (run_id, delivery_id, project_id, app_name, record, revision)
+         SELECT run_id, delivery_id, project_id, app_name, record, revision
+         FROM jsonb_to_recordset($5::jsonb) AS x(run_id uuid, delivery_id text, project_id text, app_name text,
+           record jsonb, revision bigint)
+         ON CONFLICT (run_id, delivery_id) DO UPDATE SET record = excluded.record, revision = excluded.revision
+         WHERE excluded.revision > d.revision
          RETURNING 1)
        INSERT INTO ${t.cursor} AS c (stream, stream_created, last_seq) VALUES ($2, $3, $4::bigint)
        ON CONFLICT (stream) DO UPDATE SET last_seq = excluded.last_seq, stream_created = excluded.stream_created`,
-      [JSON.stringify([...b.byRun.values()], noNul), RUNS_STREAM, streamCreated, b.lastSeq],
+      [
+        JSON.stringify([...b.byRun.values()], noNul),
+        RUNS_STREAM,
+        streamCreated,
+        b.lastSeq,
+        JSON.stringify([...b.deliveries.values()], noNul),
+      ],
     );
   }
 }

@@ -15,11 +15,18 @@ export interface Tables {
   runs: string;
   /** Where the projection of each stream stands. */
   cursor: string;
+  /** One row per webhook delivery that is over: its record, as its message on SKIFF_EVENTS carries it. */
+  deliveries: string;
 }
 
 export function tables(schema: string): Tables {
   if (!IDENT.test(schema)) throw new Error(`schema ${JSON.stringify(schema)}: use lower-case letters, digits and _`);
-  return { schema, runs: `"${schema}".runs`, cursor: `"${schema}".projection` };
+  return {
+    schema,
+    runs: `"${schema}".runs`,
+    cursor: `"${schema}".projection`,
+    deliveries: `"${schema}".webhook_deliveries`,
+  };
 }
 
 /** Advisory lock keys are database-wide: each names its schema, so two schemas never share one. */
@@ -51,6 +58,16 @@ function statements(t: Tables): string[] {
     `CREATE INDEX IF NOT EXISTS runs_app_async ON ${t.runs} (project_id, app_name, run_id DESC) WHERE async`,
     // The few sync runs in progress, for the sweep of those whose gateway is gone (runs/stale-sync.ts).
     `CREATE INDEX IF NOT EXISTS runs_running_sync ON ${t.runs} (run_id) WHERE status = 'running' AND NOT async`,
+    // Deliveries leave KV `skiff-webhooks` once over; GetRun reads a run's from here too.
+    `CREATE TABLE IF NOT EXISTS ${t.deliveries} (
+      run_id uuid NOT NULL,
+      delivery_id text NOT NULL,
+      project_id text NOT NULL,
+      app_name text NOT NULL,
+      record jsonb NOT NULL,
+      revision bigint NOT NULL,
+      PRIMARY KEY (run_id, delivery_id)
+    )`,
     `CREATE TABLE IF NOT EXISTS ${t.cursor} (
       stream text PRIMARY KEY,
       stream_created text NOT NULL,

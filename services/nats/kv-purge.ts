@@ -1,0 +1,142 @@
+// KV keys taken out of their bucket whole, at once (kvPurgeKey) or a while
+// later (KvPurger), so that nats-server holds nothing for them: a subject
+// costs it about 240 bytes of memory on every node for as long as the
+// subject has a message, and at a few hundred async runs a second a record
+// per run kept for days grows each node without end (ARCHITECTURE.md, "Run
+// history").
+//
+// kvPurgeKey removes every revision by a stream purge filtered on the key's
+// subject, which leaves no marker (kv.purge() writes one, which keeps the
+// subject, and its memory, until the bucket's age).
+//
+// KvPurger holds keys due for purging in memory, in the order they were
+// scheduled (one delay for all, so due times only rise): a process that dies
+// leaves its pending keys to the bucket's age, as a purge that keeps failing
+// does. Its users: a runner purges an async run's record a minute after it
+// acked the run's message with a confirmed ack (runner/run-worker.ts), and
+// the webhook role a run's delivery entry once its deliveries are over and
+// in the run history (webhook/role.ts).
+import type { NatsConnection } from "nats";
+import type { Logger } from "../config/index.js";
+import { PublishError, requestPipelined } from "./acked-publish.js";
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+/** Purges in flight at once. */
+const MAX_IN_FLIGHT = 128;
+/** How often due keys are looked for. */
+const TICK_MS = 1_000;
+/** Tries at one key before leaving it to the bucket's age, this far apart (or keptMs, when shorter). */
+const MAX_TRIES = 3;
+const RETRY_MS = 5_000;
+
+interface Pending {
+  due: number;
+  key: string;
+  tries: number;
+}
+
+export class KvPurger {
+  private queue: Pending[] = [];
+  private head = 0;
+  private inFlight = 0;
+  private readonly timer: ReturnType<typeof setInterval>;
+  private failures = 0;
+  /** Keys purged, and keys given up on, since start. */
+  purged = 0;
+  abandoned = 0;
+
+  constructor(
+    /** Purges one key (kvPurgeKey, or a check before it); a rejection is tried again. */
+    private readonly purge: (key: string) => Promise<unknown>,
+    private readonly logger: Logger,
+    /** How long a key stays after it was scheduled. */
+    readonly keptMs: number,
+    /** What the keys are, for the log. */
+    private readonly what: string,
+  ) {
+    this.timer = setInterval(() => this.drain(), Math.min(TICK_MS, keptMs));
+    this.timer.unref();
+  }
+
+  /** Keys waiting for their time or being purged. */
+  get pending(): number {
+    return this.queue.length - this.head + this.inFlight;
+  }
+
+  /** Purges `key` keptMs from now. */
+  schedule(key: string): void {
+    this.queue.push({ due: Date.now() + this.keptMs, key, tries: 0 });
+  }
+
+  /** Purges what is due, up to MAX_IN_FLIGHT at once; more on the next tick or as purges end. */
+  drain(now = Date.now()): void {
+    while (this.inFlight < MAX_IN_FLIGHT && this.head < this.queue.length && this.queue[this.head].due <= now) {
+      const item = this.queue[this.head++];
+      this.inFlight++;
+      this.purge(item.key).then(
+        () => {
+          this.purged++;
+          this.settled();
+        },
+        (err: unknown) => {
+          if (++item.tries < MAX_TRIES) this.queue.push({ ...item, due: Date.now() + Math.min(RETRY_MS, this.keptMs) });
+          else this.abandoned++;
+          if (this.failures++ === 0)
+            this.logger.warn(
+              { err, key: item.key },
+              `cannot take ${this.what} out of KV; trying again later (more such failures are counted, not logged)`,
+            );
+          this.settled();
+        },
+      );
+    }
+    if (this.head > 1024 && this.head * 2 > this.queue.length) {
+      this.queue = this.queue.slice(this.head);
+      this.head = 0;
+    }
+  }
+
+  private settled(): void {
+    this.inFlight--;
+    // A retried key went to the back with a later due time; the rest keep their order.
+    if (this.head < this.queue.length && this.queue[this.head].due <= Date.now()) this.drain();
+  }
+
+  /**
+   * Stops. Records not yet due stay in KV until the bucket's age: purging
+   * them now could take one from under a redelivery still to come.
+   */
+  close(): void {
+    clearInterval(this.timer);
+    if (this.failures > 0)
+      this.logger.info({ failures: this.failures }, "final run records that could not be purged at once");
+    this.queue = [];
+    this.head = 0;
+  }
+}
+
+interface PurgeAnswer {
+  success?: boolean;
+  purged?: number;
+  error?: { code?: number; err_code?: number; description?: string };
+}
+
+/** Removes every revision of `key` from `bucket`, leaving no marker; resolves with how many messages went. */
+export async function kvPurgeKey(nc: NatsConnection, bucket: string, key: string): Promise<number> {
+  const request = encoder.encode(JSON.stringify({ filter: `$KV.${bucket}.${key}` }));
+  const msg = await requestPipelined(nc, `$JS.API.STREAM.PURGE.KV_${bucket}`, request);
+  let answer: PurgeAnswer;
+  try {
+    answer = JSON.parse(decoder.decode(msg.data)) as PurgeAnswer;
+  } catch {
+    throw new PublishError(`cannot purge ${key} of KV ${bucket}: JetStream's answer is not JSON`);
+  }
+  if (answer.error || answer.success !== true)
+    throw new PublishError(
+      `cannot purge ${key} of KV ${bucket}: ${answer.error?.description ?? "JetStream did not say it was done"}`,
+      answer.error?.err_code,
+    );
+  return answer.purged ?? 0;
+}
