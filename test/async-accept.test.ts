@@ -1,7 +1,7 @@
 // Async accept is one acknowledged publish: the queue message carries the
-// `queued` record, written ahead without waiting. A runner that finds no
-// record (the write was lost) writes it from the message and runs the run;
-// a record written first (a cancel) is never overwritten by the late write.
+// `queued` record, and nothing is written to KV. The runner that takes the
+// run writes its first record, `running`, from the message; a record written
+// first (a cancel) is never overwritten, and the runner acks the run unrun.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { subjects } from "../services/nats/layout.js";
 import { BodyTransfer, encodeRequest } from "../services/runs/wire.js";
 import { RunStore, type RunRecord } from "../services/runs/store.js";
-import { cortexApp, deploy, P } from "./helpers/run-apps.js";
+import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
 let t: TestSkiff;
@@ -50,7 +50,7 @@ async function enqueueWithoutRecord(runId: string): Promise<void> {
 }
 
 describe("async accept", () => {
-  it("a queued run whose record never landed is recorded from its message by the runner, and succeeds", async () => {
+  it("a queued run is recorded from its message by the runner, and succeeds", async () => {
     const runId = v7();
     await enqueueWithoutRecord(runId);
     const run = await vi.waitUntil(
@@ -66,20 +66,34 @@ describe("async accept", () => {
     expect(run).toMatchObject({ async: true, attempts: 1, statusCode: 200 });
   });
 
-  it("the unacknowledged queued write never overwrites a record written first", async () => {
+  it("a queued run has no KV record (the queue message is its record); a record written first (a cancel) makes the runner ack the message unrun", async () => {
     const store = await RunStore.open(t.skiff.nats.nc);
+    // Accepted through the gateway: only the queue message and the `queued` event, nothing in KV; the runner's
+    // `running` is the first revision of the run's record, its end the second.
+    const res = await post(`${t.url}/v4/${P}/accept/add?async=true`, t.devToken, '{"a":1,"b":1}');
+    expect(res.status).toBe(202);
+    const accepted = res.json.run_id as string;
+    await vi.waitUntil(async () => (await store.get(P, "accept", accepted))?.record.status === "success", {
+      timeout: 20_000,
+    });
+    const subject = `$KV.skiff-runs.${P}.accept.${accepted}`;
+    const jsm = await t.skiff.nats.nc.jetstreamManager();
+    expect((await jsm.streams.info("KV_skiff-runs", { subjects_filter: subject })).state.subjects).toEqual({
+      [subject]: 2,
+    });
+    // A run cancelled before any runner took it: its first record is `cancelled`, and a runner never starts it.
     const runId = v7();
     const cancelled: RunRecord = { ...queuedRecord(runId), status: "cancelled", finished_at: new Date().toISOString() };
-    await store.create(cancelled);
-    store.createUnacked(queuedRecord(runId));
-    await t.skiff.nats.nc.flush();
-    await new Promise((r) => setTimeout(r, 200));
-    // A write the server refused leaves no trace but the record as it was.
-    expect((await store.get(P, "accept", runId))?.record.status).toBe("cancelled");
-    const fresh = v7();
-    store.createUnacked(queuedRecord(fresh));
-    await vi.waitUntil(async () => (await store.get(P, "accept", fresh))?.record.status === "queued", {
-      timeout: 5_000,
-    });
+    expect(await store.create(cancelled)).toMatchObject({ record: cancelled });
+    expect(await store.create({ ...cancelled, status: "running" })).toBeUndefined();
+    await enqueueWithoutRecord(runId);
+    await vi.waitUntil(
+      async () => {
+        const info = await jsm.consumers.info("SKIFF_RUNS", `runs-${P}-accept`);
+        return info.num_pending === 0 && info.num_ack_pending === 0;
+      },
+      { timeout: 20_000, interval: 100 },
+    );
+    expect((await store.get(P, "accept", runId))?.record).toMatchObject({ status: "cancelled", attempts: 0 });
   });
 });

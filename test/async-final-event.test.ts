@@ -15,6 +15,7 @@ import { RunStore, type RunRecord } from "../services/runs/store.js";
 import { startSkiff, type Skiff } from "../services/start.js";
 import { publishRunEvent } from "../services/runs/events.js";
 import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
+import { followRunRecords, type RunRecords } from "./helpers/run-records.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 import { startReceiver, type Receiver } from "./helpers/webhook-receiver.js";
 
@@ -23,6 +24,7 @@ let runner: Skiff | undefined;
 let rx: Receiver;
 let tmp: string;
 let store: RunStore;
+let records: RunRecords;
 const events: string[] = [];
 
 beforeAll(async () => {
@@ -34,11 +36,13 @@ beforeAll(async () => {
   });
   await deploy(tmp, gateway.management(), cortexApp("fin", { max_replicas: 1 }));
   store = await RunStore.open(gateway.skiff.nats.nc);
+  records = await followRunRecords(gateway.skiff.nats.nc);
   gateway.skiff.nats.nc.subscribe(`skiff.events.runs.${P}.fin.success`, {
     callback: (_, m) => events.push(m.subject),
   });
 }, 60_000);
 afterAll(async () => {
+  records?.stop();
   await runner?.close();
   await gateway?.close();
   await rx?.close();
@@ -54,11 +58,12 @@ async function finishedWithoutEvent(path: string, alsoEvent: boolean): Promise<R
   );
   expect(res.status).toBe(202);
   const runId = res.json.run_id as string;
-  const queued = await vi.waitUntil(() => store.get(P, "fin", runId), { timeout: 10_000 });
+  // No runner yet: the run's record is its queue message, and its `queued` event.
+  const queued = await vi.waitUntil(() => records.latest(runId), { timeout: 10_000 });
   const now = new Date();
   const body = JSON.stringify({ run_id: runId, result: 42, run_time_ms: 3 });
-  const final = await store.update(P, "fin", runId, (r) => ({
-    ...r,
+  const written = await store.create({
+    ...queued,
     status: "success",
     attempts: 1,
     runner: "a-runner-that-died",
@@ -71,8 +76,9 @@ async function finishedWithoutEvent(path: string, alsoEvent: boolean): Promise<R
       data: Buffer.from(body).toString("base64"),
       expires_at: new Date(now.getTime() + 86_400_000).toISOString(),
     },
-  }));
-  expect(queued.record.status).toBe("queued");
+  });
+  expect(queued.status).toBe("queued");
+  const final = written?.record;
   if (alsoEvent)
     await publishRunEvent(gateway.skiff.nats.nc, final!, {
       contentType: "application/json",

@@ -13,7 +13,7 @@ import { connect, type KV, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { silentLogger } from "../services/config/logger.js";
 import { kvGetLatest } from "../services/nats/kv-get.js";
-import { KvPurger, kvPurgeKey } from "../services/nats/kv-purge.js";
+import { KvPurger, kvPurgeKey, kvRemoveKey } from "../services/nats/kv-purge.js";
 import { RunStore } from "../services/runs/store.js";
 import { capturingLogger } from "./helpers/logs.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
@@ -49,6 +49,27 @@ describe("kvPurgeKey and KvPurger", () => {
     // A key with nothing, or already purged: nothing to do, no error.
     expect(await kvPurgeKey(nc, "purge-test", "p.a.one")).toBe(0);
     await expect(kvPurgeKey(nc, "no-such-bucket", "x")).rejects.toThrow(/cannot purge x of KV no-such-bucket/);
+  });
+
+  it("kvRemoveKey deletes the revisions an entry lists one by one (no stream purge), keeps one it is told to, and purges one that lists none", async () => {
+    const revisions: number[] = [];
+    for (const v of ["a", "b", "c"]) revisions.push(await kv.put("r.a.listed", v));
+    await kv.put("r.a.kept", "x");
+    await kv.put("r.a.unlisted", "y");
+    const asked: string[] = [];
+    const watch = nc.subscribe("$JS.API.STREAM.>", { callback: (_err, m) => asked.push(m.subject) });
+    await nc.flush();
+    expect(await kvRemoveKey(nc, "purge-test", "r.a.listed", (e) => [...revisions.slice(0, 2), e.revision])).toBe(3);
+    expect(asked.filter((a) => a.includes(".PURGE."))).toEqual([]);
+    expect(asked.filter((a) => a.includes(".MSG.DELETE."))).toHaveLength(3);
+    expect(await kvRemoveKey(nc, "purge-test", "r.a.kept", () => false)).toBe(0);
+    expect(await kvRemoveKey(nc, "purge-test", "r.a.unlisted", () => undefined)).toBe(1);
+    expect(asked.filter((a) => a.includes(".PURGE."))).toHaveLength(1);
+    // A revision gone already (the bucket's history limit, an earlier removal) is no error.
+    expect(await kvRemoveKey(nc, "purge-test", "r.a.kept", (e) => [1, e.revision])).toBe(1);
+    watch.unsubscribe();
+    expect(await subjectsOf("$KV.purge-test.r.>")).toEqual({});
+    expect(await kvRemoveKey(nc, "purge-test", "r.a.never", () => [1])).toBe(0);
   });
 
   it("purges a scheduled record once its time has come, not before, many at once", async () => {
@@ -103,6 +124,8 @@ describe("an async run after its record left KV", () => {
     t = await startTestSkiff({ env: { SKIFF_RUN_ACK_WAIT_MS: "1000", SKIFF_FINAL_RECORD_KEEP_MS: "0" } });
     await deploy(tmp, t.management(), cortexApp("pur", { max_replicas: 1 }));
     store = await RunStore.open(t.skiff.nats.nc);
+    // The run history opens in the background: a first GetRun would wait for it longer than a record stays.
+    await t.management().listRuns({ projectId: P, appName: "pur" });
   }, 60_000);
   afterAll(async () => {
     await t?.close();

@@ -2,11 +2,14 @@
 // order: the Idempotency-Key is claimed, only when given (a repeat answers
 // the first run id); the app's queue must have room (SKIFF_MAX_QUEUED_RUNS,
 // else 429; counted without a round trip, see queue-depth.ts); the webhook
-// secret is sealed and stored, only when given; the `queued` record and its
-// event go out unacknowledged, and the request, carrying that record, is
+// secret is sealed and stored, only when given; the `queued` event goes out
+// unacknowledged, and the request, carrying the `queued` record, is
 // published to JetStream on `skiff.runs.queue.{project}.{app}` with
 // Nats-Msg-Id = run id. That publish is the one round trip: once JetStream
 // has acknowledged it, the caller gets 202 {"run_id":"…"} with X-Request-Id.
+// No KV record is written: the queue message is the queued run's record
+// (a backlog of queued runs costs NATS no subject per run), and the runner
+// that takes the run writes the first one, `running`.
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
 import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
@@ -67,12 +70,11 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
     }
     if (call.secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, runId, call.secret);
     // One acknowledged publish: the queue message, which carries the `queued`
-    // record. The record and its event go ahead on the same connection
-    // without waiting (the server takes them in order, before the message);
-    // a runner that finds no record writes it from the message.
-    deps.runs.createUnacked(record);
-    written = true;
+    // record (a run has no KV record until a runner takes it, or a cancel
+    // ends it). Its event goes ahead on the same connection without waiting:
+    // the run history shows the run queued from it.
     publishRunEventUnacked(deps.nc, record);
+    written = true;
     const { data } = await encodeRequest(deps.transfer, invoke, record);
     await publishAcked(deps.nc, subject, data, { msgId: runId });
     deps.queueDepths.accepted(queue);
@@ -87,20 +89,21 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
   return accepted(ctx, runId);
 }
 
-/** A record written for a run that never reached the queue: it must not read `queued` forever. */
+/**
+ * A run announced `queued` that never reached the queue must not read so
+ * forever: its record is written `failure` (only if it has none: a queue
+ * publish whose acknowledgement was lost may still have landed and been
+ * taken by a runner), with its event.
+ */
 async function markUnqueued(deps: InvocationDeps, record: RunRecord, cause: unknown): Promise<void> {
   try {
-    const final = await deps.runs.update(record.project_id, record.app_name, record.run_id, (current) =>
-      current.status !== "queued"
-        ? undefined
-        : {
-            ...current,
-            status: "failure",
-            finished_at: new Date().toISOString(),
-            error: { type: "not_queued", message: "the run could not be queued" },
-          },
-    );
-    if (final) await publishRunEvent(deps.nc, final);
+    const final = await deps.runs.create({
+      ...record,
+      status: "failure",
+      finished_at: new Date().toISOString(),
+      error: { type: "not_queued", message: "the run could not be queued" },
+    });
+    if (final) await publishRunEvent(deps.nc, final.record);
   } catch (err) {
     deps.logger.error({ err, cause, runId: record.run_id }, "cannot record that a run was not queued");
   }

@@ -8,8 +8,9 @@
 // sweeps expired results from object store `skiff-results` once an hour, and
 // fails sync runs whose gateway is gone (runs/stale-sync.ts).
 //
-// CancelRun: a queued run is set `cancelled` (compare-and-set against a
-// runner taking it; the runner then acks its message without running it).
+// CancelRun: a queued run is set `cancelled` (its first KV record, written
+// only if a runner has not written one; the runner then acks its message
+// without running it).
 // A running run's process is asked to abort it (runs/control.ts) and records
 // it `cancelled` itself; when that process is gone, the record is set
 // `cancelled` here. A final run cannot be cancelled: failed_precondition.
@@ -180,14 +181,30 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       error: { type: "cancelled", message },
     });
     const final = record.async
-      ? await runs.update(record.project_id, record.app_name, record.run_id, (cur) =>
-          cur.status !== from || (from === "running" && cur.attempts !== record.attempts) ? undefined : cancelled(cur),
-        )
+      ? await cancelAsync(record, from, cancelled)
       : record.status === from
         ? cancelled(record)
         : undefined;
     if (final) await publishRunEvent(nc, final);
     return final;
+  }
+
+  /**
+   * An async run's cancel: compare-and-set of its KV record; a queued run
+   * has none (its queue message is its record), so its first record is
+   * written `cancelled`, unless a runner has just written `running`.
+   */
+  async function cancelAsync(
+    record: RunRecord,
+    from: RunStatus,
+    cancelled: (cur: RunRecord) => RunRecord,
+  ): Promise<RunRecord | undefined> {
+    const cur = await runs.get(record.project_id, record.app_name, record.run_id);
+    if (!cur) return from === "queued" ? (await runs.create(cancelled(record)))?.record : undefined;
+    const written = await runs.updateFrom(cur, (r) =>
+      r.status !== from || (from === "running" && r.attempts !== record.attempts) ? undefined : cancelled(r),
+    );
+    return written?.record;
   }
 
   async function settled(record: RunRecord): Promise<RunRecord> {

@@ -35,7 +35,7 @@ export interface RunnerRoleOptions {
   runs: RunContext;
   /** SKIFF_RUN_ACK_WAIT_MS: ack deadline of the run consumers. */
   runAckWaitMs: number;
-  /** SKIFF_FINAL_RECORD_KEEP_MS (default FINAL_RECORD_KEPT_MS): how long a final record stays in KV once acked. */
+  /** SKIFF_FINAL_RECORD_KEEP_MS (default ENDED_KEEP_MS): how long a final record stays in KV once acked. */
   finalRecordKeepMs?: number;
   /** Tuning of the Runner (timeouts, queue limits). */
   runnerOptions?: Omit<RunnerOptions, "workDir" | "logger" | "onLog" | "onReplicaChange">;

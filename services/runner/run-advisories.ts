@@ -8,33 +8,46 @@
 import type { NatsConnection } from "nats";
 import type { Logger } from "../config/index.js";
 import { JsErrorCode, MAX_RUN_ATTEMPTS, consumers, ensureConsumer, isJsError, streams } from "../nats/index.js";
-import { publishRunEvent, isFinal, type RunStore, requestMeta, type BodyTransfer } from "../runs/index.js";
+import {
+  publishRunEvent,
+  isFinal,
+  type RunRecord,
+  type RunStore,
+  requestMeta,
+  type BodyTransfer,
+} from "../runs/index.js";
 
 interface Advisory {
   stream: string;
   stream_seq: number;
 }
 
-/** Fails a run whose runner was lost on every attempt (`runner_lost`), unless it is final; publishes its event. */
+/**
+ * Fails a run whose runner was lost on every attempt (`runner_lost`), unless
+ * it is final; publishes its event. `queued`: the record its queue message
+ * carries, written failed when the run has no record (no attempt got as far
+ * as writing one).
+ */
 export async function failLostRun(
   runs: RunStore,
   logger: Logger,
   run: { projectId: string; appName: string; runId: string },
+  queued?: RunRecord,
 ): Promise<void> {
   const { projectId, appName, runId } = run;
-  const final = await runs.update(projectId, appName, runId, (record) =>
-    isFinal(record.status)
-      ? undefined
-      : {
-          ...record,
-          status: "failure",
-          finished_at: new Date().toISOString(),
-          error: {
-            type: "runner_lost",
-            message: `the runner running it stopped before finishing, ${MAX_RUN_ATTEMPTS} times`,
-          },
-        },
-  );
+  const failed = (record: RunRecord): RunRecord => ({
+    ...record,
+    status: "failure",
+    finished_at: new Date().toISOString(),
+    error: {
+      type: "runner_lost",
+      message: `the runner running it stopped before finishing, ${MAX_RUN_ATTEMPTS} times`,
+    },
+  });
+  const cur = await runs.get(projectId, appName, runId);
+  const final = cur
+    ? (await runs.updateFrom(cur, (record) => (isFinal(record.status) ? undefined : failed(record))))?.record
+    : queued && (await runs.create(failed(queued)))?.record;
   if (!final) return;
   await publishRunEvent(runs.nc, final);
   logger.warn(
@@ -66,8 +79,8 @@ export async function followLostRuns(
     }
     // skiff.runs.queue.{project}.{app}
     const [, , , projectId, appName] = msg.subject.split(".");
-    const { run_id: runId, body_object: object } = requestMeta(msg.data);
-    await failLostRun(runs, logger, { projectId, appName, runId });
+    const { run_id: runId, body_object: object, record } = requestMeta(msg.data);
+    await failLostRun(runs, logger, { projectId, appName, runId }, record);
     await transfer.drop(object);
     await jsm.streams.deleteMessage(streams.runs.name, advisory.stream_seq, false).catch((err: unknown) => {
       if (!isJsError(err, JsErrorCode.NoMessageFound)) throw err;

@@ -7,17 +7,14 @@
 import type { NatsConnection } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { buckets, KvPurger, kvPurgeKey } from "../nats/index.js";
-import type { RunContext } from "../runs/index.js";
+import { buckets, ENDED_KEEP_MS, KvPurger, kvRemoveKey } from "../nats/index.js";
+import { decodeRunRecord, revisionsOf, type RunContext } from "../runs/index.js";
 import { followDeployedApps } from "./deployed-apps.js";
 import { SyncDispatch } from "./dispatch.js";
 import { followLostRuns } from "./run-advisories.js";
 import { RunWorker } from "./run-worker.js";
 import { WebSocketDispatch } from "./ws-dispatch.js";
 import type { Runner } from "./runner.js";
-
-/** The least time an ended async run's record stays in KV after its message was acked (SKIFF_FINAL_RECORD_KEEP_MS). */
-export const FINAL_RECORD_KEEP_MS = 60_000;
 
 export interface RunIntakeOptions {
   nc: NatsConnection;
@@ -40,9 +37,13 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
   const { nc, runner, registry, runs, logger } = opts;
   // A final record stays past any redelivery of its acked message (run-worker.ts).
   const purger = new KvPurger(
-    (key) => kvPurgeKey(nc, buckets.runs.name, key),
+    (key) =>
+      kvRemoveKey(nc, buckets.runs.name, key, (entry) => {
+        const record = decodeRunRecord(entry);
+        return record && revisionsOf(record, entry.revision);
+      }),
     logger,
-    Math.max(opts.finalRecordKeepMs ?? FINAL_RECORD_KEEP_MS, 2 * opts.ackWaitMs),
+    Math.max(opts.finalRecordKeepMs ?? ENDED_KEEP_MS, 2 * opts.ackWaitMs),
     "ended async run records",
   );
   const dispatch = new SyncDispatch({ nc, runner, transfer: runs.transfer, control: runs.control, logger });

@@ -183,52 +183,15 @@ export class RunWorker {
     try {
       const req = await decodeRequest(deps.transfer, msg.data, true);
       runId = req.runId;
-      let cur = await deps.runs.get(projectId, appName, runId);
-      if (!cur) {
-        // The gateway's unacknowledged `queued` write has not landed: the message carries the record.
-        const queued = requestMeta(msg.data).record;
-        if (!queued) {
-          deps.logger.warn({ runId, app: `${projectId}/${appName}` }, "queued run without a record; dropped");
-          return msg.term();
-        }
-        // Losing this create to another writer (the gateway's late write, a cancel) is fine: read theirs.
-        await deps.runs.create(queued).catch(() => undefined);
-        cur = await deps.runs.get(projectId, appName, runId);
-        if (!cur) throw new Error(`run ${runId} has no record after writing it`);
-      }
-      if (isFinal(cur.record.status)) {
-        // An earlier attempt finished it; its runner may have died before publishing the event.
-        await republishFinal(deps.runs, cur.record);
-        return this.ackFinal(msg, cur.record);
-      }
-      // JetStream's delivery count is not an attempt count: a delivery to a
-      // runner that died can be taken back uncounted (seen with nats-server
-      // 2.9), so max_deliver may never be reached. The record counts every
-      // start of the run, and caps the attempts itself.
-      const attempt = Math.max(msg.info.redeliveryCount, cur.record.attempts + 1);
-      if (attempt > MAX_RUN_ATTEMPTS) {
-        await failLostRun(deps.runs, deps.logger, { projectId, appName, runId });
-        await deps.transfer.drop(requestMeta(msg.data).body_object);
-        return msg.term();
-      }
-      const running = await deps.runs.updateFrom(cur, (record) =>
-        isFinal(record.status)
-          ? undefined
-          : {
-              ...record,
-              status: "running",
-              started_at: new Date().toISOString(),
-              attempts: attempt,
-              runner: deps.control.id,
-            },
-      );
-      if (!running) return this.ackFinal(msg, cur.record);
+      const meta = requestMeta(msg.data);
+      const running = await this.start(msg, queue.app, runId, meta);
+      if (!running) return; // the message is settled
       await publishRunEvent(deps.runs.nc, running.record);
       const controller = new AbortController();
       const done = this.invoke(queue, req, controller.signal).then((outcome) => finishAsync(deps, running, outcome));
       deps.control.track(runId, controller, done);
       await done;
-      await deps.transfer.drop(requestMeta(msg.data).body_object);
+      await deps.transfer.drop(meta.body_object);
       this.ackFinal(msg, running.record);
     } catch (err) {
       if (!(err instanceof Requeue))
@@ -240,6 +203,71 @@ export class RunWorker {
     } finally {
       clearInterval(heartbeat);
     }
+  }
+
+  /**
+   * Records the run `running` for this attempt and resolves with that record;
+   * or settles the message and resolves with nothing: a run already final
+   * (cancelled while queued, or finished by an earlier attempt whose ack was
+   * lost) is acked, one past its attempts failed and dropped.
+   *
+   * A first delivery finds no record (the queue message is a queued run's
+   * record), so its first record is written `running` from the message,
+   * unless a cancel or another delivery wrote one first: one round trip. A
+   * redelivery reads the record first.
+   */
+  private async start(
+    msg: JsMsg,
+    app: AppRef,
+    runId: string,
+    meta: ReturnType<typeof requestMeta>,
+  ): Promise<{ record: RunRecord; revision: number } | undefined> {
+    const { deps } = this;
+    const { projectId, appName } = app;
+    const startedBy = (attempts: number) => ({
+      status: "running" as const,
+      started_at: new Date().toISOString(),
+      attempts,
+      runner: deps.control.id,
+    });
+    const lost = async () => {
+      await failLostRun(deps.runs, deps.logger, { projectId, appName, runId }, meta.record);
+      await deps.transfer.drop(meta.body_object);
+      msg.term();
+      return undefined;
+    };
+    let cur = msg.info.redeliveryCount > 1 ? await deps.runs.get(projectId, appName, runId) : undefined;
+    if (!cur) {
+      if (!meta.record) {
+        deps.logger.warn({ runId, app: `${projectId}/${appName}` }, "queued run without a record; dropped");
+        msg.term();
+        return undefined;
+      }
+      const attempt = Math.max(1, msg.info.redeliveryCount);
+      if (attempt > MAX_RUN_ATTEMPTS) return lost();
+      const created = await deps.runs.create({ ...meta.record, ...startedBy(attempt) });
+      if (created) return created;
+      // A cancel, or another delivery of the message, wrote first: go on from theirs.
+      cur = await deps.runs.get(projectId, appName, runId);
+      if (!cur) throw new Error(`run ${runId}: its record was written and is gone`);
+    }
+    if (isFinal(cur.record.status)) {
+      // An earlier attempt finished it; its runner may have died before publishing the event.
+      await republishFinal(deps.runs, cur.record);
+      this.ackFinal(msg, cur.record);
+      return undefined;
+    }
+    // JetStream's delivery count is not an attempt count: a delivery to a
+    // runner that died can be taken back uncounted (seen with nats-server
+    // 2.9), so max_deliver may never be reached. The record counts every
+    // start of the run, and caps the attempts itself.
+    const attempt = Math.max(msg.info.redeliveryCount, cur.record.attempts + 1);
+    if (attempt > MAX_RUN_ATTEMPTS) return lost();
+    const running = await deps.runs.updateFrom(cur, (record) =>
+      isFinal(record.status) ? undefined : { ...record, ...startedBy(attempt) },
+    );
+    if (!running) this.ackFinal(msg, cur.record);
+    return running;
   }
 
   /**

@@ -46,7 +46,7 @@ const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math
 /** The record as the event's header carries it: JSON (no line breaks), without the result's bytes. */
 export function recordHeader(record: RunRecord): MsgHdrs {
   const h = headers();
-  const { result: _result, ...slim } = record;
+  const { result: _result, prior_revisions: _prior, ...slim } = record;
   h.set(RUN_RECORD_HEADER, JSON.stringify(slim));
   return h;
 }

@@ -41,7 +41,7 @@ export { STALE_SYNC_CONFIRM_MS, STALE_SYNC_EVERY_MS, sweepStaleSyncRuns } from "
 export type { StaleSyncOptions, StaleSyncSweep } from "./stale-sync.js";
 export { RUN_STATUSES, isFinal } from "./status.js";
 export type { RunStatus } from "./status.js";
-export { RunStore, decodeRunRecord, isWrongRevision, runKey } from "./store.js";
+export { RunStore, decodeRunRecord, isWrongRevision, revisionsOf, runKey } from "./store.js";
 export type { RunRecord } from "./store.js";
 export {
   BodyTransfer,

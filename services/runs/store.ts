@@ -1,18 +1,18 @@
 // Records of async runs in KV `skiff-runs`, one entry per run under
-// `{project}.{app}.{run_id}`, so GetRun of a run in flight is a single get.
+// `{project}.{app}.{run_id}`, from the moment a runner takes the run (or a
+// cancel ends it while queued) until a minute after it ended: a queued run's
+// record is its queue message, and its `queued` event in the run history.
 // Sync runs have none: their record is their events (runs/events.ts), and
-// every run's is in the run history. The bucket keeps a record a while
-// after its last write (SKIFF_RESULT_TTL plus a day, two days at least: long
-// enough for a run that waited and ran 12 h, and for its kept result); the
-// run history keeps it SKIFF's 30 days, so what NATS holds per run does not
-// grow with the history.
+// every run's is in the run history, so what NATS holds per run does not
+// grow with the history, nor with the queue.
 //
-// Every state change after the first write is a compare-and-set on the
-// entry's revision, and a final record (success, failure, cancelled) is
-// never changed again: a runner that finishes late, a redelivered message
-// and a cancel racing a completion all end in one final state, decided by
-// whichever write lands first.
-import { headers, type KV, type KvEntry, type NatsConnection } from "nats";
+// The first write creates the entry only if the run has none, and every
+// state change after it is a compare-and-set on the entry's revision; a
+// final record (success, failure, cancelled) is never changed again: a
+// runner that finishes late, a redelivered message and a cancel racing a
+// start or a completion all end in one final state, decided by whichever
+// write lands first.
+import type { KV, KvEntry, NatsConnection } from "nats";
 import { JsErrorCode, buckets, isJsError, kvGetLatest, publishAcked } from "../nats/index.js";
 
 import { isFinal, type RunStatus } from "./status.js";
@@ -62,6 +62,12 @@ export interface RunRecord {
   websocket?: WebSocketSummary;
   /** Bytes of the answer's body the caller got (a streamed answer's chunks together); set when the run ends. */
   response_bytes?: number;
+  /**
+   * The stream sequences of the record's earlier revisions in KV, oldest
+   * first: with the latest one's, every message of the run's key, which the
+   * record's removal deletes one by one (nats/kv-purge.ts). Not shown.
+   */
+  prior_revisions?: number[];
 }
 
 /** What a WebSocket connection did, written when it closed. */
@@ -80,6 +86,11 @@ export interface WebSocketSummary {
 }
 
 export const runKey = (projectId: string, appName: string, runId: string): string => `${projectId}.${appName}.${runId}`;
+
+/** Every revision of a record in KV: its earlier ones', then its own (undefined: not known, for a record written before they were kept). */
+export function revisionsOf(record: RunRecord, revision: number): number[] | undefined {
+  return Array.isArray(record.prior_revisions) ? [...record.prior_revisions, revision] : undefined;
+}
 
 export function decodeRunRecord(entry: Pick<KvEntry, "operation" | "value">): RunRecord | undefined {
   if (entry.operation !== "PUT") return undefined;
@@ -142,28 +153,22 @@ export class RunStore {
     for (const listener of this.finalListeners) listener(record);
   }
 
-  /** Writes the first record of a run; fails if the run id exists. */
-  async create(record: RunRecord): Promise<void> {
-    await this.kv.create(runKey(record.project_id, record.app_name, record.run_id), encode(record));
-    this.ended(record);
-  }
-
   /**
-   * The first record of a run as a plain NATS publish that the server stores
-   * only if the run has no record yet (an expected last sequence of 0): no
-   * acknowledgement is awaited, and a record a runner or a cancel wrote
-   * first is never overwritten. For the `queued` record of an async run,
-   * whose queue message carries the same record (a runner that finds no
-   * record creates it from the message).
+   * Writes the first record of a run, only if the run has none (a
+   * compare-and-set on "no message yet"): resolves with its revision, or
+   * undefined when the run has a record already (a runner or a cancel wrote
+   * first).
    */
-  createUnacked(record: RunRecord): void {
-    const h = headers();
-    h.set("Nats-Expected-Last-Subject-Sequence", "0");
-    this.nc.publish(
-      `$KV.${buckets.runs.name}.${runKey(record.project_id, record.app_name, record.run_id)}`,
-      encode(record),
-      { headers: h },
-    );
+  async create(record: RunRecord): Promise<{ record: RunRecord; revision: number } | undefined> {
+    const subject = `$KV.${buckets.runs.name}.${runKey(record.project_id, record.app_name, record.run_id)}`;
+    try {
+      const ack = await publishAcked(this.nc, subject, encode(record), { expectedLastSubjectSequence: 0 });
+      this.ended(record);
+      return { record, revision: ack.seq };
+    } catch (err) {
+      if (isWrongRevision(err)) return undefined;
+      throw err;
+    }
   }
 
   /**
@@ -195,8 +200,9 @@ export class RunStore {
     const subject = `$KV.${buckets.runs.name}.${runKey(project_id, app_name, run_id)}`;
     let cur: { record: RunRecord; revision: number } | undefined = known;
     for (let i = 0; i < MAX_CAS_TRIES && cur; i++) {
-      const next = change(cur.record);
-      if (!next) return undefined;
+      const changed = change(cur.record);
+      if (!changed) return undefined;
+      const next = { ...changed, prior_revisions: [...(cur.record.prior_revisions ?? []), cur.revision] };
       try {
         const ack = await publishAcked(this.nc, subject, encode(next), { expectedLastSubjectSequence: cur.revision });
         this.ended(next);

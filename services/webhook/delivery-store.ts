@@ -46,6 +46,27 @@ export interface Versioned {
 
 interface RunEntry {
   deliveries: DeliveryRecord[];
+  /** The stream sequences of the entry's earlier revisions: with its own, what its removal deletes. */
+  prior_revisions?: number[];
+}
+
+/** Where a run's entry stands: its deliveries, and its revision with the earlier ones (none: no entry). */
+interface Current {
+  deliveries: DeliveryRecord[];
+  revision: number | undefined;
+  prior: number[];
+}
+
+/** Every revision of a run's entry, or false while one of its deliveries is under way (keep it); for kvRemoveKey. */
+export function revisionsIfOver(value: Uint8Array, revision: number): number[] | false | undefined {
+  let entry: RunEntry;
+  try {
+    entry = JSON.parse(new TextDecoder().decode(value)) as RunEntry;
+  } catch {
+    return undefined;
+  }
+  if (!Array.isArray(entry?.deliveries) || entry.deliveries.some((d) => d.state === "pending")) return false;
+  return Array.isArray(entry.prior_revisions) ? [...entry.prior_revisions, revision] : undefined;
 }
 
 /** KV keys and subject tokens: no dots, wildcards or spaces. */
@@ -64,15 +85,18 @@ export function stateOf(attempts: readonly AttemptRecord[]): DeliveryState {
 export class DeliveryStore {
   constructor(readonly kv: KV) {}
 
-  private async read(runId: string): Promise<{ deliveries: DeliveryRecord[]; revision: number | undefined }> {
+  private async read(runId: string): Promise<Current> {
     const entry = await this.kv.get(runId);
-    if (entry?.operation !== "PUT") return { deliveries: [], revision: undefined };
-    return { deliveries: entry.json<RunEntry>().deliveries, revision: entry.revision };
+    if (entry?.operation !== "PUT") return { deliveries: [], revision: undefined, prior: [] };
+    const value = entry.json<RunEntry>();
+    return { deliveries: value.deliveries, revision: entry.revision, prior: value.prior_revisions ?? [] };
   }
 
-  /** Compare-and-set of the run's entry; revision undefined: only if there is none. False on a conflict. */
-  private async write(runId: string, deliveries: DeliveryRecord[], revision: number | undefined): Promise<boolean> {
-    const value = JSON.stringify({ deliveries } satisfies RunEntry);
+  /** Compare-and-set of the run's entry over `cur` (no revision: only if there is none). False on a conflict. */
+  private async write(runId: string, deliveries: DeliveryRecord[], cur: Current): Promise<boolean> {
+    const { revision } = cur;
+    const prior_revisions = revision === undefined ? [] : [...cur.prior, revision];
+    const value = JSON.stringify({ deliveries, prior_revisions } satisfies RunEntry);
     try {
       if (revision === undefined) await this.kv.create(runId, value);
       else await this.kv.update(runId, value, revision);
@@ -95,10 +119,11 @@ export class DeliveryStore {
   /** Adds the delivery unless it exists; either way returns what is stored, and whether this call added it. */
   async create(record: DeliveryRecord): Promise<Versioned & { created: boolean }> {
     for (;;) {
-      const { deliveries, revision } = await this.read(record.run_id);
+      const cur = await this.read(record.run_id);
+      const { deliveries, revision } = cur;
       const existing = deliveries.find((delivery) => delivery.delivery_id === record.delivery_id);
       if (existing !== undefined && revision !== undefined) return { record: existing, revision, created: false };
-      if (await this.write(record.run_id, [...deliveries, record], revision))
+      if (await this.write(record.run_id, [...deliveries, record], cur))
         return { ...(await this.get(record.run_id, record.delivery_id))!, created: true };
     }
   }
@@ -110,7 +135,7 @@ export class DeliveryStore {
     return this.write(
       record.run_id,
       cur.deliveries.map((delivery) => (delivery.delivery_id === record.delivery_id ? record : delivery)),
-      revision,
+      cur,
     );
   }
 
@@ -134,13 +159,13 @@ export class DeliveryStore {
 
   async remove(runId: string, deliveryId: string): Promise<void> {
     for (;;) {
-      const { deliveries, revision } = await this.read(runId);
+      const cur = await this.read(runId);
       if (
-        revision === undefined ||
+        cur.revision === undefined ||
         (await this.write(
           runId,
-          deliveries.filter((delivery) => delivery.delivery_id !== deliveryId),
-          revision,
+          cur.deliveries.filter((delivery) => delivery.delivery_id !== deliveryId),
+          cur,
         ))
       )
         return;

@@ -20,9 +20,10 @@ import type { Metrics } from "../metrics/index.js";
 import {
   buckets,
   consumers,
+  ENDED_KEEP_MS,
   ensureConsumer,
   KvPurger,
-  kvPurgeKey,
+  kvRemoveKey,
   objectStores,
   publishAcked,
   subjects,
@@ -31,7 +32,7 @@ import { DELIVERY_RECORD_HEADER } from "../runs/index.js";
 import { createSecretBox } from "./secrets.js";
 import { AddressGuard } from "./address-guard.js";
 import { advanceDelivery, type DeliveryDeps } from "./deliver.js";
-import { DeliveryStore, type DeliveryRecord } from "./delivery-store.js";
+import { DeliveryStore, revisionsIfOver, type DeliveryRecord } from "./delivery-store.js";
 
 export const WEBHOOK_CONSUMER = consumers.webhook.name;
 /** SKIFF_WEBHOOK_TIMEOUT_MS: the whole of one attempt. */
@@ -46,8 +47,6 @@ export const DEFAULT_WEBHOOK_CONCURRENCY = 64;
 export const DEFAULT_WEBHOOK_ACK_WAIT_MS = 30_000;
 /** After an unexpected error (NATS unavailable), when the message is tried again. */
 const RETRY_AFTER_ERROR_MS = 2_000;
-/** The least time a run's delivery entry stays in KV once its deliveries are over (SKIFF_FINAL_RECORD_KEEP_MS). */
-export const DEFAULT_DELIVERY_KEEP_MS = 60_000;
 
 export interface WebhookRoleOptions {
   nc: NatsConnection;
@@ -94,15 +93,11 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
   };
   if ((await ensureConsumer(await nc.jetstreamManager(), consumers.webhook, ackWaitMs)) === "updated")
     logger.info({ consumer: WEBHOOK_CONSUMER, ackWaitMs }, "updated the webhook consumer");
-  const store = deps.store;
   // A run's entry leaves KV when every delivery in it is over: a redelivery started since keeps it.
   const purger = new KvPurger(
-    async (runId) => {
-      const deliveries = await store.list(runId);
-      if (deliveries.every((d) => d.state !== "pending")) await kvPurgeKey(nc, buckets.webhooks.name, runId);
-    },
+    (runId) => kvRemoveKey(nc, buckets.webhooks.name, runId, (entry) => revisionsIfOver(entry.value, entry.revision)),
     logger,
-    Math.max(opts.keepMs ?? DEFAULT_DELIVERY_KEEP_MS, 2 * ackWaitMs),
+    Math.max(opts.keepMs ?? ENDED_KEEP_MS, 2 * ackWaitMs),
     "webhook delivery entries",
   );
   /** The delivery, over, for the run history; deduplicated, since a message that comes again publishes it again. */

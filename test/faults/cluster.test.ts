@@ -17,7 +17,6 @@ import { startNatsCluster, type NatsCluster } from "../../services/nats/cluster-
 import { kvKeys } from "../../services/nats/kv-view.js";
 import { buckets, streams } from "../../services/nats/layout.js";
 import type { RunRecord } from "../../services/runs/store.js";
-import { listDeliveries } from "../../services/webhook/deliveries.js";
 import { cortexApp, deploy, P } from "../helpers/run-apps.js";
 import { followRunRecords } from "../helpers/run-records.js";
 import { startReceiver, type Receiver } from "../helpers/webhook-receiver.js";
@@ -33,7 +32,9 @@ import {
   callErrors,
   failureTypes,
   waitFinal,
+  firstDelivery,
   type Call,
+  type GetRun,
   type SkiffProcess,
 } from "./fleet.js";
 
@@ -52,6 +53,19 @@ const managementOf = (baseUrl: string) =>
     ManagementService,
     createConnectTransport({ baseUrl, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
   );
+
+/** GetRun from the first gateway that answers (a scenario may have one down). */
+const getRun: GetRun = async (req) => {
+  let failure: unknown;
+  for (const g of gateways()) {
+    try {
+      return await managementOf(g.url).getRun(req);
+    } catch (err) {
+      failure = err;
+    }
+  }
+  throw failure;
+};
 
 /** Whether a runner process has a replica of the app (min_replicas 1: it has prepared it). */
 async function hasReplica(runner: SkiffProcess): Promise<boolean> {
@@ -155,14 +169,14 @@ async function checkRuns(
   extra: Record<string, unknown> = {},
   timeoutMs = 240_000,
 ): Promise<Map<string, RunRecord | undefined>> {
-  const records = await waitFinal(nc, P, APP, runIds, timeoutMs);
+  const records = await waitFinal(nc, P, APP, runIds, timeoutMs, getRun);
   // Webhooks: a run's terminal event reaches the webhook role some moments after its record; a killed webhook
   // process's messages go to another after the consumer's ack_wait (30 s).
   let deliveries: (WebhookDelivery | undefined)[] = [];
   await vi
     .waitUntil(
       async () => {
-        deliveries = await pool(runIds, 16, async (id) => (await listDeliveries(nc, id))[0]);
+        deliveries = await pool(runIds, 16, (id) => firstDelivery(nc, P, APP, id, getRun));
         return deliveries.every((d) => d !== undefined && d.state !== "pending");
       },
       { timeout: 150_000, interval: 1_000 },

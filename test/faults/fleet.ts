@@ -15,6 +15,8 @@ import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import { freePort } from "../../services/nats/cluster-process.js";
 import { buckets, streams } from "../../services/nats/layout.js";
 import type { RunRecord } from "../../services/runs/store.js";
+import { listDeliveries } from "../../services/webhook/deliveries.js";
+import type { Run, WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
 
 export const ROOT = path.resolve(import.meta.dirname, "..", "..");
 
@@ -254,20 +256,67 @@ export function statuses(calls: Call[]): Record<string, number> {
   return out;
 }
 
-/** The current record of each run, read from KV skiff-runs (undefined: none). */
+/** The management API's GetRun, as the fault tests ask it (a Connect client's method). */
+export type GetRun = (req: { projectId: string; appName: string; runId: string }) => Promise<{ run?: Run }>;
+
+/** What the fault tests read of a run the management API answered for: its record's fields they check. */
+function recordOfRun(run: Run): RunRecord {
+  return {
+    run_id: run.runId,
+    project_id: run.projectId,
+    app_name: run.appName,
+    path: run.path,
+    async: run.async,
+    status: run.status as RunRecord["status"],
+    queued_at: "",
+    attempts: run.attempts,
+    ...(run.error ? { error: { type: run.error.type, message: run.error.message } } : {}),
+  };
+}
+
+/**
+ * The current record of each run (undefined: none): from KV skiff-runs while
+ * it is there, else, since a runner purges an ended run's record a minute
+ * after it acked the run, as GetRun answers from the run history.
+ */
 export async function readRecords(
   nc: NatsConnection,
   project: string,
   app: string,
   runIds: string[],
+  getRun: GetRun,
 ): Promise<Map<string, RunRecord | undefined>> {
   const kv = await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true });
   const out = new Map<string, RunRecord | undefined>();
   await pool(runIds, 32, async (id) => {
     const entry = await kv.get(`${project}.${app}.${id}`);
-    out.set(id, entry?.operation === "PUT" ? entry.json<RunRecord>() : undefined);
+    if (entry?.operation === "PUT") return void out.set(id, entry.json<RunRecord>());
+    const run = await getRun({ projectId: project, appName: app, runId: id })
+      .then((r) => r.run)
+      .catch(() => undefined);
+    out.set(id, run && recordOfRun(run));
   });
   return out;
+}
+
+/**
+ * A run's first webhook delivery (undefined: none yet): from KV skiff-webhooks
+ * while it is there, else from GetRun, which reads the run history's once the
+ * delivery is over and its entry purged.
+ */
+export async function firstDelivery(
+  nc: NatsConnection,
+  project: string,
+  app: string,
+  runId: string,
+  getRun: GetRun,
+): Promise<WebhookDelivery | undefined> {
+  const live = (await listDeliveries(nc, runId))[0];
+  if (live) return live;
+  const run = await getRun({ projectId: project, appName: app, runId })
+    .then((r) => r.run)
+    .catch(() => undefined);
+  return run?.webhookDeliveries[0];
 }
 
 /** Waits until every run has a final record; resolves with the records. */
@@ -277,12 +326,13 @@ export async function waitFinal(
   app: string,
   runIds: string[],
   timeoutMs: number,
+  getRun: GetRun,
 ): Promise<Map<string, RunRecord | undefined>> {
   let last = new Map<string, RunRecord | undefined>();
   try {
     await vi.waitUntil(
       async () => {
-        last = await readRecords(nc, project, app, runIds);
+        last = await readRecords(nc, project, app, runIds, getRun);
         return [...last.values()].every(
           (r) => r !== undefined && ["success", "failure", "cancelled"].includes(r.status),
         );

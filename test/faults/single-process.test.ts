@@ -5,13 +5,12 @@
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { createClient } from "@connectrpc/connect";
+import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { connect, type NatsConnection } from "nats";
 import { afterAll, beforeAll, expect, it, vi } from "vitest";
 import { ManagementService, type WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
 import { bearerAuth } from "../../services/auth/bearer.js";
-import { listDeliveries } from "../../services/webhook/deliveries.js";
 import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
 import { cortexApp, deploy, P } from "../helpers/run-apps.js";
 import { startReceiver, type Receiver } from "../helpers/webhook-receiver.js";
@@ -27,7 +26,9 @@ import {
   callErrors,
   failureTypes,
   waitFinal,
+  firstDelivery,
   type Call,
+  type GetRun,
   type SkiffProcess,
 } from "./fleet.js";
 
@@ -43,6 +44,7 @@ let nc: NatsConnection;
 let rx: Receiver;
 let skiff: SkiffProcess;
 let devToken: string;
+let management: Client<typeof ManagementService>;
 
 beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-faults-single-"));
@@ -57,7 +59,7 @@ beforeAll(async () => {
   await skiff.start();
   const adminToken = (await readFile(path.join(tmp, "data", "admin-token"), "utf8")).trim();
   devToken = (await readFile(path.join(tmp, "data", "dev-token"), "utf8")).trim();
-  const management = createClient(
+  management = createClient(
     ManagementService,
     createConnectTransport({ baseUrl: skiff.url, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
   );
@@ -99,13 +101,14 @@ it("kill -9 of the single process mid async runs, started again on the same data
   const accepted = calls.filter((c) => c.status === 202).map((c) => c.runId!);
   await skiff.start();
   const restartedAt = Date.now();
-  const records = await waitFinal(nc, P, APP, accepted, 240_000);
+  const getRun: GetRun = (req) => management.getRun(req);
+  const records = await waitFinal(nc, P, APP, accepted, 240_000, getRun);
   // Every delivery settled: one whose attempt the kill interrupted goes on after the webhook consumer's ack_wait (30 s).
   let deliveries: (WebhookDelivery | undefined)[] = [];
   await vi
     .waitUntil(
       async () => {
-        deliveries = await pool(accepted, 16, async (id) => (await listDeliveries(nc, id))[0]);
+        deliveries = await pool(accepted, 16, (id) => firstDelivery(nc, P, APP, id, getRun));
         return deliveries.every((d) => d !== undefined && d.state !== "pending");
       },
       { timeout: 150_000, interval: 1_000 },

@@ -105,7 +105,7 @@ export function rowOf(r: RunRecord, revision: number): Row | undefined {
   const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
   const statusCode = num(r.status_code);
   // The listing never shows results: their bytes stay in KV and the object store.
-  const { result: _result, ...slim } = r;
+  const { result: _result, prior_revisions: _prior, ...slim } = r;
   return {
     run_id: r.run_id,
     project_id: r.project_id,
