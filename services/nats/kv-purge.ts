@@ -45,6 +45,8 @@ const RETRY_MS = 5_000;
 interface Pending {
   due: number;
   key: string;
+  /** Every revision of the key, when the scheduler knew them (no read before deleting them then). */
+  revisions: number[] | undefined;
   tries: number;
 }
 
@@ -59,8 +61,8 @@ export class KvPurger {
   abandoned = 0;
 
   constructor(
-    /** Purges one key (kvPurgeKey, or a check before it); a rejection is tried again. */
-    private readonly purge: (key: string) => Promise<unknown>,
+    /** Purges one key (its revisions when the scheduler gave them); a rejection is tried again. */
+    private readonly purge: (key: string, revisions: number[] | undefined) => Promise<unknown>,
     private readonly logger: Logger,
     /** How long a key stays after it was scheduled. */
     readonly keptMs: number,
@@ -76,9 +78,9 @@ export class KvPurger {
     return this.queue.length - this.head + this.inFlight;
   }
 
-  /** Purges `key` keptMs from now. */
-  schedule(key: string): void {
-    this.queue.push({ due: Date.now() + this.keptMs, key, tries: 0 });
+  /** Purges `key` keptMs from now; `revisions`: all it has, when known (nothing may write it again). */
+  schedule(key: string, revisions?: number[]): void {
+    this.queue.push({ due: Date.now() + this.keptMs, key, revisions, tries: 0 });
   }
 
   /** Purges what is due, up to MAX_IN_FLIGHT at once; more on the next tick or as purges end. */
@@ -86,7 +88,7 @@ export class KvPurger {
     while (this.inFlight < MAX_IN_FLIGHT && this.head < this.queue.length && this.queue[this.head].due <= now) {
       const item = this.queue[this.head++];
       this.inFlight++;
-      this.purge(item.key).then(
+      this.purge(item.key, item.revisions).then(
         () => {
           this.purged++;
           this.settled();
@@ -169,8 +171,7 @@ export async function kvRemoveKey(
   const revisions = revisionsOf(entry);
   if (revisions === false) return 0;
   if (revisions === undefined) return kvPurgeKey(nc, bucket, key);
-  const deleted = await Promise.all(revisions.map((seq) => deleteMessage(nc, `KV_${bucket}`, seq)));
-  return deleted.filter(Boolean).length;
+  return kvDeleteRevisions(nc, bucket, revisions);
 }
 
 interface DeleteAnswer {
@@ -195,4 +196,10 @@ async function deleteMessage(nc: NatsConnection, stream: string, seq: number): P
     `cannot delete message ${seq} of ${stream}: ${answer.error?.description ?? "JetStream did not say it was done"}`,
     answer.error?.err_code,
   );
+}
+
+/** Deletes the given revisions of a key by sequence (its removal when they are all it has); how many went. */
+export async function kvDeleteRevisions(nc: NatsConnection, bucket: string, revisions: number[]): Promise<number> {
+  const deleted = await Promise.all(revisions.map((seq) => deleteMessage(nc, `KV_${bucket}`, seq)));
+  return deleted.filter(Boolean).length;
 }

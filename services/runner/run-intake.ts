@@ -7,7 +7,7 @@
 import type { NatsConnection } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { buckets, ENDED_KEEP_MS, KvPurger, kvRemoveKey } from "../nats/index.js";
+import { buckets, ENDED_KEEP_MS, KvPurger, kvDeleteRevisions, kvRemoveKey } from "../nats/index.js";
 import { decodeRunRecord, revisionsOf, type RunContext } from "../runs/index.js";
 import { followDeployedApps } from "./deployed-apps.js";
 import { SyncDispatch } from "./dispatch.js";
@@ -37,11 +37,13 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
   const { nc, runner, registry, runs, logger } = opts;
   // A final record stays past any redelivery of its acked message (run-worker.ts).
   const purger = new KvPurger(
-    (key) =>
-      kvRemoveKey(nc, buckets.runs.name, key, (entry) => {
-        const record = decodeRunRecord(entry);
-        return record && revisionsOf(record, entry.revision);
-      }),
+    (key, revisions) =>
+      revisions
+        ? kvDeleteRevisions(nc, buckets.runs.name, revisions)
+        : kvRemoveKey(nc, buckets.runs.name, key, (entry) => {
+            const record = decodeRunRecord(entry);
+            return record && revisionsOf(record, entry.revision);
+          }),
     logger,
     Math.max(opts.finalRecordKeepMs ?? ENDED_KEEP_MS, 2 * opts.ackWaitMs),
     "ended async run records",

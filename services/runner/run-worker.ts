@@ -48,6 +48,7 @@ import {
   Overloaded,
   type InvokeRequest,
   type RunRecord,
+  revisionsOf,
   runKey,
 } from "../runs/index.js";
 import type { AppRef } from "./deployed-apps.js";
@@ -190,9 +191,10 @@ export class RunWorker {
       const controller = new AbortController();
       const done = this.invoke(queue, req, controller.signal).then((outcome) => finishAsync(deps, running, outcome));
       deps.control.track(runId, controller, done);
-      await done;
+      const final = await done;
       await deps.transfer.drop(meta.body_object);
-      this.ackFinal(msg, running.record);
+      // The final record this runner wrote lists every revision; else (a cancel won) they are read at purge time.
+      this.ackFinal(msg, running.record, final && revisionsOf(final.record, final.revision));
     } catch (err) {
       if (!(err instanceof Requeue))
         deps.logger.warn(
@@ -254,7 +256,7 @@ export class RunWorker {
     if (isFinal(cur.record.status)) {
       // An earlier attempt finished it; its runner may have died before publishing the event.
       await republishFinal(deps.runs, cur.record);
-      this.ackFinal(msg, cur.record);
+      this.ackFinal(msg, cur.record, revisionsOf(cur.record, cur.revision));
       return undefined;
     }
     // JetStream's delivery count is not an attempt count: a delivery to a
@@ -276,11 +278,11 @@ export class RunWorker {
    * due for its purge. An ack that is not confirmed leaves the record to the
    * bucket's age.
    */
-  private ackFinal(msg: JsMsg, run: Pick<RunRecord, "project_id" | "app_name" | "run_id">): void {
+  private ackFinal(msg: JsMsg, run: Pick<RunRecord, "project_id" | "app_name" | "run_id">, revisions?: number[]): void {
     const purger = this.deps.purger;
     if (!purger) return msg.ack();
     msg.ackAck().then(
-      (confirmed) => confirmed && purger.schedule(runKey(run.project_id, run.app_name, run.run_id)),
+      (confirmed) => confirmed && purger.schedule(runKey(run.project_id, run.app_name, run.run_id), revisions),
       () => undefined,
     );
   }

@@ -50,21 +50,21 @@ export function finishSync(deps: FinishDeps & { nc: NatsConnection }, running: R
  * An async run: compare-and-set from a non-final state, starting from the
  * `running` record and revision this runner wrote (re-read only when another
  * write came first), so a cancel or another attempt that finished first wins.
- * Resolves with the record written, or undefined when the run was already
- * final (nothing is published then).
+ * Resolves with the record written and its revision, or undefined when the
+ * run was already final (nothing is published then).
  */
 export async function finishAsync(
   deps: FinishDeps,
   running: { record: RunRecord; revision: number },
   outcome: RunOutcome,
-): Promise<RunRecord | undefined> {
+): Promise<{ record: RunRecord; revision: number } | undefined> {
   const now = new Date();
   const { result, event } = await deps.results.keep(running.record.run_id, outcome.body, now, true);
   const final = await deps.runs.updateFrom(running, (cur) =>
     isFinal(cur.status) ? undefined : { ...finalRecord(cur, outcome, now), ...(result ? { result } : {}) },
   );
   if (final) await publishRunEvent(deps.runs.nc, final.record, event);
-  return final?.record;
+  return final;
 }
 
 /**
