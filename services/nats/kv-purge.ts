@@ -118,13 +118,13 @@ export class KvPurger {
   }
 
   /**
-   * Stops. Records not yet due stay in KV until the bucket's age: purging
-   * them now could take one from under a redelivery still to come.
+   * Stops. Keys not yet due stay in KV until the bucket's age: purging them
+   * now could take one from under a redelivery still to come.
    */
   close(): void {
     clearInterval(this.timer);
     if (this.failures > 0)
-      this.logger.info({ failures: this.failures }, "final run records that could not be purged at once");
+      this.logger.info({ failures: this.failures, abandoned: this.abandoned }, `${this.what}: purges that failed`);
     this.queue = [];
     this.head = 0;
   }
