@@ -42,6 +42,7 @@ export interface PublishOptions {
 export const PUBLISH_TIMEOUT_MS = 5_000;
 const SWEEP_MS = 1_000;
 const decoder = new TextDecoder();
+const encoder = new TextEncoder();
 
 interface Waiting {
   /** The answer arrived (not "no responders"). */
@@ -182,6 +183,37 @@ export function publishAcked(
  */
 export function requestPipelined(nc: NatsConnection, subject: string, data: Uint8Array): Promise<Msg> {
   return publisherOf(nc).request(subject, data);
+}
+
+/** A JetStream API answer's error. */
+export interface ApiError {
+  code?: number;
+  err_code?: number;
+  description?: string;
+}
+
+/**
+ * A JetStream API request (`$JS.API.…`) on the shared reply subscription, its
+ * JSON answer parsed; `what` names it in errors ("cannot {what}: …"). The
+ * answer's own `error` is the caller's to judge (some mean "not there").
+ */
+export async function apiRequest<T extends object>(
+  nc: NatsConnection,
+  subject: string,
+  body: object,
+  what: string,
+): Promise<T & { error?: ApiError }> {
+  const msg = await requestPipelined(nc, subject, encoder.encode(JSON.stringify(body)));
+  try {
+    return JSON.parse(decoder.decode(msg.data)) as T & { error?: ApiError };
+  } catch {
+    throw new PublishError(`cannot ${what}: JetStream's answer is not JSON`);
+  }
+}
+
+/** The PublishError of a JetStream API answer that failed: its description (else `otherwise`) and code. */
+export function apiFailure(what: string, error: ApiError | undefined, otherwise: string): PublishError {
+  return new PublishError(`cannot ${what}: ${error?.description ?? otherwise}`, error?.err_code);
 }
 
 function publisherOf(nc: NatsConnection): AckedPublisher {

@@ -12,7 +12,7 @@ export { ensureConsumer } from "./consumers.js";
 export type { ConsumerChange } from "./consumers.js";
 export { JsErrorCode, isJsError, jsErrorCode } from "./errors.js";
 export { kvGetLatest, streamMessage } from "./kv-get.js";
-export { ENDED_KEEP_MS, KvPurger, kvDeleteRevisions, kvPurgeKey, kvRemoveKey } from "./kv-purge.js";
+export { KvPurger, allRevisions, keepAfterAckMs, kvDeleteRevisions, kvPurgeKey, kvRemoveKey } from "./kv-purge.js";
 export type { KvGetEntry, StoredMessage } from "./kv-get.js";
 export { KvView, followKv, jsonOf, kvKeys } from "./kv-view.js";
 export type { KvFollower } from "./kv-view.js";

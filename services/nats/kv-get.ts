@@ -10,7 +10,7 @@
 // included, and a runner that read a run's record stale left the run
 // `queued` for good (the fault suite's rolling restart).
 import type { NatsConnection } from "nats";
-import { PublishError, requestPipelined } from "./acked-publish.js";
+import { apiFailure, apiRequest } from "./acked-publish.js";
 
 export interface KvGetEntry {
   value: Uint8Array;
@@ -21,13 +21,10 @@ export interface KvGetEntry {
 
 interface MsgGetAnswer {
   message?: { seq?: number; hdrs?: string; data?: string };
-  error?: { code?: number; err_code?: number; description?: string };
 }
 
 /** JetStream's "no message found". */
 const NO_MESSAGE = 10037;
-const encoder = new TextEncoder();
-const decoder = new TextDecoder();
 
 /** A message of a stream as its leader gave it. */
 export interface StoredMessage {
@@ -45,20 +42,11 @@ export async function streamMessage(
   /** What errors call it; default the message's sequence or subject and the stream. */
   what = "seq" in which ? `message ${which.seq} of ${stream}` : `${which.last_by_subj} in ${stream}`,
 ): Promise<StoredMessage | undefined> {
-  const msg = await requestPipelined(nc, `$JS.API.STREAM.MSG.GET.${stream}`, encoder.encode(JSON.stringify(which)));
-  let answer: MsgGetAnswer;
-  try {
-    answer = JSON.parse(decoder.decode(msg.data)) as MsgGetAnswer;
-  } catch {
-    throw new PublishError(`cannot read ${what}: JetStream's answer is not JSON`);
-  }
+  const answer = await apiRequest<MsgGetAnswer>(nc, `$JS.API.STREAM.MSG.GET.${stream}`, which, `read ${what}`);
   if (answer.error?.err_code === NO_MESSAGE) return undefined;
   const m = answer.message;
   if (answer.error || !m || !Number.isSafeInteger(m.seq) || m.seq! <= 0)
-    throw new PublishError(
-      `cannot read ${what}: ${answer.error?.description ?? "no message in JetStream's answer"}`,
-      answer.error?.err_code,
-    );
+    throw apiFailure(`read ${what}`, answer.error, "no message in JetStream's answer");
   return {
     seq: m.seq!,
     headers: m.hdrs ? Buffer.from(m.hdrs, "base64").toString("latin1") : "",

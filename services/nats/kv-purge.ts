@@ -17,23 +17,41 @@
 // KvPurger holds keys due for purging in memory, in the order they were
 // scheduled (one delay for all, so due times only rise): a process that dies
 // leaves its pending keys to the bucket's age, as a purge that keeps failing
-// does. Its users: a runner purges an async run's record a minute after it
-// acked the run's message with a confirmed ack (runner/run-worker.ts), and
-// the webhook role a run's delivery entry once its deliveries are over and
-// in the run history (webhook/role.ts).
-import type { NatsConnection } from "nats";
+// does. Its users schedule a key once the message it belongs to is acked
+// with a confirmed ack (afterAck, kept keepAfterAckMs): a runner an async
+// run's record (runner/run-worker.ts), the webhook role a run's delivery
+// entry once its deliveries are over and in the run history (webhook/role.ts).
+// Both values list their earlier revisions (allRevisions).
+import type { JsMsg, NatsConnection } from "nats";
 import type { Logger } from "../config/index.js";
-import { PublishError, requestPipelined } from "./acked-publish.js";
+import { apiFailure, apiRequest } from "./acked-publish.js";
 import { kvGetLatest, type KvGetEntry } from "./kv-get.js";
-
-const encoder = new TextEncoder();
-const decoder = new TextDecoder();
 
 /**
  * How long an ended run's record, or a run's deliveries once over, stay in KV
  * after their message was acked, by default (SKIFF_FINAL_RECORD_KEEP_MS).
  */
 export const ENDED_KEEP_MS = 60_000;
+/**
+ * How long a key stays once the message it belongs to was acked: the
+ * setting (default ENDED_KEEP_MS), and twice the consumer's ack_wait at
+ * least, since a consumer whose leader changed before the ack was replicated
+ * may deliver the message once more within it, and that delivery must find
+ * the key as it was left.
+ */
+export function keepAfterAckMs(keepMs: number | undefined, ackWaitMs: number): number {
+  return Math.max(keepMs ?? ENDED_KEEP_MS, 2 * ackWaitMs);
+}
+
+/**
+ * Every revision of a key whose value lists its earlier ones (`prior`, as the
+ * writers keep them), with `revision`, its own; undefined when it lists none
+ * (written before the lists were kept).
+ */
+export function allRevisions(prior: unknown, revision: number): number[] | undefined {
+  return Array.isArray(prior) ? [...(prior as number[]), revision] : undefined;
+}
+
 /** Purges in flight at once. */
 const MAX_IN_FLIGHT = 128;
 /** How often due keys are looked for. */
@@ -83,6 +101,18 @@ export class KvPurger {
     this.queue.push({ due: Date.now() + this.keptMs, key, revisions, tries: 0 });
   }
 
+  /**
+   * Acks `msg` with a confirmed ack and, once the server has confirmed it
+   * (the message will not come again), schedules `key`; an ack that is not
+   * confirmed leaves the key to the bucket's age.
+   */
+  afterAck(msg: JsMsg, key: string, revisions?: number[]): void {
+    msg.ackAck().then(
+      (confirmed) => confirmed && this.schedule(key, revisions),
+      () => undefined,
+    );
+  }
+
   /** Purges what is due, up to MAX_IN_FLIGHT at once; more on the next tick or as purges end. */
   drain(now = Date.now()): void {
     while (this.inFlight < MAX_IN_FLIGHT && this.head < this.queue.length && this.queue[this.head].due <= now) {
@@ -130,27 +160,18 @@ export class KvPurger {
   }
 }
 
-interface PurgeAnswer {
-  success?: boolean;
-  purged?: number;
-  error?: { code?: number; err_code?: number; description?: string };
-}
-
 /** Removes every revision of `key` from `bucket`, leaving no marker; resolves with how many messages went. */
 export async function kvPurgeKey(nc: NatsConnection, bucket: string, key: string): Promise<number> {
-  const request = encoder.encode(JSON.stringify({ filter: `$KV.${bucket}.${key}` }));
-  const msg = await requestPipelined(nc, `$JS.API.STREAM.PURGE.KV_${bucket}`, request);
-  let answer: PurgeAnswer;
-  try {
-    answer = JSON.parse(decoder.decode(msg.data)) as PurgeAnswer;
-  } catch {
-    throw new PublishError(`cannot purge ${key} of KV ${bucket}: JetStream's answer is not JSON`);
-  }
+  const what = `purge ${key} of KV ${bucket}`;
+  const subject = `$JS.API.STREAM.PURGE.KV_${bucket}`;
+  const answer = await apiRequest<{ success?: boolean; purged?: number }>(
+    nc,
+    subject,
+    { filter: `$KV.${bucket}.${key}` },
+    what,
+  );
   if (answer.error || answer.success !== true)
-    throw new PublishError(
-      `cannot purge ${key} of KV ${bucket}: ${answer.error?.description ?? "JetStream did not say it was done"}`,
-      answer.error?.err_code,
-    );
+    throw apiFailure(what, answer.error, "JetStream did not say it was done");
   return answer.purged ?? 0;
 }
 
@@ -174,28 +195,19 @@ export async function kvRemoveKey(
   return kvDeleteRevisions(nc, bucket, revisions);
 }
 
-interface DeleteAnswer {
-  success?: boolean;
-  error?: { code?: number; err_code?: number; description?: string };
-}
-
 /** Deletes one message by its sequence (not erased: nothing secret is in it); false when it was not there. */
 async function deleteMessage(nc: NatsConnection, stream: string, seq: number): Promise<boolean> {
-  const request = encoder.encode(JSON.stringify({ seq, no_erase: true }));
-  const msg = await requestPipelined(nc, `$JS.API.STREAM.MSG.DELETE.${stream}`, request);
-  let answer: DeleteAnswer;
-  try {
-    answer = JSON.parse(decoder.decode(msg.data)) as DeleteAnswer;
-  } catch {
-    throw new PublishError(`cannot delete message ${seq} of ${stream}: JetStream's answer is not JSON`);
-  }
+  const what = `delete message ${seq} of ${stream}`;
+  const answer = await apiRequest<{ success?: boolean }>(
+    nc,
+    `$JS.API.STREAM.MSG.DELETE.${stream}`,
+    { seq, no_erase: true },
+    what,
+  );
   if (answer.success === true) return true;
   // Gone already: an earlier removal, or the bucket's history limit.
   if (/no message found|sequence .*not found/i.test(answer.error?.description ?? "")) return false;
-  throw new PublishError(
-    `cannot delete message ${seq} of ${stream}: ${answer.error?.description ?? "JetStream did not say it was done"}`,
-    answer.error?.err_code,
-  );
+  throw apiFailure(what, answer.error, "JetStream did not say it was done");
 }
 
 /** Deletes the given revisions of a key by sequence (its removal when they are all it has); how many went. */

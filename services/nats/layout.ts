@@ -165,7 +165,7 @@ export const RUN_RETENTION_MS = 30 * DAY_MS;
 /**
  * How long KV `skiff-runs` keeps an async run's record after its last write,
  * when nothing took it out before: a runner purges a run's record a minute
- * after the run ended (runs/record-purge.ts), so the age only bounds records
+ * after the run ended (nats/kv-purge.ts), so the age only bounds records
  * whose purge was lost (their runner died). Two days: a run may wait, then
  * run 12 h.
  */

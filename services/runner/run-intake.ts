@@ -7,7 +7,7 @@
 import type { NatsConnection } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { buckets, ENDED_KEEP_MS, KvPurger, kvDeleteRevisions, kvRemoveKey } from "../nats/index.js";
+import { buckets, keepAfterAckMs, KvPurger, kvDeleteRevisions, kvRemoveKey } from "../nats/index.js";
 import { decodeRunRecord, revisionsOf, type RunContext } from "../runs/index.js";
 import { followDeployedApps } from "./deployed-apps.js";
 import { SyncDispatch } from "./dispatch.js";
@@ -35,7 +35,6 @@ export interface RunIntake {
 
 export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake> {
   const { nc, runner, registry, runs, logger } = opts;
-  // A final record stays past any redelivery of its acked message (run-worker.ts).
   const purger = new KvPurger(
     (key, revisions) =>
       revisions
@@ -45,7 +44,7 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
             return record && revisionsOf(record, entry.revision);
           }),
     logger,
-    Math.max(opts.finalRecordKeepMs ?? ENDED_KEEP_MS, 2 * opts.ackWaitMs),
+    keepAfterAckMs(opts.finalRecordKeepMs, opts.ackWaitMs),
     "ended async run records",
   );
   const dispatch = new SyncDispatch({ nc, runner, transfer: runs.transfer, control: runs.control, logger });

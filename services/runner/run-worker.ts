@@ -40,8 +40,8 @@ import {
   type RunOutcome,
   isFinal,
   type RunStore,
-  decodeRequest,
-  requestMeta,
+  decodeRequestFrame,
+  type RequestMeta,
   type BodyTransfer,
   AppNotFound,
   Cancelled,
@@ -182,9 +182,8 @@ export class RunWorker {
     const heartbeat = setInterval(() => msg.working(), deps.ackWaitMs / 3);
     let runId = "";
     try {
-      const req = await decodeRequest(deps.transfer, msg.data, true);
+      const { req, meta } = await decodeRequestFrame(deps.transfer, msg.data, true);
       runId = req.runId;
-      const meta = requestMeta(msg.data);
       const running = await this.start(msg, queue.app, runId, meta);
       if (!running) return; // the message is settled
       await publishRunEvent(deps.runs.nc, running.record);
@@ -222,7 +221,7 @@ export class RunWorker {
     msg: JsMsg,
     app: AppRef,
     runId: string,
-    meta: ReturnType<typeof requestMeta>,
+    meta: RequestMeta,
   ): Promise<{ record: RunRecord; revision: number } | undefined> {
     const { deps } = this;
     const { projectId, appName } = app;
@@ -272,19 +271,10 @@ export class RunWorker {
     return running;
   }
 
-  /**
-   * Acks the message of a run whose record is final; once the server has
-   * confirmed the ack (the message is gone from the queue), the record is
-   * due for its purge. An ack that is not confirmed leaves the record to the
-   * bucket's age.
-   */
+  /** Acks the message of a run whose record is final; the record is then due for its removal. */
   private ackFinal(msg: JsMsg, run: Pick<RunRecord, "project_id" | "app_name" | "run_id">, revisions?: number[]): void {
-    const purger = this.deps.purger;
-    if (!purger) return msg.ack();
-    msg.ackAck().then(
-      (confirmed) => confirmed && purger.schedule(runKey(run.project_id, run.app_name, run.run_id), revisions),
-      () => undefined,
-    );
+    if (!this.deps.purger) return msg.ack();
+    this.deps.purger.afterAck(msg, runKey(run.project_id, run.app_name, run.run_id), revisions);
   }
 
   /** The run's outcome; a full app is waited for (the message stays ours through working()). */

@@ -47,6 +47,7 @@ export {
   BodyTransfer,
   decodeReply,
   decodeRequest,
+  decodeRequestFrame,
   encodeErrorReply,
   encodeReply,
   encodeRequest,
@@ -54,5 +55,5 @@ export {
   runnerError,
   requestMeta,
 } from "./wire.js";
-export type { ErrorMeta } from "./wire.js";
+export type { ErrorMeta, RequestMeta } from "./wire.js";
 export { StreamReceiver, StreamSender } from "./stream-wire.js";

@@ -9,7 +9,7 @@
 //     event, else the same `skiff-results` object, named by `response_object`.
 //     Such an object is kept at least as long as SKIFF_EVENTS keeps events,
 //     so a webhook redelivery can still read it.
-//   - Once an async run's record has left KV (runs/record-purge.ts), GetRun
+//   - Once an async run's record has left KV (nats/kv-purge.ts), GetRun
 //     reads the result from the run's terminal event (readFromEvent), which
 //     SKIFF_EVENTS keeps at least as long as SKIFF_RESULT_TTL (eventsMaxAgeMs).
 import { fromBinary } from "@bufbuild/protobuf";

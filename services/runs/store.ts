@@ -12,8 +12,8 @@
 // runner that finishes late, a redelivered message and a cancel racing a
 // start or a completion all end in one final state, decided by whichever
 // write lands first.
-import type { KV, KvEntry, NatsConnection } from "nats";
-import { JsErrorCode, buckets, isJsError, kvGetLatest, publishAcked } from "../nats/index.js";
+import type { KvEntry, NatsConnection } from "nats";
+import { JsErrorCode, allRevisions, buckets, isJsError, kvGetLatest, publishAcked } from "../nats/index.js";
 
 import { isFinal, type RunStatus } from "./status.js";
 
@@ -89,7 +89,7 @@ export const runKey = (projectId: string, appName: string, runId: string): strin
 
 /** Every revision of a record in KV: its earlier ones', then its own (undefined: not known, for a record written before they were kept). */
 export function revisionsOf(record: RunRecord, revision: number): number[] | undefined {
-  return Array.isArray(record.prior_revisions) ? [...record.prior_revisions, revision] : undefined;
+  return allRevisions(record.prior_revisions, revision);
 }
 
 export function decodeRunRecord(entry: Pick<KvEntry, "operation" | "value">): RunRecord | undefined {
@@ -111,13 +111,13 @@ const MAX_CAS_TRIES = 20;
 
 export class RunStore {
   constructor(
-    readonly kv: KV,
-    /** The connection its writes go out on (and their events with them, in order). */
+    /** The connection its reads and writes go out on (and their events with them, in order). */
     readonly nc: NatsConnection,
   ) {}
 
+  /** The store on `nc`: every read and write is a JetStream request of its own, so nothing is bound first. */
   static async open(nc: NatsConnection): Promise<RunStore> {
-    return new RunStore(await nc.jetstream().views.kv(buckets.runs.name, { bindOnly: true }), nc);
+    return new RunStore(nc);
   }
 
   async get(

@@ -196,10 +196,19 @@ export async function decodeRequest(
   data: Uint8Array,
   keepObject = false,
 ): Promise<InvokeRequest & { streamTo?: string }> {
+  return (await decodeRequestFrame(transfer, data, keepObject)).req;
+}
+
+/** decodeRequest() with the frame's metadata as well (its record, its body's object), read once. */
+export async function decodeRequestFrame(
+  transfer: BodyTransfer,
+  data: Uint8Array,
+  keepObject = false,
+): Promise<{ meta: RequestMeta; req: InvokeRequest & { streamTo?: string } }> {
   const { meta: raw, body } = unframe<unknown>(data);
   const meta = checkRequestMeta(raw);
   const full = await transfer.receive(body, meta.body_object, keepObject);
-  return {
+  const req = {
     runId: meta.run_id,
     method: meta.method,
     path: meta.path,
@@ -208,6 +217,7 @@ export async function decodeRequest(
     body: full,
     ...(meta.stream_to ? { acceptStream: true, streamTo: meta.stream_to } : {}),
   };
+  return { meta, req };
 }
 
 /** A request frame's metadata: the run id, and the object holding its body, if any (to remove once the run is final). */

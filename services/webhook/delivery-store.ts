@@ -5,7 +5,7 @@
 // the same attempt. One entry per run also makes listing one read: nothing
 // has to scan keys.
 import type { KV } from "nats";
-import { JsErrorCode, isJsError } from "../nats/index.js";
+import { JsErrorCode, allRevisions, isJsError } from "../nats/index.js";
 import type { AttemptVerdict } from "./retry-policy.js";
 
 export type DeliveryState = "pending" | "delivered" | "failed";
@@ -66,7 +66,7 @@ export function revisionsIfOver(value: Uint8Array, revision: number): number[] |
     return undefined;
   }
   if (!Array.isArray(entry?.deliveries) || entry.deliveries.some((d) => d.state === "pending")) return false;
-  return Array.isArray(entry.prior_revisions) ? [...entry.prior_revisions, revision] : undefined;
+  return allRevisions(entry.prior_revisions, revision);
 }
 
 /** KV keys and subject tokens: no dots, wildcards or spaces. */

@@ -20,8 +20,8 @@ import type { Metrics } from "../metrics/index.js";
 import {
   buckets,
   consumers,
-  ENDED_KEEP_MS,
   ensureConsumer,
+  keepAfterAckMs,
   KvPurger,
   kvRemoveKey,
   objectStores,
@@ -97,7 +97,7 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
   const purger = new KvPurger(
     (runId) => kvRemoveKey(nc, buckets.webhooks.name, runId, (entry) => revisionsIfOver(entry.value, entry.revision)),
     logger,
-    Math.max(opts.keepMs ?? ENDED_KEEP_MS, 2 * ackWaitMs),
+    keepAfterAckMs(opts.keepMs, ackWaitMs),
     "webhook delivery entries",
   );
   /** The delivery, over, for the run history; deduplicated, since a message that comes again publishes it again. */
@@ -127,11 +127,7 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
       if ("nakMs" in step) msg.nak(Math.max(1, Math.ceil(step.nakMs)));
       else if (step.over) {
         await record(step.over);
-        const runId = step.over.run_id;
-        msg.ackAck().then(
-          (confirmed) => confirmed && purger.schedule(runId),
-          () => undefined,
-        );
+        purger.afterAck(msg, step.over.run_id);
       } else msg.ack();
     } catch (err) {
       logger.warn(

@@ -152,30 +152,25 @@ export class HistoryQueries {
 
   /** Deletes runs made before `beforeMs` (by the time in their ids), PRUNE_BATCH rows a statement; says how many. */
   async prune(beforeMs: number, batch = PRUNE_BATCH): Promise<number> {
+    const total = await this.deleteBefore(this.t.runs, "run_id", beforeMs, batch);
+    // Their deliveries, by the same measure (a delivery's run id is its run's).
+    await this.deleteBefore(this.t.deliveries, "run_id, delivery_id", beforeMs, batch);
+    return total;
+  }
+
+  /** Deletes the rows of `table` whose run id is older than `beforeMs`, `batch` at a time by its key; says how many. */
+  private async deleteBefore(table: string, key: string, beforeMs: number, batch: number): Promise<number> {
     let total = 0;
     for (;;) {
       const [{ n }] = await this.db.query<{ n: number }>(
         `WITH gone AS (
-           DELETE FROM ${this.t.runs} WHERE run_id IN (
-             SELECT run_id FROM ${this.t.runs} WHERE run_id < $1::uuid ORDER BY run_id LIMIT ${batch})
+           DELETE FROM ${table} WHERE (${key}) IN (
+             SELECT ${key} FROM ${table} WHERE run_id < $1::uuid ORDER BY run_id LIMIT ${batch})
            RETURNING 1)
          SELECT count(*)::int AS n FROM gone`,
         [idAt(beforeMs)],
       );
       total += n;
-      if (n < batch) break;
-    }
-    // Their deliveries, by the same measure (a delivery's run id is its run's).
-    for (;;) {
-      const [{ n }] = await this.db.query<{ n: number }>(
-        `WITH gone AS (
-           DELETE FROM ${this.t.deliveries} WHERE (run_id, delivery_id) IN (
-             SELECT run_id, delivery_id FROM ${this.t.deliveries} WHERE run_id < $1::uuid
-             ORDER BY run_id LIMIT ${batch})
-           RETURNING 1)
-         SELECT count(*)::int AS n FROM gone`,
-        [idAt(beforeMs)],
-      );
       if (n < batch) return total;
     }
   }

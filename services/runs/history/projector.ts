@@ -152,7 +152,8 @@ export function deliveryRowOf(text: string | undefined, revision: number): Deliv
   return { run_id, delivery_id, project_id, app_name, record: d, revision };
 }
 
-const DELIVERY_PREFIX = subjects.deliveryRecord("", "").slice(0, -2);
+/** `skiff.history.deliveries.`: the subjects of webhook deliveries that are over. */
+const DELIVERY_PREFIX = subjects.deliveryRecordsAll.slice(0, -1);
 
 interface Pending {
   /** Last message per run id in this batch: only the newest state of a run is written. */
