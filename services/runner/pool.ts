@@ -83,6 +83,8 @@ interface Slot {
 const MAX_BACKOFF_MS = 30_000;
 /** How long a broken run waits for its sandboxed replica's exit, whose reason (a limit) is the clearer error. */
 const LIMIT_REASON_WAIT_MS = 2_000;
+/** How long a health probe that got no answer waits to see whether the replica's process is ending on its own. */
+const EXIT_WAIT_MS = 250;
 const RETRY_AFTER_SECONDS = 1;
 
 function backoffMs(crashes: number): number {
@@ -347,8 +349,7 @@ export class AppPool {
     this.quarantine(r);
     // A sandbox limit that ended the replica is the clearer reason: its exit follows the broken connection closely
     // (on a busy machine, its last stderr lines and its exit may take a while to be read).
-    if (r.spec.sandbox && !r.limitNow())
-      await Promise.race([r.whenExited(), new Promise((res) => setTimeout(res, LIMIT_REASON_WAIT_MS))]);
+    if (r.spec.sandbox && !r.limitNow()) await exitsWithin(r, LIMIT_REASON_WAIT_MS);
     const limit = r.limitNow();
     return new ReplicaCrashed(
       limit
@@ -574,6 +575,9 @@ export class AppPool {
         if (r.state !== "ready") return;
         r.healthFailures = health === 200 ? 0 : r.healthFailures + 1;
         if (r.healthFailures >= this.o.unhealthyAfter) {
+          // No answer from a process that is ending on its own (a crash): its exit says what happened, with its
+          // code or signal, to the runs it breaks; a restart for a failed healthcheck would say something else.
+          if (health === 0 && (await exitsWithin(r, EXIT_WAIT_MS))) return;
           this.o.logger.warn(
             { app: this.owner, replica: r.id, status: health },
             `${healthcheck} failed; restarting the replica`,
@@ -688,4 +692,13 @@ function answerStream(
     }
   }
   return { chunks: chunks(), cancel: run.cancel, ended };
+}
+
+/** Whether the replica's process ends within `ms` (at once when it has ended). */
+function exitsWithin(r: Replica, ms: number): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  return Promise.race([
+    r.whenExited().then(() => true),
+    new Promise<boolean>((res) => (timer = setTimeout(() => res(false), ms))),
+  ]).finally(() => clearTimeout(timer));
 }
