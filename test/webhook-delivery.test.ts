@@ -1,6 +1,6 @@
 import { execFileSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { afterAll, beforeAll, describe, expect, test, vi } from "vitest";
 import type { WebhookDelivery } from "../gen/skiff/management/v2/management_pb.js";
 import { buckets, objectStores, streams } from "../services/nats/layout.js";
 import { createSecretBox, secretsBucket, storeWebhookSecret } from "../services/webhook/secrets.js";
@@ -207,6 +207,33 @@ print(json.dumps(out))
     const [r] = rx.to("/s/200/unsigned");
     expect(r.headers["x-request-id"]).toBe(e.runId);
     expect(Object.keys(r.headers).filter((k) => k.startsWith("x-service-webhook"))).toEqual([]);
+  });
+
+  test("webhook - a first attempt writes its run's entry once before the POST and reads nothing; its outcome is the one write after", async () => {
+    const e = terminalEvent(`${rx.url}/s/200/one-write`, '{"ok":true}');
+    // Every JetStream API request and KV write the webhook role makes for this run (and none other runs meanwhile).
+    const seen: { subject: string; at: number }[] = [];
+    const subs = [`$JS.API.>`, `$KV.${buckets.webhooks.name}.${e.runId}`, `$KV.${buckets.secrets.name}.>`].map((s) =>
+      h.nc.subscribe(s, { callback: (_err, m) => seen.push({ subject: m.subject, at: Date.now() }) }),
+    );
+    try {
+      await publishRunEvent(h.nc, e);
+      // Nothing else reads the run's entry until the receiver has the POST.
+      const r = await vi.waitFor(() => rx.to("/s/200/one-write")[0] ?? Promise.reject(new Error("not yet")), {
+        timeout: 10_000,
+      });
+      const [d] = await h.waitForDeliveries(e.runId, settled);
+      expect(d.state).toBe("delivered");
+      const before = seen.filter((s) => s.at <= r.at).map((s) => s.subject);
+      expect(before.filter((s) => s.startsWith("$KV."))).toEqual([`$KV.${buckets.webhooks.name}.${e.runId}`]);
+      const reads = before.filter((s) => /GET/.test(s) && /KV_skiff-(webhooks|secrets)/.test(s));
+      expect(reads).toEqual([]);
+      // The entry's earlier revisions: the one that started the attempt.
+      const entry = await (await h.nc.jetstream().views.kv(buckets.webhooks.name)).get(e.runId);
+      expect((entry!.json() as { prior_revisions: number[] }).prior_revisions).toHaveLength(1);
+    } finally {
+      for (const s of subs) s.unsubscribe();
+    }
   });
 
   test("webhook - a signed call whose secret is gone fails the delivery rather than send it unsigned", async () => {

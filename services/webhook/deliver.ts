@@ -75,7 +75,12 @@ export function newDeliveryRecord(e: RunEvent, deliveryId: string, eventSeq: num
   };
 }
 
-export async function advanceDelivery(d: DeliveryDeps, event: RunEvent, eventSeq: number): Promise<Step> {
+export async function advanceDelivery(
+  d: DeliveryDeps,
+  event: RunEvent,
+  eventSeq: number,
+  firstDelivery = false,
+): Promise<Step> {
   if (!wantsDelivery(event)) return ACK;
   const runId = event.runId;
   const deliveryId = event.deliveryId || FIRST_DELIVERY_ID;
@@ -84,6 +89,11 @@ export async function advanceDelivery(d: DeliveryDeps, event: RunEvent, eventSeq
     return ACK;
   }
   let prepared: Prepared | undefined;
+  if (firstDelivery && deliveryId === FIRST_DELIVERY_ID) {
+    prepared = await prepare(d, event, event.webhookEndpoint);
+    const step = await firstAttempt(d, newDeliveryRecord(event, deliveryId, eventSeq), prepared);
+    if (step !== undefined) return step;
+  }
   for (;;) {
     const cur =
       (await d.store.get(runId, deliveryId)) ?? (await d.store.create(newDeliveryRecord(event, deliveryId, eventSeq)));
@@ -106,12 +116,7 @@ export async function advanceDelivery(d: DeliveryDeps, event: RunEvent, eventSeq
       if (now < due) return { nakMs: due - now };
     }
     prepared ??= await prepare(d, event, r.url);
-    const start = Date.now();
-    const attempt: AttemptRecord = {
-      attempt: r.attempts.length + 1,
-      started_at: new Date(start).toISOString(),
-      deadline: new Date(start + d.timeoutMs).toISOString(),
-    };
+    const attempt = startAttempt(d, r.attempts.length + 1);
     // Recorded before anything is sent: an attempt cut short by a crash still counts.
     if (!(await d.store.replace({ ...r, attempts: [...r.attempts, attempt] }, cur.revision))) continue;
     const result =
@@ -124,6 +129,35 @@ export async function advanceDelivery(d: DeliveryDeps, event: RunEvent, eventSeq
 }
 
 type Prepared = { url: URL; body: Uint8Array; secret: string | undefined } | { problem: string };
+
+/**
+ * The usual case, a run's delivery on its event's first arrival, in one
+ * write before the POST: the run's entry is made with attempt 1 started
+ * (its body and secret were read before, so a NATS error there spends no
+ * attempt), and the outcome is written over that revision, without reads.
+ * Undefined, with nothing written, when the run has an entry already: the
+ * caller then reads where the delivery stands.
+ */
+async function firstAttempt(d: DeliveryDeps, fresh: DeliveryRecord, prepared: Prepared): Promise<Step | undefined> {
+  const attempt = startAttempt(d, 1);
+  const started = await d.store.start({ ...fresh, attempts: [attempt] });
+  if (started === undefined) return undefined;
+  const result =
+    "problem" in prepared
+      ? { error: prepared.problem, permanent: true, durationMs: 0 }
+      : await send(d, fresh.run_id, prepared);
+  const after = await finishAttempt(d, started.record, attempt.attempt, result, started.revision);
+  return after.state === "pending" ? { nakMs: delayAfter(attempt.attempt) } : { ack: true, over: after };
+}
+
+function startAttempt(d: DeliveryDeps, n: number): AttemptRecord {
+  const start = Date.now();
+  return {
+    attempt: n,
+    started_at: new Date(start).toISOString(),
+    deadline: new Date(start + d.timeoutMs).toISOString(),
+  };
+}
 
 /**
  * The body and secret of the delivery. Problems that no retry can fix are
@@ -144,6 +178,8 @@ async function prepare(d: DeliveryDeps, e: RunEvent, rawUrl: string): Promise<Pr
       return { problem: `the response body is no longer kept in the ${objectStores.results.name} object store` };
     body = blob;
   }
+  // A call without X-Webhook-Secret stored none (its events say so since the first version): nothing to read.
+  if (!e.webhookSigned) return { url, body, secret: undefined };
   let secret: string | undefined;
   try {
     secret = await loadWebhookSecret(d.secrets, d.box, e.runId);
@@ -172,18 +208,23 @@ function send(
   return postWebhook({ url: p.url, body: p.body, headers, timeoutMs: d.timeoutMs, guard: d.guard });
 }
 
-/** Stores an attempt's outcome and the delivery state it leads to; logs a delivery that just failed. */
+/**
+ * Stores an attempt's outcome and the delivery state it leads to; logs a
+ * delivery that just failed. `startedAt`: the revision of the entry that
+ * `firstAttempt` made, written over without a read (read when it changed).
+ */
 async function finishAttempt(
   d: DeliveryDeps,
   r: DeliveryRecord,
   n: number,
   result: AttemptResult,
+  startedAt?: number,
 ): Promise<DeliveryRecord> {
   const verdict = result.permanent ? "failed" : judgeAttempt(result.status);
   // The outcome says what followed: a retryable answer to the last attempt is a failure.
   const outcome = OUTCOME[nextStep(n, verdict)];
   d.metrics?.webhookAttempts.inc({ outcome });
-  const { before, after } = await d.store.modify(r.run_id, r.delivery_id, (rec) => {
+  const change = (rec: DeliveryRecord) => {
     const a = rec.attempts.find((x) => x.attempt === n);
     if (a === undefined) return undefined;
     Object.assign(
@@ -193,7 +234,12 @@ async function finishAttempt(
     );
     rec.state = stateOf(rec.attempts);
     return rec;
-  });
+  };
+  const known = startedAt === undefined ? undefined : change(structuredClone(r));
+  const { before, after } =
+    known !== undefined && (await d.store.replaceStarted(known, startedAt!)) !== false
+      ? { before: r, after: known }
+      : await d.store.modify(r.run_id, r.delivery_id, change);
   if (before.state !== "failed" && after.state === "failed") logFailure(d.logger, after);
   return after;
 }

@@ -82,6 +82,8 @@ export function stateOf(attempts: readonly AttemptRecord[]): DeliveryState {
   return attempts.at(-1)?.outcome === "failed" ? "failed" : "pending";
 }
 
+const NO_ENTRY: Current = { deliveries: [], revision: undefined, prior: [] };
+
 export class DeliveryStore {
   constructor(readonly kv: KV) {}
 
@@ -92,15 +94,16 @@ export class DeliveryStore {
     return { deliveries: value.deliveries, revision: entry.revision, prior: value.prior_revisions ?? [] };
   }
 
-  /** Compare-and-set of the run's entry over `cur` (no revision: only if there is none). False on a conflict. */
-  private async write(runId: string, deliveries: DeliveryRecord[], cur: Current): Promise<boolean> {
+  /**
+   * Compare-and-set of the run's entry over `cur` (no revision: only if there is none): the entry's new
+   * revision, or false on a conflict.
+   */
+  private async write(runId: string, deliveries: DeliveryRecord[], cur: Current): Promise<number | false> {
     const { revision } = cur;
     const prior_revisions = revision === undefined ? [] : [...cur.prior, revision];
     const value = JSON.stringify({ deliveries, prior_revisions } satisfies RunEntry);
     try {
-      if (revision === undefined) await this.kv.create(runId, value);
-      else await this.kv.update(runId, value, revision);
-      return true;
+      return revision === undefined ? await this.kv.create(runId, value) : await this.kv.update(runId, value, revision);
     } catch (err) {
       // A compare-and-set on a stale revision: another process wrote first.
       if (isJsError(err, JsErrorCode.WrongLastSequence)) return false;
@@ -123,7 +126,7 @@ export class DeliveryStore {
       const { deliveries, revision } = cur;
       const existing = deliveries.find((delivery) => delivery.delivery_id === record.delivery_id);
       if (existing !== undefined && revision !== undefined) return { record: existing, revision, created: false };
-      if (await this.write(record.run_id, [...deliveries, record], cur))
+      if ((await this.write(record.run_id, [...deliveries, record], cur)) !== false)
         return { ...(await this.get(record.run_id, record.delivery_id))!, created: true };
     }
   }
@@ -132,11 +135,30 @@ export class DeliveryStore {
   async replace(record: DeliveryRecord, revision: number): Promise<boolean> {
     const cur = await this.read(record.run_id);
     if (cur.revision !== revision) return false;
-    return this.write(
+    const written = await this.write(
       record.run_id,
       cur.deliveries.map((delivery) => (delivery.delivery_id === record.delivery_id ? record : delivery)),
       cur,
     );
+    return written !== false;
+  }
+
+  /**
+   * Makes the run's entry, holding this one delivery, when the run has none (one write, no read):
+   * undefined, with nothing written, when it has one.
+   */
+  async start(record: DeliveryRecord): Promise<Versioned | undefined> {
+    const revision = await this.write(record.run_id, [record], NO_ENTRY);
+    return revision === false ? undefined : { record, revision };
+  }
+
+  /**
+   * Compare-and-set of an entry as `start` made it (this delivery alone, at `revision`), without reading
+   * it first: false when it changed since.
+   */
+  async replaceStarted(record: DeliveryRecord, revision: number): Promise<Versioned | false> {
+    const written = await this.write(record.run_id, [record], { deliveries: [record], revision, prior: [] });
+    return written === false ? false : { record, revision: written };
   }
 
   /**
@@ -166,7 +188,7 @@ export class DeliveryStore {
           runId,
           cur.deliveries.filter((delivery) => delivery.delivery_id !== deliveryId),
           cur,
-        ))
+        )) !== false
       )
         return;
     }

@@ -123,7 +123,7 @@ export async function startWebhookRole(opts: WebhookRoleOptions): Promise<Webhoo
         msg.ack();
         return;
       }
-      const step = await advanceDelivery(deps, event, msg.seq);
+      const step = await advanceDelivery(deps, event, msg.seq, msg.info.deliveryCount === 1);
       if ("nakMs" in step) msg.nak(Math.max(1, Math.ceil(step.nakMs)));
       else if (step.over) {
         await record(step.over);
