@@ -6,17 +6,22 @@
 import type { EventResponse } from "./events.js";
 import type { RunRecord } from "./store.js";
 
-const encoder = new TextEncoder();
-
+/**
+ * Writes into one buffer that every event reuses (an event is written in one
+ * synchronous call), grown when an event needs more; `done` copies the event
+ * out. A nested message reserves one byte for its length and moves its bytes
+ * when the length takes more.
+ */
 class Writer {
-  buf = new Uint8Array(512);
+  private static shared = Buffer.allocUnsafe(4096);
+  buf = Writer.shared;
   pos = 0;
 
   private room(n: number): void {
     if (this.pos + n <= this.buf.length) return;
-    const grown = new Uint8Array(Math.max(this.buf.length * 2, this.pos + n));
-    grown.set(this.buf.subarray(0, this.pos));
-    this.buf = grown;
+    const grown = Buffer.allocUnsafe(Math.max(this.buf.length * 2, this.pos + n));
+    this.buf.copy(grown, 0, 0, this.pos);
+    this.buf = Writer.shared = grown;
   }
 
   varint(value: number): void {
@@ -52,7 +57,12 @@ class Writer {
 
   /** A string field; left out when empty, as proto3 does. */
   string(field: number, text: string | undefined): void {
-    if (text) this.bytes(field, encoder.encode(text));
+    if (!text) return;
+    const size = Buffer.byteLength(text, "utf8");
+    this.tag(field, 2);
+    this.varint(size);
+    this.room(size);
+    this.pos += this.buf.write(text, this.pos, size, "utf8");
   }
 
   bool(field: number, value: boolean | undefined): void {
@@ -71,19 +81,35 @@ class Writer {
     if (value === 0) return;
     this.tag(field, 1);
     this.room(8);
-    new DataView(this.buf.buffer, this.buf.byteOffset + this.pos, 8).setFloat64(0, value, true);
+    this.buf.writeDoubleLE(value, this.pos);
     this.pos += 8;
   }
 
-  /** A message field, written by `write` into a writer of its own (messages here are small). */
+  /** A message field, written by `write` after a length that is set once its size is known. */
   message(field: number, write: (w: Writer) => void): void {
-    const inner = new Writer();
-    write(inner);
-    this.bytes(field, inner.buf.subarray(0, inner.pos));
+    this.tag(field, 2);
+    this.room(1);
+    const at = this.pos++;
+    write(this);
+    const size = this.pos - at - 1;
+    if (size < 0x80) {
+      this.buf[at] = size;
+      return;
+    }
+    // The length takes more than the byte kept for it: the message moves up to make room.
+    let lengthBytes = 1;
+    for (let v = size; v > 0x7f; v = Math.floor(v / 0x80)) lengthBytes++;
+    this.room(lengthBytes - 1);
+    this.buf.copyWithin(at + lengthBytes, at + 1, this.pos);
+    this.pos = at;
+    this.varint(size);
+    this.pos += size;
   }
 
   done(): Uint8Array {
-    return this.buf.slice(0, this.pos);
+    const out = new Uint8Array(this.pos);
+    out.set(this.buf.subarray(0, this.pos));
+    return out;
   }
 }
 

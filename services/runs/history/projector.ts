@@ -89,8 +89,12 @@ interface Row {
   revision: number;
 }
 
+/** A time as skiff writes them (Date.toISOString), taken as it is. */
+const ISO_UTC = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/;
+
 const iso = (v: unknown): string | null | undefined => {
   if (v === undefined || v === null) return null;
+  if (typeof v === "string" && ISO_UTC.test(v)) return v;
   const ms = typeof v === "string" ? Date.parse(v) : NaN;
   return Number.isFinite(ms) ? new Date(ms).toISOString() : undefined;
 };
@@ -126,6 +130,15 @@ export function rowOf(r: RunRecord, revision: number): Row | undefined {
 /** PostgreSQL's text and jsonb take no NUL character; an app's error message might carry one. */
 const noNul = (_k: string, v: unknown) =>
   typeof v === "string" && v.includes("\0") ? v.replaceAll("\0", "\ufffd") : v;
+
+/**
+ * JSON for a batch statement, NUL characters replaced. JSON.stringify writes a NUL as \u0000; the
+ * replacer, which costs a call per value, runs only when that text shows up.
+ */
+export function batchJson(rows: unknown[]): string {
+  const text = JSON.stringify(rows);
+  return text.includes("\\u0000") ? JSON.stringify(rows, noNul) : text;
+}
 
 /** A webhook delivery that is over, as the batch statement reads it. */
 interface DeliveryRow {
@@ -415,13 +428,7 @@ export class RunProjector {
          RETURNING 1)
        INSERT INTO ${t.cursor} AS c (stream, stream_created, last_seq) VALUES ($2, $3, $4::bigint)
        ON CONFLICT (stream) DO UPDATE SET last_seq = excluded.last_seq, stream_created = excluded.stream_created`,
-      [
-        JSON.stringify([...b.byRun.values()], noNul),
-        RUNS_STREAM,
-        streamCreated,
-        b.lastSeq,
-        JSON.stringify([...b.deliveries.values()], noNul),
-      ],
+      [batchJson([...b.byRun.values()]), RUNS_STREAM, streamCreated, b.lastSeq, batchJson([...b.deliveries.values()])],
     );
   }
 }
