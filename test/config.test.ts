@@ -54,6 +54,7 @@ describe("config", () => {
       maxBundleFiles: 20_000,
       maxAppsPerProject: 100,
       replicaNetwork: "auto",
+      replicaDirect: "on",
       replicaDeniedCidrs: ["169.254.0.0/16"],
       websocketIdleTimeoutMs: 300_000,
       websocketMaxMessageBytes: 1024 * 1024,

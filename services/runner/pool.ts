@@ -13,6 +13,7 @@
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import type http from "node:http";
+import type { NetnsConnector } from "./netns-connect.js";
 import path from "node:path";
 import { finished } from "node:stream";
 import type { Logger } from "../config/index.js";
@@ -56,10 +57,12 @@ export interface PoolOptions {
   healthIntervalMs: number;
   unhealthyAfter: number;
   sandbox: SandboxOptions;
+  /** Connections made inside sandboxes, for Custom apps' requests to skip their relay. */
+  netns?: NetnsConnector;
 }
 
 /** The python3 of the replica PATH, if any: it runs the relay of sandboxed Custom apps. */
-const RELAY_PYTHON = REPLICA_PATH.split(":")
+export const RELAY_PYTHON = REPLICA_PATH.split(":")
   .map((dir) => path.join(dir, "python3"))
   .find((p) => existsSync(p));
 
@@ -464,9 +467,11 @@ export class AppPool {
         ? { uid: projectUid(d.projectId), limits: this.o.sandbox.limits, network: this.o.sandbox.network }
         : undefined,
     };
-    if (sandboxed && runtime.kind === "custom") spec.commandCheck = runtime.command[0];
+    if (sandboxed && runtime.kind === "custom")
+      Object.assign(spec, { commandCheck: runtime.command[0], relayed: true });
     const replica = new Replica(spec, {
       agent: this.o.agent,
+      netns: this.o.netns,
       logger: this.o.logger,
       onLog: this.o.onLog,
       onExit: (r, code, signal) => this.exited(r, code, signal),

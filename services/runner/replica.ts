@@ -17,6 +17,7 @@ import path from "node:path";
 import type { Logger } from "../config/index.js";
 import { StartFailed } from "../runs/index.js";
 import { readLines } from "./log-lines.js";
+import { ReplicaAgent, type NetnsConnector } from "./netns-connect.js";
 import { makeWorkDir, REPLICA_PATH, replicaEnv } from "./replica-env.js";
 import {
   APP_MOUNT,
@@ -51,6 +52,8 @@ export interface ReplicaSpec {
   sandbox?: { uid: number; limits: SandboxLimits; network?: SandboxNetwork };
   /** The program a sandboxed command finally runs (a Custom app's, behind the relay), checked before starting. */
   commandCheck?: string;
+  /** A sandboxed Custom app: it listens on `port` in the sandbox's network namespace, behind the relay. */
+  relayed?: boolean;
 }
 
 /** The channel's socket in a replica's folder. */
@@ -101,6 +104,8 @@ function listenChannel(socketPath: string): Promise<net.Server> {
 
 export interface ReplicaHooks {
   agent: http.Agent;
+  /** Makes connections inside sandboxes, for a relayed app's requests to go straight to it. */
+  netns?: NetnsConnector;
   logger: Logger;
   onLog?: (line: AppLogLine) => void;
   /** The process ended, whoever ended it. */
@@ -160,6 +165,8 @@ export class Replica {
   private sandboxed: SandboxedProcess | undefined;
   /** The channel's socket path, when sandboxed. */
   private readonly channel: string | undefined;
+  /** New connections go straight to the app (see goDirect). */
+  private direct = false;
 
   /**
    * Where requests go: the channel's socket, or 127.0.0.1:port (the port may
@@ -279,6 +286,10 @@ export class Replica {
       const sig = s.sandbox ? ((exitSignal(code, signal) ?? null) as NodeJS.Signals | null) : signal;
       this.endedWith = sig ? `signal ${sig}` : `exit code ${code}`;
       if (s.sandbox) this.limitReason = this.limitHit(sig ?? undefined);
+      if (this.direct) {
+        (this.hooks.agent as ReplicaAgent).route(this.channel!, undefined);
+        this.hooks.netns?.close(this.channel!);
+      }
       this.hooks.onExit(this, code, sig);
       // Stopped means its folder is gone too, so that a caller that waited may remove what holds it.
       const socket = this.endpoint.socketPath;
@@ -306,8 +317,27 @@ export class Replica {
       }
       await new Promise((r) => setTimeout(r, PROBE_INTERVAL_MS));
     }
+    if (s.relayed) await this.goDirect();
     this.state = "ready";
     this.readyAt = this.idleSince = Date.now();
+  }
+
+  /**
+   * A relayed app, once it answers: new connections go straight to it, made
+   * inside its network namespace (netns-connect.ts), when this runner can;
+   * through the relay otherwise. The probes' connection, made through the
+   * relay (which waits for the app to listen), is dropped.
+   */
+  private async goDirect(): Promise<void> {
+    const { netns, agent } = this.hooks;
+    const pid = this.sandboxed?.initPid();
+    const channel = this.channel;
+    if (netns === undefined || !(agent instanceof ReplicaAgent) || channel === undefined || pid === undefined) return;
+    if ((await netns.open(channel, pid)) !== undefined || this.closed) return;
+    const port = this.spec.port;
+    agent.route(channel, () => netns.connect(channel, port));
+    this.direct = true;
+    this.dropIdleSockets();
   }
 
   /** Which sandbox limit most likely ended the process, from its signal and its last words. */

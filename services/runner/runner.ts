@@ -30,7 +30,8 @@
 import http from "node:http";
 import type { Logger } from "../config/index.js";
 import { AppNotFound, Overloaded, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
-import { AppPool, type PoolOptions } from "./pool.js";
+import { NetnsConnector, ReplicaAgent } from "./netns-connect.js";
+import { AppPool, RELAY_PYTHON, type PoolOptions } from "./pool.js";
 import { PortLeases } from "./ports.js";
 import { prepareDeployment } from "./prepare.js";
 import { processSandbox, type SandboxOptions } from "./sandbox.js";
@@ -80,8 +81,8 @@ export const REPLICA_IDLE_SOCKET_MS = 4_000;
  * its own, which also bounds servers that announce nothing. Requests in
  * progress are not cut by it: a socket timeout ends only idle sockets.
  */
-export function replicaAgent(): http.Agent {
-  return new http.Agent({ keepAlive: true, timeout: REPLICA_IDLE_SOCKET_MS });
+export function replicaAgent(): ReplicaAgent {
+  return new ReplicaAgent({ keepAlive: true, timeout: REPLICA_IDLE_SOCKET_MS });
 }
 
 export class Runner {
@@ -110,6 +111,9 @@ export class Runner {
       unhealthyAfter: opts.unhealthyAfter ?? DEFAULT_UNHEALTHY_AFTER,
       sandbox: opts.sandbox ?? processSandbox(),
     };
+    // Sandboxed Custom apps' requests skip their relay where this process can open connections in their sandbox.
+    if (this.pool.sandbox.enabled && this.pool.sandbox.direct !== false && RELAY_PYTHON)
+      this.pool.netns = new NetnsConnector(RELAY_PYTHON, opts.logger);
   }
 
   private current(projectId: string, appName: string): AppPool | undefined {
@@ -220,5 +224,6 @@ export class Runner {
     const retiring = [...this.retiring].map((p) => p.close(new Overloaded("the runner is shutting down", 1)));
     await Promise.all([...stopping, ...retiring]);
     this.agent.destroy();
+    this.pool.netns?.stop();
   }
 }

@@ -65,6 +65,8 @@ export interface SandboxOptions {
   limits: SandboxLimits;
   /** Default "none". */
   network?: SandboxNetwork;
+  /** False: requests to Custom apps always go through their relay (SKIFF_REPLICA_DIRECT=off); default true. */
+  direct?: boolean;
 }
 
 export const DEFAULT_SANDBOX_LIMITS: SandboxLimits = {
@@ -587,7 +589,12 @@ export type SandboxSettings = Pick<
   Config,
   "sandbox" | "replicaMemoryMb" | "replicaPids" | "replicaFileMb" | "replicaTmpMb" | "replicaCpuSeconds"
 > &
-  Partial<Pick<Config, "maxBundleFiles" | "maxAppsPerProject" | "replicaNetwork" | "bwrap" | "replicaDeniedCidrs">>;
+  Partial<
+    Pick<
+      Config,
+      "maxBundleFiles" | "maxAppsPerProject" | "replicaNetwork" | "bwrap" | "replicaDeniedCidrs" | "replicaDirect"
+    >
+  >;
 
 /**
  * Checks that this host can sandbox apps with these settings and makes them
@@ -662,7 +669,7 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
       cgroupsInUse.parents.map((p) => path.dirname(p)),
       logger,
     );
-  processDefault = { enabled: true, limits, network };
+  processDefault = { enabled: true, limits, network, direct: settings.replicaDirect !== "off" };
   logger.info(
     { sandbox: "on", hostUid: runsAsRoot(), network, cgroup: cgroupsInUse?.version ?? null, ...limits },
     `apps run in a bubblewrap sandbox (own namespaces, read-only deployment, rlimits${cgroupsInUse ? `, a cgroup v${cgroupsInUse.version} each` : ""})`,

@@ -1,0 +1,124 @@
+// Requests to a sandboxed Custom app go straight to it, over connections made
+// inside its network namespace (services/runner/netns-connect.ts), not through
+// the relay in its sandbox: with the relay killed, new connections still reach
+// the app; with direct connections turned off, the same kill cuts it off.
+// Real bwrap sandboxes, real processes.
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { parseAppConfig } from "../services/apps/app-config.js";
+import { silentLogger } from "../services/config/logger.js";
+import type { InvokeRequest } from "../services/runs/invoke.js";
+import { Runner } from "../services/runner/runner.js";
+import { DEFAULT_SANDBOX_LIMITS, type SandboxOptions } from "../services/runner/sandbox.js";
+import { skiffToml } from "./helpers/apps.js";
+
+const SANDBOX: SandboxOptions = { enabled: true, limits: { ...DEFAULT_SANDBOX_LIMITS } };
+const SERVER = `
+import http from "node:http";
+http.createServer((req, res) => {
+  req.resume();
+  req.on("end", () => res.end(JSON.stringify({ path: req.url, pid: process.pid })));
+}).listen(Number(process.env.PORT), "127.0.0.1");
+`;
+const asRoot = process.getuid?.() === 0;
+
+let tmp: string;
+let seq = 0;
+
+beforeAll(async () => {
+  tmp = await mkdtemp(path.join(tmpdir(), "skiff-direct-"));
+});
+afterAll(async () => {
+  await rm(tmp, { recursive: true, force: true });
+});
+
+function request(p: string): InvokeRequest {
+  return { runId: `run-${++seq}`, method: "GET", path: p, query: "", headers: {}, body: new Uint8Array(0) };
+}
+
+/** Processes below `pid` (its children, theirs, ...) running `comm` with `text` in their command line. */
+async function descendants(pid: number, comm: string, text: string): Promise<number[]> {
+  const parent = new Map<number, number>();
+  const cmd = new Map<number, string>();
+  for (const entry of await readdir("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = await readFile(`/proc/${entry}/stat`, "utf8");
+      parent.set(Number(entry), Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]));
+      if ((await readFile(`/proc/${entry}/comm`, "utf8")).trim() !== comm) continue;
+      cmd.set(Number(entry), (await readFile(`/proc/${entry}/cmdline`, "utf8")).replaceAll("\0", " "));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const below = (p: number): boolean => {
+    for (let up = parent.get(p); up !== undefined && up > 1; up = parent.get(up)) if (up === pid) return true;
+    return false;
+  };
+  return [...cmd].filter(([p, c]) => c.includes(text) && below(p)).map(([p]) => p);
+}
+
+async function startApp(directToApps: boolean): Promise<{ runner: Runner; call: () => Promise<number> }> {
+  const name = `direct-${directToApps ? "on" : "off"}`;
+  const dir = path.join(tmp, name);
+  await mkdir(dir, { recursive: true });
+  await writeFile(path.join(dir, "server.mjs"), SERVER);
+  const config = parseAppConfig(
+    skiffToml({
+      name,
+      runtime: { kind: "custom", command: ["node", "server.mjs"] },
+      scaling: { max_replicas: 1, replica_concurrency: 32 },
+    }),
+  );
+  const runner = new Runner({
+    workDir: path.join(tmp, `work-${name}`),
+    logger: silentLogger,
+    sandbox: { ...SANDBOX, direct: directToApps },
+  });
+  await runner.deploy({ projectId: "p-direct", appName: name, version: 1, dir, config });
+  const call = async () => {
+    const res = await runner.invoke("p-direct", name, request("/hello"));
+    expect(res.status).toBe(200);
+    return (JSON.parse(Buffer.from(res.body).toString()) as { pid: number }).pid;
+  };
+  return { runner, call };
+}
+
+/** Kills the relay of the app's one replica; the app itself keeps running. */
+async function killRelay(runner: Runner, app: string): Promise<void> {
+  const [replica] = runner.replicas("p-direct", app);
+  const relays = await descendants(replica.pid!, "python3", "relay.py");
+  expect(relays).toHaveLength(1);
+  process.kill(relays[0], "SIGKILL");
+  for (let i = 0; i < 100 && (await descendants(replica.pid!, "python3", "relay.py")).length > 0; i++)
+    await new Promise((r) => setTimeout(r, 20));
+}
+
+describe.skipIf(!asRoot)("sandboxed Custom apps: requests skip the relay", () => {
+  it("with the relay killed, new connections still reach the app, which answers as before", async () => {
+    const { runner, call } = await startApp(true);
+    try {
+      const pid = await call();
+      await killRelay(runner, "direct-on");
+      // Concurrent calls open new connections beside the pooled one.
+      const pids = await Promise.all(Array.from({ length: 16 }, () => call()));
+      expect(new Set(pids)).toEqual(new Set([pid]));
+    } finally {
+      await runner.close();
+    }
+  });
+
+  it("with direct connections off, the same kill cuts the app off: its requests went through the relay", async () => {
+    const { runner, call } = await startApp(false);
+    try {
+      await call();
+      await killRelay(runner, "direct-off");
+      const outcomes = await Promise.allSettled(Array.from({ length: 16 }, () => call()));
+      expect(outcomes.some((o) => o.status === "rejected")).toBe(true);
+    } finally {
+      await runner.close();
+    }
+  });
+});
