@@ -142,6 +142,16 @@ function integer(min: number, max: number) {
   };
 }
 
+/** One of `values` ("must be on or off", "must be auto, slirp4netns or none"). */
+function choice<T extends string>(...values: T[]) {
+  const said = `${values.slice(0, -1).join(", ")} or ${values.at(-1)}`;
+  return (raw: string, variable: string): T => {
+    const v = raw.trim();
+    if (!(values as string[]).includes(v)) throw new ConfigError(variable, `must be ${said}, got "${raw}"`);
+    return v as T;
+  };
+}
+
 function nonEmpty(raw: string, variable: string): string {
   if (raw.trim() === "") throw new ConfigError(variable, "must not be empty");
   return raw.trim();
@@ -517,11 +527,7 @@ export const SETTINGS: Setting<keyof Config>[] = [
     env: "SKIFF_SANDBOX",
     fallback: "on",
     doc: "`on`: every replica and every deploy-time step (dependency install, import check) runs in a bubblewrap sandbox (see docs/security.md); a runner or management process that cannot make one (no `bwrap`, or its probe fails) refuses to start. `off`: apps run unconfined as skiff's own user, said loudly at start and on `/readyz` (its answer then carries `sandbox: off`); only for code you trust.",
-    parse: (raw, variable) => {
-      const v = raw.trim();
-      if (v !== "on" && v !== "off") throw new ConfigError(variable, `must be on or off, got "${raw}"`);
-      return v;
-    },
+    parse: choice("on", "off"),
   },
   {
     key: "bwrap",
@@ -587,23 +593,14 @@ export const SETTINGS: Setting<keyof Config>[] = [
     env: "SKIFF_REPLICA_NETWORK",
     fallback: "auto",
     doc: "Network of replicas and dependency installs, each in a network namespace of its own: `slirp4netns` gives it the outside world through Debian's `slirp4netns` (never the host's loopback nor any other address of the host, so not NATS nor skiff's port wherever they listen on this host, nor `SKIFF_REPLICA_DENIED_CIDRS`; see docs/security.md); `none` gives it loopback only (dependencies must then be vendored); `auto`: `slirp4netns` when it is installed, else `none`, said at start.",
-    parse: (raw, variable) => {
-      const v = raw.trim();
-      if (v !== "auto" && v !== "slirp4netns" && v !== "none")
-        throw new ConfigError(variable, `must be auto, slirp4netns or none, got "${raw}"`);
-      return v;
-    },
+    parse: choice("auto", "slirp4netns", "none"),
   },
   {
     key: "replicaDirect",
     env: "SKIFF_REPLICA_DIRECT",
     fallback: "on",
     doc: "`on`: where skiff runs as root, requests to a sandboxed Custom app go straight to it, over connections a helper opens inside its sandbox's network namespace (see docs/security.md), instead of through the relay in its sandbox: about 0.09 ms less per request at one connection, but the runner's main thread does the TCP work the relay did on another core (about 4% fewer requests a second when that thread is saturated). `off`: always through the relay.",
-    parse: (raw, variable) => {
-      const v = raw.trim();
-      if (v !== "on" && v !== "off") throw new ConfigError(variable, `must be on or off, got "${raw}"`);
-      return v;
-    },
+    parse: choice("on", "off"),
   },
   {
     key: "replicaDeniedCidrs",
