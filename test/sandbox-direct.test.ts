@@ -4,12 +4,15 @@
 // the app; with direct connections turned off, the same kill cuts it off.
 // Real bwrap sandboxes, real processes.
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import http from "node:http";
+import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parseAppConfig } from "../services/apps/app-config.js";
 import { silentLogger } from "../services/config/logger.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
+import { ReplicaAgent } from "../services/runner/netns-connect.js";
 import { Runner } from "../services/runner/runner.js";
 import { DEFAULT_SANDBOX_LIMITS, type SandboxOptions } from "../services/runner/sandbox.js";
 import { skiffToml } from "./helpers/apps.js";
@@ -119,6 +122,54 @@ describe.skipIf(!asRoot)("sandboxed Custom apps: requests skip the relay", () =>
       expect(outcomes.some((o) => o.status === "rejected")).toBe(true);
     } finally {
       await runner.close();
+    }
+  });
+});
+
+describe("ReplicaAgent", () => {
+  it("takes a routed replica's new connections from its route, with the agent's idle timeout; a failing route falls back to the channel", async () => {
+    const servers = ["channel", "direct"].map((name) =>
+      http.createServer((req, res) => {
+        req.resume();
+        res.end(name);
+      }),
+    );
+    const socketPath = path.join(tmp, "agent.sock");
+    await new Promise<void>((r) => servers[0].listen(socketPath, r));
+    await new Promise<void>((r) => servers[1].listen(0, "127.0.0.1", r));
+    const port = (servers[1].address() as net.AddressInfo).port;
+    const agent = new ReplicaAgent({ keepAlive: true, timeout: 1234 });
+    const get = () =>
+      new Promise<{ body: string; timeout: number | undefined }>((resolve, reject) => {
+        const req = http.get({ socketPath, path: "/", agent }, (res) => {
+          // While the request holds it: the agent sets its timeout again only once the socket is free.
+          const timeout = (req.socket as net.Socket).timeout;
+          let body = "";
+          res.setEncoding("utf8");
+          res.on("data", (c: string) => (body += c));
+          res.on("end", () => resolve({ body, timeout }));
+        });
+        req.on("error", reject);
+      });
+    try {
+      expect((await get()).body).toBe("channel");
+      agent.destroy();
+      agent.route(
+        socketPath,
+        () =>
+          new Promise((resolve) => {
+            const s = net.connect(port, "127.0.0.1", () => resolve(s));
+          }),
+      );
+      const direct = await get();
+      expect(direct.body).toBe("direct");
+      expect(direct.timeout).toBe(1234);
+      agent.destroy();
+      agent.route(socketPath, () => Promise.reject(new Error("no way in")));
+      expect((await get()).body).toBe("channel");
+    } finally {
+      agent.destroy();
+      for (const server of servers) server.close();
     }
   });
 });

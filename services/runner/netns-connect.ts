@@ -149,7 +149,12 @@ export class ReplicaAgent extends http.Agent {
     const open = options.socketPath === undefined ? undefined : this.routes.get(options.socketPath);
     if (open === undefined || callback === undefined) return net.createConnection(options as net.NetConnectOpts);
     open().then(
-      (socket) => callback(null, socket),
+      (socket) => {
+        // As net.createConnection does with the agent's timeout: an idle pooled socket is dropped before the app
+        // closes it (see replicaAgent).
+        if (options.timeout) socket.setTimeout(options.timeout);
+        callback(null, socket);
+      },
       // The channel (and the relay behind it) still leads to the app.
       () => callback(null, net.createConnection(options as net.NetConnectOpts)),
     );

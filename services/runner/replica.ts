@@ -333,7 +333,8 @@ export class Replica {
     const pid = this.sandboxed?.initPid();
     const channel = this.channel;
     if (netns === undefined || !(agent instanceof ReplicaAgent) || channel === undefined || pid === undefined) return;
-    if ((await netns.open(channel, pid)) !== undefined || this.closed) return;
+    if ((await netns.open(channel, pid)) !== undefined) return;
+    if (this.closed) return netns.close(channel);
     const port = this.spec.port;
     agent.route(channel, () => netns.connect(channel, port));
     this.direct = true;
