@@ -3,6 +3,7 @@
 // the relay in its sandbox: with the relay killed, new connections still reach
 // the app; with direct connections turned off, the same kill cuts it off.
 // Real bwrap sandboxes, real processes.
+import { spawn } from "node:child_process";
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import http from "node:http";
 import net from "node:net";
@@ -12,7 +13,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parseAppConfig } from "../services/apps/app-config.js";
 import { silentLogger } from "../services/config/logger.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
-import { ReplicaAgent } from "../services/runner/netns-connect.js";
+import { NetnsConnector, ReplicaAgent } from "../services/runner/netns-connect.js";
+import { RELAY_PYTHON } from "../services/runner/pool.js";
 import { Runner } from "../services/runner/runner.js";
 import { DEFAULT_SANDBOX_LIMITS, type SandboxOptions } from "../services/runner/sandbox.js";
 import { skiffToml } from "./helpers/apps.js";
@@ -170,6 +172,57 @@ describe("ReplicaAgent", () => {
     } finally {
       agent.destroy();
       for (const server of servers) server.close();
+    }
+  });
+});
+
+describe.skipIf(!asRoot || RELAY_PYTHON === undefined)("NetnsConnector", () => {
+  it("hands over connected, non-blocking sockets made inside another network namespace; refuses its own", async () => {
+    // A server on 127.0.0.1 of a network namespace of its own (unshare execs it: its pid is the namespace's).
+    const inside = spawn(
+      "unshare",
+      [
+        "-n",
+        "sh",
+        "-c",
+        `ip link set lo up && exec ${RELAY_PYTHON} -c "
+import http.server as h
+class A(h.BaseHTTPRequestHandler):
+    def do_GET(s):
+        s.send_response(200); s.send_header('content-length', '6'); s.end_headers(); s.wfile.write(b'inside')
+    def log_message(*a): pass
+s = h.HTTPServer(('127.0.0.1', 8123), A)
+print('ready', flush=True)
+s.serve_forever()"`,
+      ],
+      { stdio: ["ignore", "pipe", "inherit"] },
+    );
+    const netns = new NetnsConnector(RELAY_PYTHON!, silentLogger);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        inside.stdout!.on("data", (d: Buffer) => d.toString().includes("ready") && resolve());
+        inside.once("exit", (code) => reject(new Error(`the server in its namespace exited (${code})`)));
+      });
+      expect(await netns.open("own", process.pid)).toMatch(/shares this network namespace/);
+      expect(await netns.open("inside", inside.pid!)).toBeUndefined();
+      await expect(netns.connect("inside", 8124)).rejects.toThrow(/refused/i);
+      const socket = await netns.connect("inside", 8123);
+      // O_NONBLOCK (04000) on the descriptor: the event loop never waits in a read or a write of it.
+      const fd = (socket as unknown as { _handle: { fd: number } })._handle.fd;
+      const flags = parseInt(/flags:\s+(\d+)/.exec(await readFile(`/proc/self/fdinfo/${fd}`, "utf8"))![1], 8);
+      expect(flags & 0o4000).toBe(0o4000);
+      const answer = await new Promise<string>((resolve, reject) => {
+        let text = "";
+        socket.setEncoding("utf8");
+        socket.on("data", (c: string) => (text += c));
+        socket.on("end", () => resolve(text));
+        socket.on("error", reject);
+        socket.end("GET / HTTP/1.0\r\n\r\n");
+      });
+      expect(answer).toMatch(/^HTTP\/1\.0 200[\s\S]*inside$/);
+    } finally {
+      netns.stop();
+      inside.kill("SIGKILL");
     }
   });
 });

@@ -109,7 +109,8 @@ def do_connect(m):
         s.settimeout(CONNECT_TIMEOUT)
         s.connect(("127.0.0.1", int(m["port"])))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.setblocking(True)
+        # Non-blocking, as every socket of an event loop is: the runner's takes the descriptor as it is.
+        s.setblocking(False)
         send(reply, s.fileno())
     except (OSError, ValueError, KeyError) as e:
         send(dict(reply, error=e.strerror if isinstance(e, OSError) and e.strerror else str(e)))
