@@ -7,6 +7,10 @@
 // optimisation. PROFILE_CALLERS=fn1,fn2 also prints who calls those
 // functions (PROFILE_DEPTH frames up, default 6); PROFILE_THREAD=n looks at thread n
 // (its number in the profile's file name) instead of the main thread.
+// It also prints the CPU per request of each of skiff's threads (the main
+// thread, the run history's, V8's) and its user and system time, from
+// /proc; PROFILE_OFF=1 runs skiff without the profiler, for those figures
+// without its overhead, and prints nothing else.
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -28,7 +32,7 @@ const skiff = await startSkiffProcess({
   natsUrl: nats.url,
   dataDir: path.join(tmp, "data"),
   env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
-  nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${profDir}`],
+  nodeArgs: process.env.PROFILE_OFF === "1" ? [] : ["--cpu-prof", `--cpu-prof-dir=${profDir}`],
   // `accept`: async calls to a process without the runner role, so the queue only fills: the accept path alone.
   ...(kind === "accept" ? { roles: "invocation,management,webhook" } : {}),
 });
@@ -59,11 +63,13 @@ try {
   };
   await waitRunHistory(skiff, "p-add");
   await wrk({ ...job, seconds: 3 }, tmp);
+  const threadsBefore = await threadTicks(skiff.pid);
   const before = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
   window.from = microseconds();
   const r = await wrk({ ...job, seconds }, tmp);
   window.to = microseconds();
   const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+  const threadsAfter = await threadTicks(skiff.pid);
   const share = (i: number) => `${Math.round((100 * (after[i] - before[i])) / seconds)}%`;
   console.log(`${kind}: ${r.rps} req/s, p50 ${r.p50_ms} ms, p99 ${r.p99_ms} ms, errors ${r.errors}`);
   // CPU per request varies less than req/s when other work shares the machine.
@@ -71,9 +77,37 @@ try {
   console.log(
     `CPU over the run (100% = one core): skiff ${share(0)}, nats-server ${share(1)}; per request: skiff ${perCall(0)}, nats-server ${perCall(1)}`,
   );
+  // Clock ticks are hundredths of a second: µs per request = ticks * 10,000 / requests.
+  const us = (ticks: number) => Math.round((ticks * 10_000) / r.requests);
+  const threads = [...threadsAfter]
+    .map(([id, t]) => ({
+      id,
+      name: t.name,
+      ticks: t.user + t.system - (threadsBefore.get(id)?.user ?? 0) - (threadsBefore.get(id)?.system ?? 0),
+    }))
+    .filter((t) => us(t.ticks) >= 1)
+    .sort((a, b) => b.ticks - a.ticks);
+  const sum = (k: "user" | "system") =>
+    [...threadsAfter].reduce((n, [id, t]) => n + t[k] - (threadsBefore.get(id)?.[k] ?? 0), 0);
+  console.log(
+    `skiff's threads, µs per request: ${threads.map((t) => `${t.id === skiff.pid ? "main" : `${t.name}[${t.id}]`} ${us(t.ticks)}`).join(", ")}; user ${us(sum("user"))}, system ${us(sum("system"))}`,
+  );
 } finally {
   await skiff.stop();
   await nats.stop();
+}
+
+/** CPU clock ticks (user, system) of each thread of a process, by thread id. */
+async function threadTicks(pid: number): Promise<Map<number, { name: string; user: number; system: number }>> {
+  const out = new Map<number, { name: string; user: number; system: number }>();
+  for (const id of await readdir(`/proc/${pid}/task`)) {
+    const text = await readFile(`/proc/${pid}/task/${id}/stat`, "utf8").catch(() => undefined);
+    if (text === undefined) continue; // ended meanwhile
+    const fields = text.slice(text.lastIndexOf(")") + 2).split(" ");
+    const name = text.slice(text.indexOf("(") + 1, text.lastIndexOf(")"));
+    out.set(Number(id), { name, user: Number(fields[11]), system: Number(fields[12]) });
+  }
+  return out;
 }
 
 interface Node {
@@ -99,6 +133,10 @@ function samplesInWindow(p: Profile): Map<number, number> {
   return hits;
 }
 
+if (process.env.PROFILE_OFF === "1") {
+  await rm(tmp, { recursive: true, force: true });
+  process.exit(0);
+}
 const byName = new Map<number, Node>();
 const parents = new Map<number, number>();
 const threads: { name: string; hits: Map<number, number>; busy: number; total: number }[] = [];
