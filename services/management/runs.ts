@@ -180,31 +180,22 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       finished_at: new Date().toISOString(),
       error: { type: "cancelled", message },
     });
+    // A queued async run has no KV record (its queue message is its record): its first is written `cancelled`,
+    // unless a runner has just written `running`.
     const final = record.async
-      ? await cancelAsync(record, from, cancelled)
+      ? await runs.update(
+          record.project_id,
+          record.app_name,
+          record.run_id,
+          (r) =>
+            r.status !== from || (from === "running" && r.attempts !== record.attempts) ? undefined : cancelled(r),
+          from === "queued" ? record : undefined,
+        )
       : record.status === from
         ? cancelled(record)
         : undefined;
     if (final) await publishRunEvent(nc, final);
     return final;
-  }
-
-  /**
-   * An async run's cancel: compare-and-set of its KV record; a queued run
-   * has none (its queue message is its record), so its first record is
-   * written `cancelled`, unless a runner has just written `running`.
-   */
-  async function cancelAsync(
-    record: RunRecord,
-    from: RunStatus,
-    cancelled: (cur: RunRecord) => RunRecord,
-  ): Promise<RunRecord | undefined> {
-    const cur = await runs.get(record.project_id, record.app_name, record.run_id);
-    if (!cur) return from === "queued" ? (await runs.create(cancelled(record)))?.record : undefined;
-    const written = await runs.updateFrom(cur, (r) =>
-      r.status !== from || (from === "running" && r.attempts !== record.attempts) ? undefined : cancelled(r),
-    );
-    return written?.record;
   }
 
   async function settled(record: RunRecord): Promise<RunRecord> {

@@ -176,17 +176,20 @@ export async function kvPurgeKey(nc: NatsConnection, bucket: string, key: string
 }
 
 /**
- * Removes `key` from `bucket` if `revisionsOf` its latest entry says so: it
- * returns every stream sequence the key has (deleted one by one), false to
- * keep the key, or undefined when the entry does not say (a filtered purge
- * then). Resolves with how many messages went.
+ * Removes `key` from `bucket`: its `known` revisions when the caller has
+ * them (nothing is read then), else as `revisionsOf` its latest entry says:
+ * every stream sequence the key has (deleted one by one), false to keep the
+ * key, or undefined when the entry does not say (a filtered purge then).
+ * Resolves with how many messages went.
  */
 export async function kvRemoveKey(
   nc: NatsConnection,
   bucket: string,
   key: string,
   revisionsOf: (entry: KvGetEntry) => number[] | false | undefined,
+  known?: number[],
 ): Promise<number> {
+  if (known) return kvDeleteRevisions(nc, bucket, known);
   const entry = await kvGetLatest(nc, bucket, key);
   if (!entry) return 0;
   const revisions = revisionsOf(entry);

@@ -44,10 +44,13 @@ export async function failLostRun(
       message: `the runner running it stopped before finishing, ${MAX_RUN_ATTEMPTS} times`,
     },
   });
-  const cur = await runs.get(projectId, appName, runId);
-  const final = cur
-    ? (await runs.updateFrom(cur, (record) => (isFinal(record.status) ? undefined : failed(record))))?.record
-    : queued && (await runs.create(failed(queued)))?.record;
+  const final = await runs.update(
+    projectId,
+    appName,
+    runId,
+    (record) => (isFinal(record.status) ? undefined : failed(record)),
+    queued,
+  );
   if (!final) return;
   await publishRunEvent(runs.nc, final);
   logger.warn(

@@ -7,7 +7,7 @@
 import type { NatsConnection } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { buckets, keepAfterAckMs, KvPurger, kvDeleteRevisions, kvRemoveKey } from "../nats/index.js";
+import { buckets, keepAfterAckMs, KvPurger, kvRemoveKey } from "../nats/index.js";
 import { decodeRunRecord, revisionsOf, type RunContext } from "../runs/index.js";
 import { followDeployedApps } from "./deployed-apps.js";
 import { SyncDispatch } from "./dispatch.js";
@@ -37,12 +37,16 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
   const { nc, runner, registry, runs, logger } = opts;
   const purger = new KvPurger(
     (key, revisions) =>
-      revisions
-        ? kvDeleteRevisions(nc, buckets.runs.name, revisions)
-        : kvRemoveKey(nc, buckets.runs.name, key, (entry) => {
-            const record = decodeRunRecord(entry);
-            return record && revisionsOf(record, entry.revision);
-          }),
+      kvRemoveKey(
+        nc,
+        buckets.runs.name,
+        key,
+        (entry) => {
+          const record = decodeRunRecord(entry);
+          return record && revisionsOf(record, entry.revision);
+        },
+        revisions,
+      ),
     logger,
     keepAfterAckMs(opts.finalRecordKeepMs, opts.ackWaitMs),
     "ended async run records",

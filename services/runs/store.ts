@@ -174,17 +174,23 @@ export class RunStore {
   /**
    * Applies `change` to the current record with compare-and-set, re-reading
    * after a lost race. `change` returns the new record, or undefined to leave
-   * it (e.g. it is already final). Resolves with the record written, or
-   * undefined when nothing was written (no record, or change declined).
+   * it (e.g. it is already final). A run with no record yet (a queued run:
+   * its queue message holds it) gets `change(queued)` as its first, when
+   * `queued` is given, unless another writer came first. Resolves with the
+   * record written, or undefined when nothing was written (no record, or
+   * change declined).
    */
   async update(
     projectId: string,
     appName: string,
     runId: string,
     change: (record: RunRecord) => RunRecord | undefined,
+    queued?: RunRecord,
   ): Promise<RunRecord | undefined> {
     const cur = await this.get(projectId, appName, runId);
-    return cur && (await this.updateFrom(cur, change))?.record;
+    if (cur) return (await this.updateFrom(cur, change))?.record;
+    const first = queued && change(queued);
+    return first && (await this.create(first))?.record;
   }
 
   /**

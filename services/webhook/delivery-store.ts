@@ -57,11 +57,13 @@ interface Current {
   prior: number[];
 }
 
+const decoder = new TextDecoder();
+
 /** Every revision of a run's entry, or false while one of its deliveries is under way (keep it); for kvRemoveKey. */
 export function revisionsIfOver(value: Uint8Array, revision: number): number[] | false | undefined {
   let entry: RunEntry;
   try {
-    entry = JSON.parse(new TextDecoder().decode(value)) as RunEntry;
+    entry = JSON.parse(decoder.decode(value)) as RunEntry;
   } catch {
     return undefined;
   }
