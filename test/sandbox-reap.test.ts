@@ -89,7 +89,13 @@ async function removeTree(dir: string): Promise<void> {
   if (!existsSync(dir)) return;
   for (const entry of await readdir(dir, { withFileTypes: true }))
     if (entry.isDirectory()) await removeTree(path.join(dir, entry.name));
-  for (const pid of await processesIn(dir)) process.kill(pid, "SIGKILL");
+  for (const pid of await processesIn(dir))
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch (err) {
+      // Ended between the listing and the kill (the children killed just before, being reaped).
+      if ((err as NodeJS.ErrnoException).code !== "ESRCH") throw err;
+    }
   for (let attempt = 0; ; attempt++)
     try {
       await rmdir(dir);
