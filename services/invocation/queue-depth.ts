@@ -2,10 +2,13 @@
 // without a JetStream round trip per call. The count of each app's subject
 // in the work-queue stream is read once, then again in the background at
 // most every REFRESH_MS, and every run this process accepts in between is
-// added to it. A count at the limit is read afresh before a call is refused,
-// so a refusal is always right; an acceptance may overshoot by what other
-// gateways accepted in the last second: a cap against runaway queues, not
-// an exact quota.
+// added to it. Accepts made while a read is in flight are added on top of
+// what it reads: the stream's answer may predate them, and a count too low
+// would let the queue run past its cap (one too high only costs a fresh read).
+// A count at the limit is read afresh before a call is refused, so a refusal
+// is always right; an acceptance may overshoot by what other gateways
+// accepted in the last second: a cap against runaway queues, not an exact
+// quota.
 import type { JetStreamManager } from "nats";
 import { queuedRuns } from "../runs/index.js";
 
@@ -19,6 +22,8 @@ interface Depth {
   count: number;
   readAt: number;
   refreshing: Promise<void> | undefined;
+  /** Accepts so far, ever: a read adds those made while it was in flight. */
+  accepts: number;
 }
 
 export class QueueDepths {
@@ -54,13 +59,17 @@ export class QueueDepths {
   /** A run this process queued for `app`. */
   accepted(app: QueueOf): void {
     const depth = this.depths.get(keyOf(app));
-    if (depth) depth.count++;
+    if (depth) {
+      depth.count++;
+      depth.accepts++;
+    }
   }
 
   private async read(app: QueueOf): Promise<void> {
+    const before = this.depths.get(keyOf(app))?.accepts ?? 0;
     const [{ count }] = await queuedRuns(this.jsm, app);
     const depth = this.depths.get(keyOf(app));
-    if (depth) Object.assign(depth, { count, readAt: Date.now() });
-    else this.depths.set(keyOf(app), { count, readAt: Date.now(), refreshing: undefined });
+    if (depth) Object.assign(depth, { count: count + depth.accepts - before, readAt: Date.now() });
+    else this.depths.set(keyOf(app), { count, readAt: Date.now(), refreshing: undefined, accepts: 0 });
   }
 }
