@@ -21,6 +21,7 @@ import {
   type RunHistory,
   type RunHistoryOptions,
 } from "../services/runs/history/index.js";
+import { rowOf } from "../services/runs/history/projector.js";
 import type { RunRecord } from "../services/runs/store.js";
 import { startProvisionedNats } from "./helpers/nats-server.js";
 
@@ -423,5 +424,35 @@ describe("run history - NATS restarts", () => {
     } finally {
       await close(h);
     }
+  });
+});
+
+describe("rowOf", () => {
+  const record: RunRecord = {
+    run_id: v7(),
+    project_id: "p",
+    app_name: "a",
+    path: "/x",
+    async: true,
+    status: "success",
+    queued_at: "2026-11-25T00:00:00.000Z",
+    finished_at: "2026-11-25T00:00:01.000Z",
+    attempts: 1,
+  };
+
+  it("keeps an event's record as it is, and leaves out a result and the prior revisions when a record has them", () => {
+    expect(rowOf(record, 7)).toMatchObject({ run_id: record.run_id, status: "success", async: true, revision: 7 });
+    expect(rowOf(record, 7)!.record).toBe(record);
+    const full = rowOf(
+      {
+        ...record,
+        result: { content_type: "text/plain", data: "aGk=", expires_at: record.queued_at },
+        prior_revisions: [3],
+      },
+      8,
+    )!;
+    expect(full.record).toEqual(record);
+    expect(full.record).not.toHaveProperty("result");
+    expect(full.record).not.toHaveProperty("prior_revisions");
   });
 });

@@ -46,9 +46,15 @@ const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math
 /** The record as the event's header carries it: JSON (no line breaks), without the result's bytes. */
 export function recordHeader(record: RunRecord): MsgHdrs {
   const h = headers();
-  const { result: _result, prior_revisions: _prior, ...slim } = record;
-  h.set(RUN_RECORD_HEADER, JSON.stringify(slim));
+  h.set(RUN_RECORD_HEADER, JSON.stringify(withoutResult(record)));
   return h;
+}
+
+/** The record without its result and KV revisions (the record itself when it has neither, as an event's has). */
+export function withoutResult(record: RunRecord): RunRecord {
+  if (!record.result && !record.prior_revisions) return record;
+  const { result: _result, prior_revisions: _prior, ...slim } = record;
+  return slim;
 }
 
 /** The record an event carries in its header; undefined when it has none or it is not a run record. */

@@ -14,16 +14,37 @@ export interface FinishDeps {
   logger: Logger;
 }
 
-function finalRecord(record: RunRecord, outcome: RunOutcome, now: Date): RunRecord {
-  return {
-    ...record,
+/**
+ * The record with how the run ended. Written field by field, not spread: a
+ * spread of the record (with an optional one) cost 3.6 µs a run against
+ * 0.4, on the answer path of every sync run. Every field is named (the type
+ * makes a new one an error here); those the record lacks stay undefined,
+ * which JSON leaves out.
+ */
+function finalRecord(r: RunRecord, outcome: RunOutcome, now: Date): RunRecord {
+  const final: { [K in keyof Required<RunRecord>]: RunRecord[K] } = {
+    run_id: r.run_id,
+    project_id: r.project_id,
+    app_name: r.app_name,
+    path: r.path,
+    async: r.async,
     status: outcome.status,
+    queued_at: r.queued_at,
+    started_at: r.started_at,
     finished_at: now.toISOString(),
     run_time_ms: outcome.runTimeMs,
     status_code: outcome.statusCode,
+    error: outcome.error ?? r.error,
+    webhook_endpoint: r.webhook_endpoint,
+    webhook_signed: r.webhook_signed,
+    attempts: r.attempts,
+    runner: r.runner,
+    result: r.result,
+    websocket: r.websocket,
     response_bytes: outcome.responseBytes ?? outcome.body.data.byteLength,
-    ...(outcome.error ? { error: outcome.error } : {}),
+    prior_revisions: r.prior_revisions,
   };
+  return final;
 }
 
 /**

@@ -28,7 +28,7 @@ import {
 } from "nats";
 import type { Logger } from "../../config/index.js";
 import { streams, subjects } from "../../nats/index.js";
-import { DELIVERY_RECORD_HEADER, recordOfEvent } from "../events.js";
+import { DELIVERY_RECORD_HEADER, recordOfEvent, withoutResult } from "../events.js";
 import { isFinal, type RunStatus } from "../status.js";
 import type { RunRecord } from "../store.js";
 import { lockKey, type Tables } from "./schema.js";
@@ -109,7 +109,7 @@ export function rowOf(r: RunRecord, revision: number): Row | undefined {
   const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
   const statusCode = num(r.status_code);
   // The listing never shows results: their bytes stay in KV and the object store.
-  const { result: _result, prior_revisions: _prior, ...slim } = r;
+  const slim = withoutResult(r);
   return {
     run_id: r.run_id,
     project_id: r.project_id,
@@ -122,7 +122,7 @@ export function rowOf(r: RunRecord, revision: number): Row | undefined {
     run_time_ms: num(r.run_time_ms),
     status_code: statusCode !== null && Number.isInteger(statusCode) ? statusCode : null,
     error_type: typeof r.error?.type === "string" ? r.error.type : null,
-    record: slim as RunRecord,
+    record: slim,
     revision,
   };
 }
