@@ -9,7 +9,7 @@ import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { startInvocationRole } from "./invocation/index.js";
 import { startManagementRole } from "./management/index.js";
 import { configureSandbox, deploymentsDir, startRunnerRole, DeploymentCache, type Runner } from "./runner/index.js";
-import { newRunId, openRunContext, queuedRuns, type RunContext } from "./runs/index.js";
+import { newRunId, openRunContext, queuedRuns, STREAM_BODIES_ABOVE, type RunContext } from "./runs/index.js";
 import { AppRegistry } from "./apps/index.js";
 import { sameToken, startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
@@ -317,6 +317,8 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       bodyLimits: new Map([[ManagementService.method.deployApp, Math.max(config.maxBodyBytes, config.maxBundleBytes)]]),
       // Every answer to an invocation carries X-Request-Id, refusals included.
       requestIds: { methods: new Set([InvocationService.method.run]), make: newRunId },
+      // A large body for a Custom app streams to its replica instead of being held whole.
+      streamedBodies: { methods: new Set([InvocationService.method.run]), above: STREAM_BODIES_ABOVE },
       logger,
       health,
       restServices: rpc.map(({ service }) => service),

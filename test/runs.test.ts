@@ -145,6 +145,24 @@ describe("runs - cancel, idempotency, queue cap", () => {
     expect(err).toMatchObject({ code: Code.FailedPrecondition });
   });
 
+  it("cancel of a sync run: its REST caller gets 499 canceled, the run ends cancelled", async () => {
+    const call = post(v4("many", "sleep"), t.devToken, JSON.stringify({ ms: 20_000 }));
+    // A sync run shows in the history once it has run for a second.
+    const running = await vi.waitUntil(
+      async () => {
+        const page = await t.management().listRuns({ projectId: P, appName: "many", status: "running" });
+        return page.runs.find((r) => !r.async)?.runId;
+      },
+      { timeout: 20_000, interval: 100 },
+    );
+    const r = await t.management().cancelRun({ projectId: P, appName: "many", runId: running });
+    expect(r.run).toMatchObject({ status: "cancelled", error: { type: "cancelled" } });
+    const answer = await call;
+    expect(answer.status).toBe(499);
+    expect(answer.json).toMatchObject({ code: "canceled" });
+    expect(answer.headers.get("x-request-id")).toBe(running);
+  });
+
   it("Idempotency-Key: repeats, even concurrent ones, get the first run id and make no second run", async () => {
     const key = { "idempotency-key": `k-${Date.now()}` };
     const answers = await Promise.all(

@@ -45,13 +45,16 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
   ctx.responseHeader.set("x-request-id", runId);
   const app = findApp(deps.registry, req.projectId, req.appName);
   const cortex = app.config.runtime.kind === "cortex";
-  const rawBody = req.body?.data ?? new Uint8Array(0);
   const contentType = req.body?.contentType ?? "";
   const path = cortex ? cortexFunction(app, req.path) : customPath(req.path, exchange?.rawPathVariable("path"));
-  const body = cortex ? cortexBody(rawBody) : rawBody;
-  const webhook = await webhookEndpoint(req.webhookEndpoint, deps.guard);
+  const webhook = req.webhookEndpoint === "" ? undefined : await webhookEndpoint(req.webhookEndpoint, deps.guard);
   // A secret only signs webhooks: without an endpoint it has nothing to sign.
   const secret = webhook === undefined ? undefined : webhookSecret(ctx.requestHeader.get("x-webhook-secret"));
+  // A large REST body streams to a Custom app's sync run; a Cortex app's arguments and a queued run's body are whole.
+  const pending = exchange?.requestBody;
+  const bodyStream = pending && !cortex && !req.async ? pending : undefined;
+  const rawBody = pending && !bodyStream ? await pending.read() : (req.body?.data ?? new Uint8Array(0));
+  const body = cortex ? cortexBody(rawBody) : rawBody;
 
   const invoke: InvokeRequest = {
     runId: "",
@@ -61,6 +64,7 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
     // A Custom app gets the caller's headers that apps get, and the body's content type.
     headers: cortex ? cortexStreamAccept(ctx) : appRequestHeaders(ctx.requestHeader, contentType),
     body,
+    ...(bodyStream ? { bodyStream } : {}),
   };
   const now = new Date().toISOString();
   const record: RunRecord = {

@@ -22,6 +22,7 @@ import {
   NoRunner,
   outcomeOfAnswer,
   outcomeOfError,
+  requestBodyFailed,
   runFailure,
   type RunOutcome,
   type RunRecord,
@@ -31,7 +32,7 @@ import {
   StreamReceiver,
 } from "../runs/index.js";
 import type { AppRecord } from "../apps/index.js";
-import { isPassedToCaller, setHttpStatus } from "../server/index.js";
+import { httpExchange, setHttpStatus } from "../server/index.js";
 import { subjects } from "../nats/index.js";
 import { storeWebhookSecret } from "../webhook/index.js";
 import type { InvocationDeps } from "./deps.js";
@@ -88,19 +89,22 @@ export async function runSync(
   // a run that ends quickly is written only once it ended.
   const announce = setTimeout(() => publishRunEventUnacked(deps.nc, record), SYNC_RUNNING_RECORD_AFTER_MS);
 
-  const controller = new AbortController();
-  const onGone = () => controller.abort(ctx.signal.reason);
-  ctx.signal.addEventListener("abort", onGone, { once: true });
+  // What stops the run: a REST call's own signal, which aborts only when its caller goes away (or by
+  // exchange.abort, a cancel); a Connect call's aborts when the handler returns too, which a streamed
+  // answer outlives, so such a run has a controller of its own.
+  const abort = httpExchange(ctx)?.abort;
+  const controller = abort ? undefined : new AbortController();
+  const onGone = () => controller?.abort(ctx.signal.reason);
+  if (controller) ctx.signal.addEventListener("abort", onGone, { once: true });
+  const signal = controller?.signal ?? ctx.signal;
   const local = await localRunnerHas(deps, app, ctx.signal);
-  invoke.signal = controller.signal;
+  invoke.signal = signal;
   // A REST caller and RunStream take a streamed answer as it comes; a Connect or gRPC caller of Run gets it whole.
   const streamed = takesStream(ctx);
   invoke.acceptStream = true;
   const started = performance.now();
   const work = (
-    local
-      ? deps.runner!.invoke(record.project_id, record.app_name, invoke)
-      : remote(deps, app, invoke, controller.signal)
+    local ? deps.runner!.invoke(record.project_id, record.app_name, invoke) : remote(deps, app, invoke, signal)
   ).then((res): Answer =>
     res.stream ? keepStreamed(res, !streamed || record.webhook_endpoint !== undefined) : { res },
   );
@@ -116,7 +120,7 @@ export async function runSync(
         : end(outcomeOfAnswer(res)),
     failed,
   );
-  deps.control.track(record.run_id, controller, finished);
+  deps.control.track(record.run_id, controller ?? { abort: abort! }, finished);
   try {
     const { res, kept } = await work;
     if (!kept) return answer(ctx, record, res, app.config.runtime.kind === "custom");
@@ -127,7 +131,7 @@ export async function runSync(
   } catch (err) {
     throw runFailure(err).connect;
   } finally {
-    ctx.signal.removeEventListener("abort", onGone);
+    if (controller) ctx.signal.removeEventListener("abort", onGone);
   }
 }
 
@@ -180,6 +184,13 @@ async function remote(
   invoke: InvokeRequest,
   signal: AbortSignal,
 ): Promise<InvokeResponse> {
+  // Over NATS the body goes whole (wire.ts).
+  if (invoke.bodyStream) {
+    invoke.body = await invoke.bodyStream.read().catch((err: unknown) => {
+      throw requestBodyFailed(err);
+    });
+    invoke.bodyStream = undefined;
+  }
   // A caller that takes a stream gets a streamed answer's body through an inbox of this gateway.
   const receiver = invoke.acceptStream ? new StreamReceiver(deps.nc) : undefined;
   const { data, object } = await encodeRequest(deps.transfer, invoke, undefined, receiver?.inbox);
@@ -224,14 +235,21 @@ async function remote(
   }
 }
 
-/** The app's answer, for REST (status, headers, raw body) and for Connect and gRPC (the message). */
+/**
+ * The app's answer, for REST (status, headers, raw body: a Custom app's
+ * headers go to the REST answer as they are) and for Connect and gRPC (the
+ * message, its headers also those of the RPC's answer).
+ */
 function answer(ctx: HandlerContext, record: RunRecord, res: InvokeResponse, custom: boolean): RunResponse {
   if (res.status !== 200) setHttpStatus(ctx, res.status);
   const headers: Record<string, string> = {};
-  if (custom) {
+  const exchange = httpExchange(ctx);
+  if (custom && exchange) exchange.responseHeaders = res.headers;
+  else if (custom) {
     for (const name in res.headers) {
-      // Content-Type travels with the body (it is the RPC's own header).
-      if (name === "content-type" || !isPassedToCaller(name)) continue;
+      // Content-Type travels with the body (it is the RPC's own header); the rest were filtered for callers
+      // where the answer was read (the runner's pool, or the reply from a remote runner: runs/wire.ts).
+      if (name === "content-type") continue;
       const value = res.headers[name];
       if (Array.isArray(value)) for (const each of value) ctx.responseHeader.append(name, each);
       else ctx.responseHeader.set(name, value);

@@ -23,8 +23,10 @@ import {
   FunctionNotFound,
   Overloaded,
   ReplicaCrashed,
+  RequestBodyFailed,
   RunTimeout,
   StartFailed,
+  STREAM_BODIES_ABOVE,
   type AnswerStream,
   type StreamEnd,
   type InvokeRequest,
@@ -35,7 +37,8 @@ import { freePort, type PortLeases } from "./ports.js";
 import { Replica, type ReplicaSpec } from "./replica.js";
 import { REPLICA_PATH } from "./replica-env.js";
 import { APP_MOUNT, CHANNEL_FD, projectUid, SHIM_MOUNT, type SandboxOptions } from "./sandbox.js";
-import { cortexEnvelope, cortexHeaders, forwardHeaders, passHeaders } from "./responses.js";
+import { cortexEnvelope, cortexHeaders, forwardHeaders } from "./responses.js";
+import { callerHeaders } from "../server/index.js";
 import type { AppDeployment, AppLogLine, PreparedDeployment, ReplicaChange } from "./types.js";
 import { sendUpgrade, UpgradeTimeout, type UpgradeAnswer, type UpgradeRequest } from "./upgrade.js";
 
@@ -296,10 +299,11 @@ export class AppPool {
           ? await r.send(
               req.method,
               req.query === "" ? req.path : `${req.path}?${req.query}`,
-              forwardHeaders(req.headers, req.runId, req.body.byteLength),
-              req.body,
+              forwardHeaders(req.headers, req.runId, req.bodyStream ? req.bodyStream.length : req.body.byteLength),
+              req.bodyStream ?? req.body,
               (c) => (request = c),
               req.acceptStream,
+              STREAM_BODIES_ABOVE,
             )
           : await r.send(
               "POST",
@@ -324,7 +328,7 @@ export class AppPool {
         });
         return {
           status: ex.status,
-          headers: passHeaders(ex.headers),
+          headers: callerHeaders(ex.headers),
           body: ex.body,
           runTimeMs,
           replicaId: r.id,
@@ -332,11 +336,13 @@ export class AppPool {
         };
       }
       if (fn === undefined)
-        return { status: ex.status, headers: passHeaders(ex.headers), body: ex.body, runTimeMs, replicaId: r.id };
+        return { status: ex.status, headers: callerHeaders(ex.headers), body: ex.body, runTimeMs, replicaId: r.id };
       if (ex.status === 404) throw new FunctionNotFound(this.deployment.appName, fn);
       return { ...cortexEnvelope(ex, req.runId, runTimeMs), runTimeMs, replicaId: r.id };
     } catch (err) {
       if (err instanceof FunctionNotFound) throw err;
+      // The caller's body broke, not the replica.
+      if (err instanceof RequestBodyFailed) throw failure ?? err;
       throw await this.failed(r, failure, err);
     } finally {
       if (!streaming) done();

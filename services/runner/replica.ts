@@ -14,8 +14,10 @@ import { lstat, mkdir, rename, rm } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { pipeline } from "node:stream";
 import type { Logger } from "../config/index.js";
-import { StartFailed } from "../runs/index.js";
+import { requestBodyFailed, StartFailed } from "../runs/index.js";
+import type { StreamedRequestBody } from "../server/index.js";
 import { readLines } from "./log-lines.js";
 import { ReplicaAgent, type NetnsConnector } from "./netns-connect.js";
 import { makeWorkDir, REPLICA_PATH, replicaEnv } from "./replica-env.js";
@@ -125,12 +127,18 @@ const EMPTY = Buffer.alloc(0);
 
 /**
  * Whether an answer streams: its length is not known in advance (chunked,
- * or until the connection closes), or it is server-sent events. An answer
- * with a Content-Length arrives whole first, the fast path of small answers.
+ * or until the connection closes), it is server-sent events, or it is
+ * larger than `above`. Any other answer arrives whole first, the fast path
+ * of small answers.
  */
-export function streams(status: number | undefined, headers: http.IncomingHttpHeaders): boolean {
+export function streams(status: number | undefined, headers: http.IncomingHttpHeaders, above = Infinity): boolean {
   if (status === 204 || status === 304) return false;
-  return headers["content-length"] === undefined || (headers["content-type"]?.startsWith("text/event-stream") ?? false);
+  const length = headers["content-length"];
+  return (
+    length === undefined ||
+    Number(length) > above ||
+    (headers["content-type"]?.startsWith("text/event-stream") ?? false)
+  );
 }
 
 /** How many stderr lines a StartFailed quotes. */
@@ -427,20 +435,25 @@ export class Replica {
   /**
    * One HTTP exchange with the replica; `onRequest` receives the request so
    * the caller can abort it. With `mayStream`, an answer that streams (see
-   * streams()) resolves as soon as its head arrives, with the response to
-   * read as `stream`; any other answer resolves once it has arrived whole.
+   * streams(), larger than `streamAbove` among them) resolves as soon as its
+   * head arrives, with the response to read as `stream`; any other answer
+   * resolves once it has arrived whole. A streamed body is sent as it comes.
    */
   send(
     method: string,
     path: string,
     headers: http.OutgoingHttpHeaders,
-    body: Uint8Array,
+    body: Uint8Array | StreamedRequestBody,
     onRequest: (req: http.ClientRequest) => void,
     mayStream = false,
+    streamAbove = Infinity,
   ): Promise<Exchange> {
     return new Promise((resolve, reject) => {
+      let broke: Error | undefined;
       const req = http.request({ ...this.endpoint, method, path, headers, agent: this.hooks.agent }, (res) => {
-        if (mayStream && streams(res.statusCode, res.headers)) {
+        // The app answered before it read the whole body: the rest is not sent (nor the connection kept).
+        if (!(body instanceof Uint8Array)) res.once("end", () => req.writableFinished || req.destroy());
+        if (mayStream && streams(res.statusCode, res.headers, streamAbove)) {
           res.on("error", () => {}); // its reader sees the error; an unread one is no crash of the runner
           resolve({ status: res.statusCode ?? 502, headers: res.headers, body: EMPTY, stream: res });
           return;
@@ -459,9 +472,21 @@ export class Replica {
         });
         res.on("error", reject);
       });
-      req.on("error", reject);
+      req.on("error", (err) => reject(broke ?? err));
       onRequest(req);
-      req.end(body);
+      if (body instanceof Uint8Array) req.end(body);
+      else
+        pipeline(
+          (async function* () {
+            try {
+              yield* body.chunks();
+            } catch (err) {
+              throw (broke = requestBodyFailed(err));
+            }
+          })(),
+          req,
+          () => undefined, // its failures reach the request's "error"
+        );
     });
   }
 

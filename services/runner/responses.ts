@@ -1,22 +1,29 @@
 // Turning a replica's HTTP answer into the caller's final answer, and the
 // caller's request into the replica's.
 import type http from "node:http";
-import { appRequestHeaders, isPassedToCaller } from "../server/index.js";
+import { isForwardedToApp } from "../server/index.js";
 import type { Exchange } from "./replica.js";
 
 const JSON_HEADERS = { "content-type": "application/json" } as const;
 
 /**
- * A Custom app's request: the caller's headers that apps get (the gateway
- * filtered them already; a runner does not rely on it), plus the run id and
- * the body length.
+ * A Custom app's request headers: the caller's that apps get (the gateway
+ * filtered them already; a runner does not rely on it, and drops any other),
+ * plus the run id and the body length, or chunked for a streamed body of
+ * unknown length. Written into the request's own headers, which are the
+ * replica request's from here on: no copy.
  */
 export function forwardHeaders(
   headers: Record<string, string>,
   runId: string,
-  length: number,
+  length: number | undefined,
 ): http.OutgoingHttpHeaders {
-  return { ...appRequestHeaders(Object.entries(headers)), "x-request-id": runId, "content-length": length };
+  for (const name in headers) if (!isForwardedToApp(name.toLowerCase())) delete headers[name];
+  const out: http.OutgoingHttpHeaders = headers;
+  out["x-request-id"] = runId;
+  if (length === undefined) out["transfer-encoding"] = "chunked";
+  else out["content-length"] = length;
+  return out;
 }
 
 /** A Cortex shim's request: JSON arguments and the run id; `accept` asks a generator to stream (see the shims). */
@@ -28,16 +35,6 @@ export function cortexHeaders(runId: string, length: number, accept?: string): h
   };
   if (accept !== undefined) headers.accept = accept;
   return headers;
-}
-
-/** A Custom app's response headers that its caller gets (Content-Type among them). */
-export function passHeaders(headers: http.IncomingHttpHeaders): Record<string, string | string[]> {
-  const out: Record<string, string | string[]> = {};
-  for (const name in headers) {
-    const value = headers[name];
-    if (value !== undefined && isPassedToCaller(name)) out[name] = value;
-  }
-  return out;
 }
 
 /**

@@ -27,7 +27,6 @@
 // event (runs/results.ts readFromEvent).
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
-import type { Logger } from "../config/index.js";
 import { consumers, ensureConsumer, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
 import {
   type RunControl,

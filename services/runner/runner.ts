@@ -27,7 +27,6 @@
 // Replicas see only PATH=/usr/local/bin:/usr/bin:/bin, HOME (their own
 // folder), LANG=C.UTF-8, the app's [env] and PORT (see replica-env.ts), and
 // run in a sandbox (sandbox.ts) unless it is turned off.
-import http from "node:http";
 import type { Logger } from "../config/index.js";
 import { AppNotFound, Overloaded, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
 import { NetnsConnector, ReplicaAgent } from "./netns-connect.js";

@@ -21,8 +21,13 @@ const SETTLE_TIMEOUT_MS = 10_000;
 
 export type CancelAnswer = "aborted" | "unknown" | "gone";
 
+/** What a cancel aborts: the run's AbortController, or a REST call's own (HttpExchange.abort). */
+export interface Abortable {
+  abort(reason?: unknown): void;
+}
+
 interface InFlight {
-  controller: AbortController;
+  controller: Abortable;
   done: Promise<void>;
 }
 
@@ -67,7 +72,7 @@ export class RunControl {
   }
 
   /** Tracks a run until `done` settles (its final record is written); cancel aborts `controller`. */
-  track(runId: string, controller: AbortController, done: Promise<unknown>): void {
+  track(runId: string, controller: Abortable, done: Promise<unknown>): void {
     const entry: InFlight = {
       controller,
       done: done.then(

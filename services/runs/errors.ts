@@ -4,6 +4,10 @@
 // Cancelled 499 "canceled", ReplicaCrashed, StartFailed and AppNotFound 503
 // (the app exists, but no runner has it deployed). PrepareFailed is a
 // deployment's: ManagementService answers it with failed_precondition.
+// RequestBodyFailed never crosses NATS: the caller's body, streamed to a
+// replica of this process, broke (the REST answer is the body's own error).
+
+import { ClientGoneError } from "../server/index.js";
 
 export type RunnerErrorName =
   | "AppNotFound"
@@ -62,6 +66,24 @@ export class ReplicaCrashed extends RunnerError {
   constructor(message: string, options?: ErrorOptions) {
     super(message, options);
   }
+}
+
+/** The caller's body broke while it streamed to the app: too large, or the caller went away (`gone`). */
+export class RequestBodyFailed extends Error {
+  override readonly name = "RequestBodyFailed";
+  constructor(
+    message: string,
+    readonly gone: boolean,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+/** What a failure of the caller's body (its reader's error) means for the run. */
+export function requestBodyFailed(err: unknown): RequestBodyFailed {
+  const message = err instanceof Error ? err.message : String(err);
+  return new RequestBodyFailed(message, err instanceof ClientGoneError, { cause: err });
 }
 
 export class Cancelled extends RunnerError {

@@ -14,6 +14,8 @@ export {
   Overloaded,
   PrepareFailed,
   ReplicaCrashed,
+  RequestBodyFailed,
+  requestBodyFailed,
   RunTimeout,
   RunnerError,
   StartFailed,
@@ -29,6 +31,7 @@ export {
 } from "./events.js";
 export { finishAsync, finishSync, republishFinal } from "./finish.js";
 export type { FinishDeps } from "./finish.js";
+export { STREAM_BODIES_ABOVE } from "./invoke.js";
 export type { AnswerStream, InvokeRequest, InvokeResponse, StreamEnd } from "./invoke.js";
 export { NoRunner, contentTypeOf, outcomeOfAnswer, outcomeOfError, runFailure } from "./outcome.js";
 export type { RunOutcome } from "./outcome.js";

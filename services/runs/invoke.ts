@@ -1,5 +1,13 @@
 // What a run asks of a runner and what it gets back: the contract between the
 // gateway (in-process or over NATS, see wire.ts) and the runner.
+import type { StreamedRequestBody } from "../server/index.js";
+
+/**
+ * A Custom app's bodies larger than this (or of unknown length) stream
+ * between its caller and its replica, both ways, when the path allows it;
+ * smaller ones pass whole, which costs less per call.
+ */
+export const STREAM_BODIES_ABOVE = 256 * 1024;
 
 export interface InvokeRequest {
   runId: string;
@@ -11,6 +19,12 @@ export interface InvokeRequest {
   /** Lower-case names; only those that apps get (see server/headers.ts). */
   headers: Record<string, string>;
   body: Uint8Array;
+  /**
+   * A Custom app's body as the caller sends it (`body` is empty then): the
+   * runner streams it to the replica. Only in-process; wire.ts carries
+   * `body` alone, so a gateway reads it whole before it asks over NATS.
+   */
+  bodyStream?: StreamedRequestBody;
   signal?: AbortSignal;
   /**
    * The caller takes a streamed answer: an answer the app streams (no

@@ -9,6 +9,7 @@ import {
   FunctionNotFound,
   Overloaded,
   ReplicaCrashed,
+  RequestBodyFailed,
   RunTimeout,
   StartFailed,
 } from "./errors.js";
@@ -80,6 +81,10 @@ export function runFailure(err: unknown): { connect: ConnectError; type: string 
     };
   }
   if (err instanceof Cancelled) return { connect: new ConnectError(err.message, Code.Canceled), type: "cancelled" };
+  if (err instanceof RequestBodyFailed)
+    return err.gone
+      ? { connect: new ConnectError(err.message, Code.Canceled), type: "cancelled" }
+      : { connect: new ConnectError(err.message, Code.ResourceExhausted), type: "request_too_large" };
   if (err instanceof FunctionNotFound)
     return { connect: new ConnectError(err.message, Code.NotFound), type: "function_not_found" };
   if (err instanceof ReplicaCrashed)
@@ -98,7 +103,8 @@ export function outcomeOfError(err: unknown, runTimeMs: number): RunOutcome {
   const data = new TextEncoder().encode(errorBody(connect.code, connect.rawMessage));
   return {
     status: type === "cancelled" ? "cancelled" : "failure",
-    statusCode: codeHttpStatus(connect.code),
+    // A body too large is answered 413 (as the transcoder refuses one up front), not resource_exhausted's 429.
+    statusCode: type === "request_too_large" ? 413 : codeHttpStatus(connect.code),
     runTimeMs,
     error: { type, message: connect.rawMessage },
     body: { contentType: "application/json", data },

@@ -7,6 +7,7 @@
 // store `skiff-results` under `transfer.{id}`: the frame names it, and
 // the receiver reads and removes it.
 import type { NatsConnection, ObjectStore } from "nats";
+import { callerHeaders } from "../server/index.js";
 import {
   AppNotFound,
   Cancelled,
@@ -273,7 +274,8 @@ export async function decodeReply(
   if ("error" in meta) throw runnerError(meta);
   return {
     status: meta.status,
-    headers: meta.headers,
+    // Whatever a runner sent, a caller gets only the app's headers that callers get.
+    headers: callerHeaders(meta.headers),
     runTimeMs: meta.run_time_ms,
     replicaId: meta.replica_id,
     body: await transfer.receive(body, meta.body_object),

@@ -49,7 +49,8 @@ const NOT_FORWARDED_TO_APPS = new Set([
   "x-request-id",
 ]);
 
-function isForwardedToApp(name: string): boolean {
+/** Whether an app gets this request header of its caller (a lower-case name). */
+export function isForwardedToApp(name: string): boolean {
   return !HOP_BY_HOP.has(name) && !NOT_FORWARDED_TO_APPS.has(name) && !isRpcProtocol(name);
 }
 
@@ -86,6 +87,18 @@ export function isPassedToCaller(name: string): boolean {
     !isRpcProtocol(name) &&
     !name.startsWith("trailer-")
   );
+}
+
+/** An app's answer headers, less those its caller never gets (see isPassedToCaller). */
+export function callerHeaders(
+  headers: Readonly<Record<string, string | string[] | undefined>>,
+): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = {};
+  for (const name in headers) {
+    const value = headers[name];
+    if (value !== undefined && isPassedToCaller(name)) out[name] = value;
+  }
+  return out;
 }
 
 /**

@@ -2,10 +2,11 @@
 // HTTP/JSON transcoder in rest/), health probes, OpenAPI documents, the
 // dashboard's static files, and which headers cross between callers and apps.
 export { HealthState, healthRoutes } from "./health.js";
-export { appRequestHeaders, isPassedToCaller } from "./headers.js";
+export { appRequestHeaders, callerHeaders, isForwardedToApp, isPassedToCaller } from "./headers.js";
 export { codeFromString, codeHttpStatus, errorBody } from "./rest/errors.js";
 export { httpExchange, setHttpStatus, streamHttpBody } from "./rest/http-exchange.js";
-export type { HttpExchange, StreamedBody } from "./rest/http-exchange.js";
+export type { HttpExchange, StreamedBody, StreamedRequestBody } from "./rest/http-exchange.js";
+export { ClientGoneError } from "./rest/body.js";
 export { SKIFF_APIS, openapiDocument, openapiDocuments } from "./rest/openapi.js";
 export { startServer } from "./server.js";
 export type { UpgradeHandler } from "./server.js";

@@ -29,7 +29,13 @@ import type { HealthState } from "./health.js";
 import { answerUnimplemented, isGrpcRequest, minimalGrpcMessages } from "./grpc-status.js";
 import { reflectionRoutes } from "./reflection.js";
 import { isApiPath, type StaticHandler } from "./static-files.js";
-import { createTranscoder, restRouteOf, type NodeHandler, type RequestIds } from "./rest/transcoder.js";
+import {
+  createTranscoder,
+  restRouteOf,
+  type NodeHandler,
+  type RequestIds,
+  type TranscoderOptions,
+} from "./rest/transcoder.js";
 import { METRICS_CONTENT_TYPE, type Metrics } from "../metrics/index.js";
 
 type NodeRequest = Parameters<NodeHandler>[0];
@@ -43,6 +49,8 @@ export interface ServerOptions {
   bodyLimits?: ReadonlyMap<DescMethod, number>;
   /** Methods whose every REST answer carries X-Request-Id (see TranscoderOptions.requestIds). */
   requestIds?: RequestIds;
+  /** Methods whose handler may read a large REST body as it comes (see TranscoderOptions.streamedBodies). */
+  streamedBodies?: TranscoderOptions["streamedBodies"];
   logger: Logger;
   health: HealthState;
   /** Services whose google.api.http rules become REST routes. */
@@ -291,6 +299,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     maxBodyBytes: opts.maxBodyBytes,
     bodyLimits: opts.bodyLimits,
     requestIds: opts.requestIds,
+    streamedBodies: opts.streamedBodies,
     logger,
   });
 

@@ -26,6 +26,40 @@ export interface HttpExchange {
   rawPathVariable(fieldPath: string): string | undefined;
   /** Set by the handler with streamHttpBody(): the answer's body, written as it comes. */
   stream?: StreamedBody;
+  /**
+   * Set by a handler that passes on another HTTP answer's headers (a Custom
+   * app's): written to the REST answer as they are, Content-* among them,
+   * with no Headers object in between. A Content-Type among them is left
+   * out: the answer's is the response message's.
+   */
+  responseHeaders?: Record<string, string | string[]>;
+  /**
+   * Aborts the call's signal, as its caller going away does. A REST call's
+   * signal aborts only for those reasons and the server's shutdown, never
+   * because its handler returned: work that outlives the handler (a streamed
+   * answer) may hold on to it.
+   */
+  readonly abort: (reason: unknown) => void;
+  /**
+   * A request body left unread for the handler to stream on (a large or
+   * chunked one, on a method that takes it so: TranscoderOptions.streamedBodies);
+   * the request message's body is empty then. Undefined when the message holds it.
+   */
+  readonly requestBody?: StreamedRequestBody;
+}
+
+/**
+ * A request body read as it comes, under the method's size limit. Whatever
+ * reads it fails with the transcoder's own error when it breaks (too large:
+ * 413; the caller gone), and the transcoder answers with that error.
+ */
+export interface StreamedRequestBody {
+  /** Its Content-Length, when the caller declared one. */
+  readonly length: number | undefined;
+  /** Its chunks as they come, once; the caller's pace follows the reader's (back-pressure). */
+  chunks(): AsyncIterable<Uint8Array>;
+  /** The whole body, for a handler that needs it whole after all. */
+  read(): Promise<Uint8Array>;
 }
 
 /** A body the REST answer writes chunk by chunk, at the pace its caller reads (back-pressure). */

@@ -18,7 +18,9 @@
 //     JSON fields are an error; body "<field>": the JSON body is that field,
 //     or, for a google.api.HttpBody field, the raw bytes and their
 //     Content-Type; no body rule: a body is read (under the size limit) and
-//     ignored. Path variables win over a body that sets the same field.
+//     ignored. Path variables win over a body that sets the same field. A
+//     method named in `streamedBodies` gets a large HttpBody body unread,
+//     to read as it comes (HttpExchange.requestBody).
 //   - the response is JSON with proto field names and implicit fields
 //     emitted, or only its `response_body` field; an HttpBody is written
 //     raw with its content type. The status is the one the handler chose
@@ -52,11 +54,21 @@ import {
 import { invokeUnaryImplementation } from "@connectrpc/connect/protocol";
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
-import { isRestExchangeHeader, isRpcExchangeResponseHeader } from "../headers.js";
+import { isRpcExchangeResponseHeader } from "../headers.js";
+import { requestHeaderView } from "./request-headers.js";
 import { kHttpExchange, type HttpExchange, type StreamedBody } from "./http-exchange.js";
 import { httpBindings, resolveFieldPath, type HttpBinding, type Variable } from "./http-rules.js";
 import type { Logger } from "../../config/index.js";
-import { ClientGoneError, discardRequest, readBody, type NodeRequest, type NodeResponse } from "./body.js";
+import {
+  ClientGoneError,
+  closedEarly,
+  discardRequest,
+  PendingBody,
+  readBody,
+  streamsBody,
+  type NodeRequest,
+  type NodeResponse,
+} from "./body.js";
 import { codeString, errorBody, invalidArgument, TranscodeError } from "./errors.js";
 import { resolveDotted, setFromText } from "./fields.js";
 import { rawVariableValue, RouteTable, variableValue, type RouteMatch } from "./routes.js";
@@ -77,6 +89,12 @@ export interface TranscoderOptions {
   maxBodyBytes: number;
   /** Methods that take larger bodies than maxBodyBytes (an app bundle), by method. */
   bodyLimits?: ReadonlyMap<DescMethod, number>;
+  /**
+   * Methods with an HttpBody body whose handler may read it as it comes
+   * (HttpExchange.requestBody) when it is larger than `above` bytes or of
+   * unknown length, instead of finding it whole in the request message.
+   */
+  streamedBodies?: { methods: ReadonlySet<DescMethod>; above: number };
   /**
    * Methods whose every REST answer, refusals included (401, 403, 413, …),
    * carries `X-Request-Id`: the id is made as soon as the route is known and
@@ -187,23 +205,46 @@ async function transcode(
   const requestId = opts.requestIds?.methods.has(match.route.binding.method) ? opts.requestIds.make() : undefined;
   // Set before anything can fail: an error answer's headers are merged with it.
   if (requestId !== undefined) res.setHeader("x-request-id", requestId);
-  const body = await readBody(req, opts.bodyLimits?.get(match.route.binding.method) ?? opts.maxBodyBytes);
   const route = match.route;
-  const input = requestMessage(route, match.segments, query, body, header(req, "content-type"));
-  const exchange: HttpExchange = {
-    method,
-    query,
-    status: undefined,
-    requestId,
-    rawPathVariable: (fieldPath) => {
-      const found = route.variables.find((v) => v.variable.fieldPath.join(".") === fieldPath);
-      return found && rawVariableValue(found.variable, match.segments);
-    },
-  };
-  const output = await callMethod(req, res, route, input, exchange, opts);
-  const payload = responsePayload(route.binding, output);
-  if (exchange.stream) await writeStreamed(res, exchange.status ?? 200, payload.contentType, exchange.stream);
-  else writeSuccess(res, exchange.status ?? 200, payload);
+  const limit = opts.bodyLimits?.get(route.binding.method) ?? opts.maxBodyBytes;
+  const pending = streamedBody(req, route, limit, opts);
+  const body = pending ? NO_BODY_BYTES : await readBody(req, limit);
+  try {
+    const input = requestMessage(route, match.segments, query, body, header(req, "content-type"));
+    // The call's signal (see restContext).
+    const controller = new AbortController();
+    const exchange: HttpExchange = {
+      method,
+      query,
+      status: undefined,
+      requestId,
+      rawPathVariable: (fieldPath) => {
+        const found = route.variables.find((v) => v.variable.fieldPath.join(".") === fieldPath);
+        return found && rawVariableValue(found.variable, match.segments);
+      },
+      requestBody: pending,
+      abort: (reason) => controller.abort(reason),
+    };
+    const output = await callMethod(req, res, route, input, exchange, controller, opts, pending);
+    const passed = exchange.responseHeaders;
+    // Content-Type is the payload's (an HttpBody's own).
+    if (passed) for (const name in passed) if (name !== "content-type") res.setHeader(name, passed[name]);
+    const payload = responsePayload(route.binding, output);
+    if (exchange.stream) await writeStreamed(res, exchange.status ?? 200, payload.contentType, exchange.stream);
+    else writeSuccess(res, exchange.status ?? 200, payload);
+  } finally {
+    pending?.finish();
+  }
+}
+
+const NO_BODY_BYTES = new Uint8Array(0);
+
+/** The body left for the handler to stream on (see TranscoderOptions.streamedBodies), or undefined to read it whole. */
+function streamedBody(req: NodeRequest, route: Route, limit: number, opts: TranscoderOptions): PendingBody | undefined {
+  const streamed = opts.streamedBodies;
+  if (!streamed?.methods.has(route.binding.method) || (route.body !== "raw-all" && route.body !== "raw-field"))
+    return undefined;
+  return streamsBody(req, streamed.above) ? new PendingBody(req, limit) : undefined;
 }
 
 function pickRoute(matches: RouteMatch<Route>[], method: string, path: string): RouteMatch<Route> {
@@ -325,9 +366,11 @@ async function callMethod(
   route: Route,
   input: Message,
   exchange: HttpExchange,
+  controller: AbortController,
   opts: TranscoderOptions,
+  pending: PendingBody | undefined,
 ): Promise<Message> {
-  const call = restContext(req, res, route, exchange, opts.shutdownSignal);
+  const call = restContext(req, res, route, exchange, controller, opts.shutdownSignal);
   try {
     const output = await invokeUnaryImplementation(
       route.impl as Extract<MethodImplSpec, { kind: "unary" }>,
@@ -338,36 +381,37 @@ async function callMethod(
     copyResponseHeaders(call.context.responseHeader, res);
     return output;
   } catch (e) {
-    call.end(e);
     copyResponseHeaders(call.context.responseHeader, res);
-    throw handlerError(e, route, opts.logger, res);
+    // A body that broke while the handler read it (too large, the caller gone) is the call's answer.
+    throw pending?.failure ?? handlerError(e, route, opts.logger, res);
   } finally {
-    call.end(CALL_ENDED);
+    call.end();
   }
 }
 
-/** The reason a finished call's context is aborted with (made once: an abort without one makes a DOMException). */
-const CALL_ENDED = new ConnectError("the call ended", Code.Canceled);
 const NO_TIMEOUT = () => undefined;
 
 /**
  * The handler context of a REST call, as Connect's createHandlerContext
  * makes one for a call without a deadline (REST has no timeout header), with
  * one abort signal of its own: aborted when the caller goes away before the
- * answer is written, when the server shuts down, and once the call ended
- * (`end`, which also drops its listeners). The request headers are the ones
- * read from the request, not a copy of them.
+ * handler returned, when the server shuts down meanwhile, or by
+ * HttpExchange.abort; `end` drops its listeners. Unlike a Connect call's,
+ * it is not aborted when the handler returns (nothing needs it: a streamed
+ * answer that outlives the handler is cancelled through its own body), so a
+ * call costs no abort event. The request headers are a view of the ones
+ * Node read (request-headers.ts), not a copy of them.
  */
 function restContext(
   req: NodeRequest,
   res: NodeResponse,
   route: Route,
   exchange: HttpExchange,
+  controller: AbortController,
   shutdown: AbortSignal | undefined,
-): { context: HandlerContext; end(reason: unknown): void } {
-  const controller = new AbortController();
+): { context: HandlerContext; end(): void } {
   const onClose = () => {
-    if (!res.writableFinished) controller.abort(new ClientGoneError("client closed the request"));
+    if (closedEarly(res)) controller.abort(new ClientGoneError("client closed the request"));
   };
   const onShutdown = () => controller.abort(shutdown!.reason);
   res.once("close", onClose);
@@ -381,34 +425,18 @@ function restContext(
     url: `http://${authority(req)}${req.url ?? "/"}`,
     signal: controller.signal,
     timeoutMs: NO_TIMEOUT,
-    requestHeader: handlerHeaders(req),
+    requestHeader: requestHeaderView(req.headers),
     responseHeader: new Headers(),
     responseTrailer: new Headers(),
     values: createContextValues().set(kHttpExchange, exchange),
   };
   return {
     context,
-    end(reason) {
+    end() {
       res.off("close", onClose);
       shutdown?.removeEventListener("abort", onShutdown);
-      controller.abort(reason); // the first reason stays
     },
   };
-}
-
-function handlerHeaders(req: NodeRequest): Headers {
-  const out = new Headers();
-  for (const [name, value] of Object.entries(req.headers)) {
-    if (value === undefined || name.startsWith(":") || isRestExchangeHeader(name)) continue;
-    for (const v of Array.isArray(value) ? value : [value]) {
-      try {
-        out.append(name, v);
-      } catch {
-        throw invalidArgument(`invalid value for header ${truncate(name)}`);
-      }
-    }
-  }
-  return out;
 }
 
 const AUTHORITY = /^[A-Za-z0-9.\-_~:[\]]+$/;
@@ -506,7 +534,7 @@ async function writeStreamed(
   let gone = false;
   let wake: (() => void) | undefined;
   const onClose = () => {
-    if (!res.writableFinished) {
+    if (closedEarly(res)) {
       gone = true;
       body.cancel();
     }
