@@ -56,7 +56,7 @@ const runOf = (runId: string, status: string) =>
   );
 
 describe("streamed answers through a runner over NATS", () => {
-  it("a large chunked request body goes whole across NATS (only a runner of this process takes it as it comes)", async () => {
+  it("a large chunked request body reaches the app across NATS whole and in order", async () => {
     const words = Array.from({ length: 300 }, (_, i) => `${i}`.padStart(1000, "w"));
     const body = new TextEncoder().encode(words.join(" "));
     const res = await fetch(v4("words"), {

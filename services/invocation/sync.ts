@@ -30,6 +30,8 @@ import {
   decodeReply,
   encodeRequest,
   StreamReceiver,
+  BodySender,
+  type AnswerStream,
 } from "../runs/index.js";
 import type { AppRecord } from "../apps/index.js";
 import { httpExchange, setHttpStatus } from "../server/index.js";
@@ -184,16 +186,11 @@ async function remote(
   invoke: InvokeRequest,
   signal: AbortSignal,
 ): Promise<InvokeResponse> {
-  // Over NATS the body goes whole (wire.ts).
-  if (invoke.bodyStream) {
-    invoke.body = await invoke.bodyStream.read().catch((err: unknown) => {
-      throw requestBodyFailed(err);
-    });
-    invoke.bodyStream = undefined;
-  }
+  // A large body follows the request as the caller sends it (runs/body-wire.ts), at the runner's pace.
+  const sender = invoke.bodyStream && new BodySender(deps.nc, invoke.bodyStream, deps.transfer.limit);
   // A caller that takes a stream gets a streamed answer's body through an inbox of this gateway.
   const receiver = invoke.acceptStream ? new StreamReceiver(deps.nc) : undefined;
-  const { data, object } = await encodeRequest(deps.transfer, invoke, undefined, receiver?.inbox);
+  const { data, object } = await encodeRequest(deps.transfer, invoke, undefined, receiver?.inbox, sender?.meta);
   // A cancel or a caller gone reaches the runner that has the run, until its body has ended.
   const onAbort = () => broadcastAbort(deps.nc, invoke.runId);
   signal.addEventListener("abort", onAbort, { once: true });
@@ -214,25 +211,53 @@ async function remote(
     };
     // A runner that answers it no longer has the app (it is stopping, or the app moved) ran nothing: another
     // runner of the queue group may have it. Asked once more, unless the body went through the object store
-    // (the first runner took it).
+    // (the first runner took it) or began to stream to the first runner.
     const { creditTo, ...res } = await ask().catch((err: unknown) => {
-      if (err instanceof AppNotFound && object === undefined) return ask();
+      if (err instanceof AppNotFound && object === undefined && !sender?.started) return ask();
       throw err;
     });
     if (creditTo === undefined || receiver === undefined) {
+      // The app has answered whole: what it did not read of the body is not sent.
+      sender?.stop();
       receiver?.close();
       detach();
       return res;
     }
-    const stream = receiver.stream(creditTo, onAbort);
-    void stream.ended.finally(detach).catch(() => undefined);
+    // A streamed answer may go on reading the body as it writes.
+    const stream = sender
+      ? failingWithBody(receiver.stream(creditTo, onAbort), sender)
+      : receiver.stream(creditTo, onAbort);
+    void stream.ended
+      .finally(() => {
+        sender?.stop();
+        detach();
+      })
+      .catch(() => undefined);
     return { ...res, stream };
   } catch (err) {
+    sender?.stop();
     receiver?.close();
     detach();
     await deps.transfer.drop(object);
+    // The caller's body broke here (gone, too large): that, not how the runner saw it, is why the run ended.
+    if (sender?.failure !== undefined) throw requestBodyFailed(sender.failure);
     throw err;
   }
+}
+
+/** A streamed answer whose errors are the caller's body's when that broke at this gateway (see remote). */
+function failingWithBody(stream: AnswerStream, sender: BodySender): AnswerStream {
+  const why = (err: unknown) => (sender.failure !== undefined ? requestBodyFailed(sender.failure) : err);
+  async function* chunks(): AsyncGenerator<Uint8Array> {
+    try {
+      yield* stream.chunks;
+    } catch (err) {
+      throw why(err);
+    }
+  }
+  const ended = stream.ended.catch((err: unknown) => Promise.reject(why(err)));
+  ended.catch(() => undefined); // the reader, or whoever records the run, sees it
+  return { chunks: chunks(), cancel: stream.cancel, ended };
 }
 
 /**

@@ -13,7 +13,10 @@ import {
   encodeReply,
   errorMeta,
   StreamSender,
+  BodyReceiver,
   type BodyTransfer,
+  ReplicaCrashed,
+  RequestBodyFailed,
   RunnerError,
   StartFailed,
 } from "../runs/index.js";
@@ -61,6 +64,8 @@ export class SyncDispatch {
     const done = new Promise<void>((resolve) => (ended = resolve));
     const asRunnerError = (err: unknown): RunnerError => {
       if (err instanceof RunnerError) return err;
+      // The caller's body broke: the gateway knows why when it broke there; lost on the way, it reads as a crash.
+      if (err instanceof RequestBodyFailed) return new ReplicaCrashed(err.message);
       logger.error({ err, runId, app: `${app.projectId}/${app.appName}` }, "sync run failed inside the runner");
       return new StartFailed("the runner could not run the request");
     };
@@ -69,6 +74,8 @@ export class SyncDispatch {
       runId = req.runId;
       const controller = new AbortController();
       req.signal = controller.signal;
+      // A large body follows the request as the caller sends it (body-wire.ts).
+      if (req.bodyFrom) req.bodyStream = new BodyReceiver(nc, req.bodyFrom);
       // A cancel reaches the run until its body has gone, a streamed one's too.
       control.track(runId, controller, done);
       const res = await runner.invoke(app.projectId, app.appName, req);

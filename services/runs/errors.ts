@@ -4,8 +4,9 @@
 // Cancelled 499 "canceled", ReplicaCrashed, StartFailed and AppNotFound 503
 // (the app exists, but no runner has it deployed). PrepareFailed is a
 // deployment's: ManagementService answers it with failed_precondition.
-// RequestBodyFailed never crosses NATS: the caller's body, streamed to a
-// replica of this process, broke (the REST answer is the body's own error).
+// RequestBodyFailed: the caller's body, streamed to a replica, broke (the
+// REST answer is the body's own error; across NATS the gateway knows it,
+// and a body lost on the way is answered as ReplicaCrashed).
 
 import { ClientGoneError } from "../server/index.js";
 
@@ -68,12 +69,16 @@ export class ReplicaCrashed extends RunnerError {
   }
 }
 
-/** The caller's body broke while it streamed to the app: too large, or the caller went away (`gone`). */
+/**
+ * The caller's body broke while it streamed to the app: the caller went away
+ * (`gone`), it passed the size limit (`too_large`), or its frames were lost
+ * between a gateway and this runner (`lost`). The replica is not to blame.
+ */
 export class RequestBodyFailed extends Error {
   override readonly name = "RequestBodyFailed";
   constructor(
     message: string,
-    readonly gone: boolean,
+    readonly reason: "gone" | "too_large" | "lost",
     options?: ErrorOptions,
   ) {
     super(message, options);
@@ -82,8 +87,9 @@ export class RequestBodyFailed extends Error {
 
 /** What a failure of the caller's body (its reader's error) means for the run. */
 export function requestBodyFailed(err: unknown): RequestBodyFailed {
+  if (err instanceof RequestBodyFailed) return err;
   const message = err instanceof Error ? err.message : String(err);
-  return new RequestBodyFailed(message, err instanceof ClientGoneError, { cause: err });
+  return new RequestBodyFailed(message, err instanceof ClientGoneError ? "gone" : "too_large", { cause: err });
 }
 
 export class Cancelled extends RunnerError {

@@ -60,3 +60,4 @@ export {
 } from "./wire.js";
 export type { ErrorMeta, RequestMeta } from "./wire.js";
 export { StreamReceiver, StreamSender } from "./stream-wire.js";
+export { BodyReceiver, BodySender } from "./body-wire.js";

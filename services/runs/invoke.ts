@@ -21,8 +21,8 @@ export interface InvokeRequest {
   body: Uint8Array;
   /**
    * A Custom app's body as the caller sends it (`body` is empty then): the
-   * runner streams it to the replica. Only in-process; wire.ts carries
-   * `body` alone, so a gateway reads it whole before it asks over NATS.
+   * runner streams it to the replica. Across NATS it follows the request
+   * on frames of its own (body-wire.ts).
    */
   bodyStream?: StreamedRequestBody;
   signal?: AbortSignal;

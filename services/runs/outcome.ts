@@ -82,9 +82,11 @@ export function runFailure(err: unknown): { connect: ConnectError; type: string 
   }
   if (err instanceof Cancelled) return { connect: new ConnectError(err.message, Code.Canceled), type: "cancelled" };
   if (err instanceof RequestBodyFailed)
-    return err.gone
+    return err.reason === "gone"
       ? { connect: new ConnectError(err.message, Code.Canceled), type: "cancelled" }
-      : { connect: new ConnectError(err.message, Code.ResourceExhausted), type: "request_too_large" };
+      : err.reason === "lost"
+        ? { connect: new ConnectError(err.message, Code.Unavailable), type: "request_body_lost" }
+        : { connect: new ConnectError(err.message, Code.ResourceExhausted), type: "request_too_large" };
   if (err instanceof FunctionNotFound)
     return { connect: new ConnectError(err.message, Code.NotFound), type: "function_not_found" };
   if (err instanceof ReplicaCrashed)

@@ -7,6 +7,7 @@
 // store `skiff-results` under `transfer.{id}`: the frame names it, and
 // the receiver reads and removes it.
 import type { NatsConnection, ObjectStore } from "nats";
+import type { BodyStreamMeta } from "./body-wire.js";
 import { callerHeaders } from "../server/index.js";
 import {
   AppNotFound,
@@ -35,6 +36,8 @@ export interface RequestMeta {
   record?: RunRecord;
   /** The gateway takes a streamed answer: its body goes to this inbox (see stream-wire.ts). */
   stream_to?: string;
+  /** The body follows the request as it comes (see body-wire.ts); the frame's own body is empty then. */
+  body_stream?: BodyStreamMeta;
 }
 
 /** A runner error, as an error reply (or a stream's `fail` frame) carries it. */
@@ -119,6 +122,12 @@ function checkRequestMeta(meta: unknown): RequestMeta {
   strings(meta, ["run_id", "method", "path", "query"], ["body_object", "stream_to"]);
   headerMap(meta.headers, false);
   if (meta.record !== undefined && !isObject(meta.record)) throw new MalformedFrame("record is not an object");
+  const b = meta.body_stream;
+  if (
+    b !== undefined &&
+    !(isObject(b) && typeof b.credit_to === "string" && (b.length === undefined || isCount(b.length)))
+  )
+    throw new MalformedFrame("body_stream has no credit_to, or a length that is not a count");
   return meta as unknown as RequestMeta;
 }
 
@@ -176,6 +185,7 @@ export async function encodeRequest(
   req: InvokeRequest,
   record?: RunRecord,
   streamTo?: string,
+  bodyStream?: BodyStreamMeta,
 ): Promise<{ data: Uint8Array; object?: string }> {
   const { body, object } = await transfer.send(`${req.runId}.request`, req.body);
   const meta: RequestMeta = {
@@ -187,16 +197,20 @@ export async function encodeRequest(
     ...(object ? { body_object: object } : {}),
     ...(record ? { record } : {}),
     ...(streamTo ? { stream_to: streamTo } : {}),
+    ...(bodyStream ? { body_stream: bodyStream } : {}),
   };
   return { data: frame(meta, body), object };
 }
+
+/** A request as a runner reads it: with where a streamed answer goes, and where a streamed body comes from. */
+export type DecodedRequest = InvokeRequest & { streamTo?: string; bodyFrom?: BodyStreamMeta };
 
 /** The request a frame carries; with `keepObject` a stored body stays (an async message may be delivered again). */
 export async function decodeRequest(
   transfer: BodyTransfer,
   data: Uint8Array,
   keepObject = false,
-): Promise<InvokeRequest & { streamTo?: string }> {
+): Promise<DecodedRequest> {
   return (await decodeRequestFrame(transfer, data, keepObject)).req;
 }
 
@@ -205,7 +219,7 @@ export async function decodeRequestFrame(
   transfer: BodyTransfer,
   data: Uint8Array,
   keepObject = false,
-): Promise<{ meta: RequestMeta; req: InvokeRequest & { streamTo?: string } }> {
+): Promise<{ meta: RequestMeta; req: DecodedRequest }> {
   const { meta: raw, body } = unframe<unknown>(data);
   const meta = checkRequestMeta(raw);
   const full = await transfer.receive(body, meta.body_object, keepObject);
@@ -217,6 +231,7 @@ export async function decodeRequestFrame(
     headers: meta.headers,
     body: full,
     ...(meta.stream_to ? { acceptStream: true, streamTo: meta.stream_to } : {}),
+    ...(meta.body_stream ? { bodyFrom: meta.body_stream } : {}),
   };
   return { meta, req };
 }
