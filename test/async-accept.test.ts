@@ -45,7 +45,7 @@ async function enqueueWithoutRecord(runId: string): Promise<void> {
   const transfer = new BodyTransfer(nc, () => nc.jetstream().views.os("skiff-results"));
   const body = new TextEncoder().encode('{"a":40,"b":2}');
   const invoke = { runId, method: "POST", path: "add", query: "", headers: {}, body };
-  const { data } = await encodeRequest(transfer, invoke, queuedRecord(runId));
+  const { data } = await encodeRequest(transfer, invoke, { record: queuedRecord(runId) });
   await nc.jetstream().publish(subjects.runQueue(P, "accept"), data, { msgID: runId });
 }
 

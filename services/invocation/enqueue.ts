@@ -75,7 +75,7 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
     // the run history shows the run queued from it.
     publishRunEventUnacked(deps.nc, record);
     written = true;
-    const { data } = await encodeRequest(deps.transfer, invoke, record);
+    const { data } = await encodeRequest(deps.transfer, invoke, { record });
     await publishAcked(deps.nc, subject, data, { msgId: runId });
     deps.queueDepths.accepted(queue);
   } catch (err) {

@@ -94,8 +94,8 @@ export async function runSync(
   // What stops the run: a REST call's own signal, which aborts only when its caller goes away (or by
   // exchange.abort, a cancel); a Connect call's aborts when the handler returns too, which a streamed
   // answer outlives, so such a run has a controller of its own.
-  const abort = httpExchange(ctx)?.abort;
-  const controller = abort ? undefined : new AbortController();
+  const exchange = httpExchange(ctx);
+  const controller = exchange ? undefined : new AbortController();
   const onGone = () => controller?.abort(ctx.signal.reason);
   if (controller) ctx.signal.addEventListener("abort", onGone, { once: true });
   const signal = controller?.signal ?? ctx.signal;
@@ -122,7 +122,7 @@ export async function runSync(
         : end(outcomeOfAnswer(res)),
     failed,
   );
-  deps.control.track(record.run_id, controller ?? { abort: abort! }, finished);
+  deps.control.track(record.run_id, controller ?? exchange!, finished);
   try {
     const { res, kept } = await work;
     if (!kept) return answer(ctx, record, res, app.config.runtime.kind === "custom");
@@ -190,11 +190,19 @@ async function remote(
   const sender = invoke.bodyStream && new BodySender(deps.nc, invoke.bodyStream, deps.transfer.limit);
   // A caller that takes a stream gets a streamed answer's body through an inbox of this gateway.
   const receiver = invoke.acceptStream ? new StreamReceiver(deps.nc) : undefined;
-  const { data, object } = await encodeRequest(deps.transfer, invoke, undefined, receiver?.inbox, sender?.meta);
+  const { data, object } = await encodeRequest(deps.transfer, invoke, {
+    streamTo: receiver?.inbox,
+    bodyStream: sender?.meta,
+  });
   // A cancel or a caller gone reaches the runner that has the run, until its body has ended.
   const onAbort = () => broadcastAbort(deps.nc, invoke.runId);
   signal.addEventListener("abort", onAbort, { once: true });
-  const detach = () => signal.removeEventListener("abort", onAbort);
+  // Once the answer has ended: what the app did not read of the body is not sent.
+  const release = () => {
+    sender?.stop();
+    receiver?.close();
+    signal.removeEventListener("abort", onAbort);
+  };
   try {
     const timeout = app.config.scaling.responseGracePeriod * 1000 + REPLY_MARGIN_MS;
     const ask = async () => {
@@ -217,27 +225,17 @@ async function remote(
       throw err;
     });
     if (creditTo === undefined || receiver === undefined) {
-      // The app has answered whole: what it did not read of the body is not sent.
-      sender?.stop();
-      receiver?.close();
-      detach();
+      release();
       return res;
     }
     // A streamed answer may go on reading the body as it writes.
     const stream = sender
       ? failingWithBody(receiver.stream(creditTo, onAbort), sender)
       : receiver.stream(creditTo, onAbort);
-    void stream.ended
-      .finally(() => {
-        sender?.stop();
-        detach();
-      })
-      .catch(() => undefined);
+    void stream.ended.finally(release).catch(() => undefined);
     return { ...res, stream };
   } catch (err) {
-    sender?.stop();
-    receiver?.close();
-    detach();
+    release();
     await deps.transfer.drop(object);
     // The caller's body broke here (gone, too large): that, not how the runner saw it, is why the run ended.
     if (sender?.failure !== undefined) throw requestBodyFailed(sender.failure);

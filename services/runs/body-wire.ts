@@ -17,12 +17,11 @@
 // reads slowly slows the caller, across NATS too. A gap in `seq` (core
 // NATS is at most once) or no frame within SILENCE_MS fails the body as
 // `lost`; the replica is not blamed for any of these (RequestBodyFailed).
-import { createInbox, type NatsConnection, type Subscription } from "nats";
-import type { StreamedRequestBody } from "../server/index.js";
-import { ClientGoneError } from "../server/index.js";
+import type { NatsConnection } from "nats";
+import { ClientGoneError, readWhole, type StreamedRequestBody } from "../server/index.js";
 import { RequestBodyFailed } from "./errors.js";
-import { WINDOW_BYTES } from "./stream-wire.js";
-import { frame, unframe } from "./wire.js";
+import { CreditInbox, FrameInbox, WINDOW_BYTES } from "./flow.js";
+import { frame } from "./wire.js";
 
 export const BODY_HEARTBEAT_MS = 5_000;
 const SILENCE_MS = 3 * BODY_HEARTBEAT_MS;
@@ -69,16 +68,13 @@ function parseCredit(data: Uint8Array): { to: string; credit: number } | undefin
  * ends the sending (the answer came, or the call failed).
  */
 export class BodySender {
-  readonly creditTo = createInbox();
   /** The error reading the caller's body raised, if it broke. */
   failure: unknown;
-  private readonly credits: Subscription;
+  private readonly credit: CreditInbox;
   private to: string | undefined;
-  private credited = 0;
   private sent = 0;
   private seq = 0;
   private stopped = false;
-  private wake: (() => void) | undefined;
   private lastSend = Date.now();
   readonly done: Promise<void>;
 
@@ -87,22 +83,17 @@ export class BodySender {
     private readonly body: StreamedRequestBody,
     private readonly maxChunk: number,
   ) {
-    this.credits = nc.subscribe(this.creditTo, {
-      callback: (err, msg) => {
-        if (err) return;
-        const c = parseCredit(msg.data);
-        if (c === undefined) return;
-        this.to ??= c.to;
-        if (c.credit > this.credited) this.credited = c.credit;
-        this.wake?.();
-      },
+    this.credit = new CreditInbox(nc, (data) => {
+      const c = parseCredit(data);
+      this.to ??= c?.to;
+      return c?.credit;
     });
     this.done = this.send();
   }
 
   /** What the request frame says of this body. */
   get meta(): BodyStreamMeta {
-    return { credit_to: this.creditTo, ...(this.body.length !== undefined ? { length: this.body.length } : {}) };
+    return { credit_to: this.credit.inbox, ...(this.body.length !== undefined ? { length: this.body.length } : {}) };
   }
 
   /** Whether a runner has asked for the body (some of it may have gone). */
@@ -113,15 +104,13 @@ export class BodySender {
   stop(): void {
     if (this.stopped) return;
     this.stopped = true;
-    this.credits.unsubscribe();
-    this.wake?.();
+    this.credit.close();
   }
 
   /** Waits until the runner has room (and has said where), or stop(); false once stopped. */
   private async room(): Promise<boolean> {
-    while (!this.stopped && (this.to === undefined || this.sent - this.credited >= WINDOW_BYTES))
-      await new Promise<void>((resolve) => (this.wake = resolve));
-    this.wake = undefined;
+    while (!this.stopped && (this.to === undefined || this.sent - this.credit.credited >= WINDOW_BYTES))
+      await this.credit.next();
     return !this.stopped;
   }
 
@@ -169,7 +158,7 @@ export class BodySender {
  */
 export class BodyReceiver implements StreamedRequestBody {
   readonly length: number | undefined;
-  private read_ = false;
+  private taken = false;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -179,27 +168,14 @@ export class BodyReceiver implements StreamedRequestBody {
   }
 
   async *chunks(): AsyncGenerator<Uint8Array> {
-    if (this.read_) throw new Error("the request body was read already");
-    this.read_ = true;
-    const inbox = createInbox();
-    const frames: { meta: BodyFrame | undefined; bytes: Uint8Array }[] = [];
-    let wake: (() => void) | undefined;
-    let last = Date.now();
-    const sub = this.nc.subscribe(inbox, {
-      callback: (err, msg) => {
-        if (err) return;
-        last = Date.now();
-        try {
-          const { meta, body } = unframe<unknown>(msg.data);
-          frames.push({ meta: checkBodyFrame(meta), bytes: body });
-        } catch {
-          frames.push({ meta: undefined, bytes: EMPTY });
-        }
-        wake?.();
-      },
-    });
+    if (this.taken) throw new Error("the request body was read already");
+    this.taken = true;
+    const frames = new FrameInbox(this.nc, checkBodyFrame, SILENCE_MS);
     const credit = (total: number) =>
-      this.nc.publish(this.from.credit_to, new TextEncoder().encode(JSON.stringify({ to: inbox, credit: total })));
+      this.nc.publish(
+        this.from.credit_to,
+        new TextEncoder().encode(JSON.stringify({ to: frames.inbox, credit: total })),
+      );
     const lost = (why: string) => new RequestBodyFailed(`the request body ${why}`, "lost");
     try {
       credit(0);
@@ -207,36 +183,24 @@ export class BodyReceiver implements StreamedRequestBody {
       let handed = 0;
       let credited = 0;
       for (;;) {
-        while (frames.length === 0) {
-          const waited = Date.now() - last;
-          if (waited >= SILENCE_MS) throw lost(`stopped coming for ${SILENCE_MS / 1000} s`);
-          await new Promise<void>((resolve) => {
-            const timer = setTimeout(resolve, SILENCE_MS - waited);
-            wake = () => {
-              clearTimeout(timer);
-              resolve();
-            };
-          });
-          wake = undefined;
-        }
-        const { meta, bytes } = frames.shift()!;
+        const next = await frames.next();
+        if (next === undefined) throw lost(`stopped coming for ${SILENCE_MS / 1000} s`);
+        const { meta, body } = next;
         if (meta === undefined || meta.seq !== ++seq) throw lost("was cut between gateway and runner");
         if (meta.kind === "beat") continue;
         if (meta.kind === "end") return;
         if (meta.kind === "fail")
           throw new RequestBodyFailed(meta.message, meta.reason === "gone" ? "gone" : "too_large");
-        yield bytes;
-        handed += bytes.byteLength;
+        yield body;
+        handed += body.byteLength;
         if (handed - credited >= WINDOW_BYTES / 4) credit((credited = handed));
       }
     } finally {
-      sub.unsubscribe();
+      frames.close();
     }
   }
 
-  async read(): Promise<Uint8Array> {
-    const parts: Uint8Array[] = [];
-    for await (const chunk of this.chunks()) parts.push(chunk);
-    return Buffer.concat(parts);
+  read(): Promise<Uint8Array> {
+    return readWhole(this.chunks());
   }
 }

@@ -16,13 +16,13 @@
 // so a caller that reads slowly slows the app, across NATS too. A gap in
 // `seq` (core NATS is at most once) or no frame within SILENCE_MS fails the
 // run; a gateway's cancel reaches the runner as any cancel does (control).
-import { createInbox, type NatsConnection, type Subscription } from "nats";
+import type { NatsConnection } from "nats";
 import { Cancelled, ReplicaCrashed } from "./errors.js";
+import { CreditInbox, FrameInbox, WINDOW_BYTES } from "./flow.js";
 import type { AnswerStream, StreamEnd } from "./invoke.js";
-import { checkErrorMeta, frame, runnerError, unframe, type ErrorMeta } from "./wire.js";
+import { checkErrorMeta, frame, runnerError, type ErrorMeta } from "./wire.js";
 
-/** How far the runner may run ahead of what the gateway has handed on. */
-export const WINDOW_BYTES = 1024 * 1024;
+export { WINDOW_BYTES };
 const HEARTBEAT_MS = 5_000;
 const SILENCE_MS = 3 * HEARTBEAT_MS;
 
@@ -57,12 +57,9 @@ function checkStreamMeta(meta: unknown): StreamMeta {
  * bytes. Resolves when the body has gone (or failed: the gateway is told).
  */
 export class StreamSender {
-  readonly creditTo = createInbox();
-  private readonly credits: Subscription;
-  private credited = 0;
+  private readonly credit: CreditInbox;
   private sent = 0;
   private seq = 0;
-  private wake: (() => void) | undefined;
   private lastSend = Date.now();
 
   constructor(
@@ -70,14 +67,12 @@ export class StreamSender {
     private readonly to: string,
     private readonly maxChunk: number,
   ) {
-    this.credits = nc.subscribe(this.creditTo, {
-      callback: (err, msg) => {
-        if (err) return;
-        const total = Number(new TextDecoder().decode(msg.data));
-        if (Number.isFinite(total) && total > this.credited) this.credited = total;
-        this.wake?.();
-      },
-    });
+    this.credit = new CreditInbox(nc, (data) => Number(new TextDecoder().decode(data)));
+  }
+
+  /** Where the gateway sends credit (the answer's head names it). */
+  get creditTo(): string {
+    return this.credit.inbox;
   }
 
   async send(stream: AnswerStream, failed: (err: unknown) => ErrorMeta): Promise<void> {
@@ -88,8 +83,7 @@ export class StreamSender {
       for await (const chunk of stream.chunks) {
         for (let at = 0; at < chunk.byteLength; at += this.maxChunk) {
           const piece = chunk.subarray(at, at + this.maxChunk);
-          while (this.sent - this.credited > WINDOW_BYTES) await new Promise<void>((r) => (this.wake = r));
-          this.wake = undefined;
+          while (this.sent - this.credit.credited > WINDOW_BYTES) await this.credit.next();
           this.sent += piece.byteLength;
           this.publish({ seq: 0, kind: "chunk" }, piece);
         }
@@ -103,7 +97,7 @@ export class StreamSender {
       this.publish({ seq: 0, kind: "fail", ...failed(err) }, EMPTY);
     } finally {
       clearInterval(beat);
-      this.credits.unsubscribe();
+      this.credit.close();
     }
   }
 
@@ -120,34 +114,19 @@ export class StreamSender {
  * once the head says the answer streams; close() drops it otherwise.
  */
 export class StreamReceiver {
-  readonly inbox = createInbox();
-  private readonly sub: Subscription;
-  private readonly frames: { meta: StreamMeta; body: Uint8Array }[] = [];
-  private wake: (() => void) | undefined;
-  private last = Date.now();
-  private closed = false;
+  private readonly frames: FrameInbox<StreamMeta>;
 
   constructor(private readonly nc: NatsConnection) {
-    this.sub = nc.subscribe(this.inbox, {
-      callback: (err, msg) => {
-        if (err) return;
-        this.last = Date.now();
-        try {
-          const { meta, body } = unframe<unknown>(msg.data);
-          this.frames.push({ meta: checkStreamMeta(meta), body });
-        } catch {
-          this.frames.push({ meta: { seq: -1, kind: "chunk" }, body: EMPTY });
-        }
-        this.wake?.();
-      },
-    });
+    this.frames = new FrameInbox(nc, checkStreamMeta, SILENCE_MS);
+  }
+
+  /** The inbox a request names as `stream_to`. */
+  get inbox(): string {
+    return this.frames.inbox;
   }
 
   close(): void {
-    if (this.closed) return;
-    this.closed = true;
-    this.sub.unsubscribe();
-    this.wake?.();
+    this.frames.close();
   }
 
   /** The body that follows the head; `cancel` stops the run (its runner's run is aborted through control). */
@@ -172,11 +151,12 @@ export class StreamReceiver {
       let settled = false;
       try {
         for (;;) {
-          const next = await self.next();
+          const next = await self.frames.next();
           if (stopped) return;
           if (next === undefined) throw new ReplicaCrashed(`the runner sent nothing for ${SILENCE_MS / 1000} s`);
           const { meta, body } = next;
-          if (meta.seq !== ++seq) throw new ReplicaCrashed("part of the answer was lost between runner and gateway");
+          if (meta === undefined || meta.seq !== ++seq)
+            throw new ReplicaCrashed("part of the answer was lost between runner and gateway");
           if (meta.kind === "beat") continue;
           if (meta.kind === "end") {
             settled = true;
@@ -201,23 +181,5 @@ export class StreamReceiver {
       }
     }
     return { chunks: chunks(), cancel: stop, ended };
-  }
-
-  /** The next frame, or undefined after SILENCE_MS without one or once closed. */
-  private async next(): Promise<{ meta: StreamMeta; body: Uint8Array } | undefined> {
-    while (this.frames.length === 0) {
-      if (this.closed) return undefined;
-      const waited = Date.now() - this.last;
-      if (waited >= SILENCE_MS) return undefined;
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, SILENCE_MS - waited);
-        this.wake = () => {
-          clearTimeout(timer);
-          resolve();
-        };
-      });
-      this.wake = undefined;
-    }
-    return this.frames.shift();
   }
 }

@@ -179,13 +179,15 @@ export class BodyTransfer {
   }
 }
 
-/** A request frame; an async run's carries its `queued` record too, a sync one that takes a stream its inbox. */
+/**
+ * A request frame; an async run's carries its `queued` record too, a sync
+ * one that takes a stream its inbox, and one whose body follows it where
+ * the runner asks for it (body-wire.ts).
+ */
 export async function encodeRequest(
   transfer: BodyTransfer,
   req: InvokeRequest,
-  record?: RunRecord,
-  streamTo?: string,
-  bodyStream?: BodyStreamMeta,
+  { record, streamTo, bodyStream }: { record?: RunRecord; streamTo?: string; bodyStream?: BodyStreamMeta } = {},
 ): Promise<{ data: Uint8Array; object?: string }> {
   const { body, object } = await transfer.send(`${req.runId}.request`, req.body);
   const meta: RequestMeta = {

@@ -6,7 +6,7 @@ export { appRequestHeaders, callerHeaders, isForwardedToApp, isPassedToCaller } 
 export { codeFromString, codeHttpStatus, errorBody } from "./rest/errors.js";
 export { httpExchange, setHttpStatus, streamHttpBody } from "./rest/http-exchange.js";
 export type { HttpExchange, StreamedBody, StreamedRequestBody } from "./rest/http-exchange.js";
-export { ClientGoneError } from "./rest/body.js";
+export { ClientGoneError, readWhole } from "./rest/body.js";
 export { SKIFF_APIS, openapiDocument, openapiDocuments } from "./rest/openapi.js";
 export { startServer } from "./server.js";
 export type { UpgradeHandler } from "./server.js";

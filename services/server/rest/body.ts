@@ -120,6 +120,17 @@ export function discardRequest(req: NodeRequest): void {
   req.resume();
 }
 
+/** A body's chunks, read to the end and joined (StreamedRequestBody.read). */
+export async function readWhole(chunks: AsyncIterable<Uint8Array>): Promise<Uint8Array> {
+  const parts: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of chunks) {
+    parts.push(chunk);
+    size += chunk.byteLength;
+  }
+  return Buffer.concat(parts, size);
+}
+
 /**
  * Whether a request's body is worth streaming rather than reading whole: it
  * is declared larger than `above`, or its length is not declared (chunked
@@ -182,14 +193,8 @@ export class PendingBody {
     }
   }
 
-  async read(): Promise<Uint8Array> {
-    const parts: Uint8Array[] = [];
-    let size = 0;
-    for await (const chunk of this.chunks()) {
-      parts.push(chunk);
-      size += chunk.byteLength;
-    }
-    return Buffer.concat(parts, size);
+  read(): Promise<Uint8Array> {
+    return readWhole(this.chunks());
   }
 
   /** The call is answered: what is left of the body is dropped (by its reader's end, when one is under way). */
