@@ -10,8 +10,9 @@
 // It also prints the CPU per request of each of skiff's threads (the main
 // thread, the run history's, V8's) and its user and system time, from
 // /proc; PROFILE_OFF=1 runs skiff without the profiler, for those figures
-// without its overhead, and prints nothing else.
-import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+// without its overhead, and prints nothing else. PROFILE_KEEP=dir keeps the
+// profiles in dir (Chrome's DevTools open them).
+import { cp, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { startNatsServer } from "../test/helpers/nats-server.js";
@@ -229,4 +230,5 @@ for (const name of (process.env.PROFILE_CALLERS ?? "").split(",").filter(Boolean
   }
   console.log(`\ncallers of ${name}:\n${top(chains, 8)}`);
 }
+if (process.env.PROFILE_KEEP) await cp(profDir, process.env.PROFILE_KEEP, { recursive: true });
 await rm(tmp, { recursive: true, force: true });
