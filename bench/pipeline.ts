@@ -21,6 +21,7 @@ import { streamedAnswers } from "./streaming.js";
 import { startSkiffProcess, waitRunHistory, type SkiffProcess } from "./skiff-process.js";
 import {
   ECHO_SERVER,
+  NODE_PROXY,
   ensureTools,
   percentile,
   quiet,
@@ -40,8 +41,9 @@ const CORTEX = "bench-add";
 
 export interface PipelineResults {
   machine: { cores: number; node: string; quick: boolean; date: string };
-  sync_c1: { direct: Latency; nginx: Latency; skiff: Latency; cortex: Latency };
-  sync: { direct: Latency; nginx: Latency; skiff: Latency; cortex: Latency };
+  /** node_proxy: the same echo server behind a bare node:http proxy (tools.ts NODE_PROXY), the floor of a Node.js proxy. */
+  sync_c1: { direct: Latency; nginx: Latency; node_proxy: Latency; skiff: Latency; cortex: Latency };
+  sync: { direct: Latency; nginx: Latency; node_proxy: Latency; skiff: Latency; cortex: Latency };
   async_accept: Latency;
   /**
    * The same accepts on a gateway alone (a process without the runner role, on a NATS server of its own), as
@@ -57,6 +59,8 @@ export interface PipelineResults {
   streamed: Awaited<ReturnType<typeof streamedAnswers>>;
   rss_mb: { idle: number; loaded: number; after_soak: number | null };
   list_runs_ms: number | null;
+  /** Runs a second the run history projected while ListRuns was measured (run-listing.ts). */
+  history_projected_per_s: number | null;
   errors: Record<string, number>;
   ratios: Record<string, number>;
 }
@@ -257,6 +261,8 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
     children.push(direct.child);
     const nginx = await startNginx(path.join(tmp, "nginx"), direct.port);
     children.push(nginx.child);
+    const nodeProxy = await serveNode(NODE_PROXY, { TARGET: String(direct.port) });
+    children.push(nodeProxy.child);
     nats = await startNatsServer();
     skiff = await startSkiffProcess({
       natsUrl: nats.url,
@@ -283,6 +289,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
     const urls = {
       direct: `http://127.0.0.1:${direct.port}/echo`,
       nginx: `http://127.0.0.1:${nginx.port}/echo`,
+      nodeProxy: `http://127.0.0.1:${nodeProxy.port}/echo`,
       skiff: `${skiff.url}/v4/${P}/${CUSTOM}/echo`,
       cortex: `${skiff.url}/v4/${P}/${CORTEX}/add`,
     };
@@ -309,13 +316,15 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       return latency(r);
     };
     // Warm-up of every path (JIT, connection pools, replicas).
-    for (const url of [urls.direct, urls.nginx, urls.skiff]) await run("warm-up", url, echoBody, 32, 200, 2);
+    for (const url of [urls.direct, urls.nginx, urls.nodeProxy, urls.skiff])
+      await run("warm-up", url, echoBody, 32, 200, 2);
     await run("warm-up", urls.cortex, addBody, 32, 200, 2);
 
     console.log(`sync, 1 connection, ${seconds} s a case:`);
     const sync_c1 = {
       direct: await run("direct c=1", urls.direct, echoBody, 1),
       nginx: await run("nginx c=1", urls.nginx, echoBody, 1),
+      node_proxy: await run("node proxy c=1", urls.nodeProxy, echoBody, 1),
       skiff: await run("skiff custom c=1", urls.skiff, echoBody, 1),
       cortex: await run("skiff cortex c=1", urls.cortex, addBody, 1),
     };
@@ -323,6 +332,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
     const sync = {
       direct: await run("direct c=32", urls.direct, echoBody, 32),
       nginx: await run("nginx c=32", urls.nginx, echoBody, 32),
+      node_proxy: await run("node proxy c=32", urls.nodeProxy, echoBody, 32),
       skiff: await run("skiff custom c=32", urls.skiff, echoBody, 32),
       cortex: await run("skiff cortex c=32", urls.cortex, addBody, 32),
     };
@@ -374,10 +384,13 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       streamed,
       rss_mb: { idle, loaded, after_soak: null },
       list_runs_ms: null,
+      history_projected_per_s: null,
       errors,
       ratios: {
         sync_skiff_vs_nginx: round(sync.skiff.rps / sync.nginx.rps),
         sync_cortex_vs_nginx: round(sync.cortex.rps / sync.nginx.rps),
+        sync_node_proxy_vs_nginx: round(sync.node_proxy.rps / sync.nginx.rps),
+        sync_skiff_vs_node_proxy: round(sync.skiff.rps / sync.node_proxy.rps),
         sync_c1_added_p50_ms: round(sync_c1.skiff.p50_ms - sync_c1.direct.p50_ms, 3),
         cold_start_node_vs_floor: round(cold_start_ms.node / cold_start_ms.node_floor),
         cold_start_python_vs_floor: round(cold_start_ms.python / cold_start_ms.python_floor),

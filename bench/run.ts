@@ -16,6 +16,10 @@ const results = await benchPipeline(argv);
 console.log("== run listing");
 const listing = await benchRunListing(quick ? 100_000 : 1_000_000);
 results.list_runs_ms = Number(listing.pageMs.toFixed(3));
+// How fast the run history takes in runs, with the machine otherwise idle but for the publisher: every sync run
+// is a row, so no sync rate above it can be kept up for long, whatever the request path costs.
+results.history_projected_per_s = listing.projectedPerS;
+results.ratios.history_projection_vs_nginx_sync = Number((listing.projectedPerS / results.sync.nginx.rps).toFixed(2));
 results.ratios.list_runs_vs_kv_get = Number((listing.pageMs / listing.kvGetMs).toFixed(2));
 const soak = await readFile(path.join(import.meta.dirname, "results", "soak.json"), "utf8").then(
   (t) => JSON.parse(t) as { rss_mb: { end: number } },

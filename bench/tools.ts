@@ -82,6 +82,39 @@ process.on("SIGTERM", () => server.close(() => process.exit(0)));
 server.listen(Number(process.env.PORT), "127.0.0.1", () => console.log("port " + server.address().port));
 `;
 
+/**
+ * The floor of any proxy written for Node.js: node:http in front of the same echo server (TARGET), with a
+ * keep-alive agent, the body read whole and the answer written whole, and nothing else. skiff does all of this
+ * and more (auth, a run id, the replica's slot, a recorded run) on every sync call.
+ */
+export const NODE_PROXY = `
+import http from "node:http";
+const agent = new http.Agent({ keepAlive: true, maxSockets: 128 });
+const target = Number(process.env.TARGET);
+const server = http.createServer((req, res) => {
+  const chunks = [];
+  req.on("data", (c) => chunks.push(c));
+  req.on("end", () => {
+    const body = Buffer.concat(chunks);
+    const headers = { "content-type": req.headers["content-type"] ?? "application/octet-stream", "content-length": body.length };
+    const up = http.request({ host: "127.0.0.1", port: target, method: req.method, path: req.url, agent, headers }, (r) => {
+      const out = [];
+      r.on("data", (c) => out.push(c));
+      r.on("end", () => {
+        const answer = Buffer.concat(out);
+        res.writeHead(r.statusCode, { "content-type": r.headers["content-type"] ?? "application/octet-stream", "content-length": answer.length });
+        res.end(answer);
+      });
+    });
+    up.on("error", () => { res.statusCode = 502; res.end(); });
+    up.end(body);
+  });
+});
+server.keepAliveTimeout = 60_000;
+process.on("SIGTERM", () => server.close(() => process.exit(0)));
+server.listen(0, "127.0.0.1", () => console.log("port " + server.address().port));
+`;
+
 /** Starts a Node module given as text that prints "port N" once listening. */
 export function serveNode(
   code: string,
