@@ -1,9 +1,10 @@
 // Writes of a NATS connection coalesced per event-loop turn (nats/coalesce.ts),
 // against a real nats-server: fewer socket writes, the same messages in the
-// same order, requests and flush() unchanged.
+// same order, requests and flush() unchanged; background publishes wait for
+// the next write, or a few milliseconds.
 import { connect, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { coalesceWrites } from "../services/nats/coalesce.js";
+import { BACKGROUND_FLUSH_MS, coalesceWrites, publishInBackground } from "../services/nats/coalesce.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 
 let nats: TestNats;
@@ -100,6 +101,35 @@ describe("coalesced writes", () => {
       await nc.flush();
     } finally {
       await Promise.all([nc.close(), server.close()]);
+    }
+  });
+
+  it("write a background publish with the next write, or within BACKGROUND_FLUSH_MS, in the order of the calls", async () => {
+    const nc = await connect({ servers: nats.url });
+    const reader = await connect({ servers: nats.url });
+    const bytes = (s: string) => new TextEncoder().encode(s);
+    const turn = () => new Promise((resolve) => setImmediate(resolve));
+    try {
+      coalesceWrites(nc);
+      const counter = countWrites(nc);
+      // Alone, it waits out a turn of the event loop, and is written by the timer.
+      const alone = await received(reader, "coalesce.background.alone", 1);
+      publishInBackground(nc, "coalesce.background.alone", bytes("late"));
+      await turn();
+      expect(counter.count).toBe(0);
+      await new Promise((resolve) => setTimeout(resolve, BACKGROUND_FLUSH_MS * 4));
+      expect(counter.count).toBe(1);
+      expect(await alone()).toEqual(["late"]);
+      // Followed by a plain publish, both go in that one's write, in the order they were made.
+      const both = await received(reader, "coalesce.background.both", 3);
+      publishInBackground(nc, "coalesce.background.both", bytes("a"));
+      nc.publish("coalesce.background.both", bytes("b"));
+      publishInBackground(nc, "coalesce.background.both", bytes("c"));
+      await turn();
+      expect(counter.count).toBe(2);
+      expect(await both()).toEqual(["a", "b", "c"]);
+    } finally {
+      await Promise.all([nc.close(), reader.close()]);
     }
   });
 });

@@ -6,7 +6,15 @@
 // published in one write. The order of messages is unchanged (one buffer),
 // a buffer past the client's pending limit is still written at once, and
 // flush() still works (its PING goes through the same buffer).
-import type { NatsConnection } from "nats";
+//
+// Bookkeeping that nothing waits for (a sync run's event, published after its
+// caller has the answer) may wait a little longer: publishInBackground()
+// puts it in the same buffer but writes it within BACKGROUND_FLUSH_MS, or
+// with the next write anything else makes, whichever comes first. Order on
+// the connection is still the order of the calls; at a few requests at a
+// time each request no longer costs a write of its own to the server, nor
+// the server a wake-up and a delivery to each consumer per event.
+import type { NatsConnection, PublishOptions } from "nats";
 
 /** The parts of nats.js's protocol handler (not public API) that this replaces or uses. */
 interface Protocol {
@@ -17,6 +25,12 @@ interface Protocol {
 }
 
 const encoder = new TextEncoder();
+
+/** How long a background publish may wait for company before it is written. */
+export const BACKGROUND_FLUSH_MS = 5;
+
+/** Runs a publish whose write may wait (see publishInBackground), per coalesced connection. */
+const backgrounds = new WeakMap<NatsConnection, (publish: () => void) => void>();
 
 function protocolOf(nc: NatsConnection): Protocol | undefined {
   const protocol = (nc as unknown as { protocol?: Partial<Protocol> }).protocol;
@@ -40,17 +54,46 @@ export function coalesceWrites(nc: NatsConnection): boolean {
   const protocol = protocolOf(nc);
   if (protocol === undefined) return false;
   let scheduled = false;
+  let timer: NodeJS.Timeout | undefined;
+  let background = false;
   const flush = () => {
     scheduled = false;
+    clearTimeout(timer);
+    timer = undefined;
     protocol.flushPending();
   };
   protocol.sendCommand = (cmd, ...payloads) => {
     protocol.outbound.fill(typeof cmd === "string" ? encoder.encode(cmd) : cmd, ...payloads);
-    if (protocol.outbound.size() >= protocol.pendingLimit) protocol.flushPending();
+    if (protocol.outbound.size() >= protocol.pendingLimit) flush();
+    else if (background) timer ??= scheduled ? undefined : setTimeout(flush, BACKGROUND_FLUSH_MS);
     else if (!scheduled) {
       scheduled = true;
       setImmediate(flush);
     }
   };
+  backgrounds.set(nc, (publish) => {
+    background = true;
+    try {
+      publish();
+    } finally {
+      background = false;
+    }
+  });
   return true;
+}
+
+/**
+ * Publishes without hurrying its write: it goes with the connection's next
+ * write, at most BACKGROUND_FLUSH_MS later (at once on a connection that
+ * coalesceWrites could not patch). For messages nobody waits on.
+ */
+export function publishInBackground(
+  nc: NatsConnection,
+  subject: string,
+  data: Uint8Array,
+  options?: PublishOptions,
+): void {
+  const run = backgrounds.get(nc);
+  if (run === undefined) nc.publish(subject, data, options);
+  else run(() => nc.publish(subject, data, options));
 }

@@ -4,6 +4,7 @@
 // views of KV buckets fed by watches, and byte streams between two processes
 // over a subject pair.
 export { PublishError, publishAcked } from "./acked-publish.js";
+export { BACKGROUND_FLUSH_MS, publishInBackground } from "./coalesce.js";
 export type { PubAck, PublishOptions } from "./acked-publish.js";
 export { NatsByteStream } from "./byte-stream.js";
 export { connectNats, provision } from "./connect.js";

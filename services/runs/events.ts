@@ -13,7 +13,7 @@
 // a KV record as well, for the compare-and-set of its state changes
 // (runs/store.ts), and publishes this event after each.
 import { headers, type MsgHdrs, type NatsConnection } from "nats";
-import { publishAcked, subjects } from "../nats/index.js";
+import { publishAcked, publishInBackground, subjects } from "../nats/index.js";
 import { runEventBytes } from "./event-bytes.js";
 import { isFinal } from "./status.js";
 import type { RunRecord } from "./store.js";
@@ -98,7 +98,11 @@ export async function publishRunEvent(nc: NatsConnection, record: RunRecord, res
  * at thousands of runs a second) for it.
  */
 export function publishRunEventUnacked(nc: NatsConnection, record: RunRecord, response?: EventResponse): void {
-  nc.publish(subjects.runEvent(record.project_id, record.app_name, record.status), eventBytes(record, response), {
-    headers: recordHeader(record),
-  });
+  // Nothing waits for it: it goes with the connection's next write, a few milliseconds later at most.
+  publishInBackground(
+    nc,
+    subjects.runEvent(record.project_id, record.app_name, record.status),
+    eventBytes(record, response),
+    { headers: recordHeader(record) },
+  );
 }
