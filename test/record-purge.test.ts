@@ -60,10 +60,14 @@ describe("kvPurgeKey and KvPurger", () => {
     const watch = nc.subscribe("$JS.API.STREAM.>", { callback: (_err, m) => asked.push(m.subject) });
     await nc.flush();
     expect(await kvRemoveKey(nc, "purge-test", "r.a.listed", (e) => [...revisions.slice(0, 2), e.revision])).toBe(3);
+    // The server may answer a request before it hands this connection its own copy of it: a round trip
+    // after the requests brings every copy in.
+    await nc.flush();
     expect(asked.filter((a) => a.includes(".PURGE."))).toEqual([]);
     expect(asked.filter((a) => a.includes(".MSG.DELETE."))).toHaveLength(3);
     expect(await kvRemoveKey(nc, "purge-test", "r.a.kept", () => false)).toBe(0);
     expect(await kvRemoveKey(nc, "purge-test", "r.a.unlisted", () => undefined)).toBe(1);
+    await nc.flush();
     expect(asked.filter((a) => a.includes(".PURGE."))).toHaveLength(1);
     // A revision gone already (the bucket's history limit, an earlier removal) is no error.
     expect(await kvRemoveKey(nc, "purge-test", "r.a.kept", (e) => [1, e.revision])).toBe(1);
