@@ -1,7 +1,8 @@
 // Sync runs. The caller waits for the app's answer and gets it as it is.
 // When this process's runner hosts the app the call goes to it directly;
 // otherwise it is a NATS request on `skiff.invoke.{project}.{app}`, answered
-// by one runner of the queue group (services/runner/dispatch.ts). The run
+// by one runner of the queue group (services/runner/dispatch.ts), or on
+// `skiff.invoke-body.{project}.{app}` when its body follows it (see remote()). The run
 // record and events are written without waiting for them: the caller's
 // latency is the app's, and a failed write is logged. A run that ends within
 // SYNC_RUNNING_RECORD_AFTER_MS is written once, when it ends; a longer one
@@ -180,7 +181,36 @@ function keepStreamed(res: InvokeResponse, keep: boolean): Required<Answer> {
   };
 }
 
+/** No runner takes a request whose body follows it: the ones there are of an earlier version, or none is. */
+class NoBodyStreamRunner extends Error {
+  override name = "NoBodyStreamRunner";
+}
+
 async function remote(
+  deps: InvocationDeps,
+  app: AppRecord,
+  invoke: InvokeRequest,
+  signal: AbortSignal,
+): Promise<InvokeResponse> {
+  if (invoke.bodyStream === undefined) return ask(deps, app, invoke, signal);
+  try {
+    return await ask(deps, app, invoke, signal);
+  } catch (err) {
+    if (!(err instanceof NoBodyStreamRunner)) throw err;
+  }
+  // Runners of an earlier version read a body only whole (a request carrying one that follows would reach the
+  // app empty), and do not listen where such requests go: they get the body whole, as they always did.
+  const body = invoke.bodyStream;
+  invoke.bodyStream = undefined;
+  invoke.body = await body.read().catch((err: unknown) => {
+    throw requestBodyFailed(err);
+  });
+  deps.logger.debug({ runId: invoke.runId }, "no runner takes a body as it comes: sending it whole");
+  return ask(deps, app, invoke, signal);
+}
+
+/** The request to one runner of the app over NATS, and its answer. */
+async function ask(
   deps: InvocationDeps,
   app: AppRecord,
   invoke: InvokeRequest,
@@ -205,23 +235,24 @@ async function remote(
   };
   try {
     const timeout = app.config.scaling.responseGracePeriod * 1000 + REPLY_MARGIN_MS;
-    const ask = async () => {
-      const reply = await deps.nc
-        .request(subjects.invoke(app.project_id, app.app_name), data, { timeout })
-        .catch((err: unknown) => {
-          if (err instanceof NatsError && err.code === ErrorCode.NoResponders)
-            throw new NoRunner(`no runner hosts app ${app.project_id}/${app.app_name} right now`);
-          if (err instanceof NatsError && err.code === ErrorCode.Timeout)
-            throw new ReplicaCrashed(`the runner of app ${app.app_name} did not answer`, { cause: err });
-          throw err;
-        });
+    const subject = (sender ? subjects.invokeBodyFollows : subjects.invoke)(app.project_id, app.app_name);
+    const request = async () => {
+      const reply = await deps.nc.request(subject, data, { timeout }).catch((err: unknown) => {
+        if (err instanceof NatsError && err.code === ErrorCode.NoResponders) {
+          if (sender && !sender.started) throw new NoBodyStreamRunner();
+          throw new NoRunner(`no runner hosts app ${app.project_id}/${app.app_name} right now`);
+        }
+        if (err instanceof NatsError && err.code === ErrorCode.Timeout)
+          throw new ReplicaCrashed(`the runner of app ${app.app_name} did not answer`, { cause: err });
+        throw err;
+      });
       return decodeReply(deps.transfer, reply.data);
     };
     // A runner that answers it no longer has the app (it is stopping, or the app moved) ran nothing: another
     // runner of the queue group may have it. Asked once more, unless the body went through the object store
     // (the first runner took it) or began to stream to the first runner.
-    const { creditTo, ...res } = await ask().catch((err: unknown) => {
-      if (err instanceof AppNotFound && object === undefined && !sender?.started) return ask();
+    const { creditTo, ...res } = await request().catch((err: unknown) => {
+      if (err instanceof AppNotFound && object === undefined && !sender?.started) return request();
       throw err;
     });
     if (creditTo === undefined || receiver === undefined) {

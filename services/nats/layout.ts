@@ -9,6 +9,13 @@ const DAY_MS = 24 * 60 * 60 * 1000;
 export const subjects = {
   /** Sync dispatch, request/reply, queue group `runners`. */
   invoke: (project: string, app: string) => `skiff.invoke.${project}.${app}`,
+  /**
+   * The same for a request whose body follows it (runs/body-wire.ts): a subject of its own, which only
+   * runners that read such a body listen on. A runner of an earlier version would take the request and
+   * give the app an empty body; here it is not asked, and the gateway that finds no runner on this
+   * subject sends the body whole on `invoke`.
+   */
+  invokeBodyFollows: (project: string, app: string) => `skiff.invoke-body.${project}.${app}`,
   invokeQueueGroup: "runners",
   /** Accepted async runs (work queue). */
   runQueue: (project: string, app: string) => `skiff.runs.queue.${project}.${app}`,

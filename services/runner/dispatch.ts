@@ -1,6 +1,8 @@
 // The runner's side of sync runs sent over NATS: for each app deployed
 // here, a subscription to `skiff.invoke.{project}.{app}` in queue group
-// "runners", so one runner hosting the app takes each request. The answer
+// "runners", so one runner hosting the app takes each request, and one to
+// `skiff.invoke-body.{project}.{app}` for requests whose body follows them
+// (runs/body-wire.ts), which runners that cannot read those never get. The answer
 // is the runner's InvokeResponse or its typed error (runs/wire.ts); the
 // gateway that asked writes the run record.
 import type { Msg, NatsConnection } from "nats";
@@ -33,28 +35,31 @@ export interface DispatchDeps {
 }
 
 export class SyncDispatch {
-  private readonly subs: AppSubscriptions;
+  private readonly subs: AppSubscriptions[];
 
   constructor(private readonly deps: DispatchDeps) {
-    this.subs = new AppSubscriptions(
-      deps.nc,
-      (app) => subjects.invoke(app.projectId, app.appName),
-      (app, msg) => this.answer(app, msg),
+    this.subs = [subjects.invoke, subjects.invokeBodyFollows].map(
+      (subject) =>
+        new AppSubscriptions(
+          deps.nc,
+          (app) => subject(app.projectId, app.appName),
+          (app, msg) => this.answer(app, msg),
+        ),
     );
   }
 
   add(app: AppRef): void {
-    this.subs.add(app);
+    for (const subs of this.subs) subs.add(app);
   }
 
   /** Drained (see app-subscriptions.ts): requests already routed here are answered. */
   remove(app: AppRef): void {
-    this.subs.remove(app);
+    for (const subs of this.subs) subs.remove(app);
   }
 
   /** Stops taking requests; resolves once those already routed here have been answered. */
-  close(): Promise<void> {
-    return this.subs.close();
+  async close(): Promise<void> {
+    await Promise.all(this.subs.map((subs) => subs.close()));
   }
 
   private async answer(app: AppRef, msg: Msg): Promise<void> {
