@@ -29,8 +29,8 @@ const encoder = new TextEncoder();
 /** How long a background publish may wait for company before it is written. */
 export const BACKGROUND_FLUSH_MS = 5;
 
-/** Runs a publish whose write may wait (see publishInBackground), per coalesced connection. */
-const backgrounds = new WeakMap<NatsConnection, (publish: () => void) => void>();
+/** Per coalesced connection: set while a publish whose write may wait (publishInBackground) fills the buffer. */
+const backgrounds = new WeakMap<NatsConnection, { on: boolean }>();
 
 function protocolOf(nc: NatsConnection): Protocol | undefined {
   const protocol = (nc as unknown as { protocol?: Partial<Protocol> }).protocol;
@@ -55,7 +55,7 @@ export function coalesceWrites(nc: NatsConnection): boolean {
   if (protocol === undefined) return false;
   let scheduled = false;
   let timer: NodeJS.Timeout | undefined;
-  let background = false;
+  const background = { on: false };
   const flush = () => {
     scheduled = false;
     clearTimeout(timer);
@@ -65,20 +65,15 @@ export function coalesceWrites(nc: NatsConnection): boolean {
   protocol.sendCommand = (cmd, ...payloads) => {
     protocol.outbound.fill(typeof cmd === "string" ? encoder.encode(cmd) : cmd, ...payloads);
     if (protocol.outbound.size() >= protocol.pendingLimit) flush();
-    else if (background) timer ??= scheduled ? undefined : setTimeout(flush, BACKGROUND_FLUSH_MS);
-    else if (!scheduled) {
+    else if (background.on) {
+      // A write already due this turn takes it along; otherwise it waits for one, or the timer.
+      if (!scheduled) timer ??= setTimeout(flush, BACKGROUND_FLUSH_MS);
+    } else if (!scheduled) {
       scheduled = true;
       setImmediate(flush);
     }
   };
-  backgrounds.set(nc, (publish) => {
-    background = true;
-    try {
-      publish();
-    } finally {
-      background = false;
-    }
-  });
+  backgrounds.set(nc, background);
   return true;
 }
 
@@ -93,7 +88,13 @@ export function publishInBackground(
   data: Uint8Array,
   options?: PublishOptions,
 ): void {
-  const run = backgrounds.get(nc);
-  if (run === undefined) nc.publish(subject, data, options);
-  else run(() => nc.publish(subject, data, options));
+  const background = backgrounds.get(nc);
+  if (background === undefined) return nc.publish(subject, data, options);
+  // nats.js fills the buffer within publish(), synchronously: sendCommand sees the flag.
+  background.on = true;
+  try {
+    nc.publish(subject, data, options);
+  } finally {
+    background.on = false;
+  }
 }
