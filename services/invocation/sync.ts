@@ -239,7 +239,8 @@ async function ask(
     const request = async () => {
       const reply = await deps.nc.request(subject, data, { timeout }).catch((err: unknown) => {
         if (err instanceof NatsError && err.code === ErrorCode.NoResponders) {
-          if (sender && !sender.started) throw new NoBodyStreamRunner();
+          // Nobody took the request, so nobody asked for its body either.
+          if (sender) throw new NoBodyStreamRunner();
           throw new NoRunner(`no runner hosts app ${app.project_id}/${app.app_name} right now`);
         }
         if (err instanceof NatsError && err.code === ErrorCode.Timeout)

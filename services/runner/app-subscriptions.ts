@@ -1,4 +1,4 @@
-// One queue-group subscription per app deployed here, for the requests a
+// Queue-group subscriptions per app deployed here (one per subject), for the requests a
 // runner takes over NATS (sync runs: dispatch.ts; WebSocket handshakes:
 // ws-dispatch.ts). Removing an app or closing drains, not just
 // unsubscribes: a request the server routed here before it heard the
@@ -11,43 +11,41 @@ import { subjects } from "../nats/index.js";
 import type { AppRef } from "./deployed-apps.js";
 
 export class AppSubscriptions {
-  private readonly subs = new Map<string, Subscription>();
+  private readonly subs = new Map<string, Subscription[]>();
   /** Requests taken and not yet handled. */
   private readonly handling = new Set<Promise<void>>();
 
   constructor(
     private readonly nc: NatsConnection,
-    private readonly subject: (app: AppRef) => string,
+    /** The subjects an app's requests come on. */
+    private readonly subjectsOf: (app: AppRef) => readonly string[],
     private readonly handle: (app: AppRef, msg: Msg) => Promise<void>,
   ) {}
 
   add(app: AppRef): void {
     const key = `${app.projectId}.${app.appName}`;
     if (this.subs.has(key)) return;
-    const sub = this.nc.subscribe(this.subject(app), {
-      queue: subjects.invokeQueueGroup,
-      callback: (err, msg) => {
-        if (err) return;
-        const handled = this.handle(app, msg);
-        this.handling.add(handled);
-        void handled.finally(() => this.handling.delete(handled));
-      },
-    });
-    this.subs.set(key, sub);
+    const callback = (err: Error | null, msg: Msg) => {
+      if (err) return;
+      const handled = this.handle(app, msg);
+      this.handling.add(handled);
+      void handled.finally(() => this.handling.delete(handled));
+    };
+    this.subs.set(
+      key,
+      this.subjectsOf(app).map((subject) => this.nc.subscribe(subject, { queue: subjects.invokeQueueGroup, callback })),
+    );
   }
 
   remove(app: AppRef): void {
     const key = `${app.projectId}.${app.appName}`;
-    void this.subs
-      .get(key)
-      ?.drain()
-      .catch(() => undefined);
+    for (const sub of this.subs.get(key) ?? []) void sub.drain().catch(() => undefined);
     this.subs.delete(key);
   }
 
   /** Takes no more requests; resolves once those already routed here have been handled. */
   async close(): Promise<void> {
-    const subs = [...this.subs.values()];
+    const subs = [...this.subs.values()].flat();
     this.subs.clear();
     await Promise.all(subs.map((sub) => sub.drain().catch(() => undefined)));
     await Promise.allSettled([...this.handling]);

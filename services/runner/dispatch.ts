@@ -35,31 +35,28 @@ export interface DispatchDeps {
 }
 
 export class SyncDispatch {
-  private readonly subs: AppSubscriptions[];
+  private readonly subs: AppSubscriptions;
 
   constructor(private readonly deps: DispatchDeps) {
-    this.subs = [subjects.invoke, subjects.invokeBodyFollows].map(
-      (subject) =>
-        new AppSubscriptions(
-          deps.nc,
-          (app) => subject(app.projectId, app.appName),
-          (app, msg) => this.answer(app, msg),
-        ),
+    this.subs = new AppSubscriptions(
+      deps.nc,
+      (app) => [subjects.invoke(app.projectId, app.appName), subjects.invokeBodyFollows(app.projectId, app.appName)],
+      (app, msg) => this.answer(app, msg),
     );
   }
 
   add(app: AppRef): void {
-    for (const subs of this.subs) subs.add(app);
+    this.subs.add(app);
   }
 
   /** Drained (see app-subscriptions.ts): requests already routed here are answered. */
   remove(app: AppRef): void {
-    for (const subs of this.subs) subs.remove(app);
+    this.subs.remove(app);
   }
 
   /** Stops taking requests; resolves once those already routed here have been answered. */
-  async close(): Promise<void> {
-    await Promise.all(this.subs.map((subs) => subs.close()));
+  close(): Promise<void> {
+    return this.subs.close();
   }
 
   private async answer(app: AppRef, msg: Msg): Promise<void> {

@@ -65,7 +65,7 @@ export class WebSocketDispatch {
   constructor(private readonly deps: { nc: NatsConnection; runner: Runner; logger: Logger }) {
     this.subs = new AppSubscriptions(
       deps.nc,
-      (app) => subjects.wsOpen(app.projectId, app.appName),
+      (app) => [subjects.wsOpen(app.projectId, app.appName)],
       (app, msg) => this.open(app, msg),
     );
   }
