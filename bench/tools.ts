@@ -112,7 +112,7 @@ const server = http.createServer((req, res) => {
 });
 server.keepAliveTimeout = 60_000;
 process.on("SIGTERM", () => server.close(() => process.exit(0)));
-server.listen(0, "127.0.0.1", () => console.log("port " + server.address().port));
+server.listen(Number(process.env.PORT), "127.0.0.1", () => console.log("port " + server.address().port));
 `;
 
 /** Starts a Node module given as text that prints "port N" once listening. */
