@@ -16,23 +16,33 @@
 //     loopback refused; never NATS, skiff's port or another replica on
 //     127.0.0.1. Requests come through a Unix socket the runner made and
 //     handed over as fd 3.
-// It runs as an unprivileged uid derived from its project (replicas) or
-// its bundle (deploy-time steps). When skiff runs as root that is a real
-// host uid (bwrap keeps CAP_SETUID/CAP_SETGID only long enough for
-// `setpriv` to drop to it, with no_new_privs); otherwise a user namespace
-// maps it to skiff's own uid. rlimits (`prlimit`) bound its address space,
-// processes, file size and CPU time; killing the namespace's first process
-// ends everything inside, `setsid` or not.
+// It runs as an unprivileged uid of its project (replicas) or of its build
+// (deploy-time steps). When skiff runs as root that is a real host uid: bwrap
+// drops every capability but CAP_SETUID, CAP_SETGID and CAP_SETPCAP, which
+// `setpriv` needs to drop to that uid with no capabilities at all (bounding
+// set included) and no_new_privs; otherwise a user namespace maps it to
+// skiff's own uid. Every stage runs under a seccomp filter
+// (seccomp-filter.py) and /proc/sys is read-only. rlimits (`prlimit`) bound
+// its address space, processes, file size and CPU time; killing the
+// namespace's first process ends everything inside, `setsid` or not.
+//
+// Nothing the tenant controls reaches a stage that still holds privileges:
+// bwrap and the stages before the drop get a fixed environment, and the
+// app's own (its [env]) is set by `env -i` only after it; bwrap reads its
+// arguments from a pipe (--args), so /proc/1/cmdline inside says nothing of
+// the host's paths.
 import { execFileSync, spawn, type ChildProcess, type StdioOptions } from "node:child_process";
 import { createHash } from "node:crypto";
 import {
-  chmodSync,
+  closeSync,
   existsSync,
   lstatSync,
   mkdtempSync,
+  openSync,
   readdirSync,
   readlinkSync,
   realpathSync,
+  rmSync,
   writeFileSync,
 } from "node:fs";
 import { readFile } from "node:fs/promises";
@@ -97,6 +107,13 @@ const IP_CANDIDATES = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"];
 /** Priority of the namespace's rules that refuse the host's addresses: before the main table's (32766). */
 const DENY_RULE_PRIORITY = 100;
 const SETPRIV = "/usr/bin/setpriv";
+/** Sets the app's environment after the drop to its uid: the only stage that sees it. */
+const ENV = "/usr/bin/env";
+/** The environment of bwrap and of every stage before `env -i`: fixed, nothing of the tenant's. */
+const STAGE_ENV = { PATH: "/usr/bin:/bin" } as const;
+/** Debian's interpreter, which has libseccomp's bindings (python3-seccomp), to write the seccomp filter. */
+const SECCOMP_PYTHON = "/usr/bin/python3";
+const SECCOMP_SCRIPT = path.join(path.dirname(fileURLToPath(import.meta.url)), "seccomp-filter.py");
 const ETC_FILES = [
   "/etc/ssl",
   "/etc/ca-certificates",
@@ -202,16 +219,30 @@ function denyDestinations(pid: number): Promise<void> {
   });
 }
 
-let slirpResolv: string | undefined;
+/** The resolv.conf of a sandbox with slirp4netns: its DNS forwarder (the host's may name a loopback resolver). */
+const SLIRP_RESOLV_CONF = `nameserver ${SLIRP_DNS}\n`;
 
-/** A resolv.conf naming slirp4netns's DNS forwarder, written once (the host's may name a loopback resolver). */
-function slirpResolvConf(): string {
-  if (slirpResolv) return slirpResolv;
-  const dir = mkdtempSync(path.join(tmpdir(), "skiff-sandbox-"));
-  const file = path.join(dir, "resolv.conf");
-  writeFileSync(file, `nameserver ${SLIRP_DNS}\n`, { mode: 0o644 });
-  chmodSync(dir, 0o755);
-  return (slirpResolv = file);
+let seccompProgram: Buffer | undefined;
+
+/** The seccomp filter every sandbox stage runs under (seccomp-filter.py), written once per process. */
+export function seccompFilter(): Buffer {
+  if (seccompProgram) return seccompProgram;
+  if (!existsSync(SECCOMP_PYTHON)) throw new Error(`${SECCOMP_PYTHON} (Debian's python3) is missing`);
+  try {
+    seccompProgram = execFileSync(SECCOMP_PYTHON, [SECCOMP_SCRIPT], {
+      env: STAGE_ENV,
+      stdio: ["ignore", "pipe", "pipe"],
+      timeout: 10_000,
+    });
+  } catch (err) {
+    const e = err as { stderr?: Buffer; message: string };
+    throw new Error(
+      `cannot write the sandbox's seccomp filter (needs Debian's python3-seccomp): ${(e.stderr?.toString() || e.message).trim().slice(-300)}`,
+    );
+  }
+  if (seccompProgram.length === 0 || seccompProgram.length % 8 !== 0)
+    throw new Error(`the seccomp filter is not a BPF program (${seccompProgram.length} bytes)`);
+  return seccompProgram;
 }
 
 /** The runtime folders outside /usr that sandboxes need read-only: node's and python3's prefixes. */
@@ -270,7 +301,10 @@ function baseMounts(): string[] {
     parents(p);
     args.push("--ro-bind", p, p);
   }
-  args.push("--proc", "/proc", "--dev", "/dev", "--ro-bind", SHIM_DIR, SHIM_MOUNT);
+  // /proc/sys and /proc/sysrq-trigger read-only: no stage may change the kernel's settings.
+  args.push("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys");
+  args.push("--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger");
+  args.push("--dev", "/dev", "--ro-bind", SHIM_DIR, SHIM_MOUNT);
   cachedBase = args;
   return args;
 }
@@ -293,24 +327,74 @@ export interface SandboxSpec {
 /** The exit status of a sandbox whose runner was gone before it released it. */
 const GATE_CLOSED = 125;
 /**
- * What runs the command once the sandbox is released: a line on the gate fd
- * lets it run; the end of the fd with no line (the runner died before it
- * released the sandbox) ends the sandbox with GATE_CLOSED instead. bwrap goes
- * on at the end of its block fd as at a byte, and its parent-death signal is
- * not set yet then, so without the gate the command would run with no cgroup
- * and no runner.
+ * The last stage, as the sandbox's uid without capabilities and with an empty
+ * environment: it reads the gate fd to its end, a shell text that exports the
+ * app's environment and ends with the line that lets the command run
+ * (gateText), then runs the command. A text without that line (the runner
+ * died before it released the sandbox: bwrap goes on at the end of its block
+ * fd as at a byte, and its parent-death signal is not set yet then) ends the
+ * sandbox with GATE_CLOSED instead of running the command with no cgroup and
+ * no runner.
  */
-const gateScript = (fd: number) => `read -r go <&${fd} || exit ${GATE_CLOSED}; exec ${fd}<&-; exec "$@"`;
+const gateScript = (fd: number) =>
+  `skiff_text=$(/usr/bin/cat <&${fd}) || exit ${GATE_CLOSED}; eval "$skiff_text"; ` +
+  `[ "$skiff_gate" = go ] || exit ${GATE_CLOSED}; unset skiff_gate skiff_text; exec ${fd}<&-; exec "$@"`;
+
+/** What the gate reads: the app's environment, quoted as data, then the line that releases the command. */
+export function gateText(env: Record<string, string>): string {
+  const quote = (v: string) => `'${v.replace(/'/g, `'\\''`)}'`;
+  return Object.entries(env)
+    .map(([name, value]) => `export ${name}=${quote(value)}\n`)
+    .concat("skiff_gate=go\n")
+    .join("");
+}
+
+/** The fds bwrap is given besides the command's own. */
+export interface SandboxFds {
+  /** Where bwrap says the init pid. */
+  info: number;
+  /** The seccomp filter, which bwrap reads. */
+  seccomp: number;
+  /** The resolv.conf to bind (slirp4netns's), when there is one. */
+  resolv?: number;
+  /** bwrap waits on it before it runs the command, when there is something to set up first. */
+  block?: number;
+  /** The gate (gateScript): the app's environment, and the word to run. At most 9 (sh redirects fds 0-9). */
+  gate: number;
+}
+
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /**
- * The bwrap command line for a spec; the info fd is the one after the passed
- * fds. With a block fd (a cgroup to join, or slirp4netns to set up), bwrap
- * waits on it, and the command on the gate fd after it (gateScript).
+ * Checks what a spec carries into argv and the environment: the launcher
+ * takes only names and values it can pass on as data.
  */
-export function sandboxArgv(spec: SandboxSpec, infoFd: number, blockFd?: number): string[] {
+function checkSpec(spec: SandboxSpec, fds: SandboxFds): void {
+  const bad = (what: string) => {
+    throw new Error(`cannot start a sandbox: ${what}`);
+  };
+  if (!Number.isInteger(spec.uid) || spec.uid <= 0 || spec.uid >= 2 ** 31) bad(`uid ${spec.uid} is not a sandbox uid`);
+  if (spec.command === "") bad("the command is empty");
+  for (const text of [spec.command, ...spec.args]) if (text.includes("\0")) bad("an argument contains a NUL byte");
+  for (const [name, value] of Object.entries(spec.env)) {
+    if (!ENV_NAME.test(name) || name.startsWith("skiff_"))
+      bad(`${JSON.stringify(name.slice(0, 80))} is not a variable name`);
+    if (value.includes("\0")) bad(`the value of ${name} contains a NUL byte`);
+  }
+  if (fds.gate > 9) bad(`too many fds (${fds.gate})`);
+}
+
+/**
+ * bwrap's command line for a spec: its options, which it reads from a pipe
+ * (--args) since they hold the host's paths, and the command it runs: the
+ * stages that drop to the sandbox's uid, the gate with an empty environment,
+ * the app's command.
+ */
+export function sandboxArgv(spec: SandboxSpec, fds: SandboxFds): { options: string[]; command: string[] } {
+  checkSpec(spec, fds);
   const { limits } = spec;
   const mb = (n: number) => String(n * 1024 * 1024);
-  const args = [
+  const options = [
     "--unshare-pid",
     "--unshare-ipc",
     "--unshare-uts",
@@ -328,47 +412,44 @@ export function sandboxArgv(spec: SandboxSpec, infoFd: number, blockFd?: number)
     "--tmpfs",
     "/tmp",
   ];
-  if (spec.writableApp) args.push("--bind", spec.appDir, APP_MOUNT);
+  if (spec.writableApp) options.push("--bind", spec.appDir, APP_MOUNT);
   else {
-    args.push("--perms", "0777", "--size", mb(limits.tmpMb), "--tmpfs", APP_MOUNT);
+    options.push("--perms", "0777", "--size", mb(limits.tmpMb), "--tmpfs", APP_MOUNT);
     for (const name of readdirSync(spec.appDir)) {
       const host = path.join(spec.appDir, name);
       const inside = path.posix.join(APP_MOUNT, name);
       const st = lstatSync(host);
-      if (st.isSymbolicLink()) args.push("--symlink", readlinkSync(host), inside);
-      else args.push("--ro-bind", host, inside);
+      if (st.isSymbolicLink()) options.push("--symlink", readlinkSync(host), inside);
+      else options.push("--ro-bind", host, inside);
     }
   }
-  if (spec.network === "slirp4netns") args.push("--ro-bind", slirpResolvConf(), "/etc/resolv.conf");
-  else if (existsSync("/etc/resolv.conf")) args.push("--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf");
-  args.push("--chdir", APP_MOUNT, "--info-fd", String(infoFd));
-  if (blockFd !== undefined) args.push("--block-fd", String(blockFd));
-  const limit = [
+  if (fds.resolv !== undefined)
+    options.push("--perms", "0444", "--ro-bind-data", String(fds.resolv), "/etc/resolv.conf");
+  else if (existsSync("/etc/resolv.conf")) options.push("--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf");
+  options.push("--chdir", APP_MOUNT, "--info-fd", String(fds.info), "--seccomp", String(fds.seccomp));
+  if (fds.block !== undefined) options.push("--block-fd", String(fds.block));
+  const command = [
     PRLIMIT,
     `--as=${mb(limits.memoryMb)}`,
     `--nproc=${limits.pids}`,
     `--fsize=${mb(limits.fileMb)}`,
     "--core=0",
   ];
-  if (limits.cpuSeconds > 0) limit.push(`--cpu=${limits.cpuSeconds}`);
-  limit.push("--");
+  if (limits.cpuSeconds > 0) command.push(`--cpu=${limits.cpuSeconds}`);
+  command.push("--");
   if (runsAsRoot()) {
-    // A real unprivileged host uid: bwrap keeps only what setpriv needs to drop to it.
-    args.push("--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--");
-    args.push(...limit, SETPRIV, `--reuid=${spec.uid}`, `--regid=${spec.uid}`, "--clear-groups", "--no-new-privs");
-    args.push("--inh-caps=-all", "--");
-  } else {
-    args.splice(0, 0, "--unshare-user", "--disable-userns", "--uid", String(spec.uid), "--gid", String(spec.uid));
-    args.push("--", ...limit);
-  }
-  if (blockFd !== undefined) {
-    const gateFd = blockFd + 1;
-    if (gateFd > 9) throw new Error(`too many fds for a sandbox (${gateFd})`); // sh redirects fds 0-9
-    args.push("/bin/sh", "-c", gateScript(gateFd), "skiff-gate");
-  }
-  args.push(spec.command, ...spec.args);
-  return args;
+    // A real unprivileged host uid: bwrap keeps only what setpriv needs to drop to it and to empty the bounding set.
+    options.push("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP");
+    command.push(SETPRIV, `--reuid=${spec.uid}`, `--regid=${spec.uid}`, "--clear-groups", "--no-new-privs");
+    command.push("--inh-caps=-all", "--bounding-set=-all", "--");
+  } else options.unshift("--unshare-user", "--disable-userns", "--uid", String(spec.uid), "--gid", String(spec.uid));
+  // From here on everything runs as the sandbox's uid without capabilities; only the gate sets the app's environment.
+  command.push(ENV, "-i", "/bin/sh", "-c", gateScript(fds.gate), "skiff-gate", spec.command, ...spec.args);
+  return { options, command };
 }
+
+/** The NUL-separated form bwrap reads with --args. */
+export const argsBytes = (args: string[]): Buffer => Buffer.from(args.map((a) => `${a}\0`).join(""));
 
 export interface SandboxedProcess {
   child: ChildProcess;
@@ -403,21 +484,36 @@ async function loopbackUp(pid: number): Promise<void> {
 export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
   const bwrap = bwrapPath();
   if (!bwrap) throw new Error("bwrap (bubblewrap) is not installed");
-  const fds = spec.fds ?? [];
-  const infoFd = CHANNEL_FD + fds.length;
+  const passed = spec.fds ?? [];
   const slirp = spec.network === "slirp4netns" ? slirpPath() : undefined;
   if (spec.network === "slirp4netns" && !slirp) throw new Error("slirp4netns is not installed");
+  const filter = seccompFilter();
   const cgroup = cgroupsInUse?.create(`sandbox-${++cgroupSeq}`, {
     memoryBytes: spec.limits.memoryMb * 1024 * 1024,
     pids: spec.limits.pids,
   });
-  // bwrap waits on the block fd, when there is one, before it runs the command, and the command on the gate fd.
-  const blockFd = slirp || cgroup ? infoFd + 1 : undefined;
-  const gated = blockFd ? (["pipe", "pipe"] as const) : [];
-  const stdio: StdioOptions = ["ignore", "pipe", "pipe", ...fds, "pipe", ...gated];
+  // After the command's own fds: the info fd, the seccomp filter, slirp4netns's resolv.conf, the block fd
+  // that bwrap waits on (when there is something to set up first), and the gate.
+  let next = CHANNEL_FD + passed.length;
+  const fds: SandboxFds = { info: next++, seccomp: next++, gate: 0 };
+  if (slirp) fds.resolv = next++;
+  if (slirp || cgroup) fds.block = next++;
+  fds.gate = next;
+  const stdio: StdioOptions = ["pipe", "pipe", "pipe", ...passed];
+  while (stdio.length <= fds.gate) stdio.push("pipe");
   let child: ChildProcess;
   try {
-    child = spawn(bwrap, sandboxArgv(spec, infoFd, blockFd), { env: spec.env, stdio, detached: true });
+    const { options, command } = sandboxArgv(spec, fds);
+    // bwrap reads its options from stdin (--args 0); the command then finds stdin at its end.
+    child = spawn(bwrap, ["--args", "0", ...command], { env: STAGE_ENV, stdio, detached: true });
+    const feed = (fd: number, data: Buffer | string) => {
+      const w = child.stdio[fd] as NodeJS.WritableStream | null;
+      w?.on("error", () => undefined);
+      w?.end(data);
+    };
+    feed(0, argsBytes(options));
+    feed(fds.seccomp, filter);
+    if (fds.resolv !== undefined) feed(fds.resolv, SLIRP_RESOLV_CONF);
   } catch (err) {
     void cgroup?.remove();
     throw err;
@@ -430,7 +526,7 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
       oomKilled = cgroup.oomKilled();
       void cgroup.remove();
     });
-  const info = child.stdio[infoFd] as NodeJS.ReadableStream | null;
+  const info = child.stdio[fds.info] as NodeJS.ReadableStream | null;
   const ready = new Promise<void>((resolve) => {
     if (!info) return resolve();
     let text = "";
@@ -454,18 +550,21 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
     setupError: () => setupError,
     oomKilled: () => oomKilled || (cgroup !== undefined && child.exitCode === null && cgroup.oomKilled()),
   };
-  if (blockFd === undefined) return sandboxed;
-  const block = child.stdio[blockFd] as NodeJS.WritableStream | null;
-  const gate = child.stdio[blockFd + 1] as NodeJS.WritableStream | null;
+  const block = fds.block === undefined ? null : (child.stdio[fds.block] as NodeJS.WritableStream | null);
+  const gate = child.stdio[fds.gate] as NodeJS.WritableStream | null;
   block?.on("error", () => undefined); // bwrap gone before the sandbox was ready
   gate?.on("error", () => undefined);
   let released = false;
   const release = () => {
     if (released) return;
     released = true;
-    gate?.end("go\n");
+    gate?.end(gateText(spec.env));
     block?.end("1");
   };
+  if (!block) {
+    release();
+    return sandboxed;
+  }
   // Whatever fails before the command runs ends the sandbox first (bwrap goes on at any byte, or at the
   // end, of the block fd).
   const fail = (why: string) => {
@@ -489,8 +588,19 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
     // when its exit fd closes: when the sandbox ends, or when this process does.
     const net = spawn(
       slirp,
-      ["--configure", "--mtu=65520", "--disable-host-loopback", "--ready-fd=3", "--exit-fd=4", String(pid), "tap0"],
-      { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"] },
+      [
+        "--configure",
+        "--mtu=65520",
+        "--disable-host-loopback",
+        // Its own mount namespace with little visible, and a seccomp filter of its own.
+        "--enable-sandbox",
+        "--enable-seccomp",
+        "--ready-fd=3",
+        "--exit-fd=4",
+        String(pid),
+        "tap0",
+      ],
+      { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"], env: STAGE_ENV },
     );
     const exitPipe = net.stdio[4] as NodeJS.WritableStream;
     exitPipe.on("error", () => undefined);
@@ -561,16 +671,33 @@ export function probeSandbox(limits: SandboxLimits): string | undefined {
     args: ["-c", `test -r ${SHIM_MOUNT}/cortex.mjs && test "$(id -u)" = "${projectUid("probe")}" && echo sandbox-ok`],
     env: { PATH: "/usr/bin:/bin" },
   };
+  const opened: number[] = [];
   try {
-    const out = execFileSync(bwrap, sandboxArgv(spec, CHANNEL_FD), {
-      env: spec.env,
-      stdio: ["ignore", "pipe", "pipe", "pipe"],
+    // The filter and the gate from files opened and removed at once: a sync spawn has no pipes to write to.
+    const dir = mkdtempSync(path.join(tmpdir(), "skiff-probe-"));
+    const fileFd = (name: string, data: Buffer | string) => {
+      writeFileSync(path.join(dir, name), data, { mode: 0o644 });
+      const fd = openSync(path.join(dir, name), "r");
+      opened.push(fd);
+      return fd;
+    };
+    const filter = fileFd("seccomp.bpf", seccompFilter());
+    const gate = fileFd("gate", gateText(spec.env));
+    rmSync(dir, { recursive: true, force: true });
+    const fds: SandboxFds = { info: CHANNEL_FD, seccomp: CHANNEL_FD + 1, gate: CHANNEL_FD + 2 };
+    const { options, command } = sandboxArgv(spec, fds);
+    const out = execFileSync(bwrap, ["--args", "0", ...command], {
+      input: argsBytes(options),
+      env: STAGE_ENV,
+      stdio: ["pipe", "pipe", "pipe", "pipe", filter, gate],
       timeout: 10_000,
     }).toString();
     if (!out.includes("sandbox-ok")) return `the probe sandbox did not run as expected: ${out.trim().slice(0, 200)}`;
   } catch (err) {
     const e = err as { stderr?: Buffer; message: string };
     return `bwrap fails here: ${(e.stderr?.toString() || e.message).trim().slice(0, 300)}`;
+  } finally {
+    for (const fd of opened) closeSync(fd);
   }
   return undefined;
 }
