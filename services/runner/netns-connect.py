@@ -1,7 +1,8 @@
 """Opens TCP connections inside sandboxes' network namespaces for the runner,
 which started this process (outside every sandbox) with a Node IPC channel:
 
-    python3 -I -S netns-connect.py          (NODE_CHANNEL_FD names the channel)
+    python3 -I -S netns-connect.py DEADLINE_MS PER_NAMESPACE
+                                            (NODE_CHANNEL_FD names the channel)
 
 A sandboxed Custom app listens on 127.0.0.1:$PORT in a network namespace of
 its own, which the runner's process cannot enter (Node has no setns). Without
@@ -24,20 +25,36 @@ Messages are JSON lines on the channel (Node's "json" serialization):
 
 Node's own messages (NODE_HANDLE_ACK) are ignored. The namespace is held by
 its file descriptor from "open" on, so a later pid of the same number never
-leads anywhere else. After each connect this process goes back to its own
-namespace; if it cannot, it exits rather than open anything from the wrong
-place.
+leads anywhere else. Each socket is made inside its namespace, after which
+this process goes back to its own at once; if it cannot, it exits rather than
+open anything from the wrong place.
+
+One app must never hold up another's connections: this process never waits
+on a connect. Connects are non-blocking and one epoll loop watches them all;
+each request is answered within DEADLINE_MS of its arrival, with an error
+when the connection is not made by then (the app's listen backlog is full:
+it accepts nothing, or its process is stopped), and the runner then goes
+through the replica's channel. At most PER_NAMESPACE connects are under way
+in one namespace; further requests for it wait their turn (within the same
+deadline), so a replica that accepts nothing holds at most that many of this
+process's sockets.
 """
 
+import collections
 import ctypes
 import errno
+import heapq
+import itertools
 import json
 import os
+import selectors
 import socket
 import sys
+import time
 
 CLONE_NEWNET = 0x40000000
-CONNECT_TIMEOUT = 2.0
+DEADLINE = int(sys.argv[1]) / 1000 if len(sys.argv) > 1 else 2.0
+PER_NAMESPACE = int(sys.argv[2]) if len(sys.argv) > 2 else 32
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -49,10 +66,32 @@ def setns(fd):
 
 
 channel = socket.socket(fileno=int(os.environ["NODE_CHANNEL_FD"]))
+# Blocking for writes (the runner reads its channel at all times); read only when the loop says it is readable.
 channel.setblocking(True)
 own = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 own_inode = os.fstat(own).st_ino
 held = {}
+loop = selectors.DefaultSelector()
+
+
+class Request:
+    __slots__ = ("id", "ns", "port", "deadline", "sock", "done")
+
+    def __init__(self, id, ns, port):
+        self.id = id
+        self.ns = ns
+        self.port = port
+        self.deadline = time.monotonic() + DEADLINE
+        self.sock = None
+        self.done = False
+
+
+# Per namespace key: how many connects are under way, and the requests waiting for one of them to end.
+under_way = collections.Counter()
+waiting = collections.defaultdict(collections.deque)
+# Every request not yet answered, by deadline (answered ones are skipped when they come up).
+deadlines = []
+order = itertools.count()
 
 
 def send(message, fd=None):
@@ -72,6 +111,10 @@ def back_home():
         os._exit(3)
 
 
+def reason(e):
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+
 def do_open(m):
     key = str(m["ns"])
     fd = None
@@ -81,7 +124,7 @@ def do_open(m):
             raise OSError(errno.EINVAL, "the process shares this network namespace")
         setns(fd)  # tried now, so that the runner knows at once whether connections will come
         back_home()
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         if fd is not None:
             os.close(fd)
         send({"op": "opened", "ns": key, "error": str(e)})
@@ -93,11 +136,27 @@ def do_open(m):
     send({"op": "opened", "ns": key})
 
 
-def do_connect(m):
-    reply = {"op": "connected", "id": m.get("id")}
-    fd = held.get(str(m.get("ns")))
+def answer(r, error=None, sock=None):
+    """Answers r once: with its connected socket, or with why there is none."""
+    r.done = True
+    reply = {"op": "connected", "id": r.id}
+    if error is None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as e:
+            error = reason(e)
+    if error is None:
+        # Non-blocking, as every socket of an event loop is: the runner's takes the descriptor as it is.
+        send(reply, sock.fileno())
+    else:
+        send(dict(reply, error=error))
+
+
+def begin(r):
+    """Starts r's connect: under way (its socket watched, a slot of its namespace taken), or answered at once."""
+    fd = held.get(r.ns)
     if fd is None:
-        send(dict(reply, error="unknown namespace"))
+        answer(r, "unknown namespace")
         return
     s = None
     try:
@@ -106,43 +165,127 @@ def do_connect(m):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         finally:
             back_home()
-        s.settimeout(CONNECT_TIMEOUT)
-        s.connect(("127.0.0.1", int(m["port"])))
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # Non-blocking, as every socket of an event loop is: the runner's takes the descriptor as it is.
         s.setblocking(False)
-        send(reply, s.fileno())
-    except (OSError, ValueError, KeyError) as e:
-        send(dict(reply, error=e.strerror if isinstance(e, OSError) and e.strerror else str(e)))
+        err = s.connect_ex(("127.0.0.1", r.port))
+        if err == errno.EINPROGRESS:
+            loop.register(s, selectors.EVENT_WRITE, r)
+            r.sock, s = s, None
+            under_way[r.ns] += 1
+        elif err:
+            answer(r, os.strerror(err))
+        else:
+            answer(r, None, s)
+    except (OSError, OverflowError) as e:
+        answer(r, reason(e))
     finally:
         if s is not None:
             s.close()
 
 
+def busy():
+    return "not connected within %g s: %d connections to this sandbox were under way" % (DEADLINE, PER_NAMESPACE)
+
+
+def start_waiting(ns):
+    """Starts the requests of namespace ns that wait, while it has free slots; expired ones are answered."""
+    queue = waiting.get(ns)
+    while queue and under_way[ns] < PER_NAMESPACE:
+        r = queue.popleft()
+        if r.done:
+            continue
+        if r.deadline <= time.monotonic():
+            answer(r, busy())
+        else:
+            begin(r)
+    if not queue:
+        waiting.pop(ns, None)
+    if under_way[ns] == 0:
+        under_way.pop(ns, None)
+
+
+def end(r, error=None):
+    """Ends a connect under way (answering r unless the runner has its answer) and frees its slot."""
+    s, r.sock = r.sock, None
+    loop.unregister(s)
+    try:
+        if not r.done:
+            answer(r, error, s)
+    finally:
+        s.close()
+        under_way[r.ns] -= 1
+        start_waiting(r.ns)
+
+
+def connect(m):
+    try:
+        r = Request(m.get("id"), str(m["ns"]), int(m["port"]))
+    except (KeyError, TypeError, ValueError) as e:
+        send({"op": "connected", "id": m.get("id"), "error": str(e)})
+        return
+    if r.ns not in held:
+        answer(r, "unknown namespace")
+        return
+    heapq.heappush(deadlines, (r.deadline, next(order), r))
+    if under_way[r.ns] < PER_NAMESPACE and not waiting.get(r.ns):
+        begin(r)
+    else:
+        waiting[r.ns].append(r)
+
+
+def expire(now):
+    """Answers every request past its deadline: its connect is given up, or it never got a slot."""
+    while deadlines and (deadlines[0][2].done or deadlines[0][0] <= now):
+        _, _, r = heapq.heappop(deadlines)
+        if r.done:
+            continue
+        if r.sock is not None:
+            end(r, "not connected within %g s: the app is not accepting connections" % DEADLINE)
+        else:
+            answer(r, busy())
+
+
+def read_channel(buf):
+    data = channel.recv(65536)
+    if not data:
+        return None
+    buf += data
+    while b"\n" in buf:
+        line, buf = buf.split(b"\n", 1)
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(m, dict) or "cmd" in m:
+            continue
+        op = m.get("op")
+        if op == "open":
+            do_open(m)
+        elif op == "connect":
+            connect(m)
+        elif op == "close":
+            fd = held.pop(str(m.get("ns")), None)
+            if fd is not None:
+                os.close(fd)
+    return buf
+
+
 def main():
+    loop.register(channel, selectors.EVENT_READ, None)
     buf = b""
     while True:
-        data = channel.recv(65536)
-        if not data:
-            return
-        buf += data
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            try:
-                m = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(m, dict) or "cmd" in m:
-                continue
-            op = m.get("op")
-            if op == "open":
-                do_open(m)
-            elif op == "connect":
-                do_connect(m)
-            elif op == "close":
-                fd = held.pop(str(m.get("ns")), None)
-                if fd is not None:
-                    os.close(fd)
+        while deadlines and deadlines[0][2].done:
+            heapq.heappop(deadlines)
+        timeout = max(0.0, deadlines[0][0] - time.monotonic()) if deadlines else None
+        for key, _ in loop.select(timeout):
+            r = key.data
+            if r is None:
+                buf = read_channel(buf)
+                if buf is None:
+                    return
+            elif r.sock is not None:
+                err = r.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                end(r, os.strerror(err) if err else None)
+        expire(time.monotonic())
 
 
 if __name__ == "__main__":

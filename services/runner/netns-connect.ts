@@ -17,7 +17,20 @@ import path from "node:path";
 import type { Logger } from "../config/index.js";
 
 const HELPER = path.join(import.meta.dirname, "netns-connect.py");
-/** How long an open or a connect may take the helper before it is given up. */
+/**
+ * How long the helper tries a connect before it answers with an error. The
+ * helper never waits on one app: an app that accepts no connection (its
+ * listen backlog is full) costs only its own callers this long, after which
+ * they go through its channel.
+ */
+export const CONNECT_DEADLINE_MS = 2_000;
+/**
+ * Connects the helper has under way in one sandbox at a time; further ones
+ * wait for a slot of that sandbox, within the deadline, so one app holds at
+ * most this many of the helper's sockets.
+ */
+export const CONNECTS_PER_NAMESPACE = 32;
+/** How long an open or a connect may take the helper before it is given up (past its own deadline, whose error says more). */
 const ANSWER_MS = 5_000;
 
 type Reply = { op: "opened"; ns: string; error?: string } | { op: "connected"; id: number; error?: string };
@@ -42,10 +55,8 @@ export class NetnsConnector {
 
   private helper(): ChildProcess {
     if (this.child) return this.child;
-    const child = spawn(this.python, ["-I", "-S", HELPER], {
-      stdio: ["ignore", "ignore", "pipe", "ipc"],
-      serialization: "json",
-    });
+    const args = ["-I", "-S", HELPER, String(CONNECT_DEADLINE_MS), String(CONNECTS_PER_NAMESPACE)];
+    const child = spawn(this.python, args, { stdio: ["ignore", "ignore", "pipe", "ipc"], serialization: "json" });
     child.stderr!.setEncoding("utf8");
     child.stderr!.on("data", (text: string) => this.logger.warn({ helper: "netns-connect" }, text.trim()));
     child.on("message", (m: Reply, handle: unknown) => {
