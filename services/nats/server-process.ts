@@ -7,11 +7,17 @@
 // writes `<binary>_<pid>.ports` once its client listener is up, which happens
 // after JetStream is enabled. With port -1 the server picks a free port itself,
 // so there is no window in which another process can take a port we chose.
-import { spawn, type ChildProcess } from "node:child_process";
+//
+// A server must not outlive the process that started it: on Linux the server
+// is started through util-linux `setpriv --pdeathsig TERM`, so the kernel tells
+// it to stop (it shuts down cleanly on SIGTERM) when its parent dies, even by
+// SIGKILL.
+import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { constants } from "node:fs";
 import { access, readdir, readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import { promisify } from "node:util";
 import { NatsStartError, messageOf } from "./errors.js";
 
 export const NATS_SERVER_BINARY = "nats-server";
@@ -62,7 +68,14 @@ export async function findOnPath(
 }
 
 export async function spawnNatsServer(opts: SpawnNatsServerOptions): Promise<NatsServerProcess> {
-  const child = spawn(opts.binary, opts.args, { stdio: ["ignore", "ignore", "pipe"] });
+  // setpriv sets the signal, then execs the server in its own place, so child.pid is the server's pid.
+  const setpriv = await setprivWithPdeathsig();
+  const child =
+    setpriv === undefined
+      ? spawn(opts.binary, opts.args, { stdio: ["ignore", "ignore", "pipe"] })
+      : spawn(setpriv, ["--pdeathsig", "TERM", "--", opts.binary, ...opts.args], {
+          stdio: ["ignore", "ignore", "pipe"],
+        });
   const log = collectLog(child, opts.onLog);
   let running = true;
   const exited = new Promise<void>((resolve) =>
@@ -160,8 +173,22 @@ function collectLog(child: ChildProcess, onLog?: (line: string) => void): { tail
   return { tail: () => [...lines, partial].filter((l) => l !== "").join("\n") };
 }
 
+let setprivFound: Promise<string | undefined> | undefined;
+/** util-linux setpriv, if it is on the PATH and knows --pdeathsig (2.33 and later); looked up once. */
+function setprivWithPdeathsig(): Promise<string | undefined> {
+  setprivFound ??= (async () => {
+    if (process.platform !== "linux") return undefined;
+    const setpriv = await findOnPath("setpriv");
+    if (setpriv === undefined) return undefined;
+    const help = await promisify(execFile)(setpriv, ["--help"]).catch(() => ({ stdout: "" }));
+    return help.stdout.includes("--pdeathsig") ? setpriv : undefined;
+  })();
+  return setprivFound;
+}
+
 // Servers still running when this process exits are told to stop, so none
-// outlives the process that started it. One listener serves them all.
+// outlives the process that started it; where setpriv is missing, this is all
+// that does. One listener serves them all.
 const live = new Set<ChildProcess>();
 function stopAllOnExit(): void {
   for (const child of live) child.kill("SIGTERM");

@@ -1,0 +1,78 @@
+// A nats-server that skiff starts never outlives it: a skiff killed with
+// SIGKILL takes its server with it.
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { afterEach, expect, test } from "vitest";
+import { freePort } from "../services/nats/cluster-process.js";
+import { NATS_SERVER_BINARY } from "../services/nats/server-process.js";
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
+});
+
+async function tempDir(): Promise<string> {
+  const dir = await mkdtemp(path.join(tmpdir(), "skiff-nats-process-"));
+  cleanups.push(() => rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** A child process, SIGKILLed after the test if it still runs. */
+function child(command: string, args: string[], opts: { stdout?: "pipe" } = {}): ChildProcess {
+  const c = spawn(command, args, { stdio: ["ignore", opts.stdout ?? "ignore", "ignore"] });
+  cleanups.push(() => {
+    if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+  });
+  return c;
+}
+
+/** The process's command line, "" once it is gone (or a zombie). */
+async function cmdline(pid: number): Promise<string> {
+  return (await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")).replaceAll("\0", " ").trim();
+}
+
+/** Polls until `pid` no longer runs nats-server; false if it still does after `timeoutMs`. */
+async function serverGone(pid: number, timeoutMs = 10_000): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (!(await cmdline(pid)).includes(NATS_SERVER_BINARY)) return true;
+    await sleep(50);
+  }
+  return false;
+}
+
+test("a skiff killed with SIGKILL takes the nats-server it started with it", async () => {
+  const dataDir = await tempDir();
+  const probeUrl = `nats://127.0.0.1:${await freePort()}`;
+  // A process of its own that connects as skiff does, prints the started server's pid and waits.
+  const script = [
+    `const { connectNats } = await import(${JSON.stringify(path.resolve("services/nats/connect.ts"))});`,
+    `const { silentLogger } = await import(${JSON.stringify(path.resolve("services/config/logger.ts"))});`,
+    `const h = await connectNats({ probeUrl: ${JSON.stringify(probeUrl)}, dataDir: ${JSON.stringify(dataDir)}, logger: silentLogger });`,
+    `process.stdout.write(h.serverPid + "\\n");`,
+    `setInterval(() => {}, 60_000);`,
+  ].join("\n");
+  const skiff = child(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { stdout: "pipe" });
+  const serverPid = await new Promise<number>((resolve, reject) => {
+    let out = "";
+    skiff.stdout!.on("data", (d: Buffer) => {
+      out += d.toString();
+      if (out.includes("\n")) resolve(Number(out.trim()));
+    });
+    skiff.once("exit", (code) => reject(new Error(`the child exited with ${code} before it started a server`)));
+  });
+  expect(await cmdline(serverPid)).toContain(path.join(dataDir, "nats"));
+  // Stopped by hand if it survives, so a failing run leaves nothing behind.
+  cleanups.push(async () => {
+    if ((await cmdline(serverPid)).includes(dataDir)) process.kill(serverPid, "SIGKILL");
+  });
+
+  const exited = new Promise((resolve) => skiff.once("exit", resolve));
+  skiff.kill("SIGKILL");
+  await exited;
+
+  expect(await serverGone(serverPid)).toBe(true);
+});
