@@ -1,13 +1,18 @@
-// A nats-server that skiff starts never outlives it: a skiff killed with
-// SIGKILL takes its server with it.
+// A nats-server that skiff starts never outlives it, and never shares its store
+// with another: a skiff killed with SIGKILL takes its server with it, and a
+// server left running on the data folder is stopped before a new one starts,
+// while processes that merely look alike are left alone.
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterEach, expect, test } from "vitest";
+import { silentLogger } from "../services/config/logger.js";
+import { connectNats, type NatsHandle } from "../services/nats/connect.js";
 import { freePort } from "../services/nats/cluster-process.js";
 import { NATS_SERVER_BINARY } from "../services/nats/server-process.js";
+import { capturingLogger } from "./helpers/logs.js";
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
@@ -44,6 +49,12 @@ async function serverGone(pid: number, timeoutMs = 10_000): Promise<boolean> {
   return false;
 }
 
+async function startedServer(dataDir: string, logger = silentLogger): Promise<NatsHandle> {
+  const handle = await connectNats({ probeUrl: `nats://127.0.0.1:${await freePort()}`, dataDir, logger });
+  cleanups.push(() => handle.close());
+  return handle;
+}
+
 test("a skiff killed with SIGKILL takes the nats-server it started with it", async () => {
   const dataDir = await tempDir();
   const probeUrl = `nats://127.0.0.1:${await freePort()}`;
@@ -75,4 +86,39 @@ test("a skiff killed with SIGKILL takes the nats-server it started with it", asy
   await exited;
 
   expect(await serverGone(serverPid)).toBe(true);
+});
+
+test("a nats-server left running on the data folder is stopped before a new one starts; look-alikes are left alone", async () => {
+  const dataDir = await tempDir();
+  const natsDir = path.join(dataDir, "nats");
+  // A first start writes the config, the seed and the store, as an earlier run would have.
+  await (await startedServer(dataDir)).close();
+
+  // A server on that store still running, as an earlier version that died without stopping it leaves one.
+  const leftover = child(NATS_SERVER_BINARY, ["-c", path.join(natsDir, "nats-server.conf")]);
+  // Processes that must survive: one naming the folder that is not nats-server, one unrelated (a `sleep`), and a
+  // nats-server on a store of its own.
+  const tail = child("tail", ["-f", path.join(natsDir, "nats-server.conf")]);
+  const sleeper = child("sleep", ["60"]);
+  const otherDir = await tempDir();
+  const other = child(NATS_SERVER_BINARY, ["-a", "127.0.0.1", "-p", "-1", "-js", "-sd", path.join(otherDir, "store")]);
+  // The leftover has the store when its ports file appears.
+  const portsFile = path.join(natsDir, `${NATS_SERVER_BINARY}_${leftover.pid}.ports`);
+  while (leftover.exitCode === null && (await readFile(portsFile, "utf8").catch(() => "")) === "") await sleep(10);
+  expect(leftover.exitCode).toBeNull();
+
+  const { logger, lines } = capturingLogger();
+  const handle = await startedServer(dataDir, logger);
+
+  expect(await cmdline(leftover.pid!)).not.toContain(NATS_SERVER_BINARY);
+  expect(handle.serverPid).not.toBe(leftover.pid);
+  expect(await cmdline(handle.serverPid!)).toContain(natsDir);
+  expect(lines.filter((l) => l.msg.includes(`stopped a leftover nats-server (pid ${leftover.pid})`))).toHaveLength(1);
+  for (const c of [tail, sleeper, other]) {
+    expect(c.exitCode).toBeNull();
+    expect(c.signalCode).toBeNull();
+    expect(await cmdline(c.pid!)).not.toBe("");
+  }
+  // The new server serves the store.
+  await handle.nc.jetstreamManager();
 });

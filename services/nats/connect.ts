@@ -267,6 +267,7 @@ async function startServer(
     args: ["-c", configFile],
     portsDir: dir,
     onLog: (line) => logServerLine(opts.logger, line),
+    logger: opts.logger,
   });
   opts.logger.info(
     { serverPid: server.pid, url: server.url, storeDir: dir, seedFile },

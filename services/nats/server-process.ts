@@ -8,16 +8,20 @@
 // after JetStream is enabled. With port -1 the server picks a free port itself,
 // so there is no window in which another process can take a port we chose.
 //
-// A server must not outlive the process that started it: on Linux the server
-// is started through util-linux `setpriv --pdeathsig TERM`, so the kernel tells
-// it to stop (it shuts down cleanly on SIGTERM) when its parent dies, even by
-// SIGKILL.
+// A server must not outlive the process that started it, and two servers must
+// never share a store: on Linux the server is started through util-linux
+// `setpriv --pdeathsig TERM`, so the kernel tells it to stop (it shuts down
+// cleanly on SIGTERM) when its parent dies, even by SIGKILL; and before a
+// start, any nats-server still running on the same folder (left by an older
+// version, started in the instant before its parent died, or stuck in its
+// shutdown) is stopped.
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { constants } from "node:fs";
 import { access, readdir, readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
+import type { Logger } from "../config/index.js";
 import { NatsStartError, messageOf } from "./errors.js";
 
 export const NATS_SERVER_BINARY = "nats-server";
@@ -25,15 +29,20 @@ export const DEFAULT_READY_TIMEOUT_MS = 10_000;
 export const DEFAULT_STOP_TIMEOUT_MS = 5_000;
 const READY_POLL_MS = 5;
 const LOG_TAIL_LINES = 20;
+const LEFTOVER_POLL_MS = 20;
 
 export interface SpawnNatsServerOptions {
   binary: string;
   /** Must make the server write its ports file into `portsDir` (`--ports_file_dir` or `ports_file_dir`). */
   args: string[];
+  /** The server's own folder: a nats-server whose arguments name a path in it (its config, its store) is
+   * taken to use its store, and is stopped before this one starts. */
   portsDir: string;
   readyTimeoutMs?: number;
   /** Receives each line the server logs (it logs to stderr). */
   onLog?: (line: string) => void;
+  /** Told when a leftover server on `portsDir` is stopped. */
+  logger?: Logger;
 }
 
 export interface NatsServerProcess {
@@ -68,6 +77,7 @@ export async function findOnPath(
 }
 
 export async function spawnNatsServer(opts: SpawnNatsServerOptions): Promise<NatsServerProcess> {
+  await stopLeftovers(path.resolve(opts.portsDir), opts.logger);
   // setpriv sets the signal, then execs the server in its own place, so child.pid is the server's pid.
   const setpriv = await setprivWithPdeathsig();
   const child =
@@ -184,6 +194,52 @@ function setprivWithPdeathsig(): Promise<string | undefined> {
     return help.stdout.includes("--pdeathsig") ? setpriv : undefined;
   })();
   return setprivFound;
+}
+
+/** Stops every nats-server running on `dir` (SIGTERM, then SIGKILL), so that a new one is alone on its store. */
+async function stopLeftovers(dir: string, logger: Logger | undefined): Promise<void> {
+  for (const pid of await serversUsing(dir)) {
+    for (const signal of ["SIGTERM", "SIGKILL"] as const) {
+      try {
+        process.kill(pid, signal);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === "ESRCH") break;
+        const why = messageOf(err);
+        throw new NatsStartError(`a nats-server (pid ${pid}) already runs on ${dir}; stopping it failed: ${why}`, {
+          cause: err,
+        });
+      }
+      const deadline = Date.now() + DEFAULT_STOP_TIMEOUT_MS;
+      while (Date.now() < deadline && (await usesFolder(pid, dir))) await sleep(LEFTOVER_POLL_MS);
+      if (!(await usesFolder(pid, dir))) break;
+    }
+    if (await usesFolder(pid, dir)) {
+      throw new NatsStartError(`a nats-server (pid ${pid}) already runs on ${dir} and did not stop on SIGKILL`);
+    }
+    logger?.warn(
+      { serverPid: pid, storeDir: dir },
+      `stopped a leftover nats-server (pid ${pid}) on ${dir}: a second server on the same store would corrupt it`,
+    );
+  }
+}
+
+/** The nats-server processes (as /proc shows them; none where there is no /proc) using `dir`. */
+async function serversUsing(dir: string): Promise<number[]> {
+  const pids = (await readdir("/proc").catch(() => [] as string[])).filter((n) => /^\d+$/.test(n)).map(Number);
+  const using = await Promise.all(pids.map((pid) => usesFolder(pid, dir)));
+  return pids.filter((_, i) => using[i]);
+}
+
+/** Whether `pid` runs nats-server with an argument (a config file, a store, `--opt=path`) in `dir`. Checked on the
+ * command line itself, so a pid reused by another program never matches; a zombie's is empty. */
+async function usesFolder(pid: number, dir: string): Promise<boolean> {
+  const argv = (await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")).split("\0");
+  if (path.basename(argv[0]) !== NATS_SERVER_BINARY) return false;
+  return argv.slice(1).some((arg) => {
+    const value = arg.startsWith("-") && arg.includes("=") ? arg.slice(arg.indexOf("=") + 1) : arg;
+    const resolved = path.resolve(value);
+    return path.isAbsolute(value) && (resolved === dir || resolved.startsWith(dir + path.sep));
+  });
 }
 
 // Servers still running when this process exits are told to stop, so none
