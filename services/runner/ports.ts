@@ -1,6 +1,8 @@
 // Ports for replicas: a free one from the system for an app that reads
-// PORT, or a lease on the fixed `port` of an app that cannot, which one
-// replica of one app holds at a time on this machine.
+// PORT, or, for an app with a fixed `port`, a lease on it where replicas
+// share this machine's ports (SKIFF_SANDBOX=off), which one replica of one
+// app holds at a time. A sandboxed replica listens in a network namespace
+// of its own, where its port is its alone: nothing is leased.
 import net from "node:net";
 import { StartFailed } from "../runs/index.js";
 
@@ -23,17 +25,25 @@ interface Lease {
   release: () => void;
 }
 
+export interface PortUse {
+  /** The replica runs in a sandbox, with a network namespace of its own. */
+  sandboxed?: boolean;
+}
+
 export class PortLeases {
   private readonly leases = new Map<number, Lease>();
 
   /**
-   * Resolves with a release function once `port` is free of other replicas.
-   * The same owner (the next version of the app) waits for it; another app
-   * gets StartFailed at once.
+   * Resolves with a release function once a replica of `owner` may bind
+   * `port`. A sandboxed replica may at once. Otherwise the same owner (the
+   * next version of the app) waits for its own lease, and another app gets
+   * StartFailed at once, which says only that the port is in use on this
+   * machine: never which project or app holds it.
    */
-  async acquire(port: number, owner: string): Promise<() => void> {
+  async acquire(port: number, owner: string, use: PortUse = {}): Promise<() => void> {
+    if (use.sandboxed) return () => undefined;
     for (let held = this.leases.get(port); held; held = this.leases.get(port)) {
-      if (held.owner !== owner) throw new StartFailed(`port ${port} is in use by app ${held.owner} on this runner`);
+      if (held.owner !== owner) throw new StartFailed(`port ${port} is in use on this machine`);
       await held.released;
     }
     let release!: () => void;
