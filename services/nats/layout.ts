@@ -237,6 +237,12 @@ export const buckets = {
     history: REWRITTEN_HISTORY,
     description: "webhook deliveries and their attempts",
   },
+  uids: {
+    name: "skiff-uids",
+    ttlMs: 0,
+    history: 1,
+    description: "sandbox uids: the next free one and each project's (runner/uids.ts); none given twice",
+  },
 } as const satisfies Record<string, BucketSpec>;
 
 export interface ObjectStoreSpec {
