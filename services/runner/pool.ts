@@ -36,7 +36,7 @@ import { NODE_SHIM, PYTHON_SHIM, SYSTEM_PYTHON } from "./prepare.js";
 import { freePort, type PortLeases } from "./ports.js";
 import { Replica, type ReplicaSpec } from "./replica.js";
 import { REPLICA_PATH } from "./replica-env.js";
-import { APP_MOUNT, CHANNEL_FD, projectUid, SHIM_MOUNT, type SandboxOptions } from "./sandbox.js";
+import { APP_MOUNT, CHANNEL_FD, SHIM_MOUNT, type SandboxOptions } from "./sandbox.js";
 import { cortexEnvelope, cortexHeaders, forwardHeaders } from "./responses.js";
 import { callerHeaders } from "../server/index.js";
 import type { AppDeployment, AppLogLine, PreparedDeployment, ReplicaChange } from "./types.js";
@@ -118,7 +118,11 @@ export class AppPool {
     readonly deployment: AppDeployment,
     private readonly prepared: PreparedDeployment,
     private readonly o: PoolOptions,
+    /** The uid (and gid) of the project's sandboxes (uids.ts); undefined when the sandbox is off. */
+    private readonly sandboxUid: number | undefined,
   ) {
+    if (o.sandbox.enabled && sandboxUid === undefined)
+      throw new Error(`a sandboxed pool of ${deployment.projectId}/${deployment.appName} needs its project's uid`);
     const { scaling, runtime } = deployment.config;
     this.functions = runtime.kind === "cortex" ? new Set(prepared.functions ?? []) : undefined;
     this.concurrency = scaling.replicaConcurrency;
@@ -470,7 +474,7 @@ export class AppPool {
       healthcheck: runtime.kind === "custom" ? runtime.healthcheck : "/health",
       startTimeoutMs: this.o.startTimeoutMs,
       sandbox: sandboxed
-        ? { uid: projectUid(d.projectId), limits: this.o.sandbox.limits, network: this.o.sandbox.network }
+        ? { uid: this.sandboxUid!, limits: this.o.sandbox.limits, network: this.o.sandbox.network }
         : undefined,
     };
     if (sandboxed && runtime.kind === "custom")

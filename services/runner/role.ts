@@ -3,7 +3,8 @@
 // For each app record it fetches the bundle from object store
 // `skiff-bundles` into `<dataDir>/deployments/<digest>/` (once per machine),
 // deploys it, and removes the app when its record is deleted. Replicas are
-// published to KV `skiff-replicas` and their log lines to SKIFF_LOGS.
+// published to KV `skiff-replicas` and their log lines to SKIFF_LOGS; their
+// sandboxes' uids come from KV `skiff-uids` (uids.ts).
 //
 // Each app has its own queue of reconciliations, so two changes to one app
 // apply in order while other apps go on; a reconciliation reads the latest
@@ -21,6 +22,7 @@ import { DEFAULT_REPLICA_REFRESH_MS, ReplicaPublisher } from "./replica-publishe
 import { startRunIntake } from "./run-intake.js";
 import { Runner, type RunnerOptions } from "./runner.js";
 import type { AppLogLine } from "./types.js";
+import { UidRegistry } from "./uids.js";
 
 export interface RunnerRoleOptions {
   nc: NatsConnection;
@@ -37,7 +39,7 @@ export interface RunnerRoleOptions {
   runAckWaitMs: number;
   /** SKIFF_FINAL_RECORD_KEEP_MS (default ENDED_KEEP_MS): how long a final record stays in KV once acked. */
   finalRecordKeepMs?: number;
-  /** Tuning of the Runner (timeouts, queue limits). */
+  /** Tuning of the Runner (timeouts, queue limits); its `uids` default to a UidRegistry on `nc`. */
   runnerOptions?: Omit<RunnerOptions, "workDir" | "logger" | "onLog" | "onReplicaChange">;
   /** How often replicas are re-published to KV (default a third of the bucket's TTL). */
   replicaRefreshMs?: number;
@@ -60,10 +62,12 @@ export const deploymentsDir = (dataDir: string): string => path.join(path.resolv
 export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRole> {
   const { nc, logger, registry, deployments } = opts;
   const bundles: ObjectStore = await nc.jetstream().views.os(objectStores.bundles.name);
+  const uids = opts.runnerOptions?.uids ?? (await UidRegistry.open(nc));
   const publisher = await ReplicaPublisher.start(nc, logger);
   const publishLog = logPublisher(nc);
   const runner = new Runner({
     ...opts.runnerOptions,
+    uids,
     workDir: path.join(path.resolve(opts.dataDir), "replicas"),
     logger,
     onLog: publishLog,

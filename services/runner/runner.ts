@@ -26,7 +26,8 @@
 //
 // Replicas see only PATH=/usr/local/bin:/usr/bin:/bin, HOME (their own
 // folder), LANG=C.UTF-8, the app's [env] and PORT (see replica-env.ts), and
-// run in a sandbox (sandbox.ts) unless it is turned off.
+// run in a sandbox (sandbox.ts) unless it is turned off, as their project's
+// uid (uids.ts), which deploy() learns before it starts any replica.
 import type { Logger } from "../config/index.js";
 import { AppNotFound, Overloaded, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
 import { NetnsConnector, ReplicaAgent } from "./netns-connect.js";
@@ -35,6 +36,7 @@ import { PortLeases } from "./ports.js";
 import { prepareDeployment } from "./prepare.js";
 import { processSandbox, type SandboxOptions } from "./sandbox.js";
 import type { AppDeployment, AppLogLine, ReplicaChange, ReplicaInfo } from "./types.js";
+import { hashedUids, type ProjectUids } from "./uids.js";
 import type { UpgradeAnswer, UpgradeRequest } from "./upgrade.js";
 
 export const DEFAULT_QUEUE_LIMIT = 100;
@@ -66,6 +68,12 @@ export interface RunnerOptions {
   unhealthyAfter?: number;
   /** The sandbox of replicas and deploy-time steps (default: the process's, see configureSandbox; on with default limits). */
   sandbox?: SandboxOptions;
+  /**
+   * The uids of projects' sandboxes: the runner role's UidRegistry (KV
+   * `skiff-uids`). Default: hashed from project ids (hashedUids), which two
+   * projects may share; for Runners without NATS (tests, benches).
+   */
+  uids?: ProjectUids;
 }
 
 /** Longest a connection to a replica stays idle in the pool; shorter still when the replica announces less. */
@@ -92,9 +100,11 @@ export class Runner {
   private readonly deploys = new Map<string, Promise<unknown>>();
   private readonly agent = replicaAgent();
   private readonly pool: PoolOptions;
+  private readonly uids: ProjectUids;
   private closed = false;
 
   constructor(private readonly opts: RunnerOptions) {
+    this.uids = opts.uids ?? hashedUids;
     this.pool = {
       workDir: opts.workDir,
       agent: this.agent,
@@ -152,10 +162,12 @@ export class Runner {
 
   private async swap(d: AppDeployment): Promise<void> {
     if (this.closed) throw new Overloaded("the runner is shutting down", 1);
+    // Known before any replica starts; a failure (NATS unreachable, no uid left) fails the deploy.
+    const uid = this.pool.sandbox.enabled ? await this.uids.projectUid(d.projectId) : undefined;
     const prepared =
       d.prepared ?? (await prepareDeployment(d.dir, d.config, this.opts.logger, { sandbox: this.pool.sandbox }));
     const old = this.current(d.projectId, d.appName);
-    const pool = new AppPool(d, prepared, this.pool);
+    const pool = new AppPool(d, prepared, this.pool, uid);
     const fixedPort = d.config.runtime.kind === "custom" && d.config.runtime.port !== undefined;
     if (!fixedPort) {
       try {
