@@ -270,30 +270,16 @@ describe("runner - runtimes", () => {
   });
 
   it("requirements.txt with no reachable package index: a clear PrepareFailed, nothing deployed", async () => {
-    // Point pip at an index nobody serves, ignoring the machine's pip configuration.
-    const saved = { ...process.env };
-    Object.assign(process.env, {
-      PIP_CONFIG_FILE: "/dev/null",
-      PIP_INDEX_URL: "http://127.0.0.1:9/simple",
-      PIP_FIND_LINKS: "",
-      PIP_EXTRA_INDEX_URL: "",
-      PIP_RETRIES: "0",
-      PIP_TIMEOUT: "2",
-    });
-    try {
-      const toml = cortex("reqs", "python", "main.py");
-      const err = await deploy("test/fixtures/apps/py-reqs", toml).catch((e: unknown) => e);
-      expect(err).toBeInstanceOf(PrepareFailed);
-      expect((err as Error).message).toMatch(
-        /^could not install requirements\.txt: no reachable package index provides them/,
-      );
-      expect((err as Error).message).toContain("skiff-test-no-such-package");
-      expect(runner?.replicas("p-test", "reqs")).toEqual([]);
-      await expect(runner!.invoke("p-test", "reqs", request("/run"))).rejects.toMatchObject({ name: "AppNotFound" });
-    } finally {
-      for (const k of Object.keys(process.env)) if (!(k in saved)) delete process.env[k];
-      Object.assign(process.env, saved);
-    }
+    // Installs get no network here (the sandbox's default) and none of this process's pip settings.
+    const toml = cortex("reqs", "python", "main.py");
+    const err = await deploy("test/fixtures/apps/py-reqs", toml).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(PrepareFailed);
+    expect((err as Error).message).toMatch(
+      /^could not install requirements\.txt: no reachable package index provides them/,
+    );
+    expect((err as Error).message).toContain("skiff-test-no-such-package");
+    expect(runner?.replicas("p-test", "reqs")).toEqual([]);
+    await expect(runner!.invoke("p-test", "reqs", request("/run"))).rejects.toMatchObject({ name: "AppNotFound" });
   }, 60_000);
 
   it("a Cortex module that fails to import is refused at deploy with its error", async () => {

@@ -16,17 +16,21 @@ export function replicaEnv(appEnv: Record<string, string>, home: string, port: n
 }
 
 /**
- * Installing dependencies needs the machine's package settings (proxy, npm
- * and pip configuration and caches under HOME) but none of the platform's
- * SKIFF_* settings or other secrets, since install scripts are the app's code.
+ * The whole environment of a dependency install: fixed values, nothing of
+ * the operator's (a registry token in npm_config_* or PIP_* would be handed
+ * to every tenant's install scripts) and nothing of the platform's. HOME
+ * and the caches are in the sandbox's /tmp.
  */
-export function installEnv(env: NodeJS.ProcessEnv = process.env): Record<string, string> {
-  const out: Record<string, string> = { PATH: env.PATH ?? REPLICA_PATH, LANG: "C.UTF-8" };
-  if (env.HOME) out.HOME = env.HOME;
-  for (const [name, value] of Object.entries(env)) {
-    if (value !== undefined && /^(PIP_|npm_config_|https?_proxy$|no_proxy$)/i.test(name)) out[name] = value;
-  }
-  return out;
+export function installEnv(): Record<string, string> {
+  return {
+    PATH: REPLICA_PATH,
+    HOME: "/tmp",
+    LANG: "C.UTF-8",
+    npm_config_cache: "/tmp/.npm",
+    npm_config_update_notifier: "false",
+    PIP_DISABLE_PIP_VERSION_CHECK: "1",
+    PIP_NO_INPUT: "1",
+  };
 }
 
 /** Folders of a deployment that replicas share instead of copying. */

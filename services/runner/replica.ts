@@ -86,13 +86,20 @@ async function privateFolder(dir: string): Promise<void> {
     throw new StartFailed(`${dir} is not a private folder of this user; cannot place replica channels there`);
 }
 
-/** Whether a command would be found in a sandbox: on the replica PATH, or a file of the app. */
-function commandExists(command: string, appDir: string): boolean {
-  if (command.includes("/")) {
-    if (command.startsWith(APP_MOUNT + "/")) return existsSync(path.join(appDir, command.slice(APP_MOUNT.length)));
-    return path.isAbsolute(command) ? existsSync(command) : existsSync(path.join(appDir, command));
-  }
-  return REPLICA_PATH.split(":").some((dir) => existsSync(path.join(dir, command)));
+/** The system folders a sandbox sees as the host has them (read-only): the only host paths worth looking at. */
+const SYSTEM_ROOTS = ["/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/"];
+
+/**
+ * Whether a command would be found in a sandbox: on the replica PATH, a file
+ * of the app, or a program of the system folders. Paths are taken as the
+ * sandbox sees them: anything else is "not found" without looking at the
+ * host, whose other files an app must not learn of.
+ */
+export function commandExists(command: string, appDir: string): boolean {
+  if (!command.includes("/")) return REPLICA_PATH.split(":").some((dir) => existsSync(path.join(dir, command)));
+  const inside = path.posix.resolve(APP_MOUNT, command);
+  if (inside.startsWith(APP_MOUNT + "/")) return existsSync(path.join(appDir, inside.slice(APP_MOUNT.length)));
+  return SYSTEM_ROOTS.some((root) => inside.startsWith(root)) && existsSync(inside);
 }
 
 /** Listens on a Unix socket and gives back its fd; the runner's own copy is closed once the child has it. */
