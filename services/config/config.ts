@@ -97,6 +97,10 @@ export interface Config {
   replicaCpuSeconds: number;
   /** Most entries (files, folders, links) in one bundle. */
   maxBundleFiles: number;
+  /** Most bytes a deploy-time install may write (its tmpfs's size when skiff is root) and leave. */
+  maxBuildBytes: number;
+  /** Most files, folders and links a deploy-time install may leave. */
+  maxBuildFiles: number;
   /** Most apps one project may have; a deploy of a new app beyond it is refused with 429. */
   maxAppsPerProject: number;
   /** Network of sandboxes: "auto" (slirp4netns when installed, else none), "slirp4netns" or "none". */
@@ -579,6 +583,20 @@ export const SETTINGS: Setting<keyof Config>[] = [
     env: "SKIFF_MAX_BUNDLE_FILES",
     fallback: "20000",
     doc: "Most entries (files, folders, links) in one app bundle; a bundle with more is refused (400).",
+    parse: integer(1, 10_000_000),
+  },
+  {
+    key: "maxBuildBytes",
+    env: "SKIFF_MAX_BUILD_BYTES",
+    fallback: String(2 * 1024 * 1024 * 1024),
+    doc: "Most bytes a deploy-time install (`pip install`, `npm ci`) may write: where skiff runs as root it writes into a tmpfs of this size, so it cannot fill the host's disk; what it leaves is copied into the deployment only when it is under this size (else the deploy is refused, 400).",
+    parse: integer(1024 * 1024, 1024 * 1024 * 1024 * 1024),
+  },
+  {
+    key: "maxBuildFiles",
+    env: "SKIFF_MAX_BUILD_FILES",
+    fallback: "200000",
+    doc: "Most files, folders and links a deploy-time install may leave; more and the deploy is refused (400).",
     parse: integer(1, 10_000_000),
   },
   {

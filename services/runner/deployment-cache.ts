@@ -3,8 +3,10 @@
 // installed once per machine however many apps, versions or processes use
 // it. A deployment is prepared in a staging folder and renamed into place
 // only once ready, so a folder under its digest is always complete; what it
-// learned (Cortex functions, the venv) is kept in `.skiff/prepared.json`,
-// written only into a real `.skiff` folder and never through a link.
+// learned (its skiff.toml as the bundle had it, Cortex functions, the venv)
+// is kept in `.skiff/prepared.json`, written only into a real `.skiff`
+// folder and never through a link: the folder itself may hold what a build
+// left (build-area.ts), so nothing else in it is read back.
 //
 // Replicas share the folder read-only (sandbox.ts binds it), so nothing is
 // copied per replica. Folders no app lists any more are removed at the next
@@ -15,12 +17,20 @@ import { randomBytes } from "node:crypto";
 import { constants } from "node:fs";
 import { lstat, mkdir, open, readdir, readFile, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
-import { loadAppConfig, type AppConfig, BundleError, sha256, unpackBundle } from "../apps/index.js";
+import {
+  APP_CONFIG_FILE,
+  loadAppConfig,
+  parseAppConfig,
+  type AppConfig,
+  BundleError,
+  sha256,
+  unpackBundle,
+} from "../apps/index.js";
 import type { Logger } from "../config/index.js";
+import { BUILD_AREA_SUFFIX, MARKER, unmount } from "./build-area.js";
 import { prepareDeployment } from "./prepare.js";
 import type { PreparedDeployment } from "./types.js";
 
-const MARKER = path.join(".skiff", "prepared.json");
 /** A folder this process does not know, younger than this, is not pruned: another may be preparing it before its record exists. */
 export const PRUNE_MIN_AGE_MS = 10 * 60 * 1000;
 
@@ -34,6 +44,8 @@ export interface PreparedBundle {
 }
 
 interface Marker {
+  /** skiff.toml as the bundle had it, read before any build step ran. */
+  config: string;
   functions?: string[];
   /** The venv's interpreter, relative to the folder: the folder moves after preparing. */
   python?: string;
@@ -48,11 +60,13 @@ export async function prepareBundle(
   bytes: Uint8Array,
   dir: string,
   opts: { maxBytes: number; logger: Logger },
-): Promise<{ config: AppConfig; prepared: PreparedDeployment; unpackedBytes: number }> {
+): Promise<{ config: AppConfig; configText: string; prepared: PreparedDeployment; unpackedBytes: number }> {
   const { tar } = await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes });
   const config = await loadAppConfig(dir);
+  // Read now, from what skiff unpacked: after the build the folder holds what the build left.
+  const configText = await readFile(path.join(dir, APP_CONFIG_FILE), "utf8");
   const prepared = await prepareDeployment(dir, config, opts.logger);
-  return { config, prepared, unpackedBytes: tar.length };
+  return { config, configText, prepared, unpackedBytes: tar.length };
 }
 
 /** Writes `.skiff/prepared.json` into `dir`: `.skiff` must be a folder (not a link), the file must not exist. */
@@ -125,6 +139,8 @@ export class DeploymentCache {
       const info = await stat(dir).catch(() => undefined);
       if (!info) continue;
       if (!(digest && this.known.has(digest)) && now - info.mtimeMs < PRUNE_MIN_AGE_MS) continue;
+      // A build area left by a process that died mid-build may still have its tmpfs mounted.
+      if (name.endsWith(BUILD_AREA_SUFFIX)) await unmount(dir);
       await rm(dir, { recursive: true, force: true });
       if (digest) {
         this.known.delete(digest);
@@ -145,8 +161,9 @@ export class DeploymentCache {
     const prepared: PreparedDeployment = {};
     if (marker.functions) prepared.functions = marker.functions;
     if (marker.python) prepared.python = path.join(dir, marker.python);
+    if (typeof marker.config !== "string") return undefined;
     this.known.add(digest);
-    return { dir, config: await loadAppConfig(dir), prepared, unpackedBytes: marker.unpacked_bytes };
+    return { dir, config: parseAppConfig(marker.config), prepared, unpackedBytes: marker.unpacked_bytes };
   }
 
   private async make(digest: string, bytes: () => Promise<Uint8Array>): Promise<PreparedBundle> {
@@ -155,8 +172,9 @@ export class DeploymentCache {
     await mkdir(this.root, { recursive: true });
     const staging = path.join(this.root, `.staging-${digest.slice(0, 16)}-${randomBytes(4).toString("hex")}`);
     try {
-      const { prepared, unpackedBytes } = await prepareBundle(data, staging, this.opts);
+      const { prepared, unpackedBytes, configText } = await prepareBundle(data, staging, this.opts);
       const marker: Marker = {
+        config: configText,
         functions: prepared.functions,
         python: prepared.python && path.relative(staging, prepared.python),
         unpacked_bytes: unpackedBytes,

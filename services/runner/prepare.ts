@@ -14,24 +14,24 @@
 // build uid, unless the sandbox is off: installs see the folder writable at
 // /app and the network not at all (a package index must be reachable
 // without it, e.g. vendored packages or a local path); the import check sees
-// it as a replica does. Installs run with installEnv(): the machine's
-// package settings, none of the platform's own variables.
+// it as a replica does. Installs run with installEnv(): fixed values,
+// nothing of the operator's environment or the platform's.
 //
 // A failure is reported without the tools' output or any path of this
 // machine (it could quote any file the step can read): a generic reason, the
 // app file and line when known; the output goes to the runner's log.
 import { spawn } from "node:child_process";
-import { chmod, chown, lchown, lstat, mkdir, readdir, readFile, rm } from "node:fs/promises";
+import { chmod, lstat, readdir, readFile, rename, rm } from "node:fs/promises";
 import path from "node:path";
 import type { AppConfig } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { PrepareFailed } from "../runs/index.js";
-import { installEnv, REPLICA_PATH, replicaEnv } from "./replica-env.js";
+import { copyBuildOutput, DEFAULT_BUILD_LIMITS, openBuildArea } from "./build-area.js";
+import { installEnv, replicaEnv } from "./replica-env.js";
 import {
   APP_MOUNT,
   buildUid,
   processSandbox,
-  runsAsRoot,
   SHIM_DIR,
   SHIM_MOUNT,
   signalSandbox,
@@ -59,8 +59,8 @@ interface StepOptions {
   cwd: string;
   env: Record<string, string>;
   timeoutMs: number;
-  /** Run in the sandbox (the folder at /app), writable for installs. */
-  sandbox?: { options: SandboxOptions; writable: boolean };
+  /** Run in the sandbox (the folder at /app) as `uid`, writable for installs. */
+  sandbox?: { options: SandboxOptions; writable: boolean; uid: number };
 }
 
 /** Runs a command to its end, in its own process group (or sandbox) so a timeout kills all of it. */
@@ -71,7 +71,7 @@ export function runCommand(command: string, args: string[], opts: StepOptions): 
       ? spawnSandboxed({
           appDir: opts.cwd,
           writableApp: sb.writable,
-          uid: buildUid(opts.cwd),
+          uid: sb.uid,
           // Installs may need room for a package cache in /tmp.
           limits: sb.writable
             ? { ...sb.options.limits, tmpMb: Math.max(sb.options.limits.tmpMb, 1024) }
@@ -136,16 +136,18 @@ const ended = (r: CommandResult, what: string) =>
   r.code === null ? `${what} did not finish in time` : `${what} exited with ${r.code}`;
 
 interface Context {
+  /** The folder the steps see at /app: the build area while installing, then the deployment. */
   dir: string;
   timeoutMs: number;
   logger: Logger;
   sandbox: SandboxOptions;
+  /** The uid the steps run as. */
+  uid: number;
 }
 
 /** Where a step sees the app folder, and the environment of an install. */
 function installSetting(c: Context): { cwd: string; env: Record<string, string> } {
-  if (!c.sandbox.enabled) return { cwd: c.dir, env: installEnv() };
-  return { cwd: c.dir, env: { ...installEnv(), PATH: REPLICA_PATH, HOME: "/tmp" } };
+  return { cwd: c.dir, env: installEnv() };
 }
 
 async function installNode(c: Context): Promise<void> {
@@ -188,9 +190,10 @@ function hasRequirements(text: string): boolean {
 }
 
 function step(c: Context, writable: boolean): StepOptions["sandbox"] {
-  return c.sandbox.enabled ? { options: c.sandbox, writable } : undefined;
+  return c.sandbox.enabled ? { options: c.sandbox, writable, uid: c.uid } : undefined;
 }
 
+/** Installs requirements.txt into a venv in `.skiff/venv`; its interpreter relative to the folder, if made. */
 async function installPython(c: Context): Promise<string | undefined> {
   const text = await readText(path.join(c.dir, "requirements.txt"));
   if (text === undefined || !hasRequirements(text)) return undefined;
@@ -215,7 +218,6 @@ async function installPython(c: Context): Promise<string | undefined> {
     { ...setting, timeoutMs: c.timeoutMs, sandbox: step(c, true) },
   );
   if (pip.code !== 0) {
-    await rm(venv, { recursive: true, force: true });
     const output = pip.stderr + "\n" + pip.stdout;
     c.logger.warn({ dir: c.dir, output: tail(output) }, "pip install -r requirements.txt failed");
     const missing = missingRequirements(output);
@@ -232,7 +234,7 @@ async function installPython(c: Context): Promise<string | undefined> {
         ". A requirements file may name packages and options, not files outside the app folder.",
     );
   }
-  return path.join(venv, "bin", "python");
+  return path.join(venvRel, "bin", "python");
 }
 
 /** Why a module did not load, from the shim's last line: its error's type, code and app file:line only. */
@@ -292,18 +294,15 @@ async function listFunctions(c: Context, config: AppConfig, python: string | und
 }
 
 /**
- * Makes the folder readable by every sandbox uid and, when skiff is root,
- * owned by skiff again (deploy-time steps ran as a build uid). Links are
- * neither followed nor changed.
+ * Makes the folder skiff unpacked readable by every sandbox uid: no set-id
+ * bits, no writes by others. Links are neither followed nor changed.
  */
-async function settle(dir: string, owner: { uid: number; gid: number } | undefined): Promise<void> {
+async function settle(dir: string): Promise<void> {
   const walk = async (p: string): Promise<void> => {
     const st = await lstat(p);
-    if (owner && (st.uid !== owner.uid || st.gid !== owner.gid)) await lchown(p, owner.uid, owner.gid);
     if (st.isSymbolicLink()) return;
     const mode = st.mode & 0o7777;
     const want = st.isDirectory() || mode & 0o111 ? mode | 0o555 : mode | 0o444;
-    // No set-id bits, no writes by others.
     const clean = want & ~0o6000 & ~0o022;
     if (clean !== mode) await chmod(p, clean);
     if (st.isDirectory()) for (const name of await readdir(p)) await walk(path.join(p, name));
@@ -311,47 +310,71 @@ async function settle(dir: string, owner: { uid: number; gid: number } | undefin
   await walk(dir);
 }
 
-/** Before installs as the build uid: the folder and .skiff are its to write; the bundle's files stay skiff's. */
-async function openForBuild(dir: string): Promise<void> {
-  await settle(dir, undefined);
-  if (!runsAsRoot()) return;
-  const uid = buildUid(dir);
-  await chown(dir, uid, uid);
-  const skiff = path.join(dir, ".skiff");
-  await mkdir(skiff, { recursive: true });
-  const st = await lstat(skiff);
-  if (!st.isDirectory()) throw new PrepareFailed(".skiff in the app folder is reserved for skiff");
-  await chown(skiff, uid, uid);
+/** Whether the app has dependencies to install: a requirements.txt (Cortex Python) or package.json ones. */
+async function hasDependencies(dir: string, config: AppConfig): Promise<boolean> {
+  const { runtime } = config;
+  if (runtime.kind === "cortex" && runtime.language === "python") {
+    const text = await readText(path.join(dir, "requirements.txt"));
+    return text !== undefined && hasRequirements(text);
+  }
+  const text = await readText(path.join(dir, "package.json"));
+  if (text === undefined) return false;
+  try {
+    const pkg = JSON.parse(text) as { dependencies?: Record<string, string> };
+    return Object.keys(pkg.dependencies ?? {}).length > 0;
+  } catch {
+    throw new PrepareFailed("package.json is not valid JSON");
+  }
+}
+
+const installs = (c: Context, config: AppConfig): Promise<string | undefined> =>
+  config.runtime.kind === "cortex" && config.runtime.language === "python"
+    ? installPython(c)
+    : installNode(c).then(() => undefined);
+
+export interface PrepareOptions {
+  timeoutMs?: number;
+  sandbox?: SandboxOptions;
 }
 
 /**
- * Installs the dependencies of the app in `dir` and lists its Cortex
- * functions. Throws PrepareFailed with a reason that quotes no file.
+ * Installs the dependencies of the app in `dir` (a folder skiff unpacked)
+ * and lists its Cortex functions. In the sandbox, installs run in a build
+ * area and `dir` is replaced by a checked copy of what they left
+ * (build-area.ts). Throws PrepareFailed with a reason that quotes no file.
  */
 export async function prepareDeployment(
   dir: string,
   config: AppConfig,
   logger: Logger,
-  opts: { timeoutMs?: number; sandbox?: SandboxOptions } = {},
+  opts: PrepareOptions = {},
 ): Promise<PreparedDeployment> {
   const sandbox = opts.sandbox ?? processSandbox();
-  const c: Context = { dir, timeoutMs: opts.timeoutMs ?? DEFAULT_INSTALL_TIMEOUT_MS, logger, sandbox };
-  if (sandbox.enabled) await openForBuild(dir);
-  try {
-    const { runtime } = config;
-    if (runtime.kind === "cortex" && runtime.language === "python") {
-      const python = await installPython(c);
-      const functions = await listFunctions(c, config, python);
-      return python === undefined ? { functions } : { functions, python };
+  const timeoutMs = opts.timeoutMs ?? DEFAULT_INSTALL_TIMEOUT_MS;
+  // A uid of the builds' range for this folder (its name is new for each deploy): it owns nothing once the build ends.
+  const uid = buildUid(dir);
+  const c: Context = { dir, timeoutMs, logger, sandbox, uid };
+  let python: string | undefined;
+  if (sandbox.enabled) await settle(dir);
+  if (!(await hasDependencies(dir, config))) {
+    // Nothing to install: the folder stays as skiff unpacked it.
+  } else if (!sandbox.enabled) python = await installs(c, config);
+  else {
+    const limits = sandbox.build ?? DEFAULT_BUILD_LIMITS;
+    const area = await openBuildArea(dir, uid, limits);
+    const out = `${dir}.out`;
+    try {
+      python = await installs({ ...c, dir: area.dir }, config);
+      await copyBuildOutput(area.dir, out, limits);
+      await rm(dir, { recursive: true, force: true });
+      await rename(out, dir);
+    } finally {
+      await area.close();
+      await rm(out, { recursive: true, force: true });
     }
-    await installNode(c);
-    if (runtime.kind === "custom") return {};
-    return { functions: await listFunctions(c, config, undefined) };
-  } finally {
-    if (sandbox.enabled) await settle(dir, ownerOfSkiff());
   }
-}
-
-function ownerOfSkiff(): { uid: number; gid: number } | undefined {
-  return runsAsRoot() ? { uid: process.getuid!(), gid: process.getgid!() } : undefined;
+  const interpreter = python && path.join(dir, python);
+  if (config.runtime.kind !== "cortex") return {};
+  const functions = await listFunctions(c, config, interpreter);
+  return interpreter === undefined ? { functions } : { functions, python: interpreter };
 }

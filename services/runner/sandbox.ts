@@ -50,6 +50,7 @@ import { constants, networkInterfaces, tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { bundleLimits } from "../apps/index.js";
+import type { BuildLimits } from "./build-area.js";
 import { detectCgroups, reapLeftovers, type Cgroups, type WarnLogger } from "./cgroups.js";
 import { DEFAULT_REPLICA_DENIED_CIDRS, type Config } from "../config/index.js";
 
@@ -77,6 +78,8 @@ export interface SandboxOptions {
   network?: SandboxNetwork;
   /** False: requests to Custom apps always go through their relay (SKIFF_REPLICA_DIRECT=off); default true. */
   direct?: boolean;
+  /** What a deploy-time install may leave (build-area.ts); default DEFAULT_BUILD_LIMITS. */
+  build?: BuildLimits;
 }
 
 export const DEFAULT_SANDBOX_LIMITS: SandboxLimits = {
@@ -719,7 +722,14 @@ export type SandboxSettings = Pick<
   Partial<
     Pick<
       Config,
-      "maxBundleFiles" | "maxAppsPerProject" | "replicaNetwork" | "bwrap" | "replicaDeniedCidrs" | "replicaDirect"
+      | "maxBundleFiles"
+      | "maxAppsPerProject"
+      | "replicaNetwork"
+      | "bwrap"
+      | "replicaDeniedCidrs"
+      | "replicaDirect"
+      | "maxBuildBytes"
+      | "maxBuildFiles"
     >
   >;
 
@@ -796,7 +806,11 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
       cgroupsInUse.parents.map((p) => path.dirname(p)),
       logger,
     );
-  processDefault = { enabled: true, limits, network, direct: settings.replicaDirect !== "off" };
+  const build =
+    settings.maxBuildBytes !== undefined && settings.maxBuildFiles !== undefined
+      ? { maxBytes: settings.maxBuildBytes, maxFiles: settings.maxBuildFiles }
+      : undefined;
+  processDefault = { enabled: true, limits, network, direct: settings.replicaDirect !== "off", build };
   logger.info(
     { sandbox: "on", hostUid: runsAsRoot(), network, cgroup: cgroupsInUse?.version ?? null, ...limits },
     `apps run in a bubblewrap sandbox (own namespaces, read-only deployment, rlimits${cgroupsInUse ? `, a cgroup v${cgroupsInUse.version} each` : ""})`,

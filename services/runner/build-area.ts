@@ -1,0 +1,194 @@
+// Where deploy-time installs write, and how what they leave becomes a
+// deployment. The build's uid runs the tenant's install scripts, so what it
+// leaves is untrusted data: it is never opened, changed or removed in place
+// by skiff through a link. Instead:
+//
+//   - the build writes into a folder of its own beside the deployment: a
+//     tmpfs of SKIFF_MAX_BUILD_BYTES mounted there when skiff is root (so a
+//     build cannot fill the host's disk), a plain folder otherwise;
+//   - afterwards (every process of the build has ended with its sandbox's
+//     pid namespace) the tree is read with lstat and O_NOFOLLOW and copied
+//     into a new folder that skiff owns, files and folders read-only to
+//     everyone else: only files, folders and links whose targets stay in the
+//     app folder or in the system folders every sandbox sees, without passing
+//     through another link; no FIFO, socket or device; at most
+//     SKIFF_MAX_BUILD_BYTES and SKIFF_MAX_BUILD_FILES;
+//   - the build's own folder is then unmounted and removed whole; a build that
+//     fails leaves nothing a later deploy trusts.
+import { execFile } from "node:child_process";
+import { constants } from "node:fs";
+import { chmod, chown, cp, lstat, mkdir, open, readdir, readlink, rm, symlink } from "node:fs/promises";
+import path from "node:path";
+import { promisify } from "node:util";
+import { PrepareFailed } from "../runs/index.js";
+import { APP_MOUNT, runsAsRoot } from "./sandbox.js";
+
+const run = promisify(execFile);
+
+export interface BuildLimits {
+  /** Most bytes the build's folder may hold (its tmpfs's size when skiff is root), and its output. */
+  maxBytes: number;
+  /** Most files, folders and links the output may have. */
+  maxFiles: number;
+}
+
+export const DEFAULT_BUILD_LIMITS: BuildLimits = { maxBytes: 2 * 1024 * 1024 * 1024, maxFiles: 200_000 };
+
+/** The marker skiff writes into a prepared deployment (deployment-cache.ts): a build may not leave one. */
+export const MARKER = path.join(".skiff", "prepared.json");
+/** Where a build area's folder ends: deployment-cache.ts unmounts such leftovers before removing them. */
+export const BUILD_AREA_SUFFIX = ".build";
+
+/** The system folders every sandbox sees as the host has them: links may point there. */
+const SYSTEM_ROOTS = ["/usr", "/bin", "/sbin", "/lib", "/lib64"];
+
+export interface BuildArea {
+  /** The app folder the build writes in (bound writable at /app). */
+  dir: string;
+  /** Unmounts and removes the area. */
+  close(): Promise<void>;
+}
+
+/**
+ * Opens a build area beside `source` (a folder that skiff unpacked) with a
+ * copy of it: the folder itself and `.skiff` belong to `uid`, the bundle's
+ * files stay skiff's.
+ */
+export async function openBuildArea(source: string, uid: number, limits: BuildLimits): Promise<BuildArea> {
+  const area = `${source}${BUILD_AREA_SUFFIX}`;
+  await mkdir(area, { mode: 0o700 });
+  let mounted = false;
+  const close = async () => {
+    if (mounted) await unmount(area);
+    await rm(area, { recursive: true, force: true });
+  };
+  try {
+    if (runsAsRoot()) {
+      await run("mount", ["-t", "tmpfs", "-o", `size=${limits.maxBytes},mode=0700,nosuid,nodev`, "skiff-build", area]);
+      mounted = true;
+    }
+    const dir = path.join(area, "app");
+    await cp(source, dir, { recursive: true, verbatimSymlinks: true });
+    await chmod(dir, 0o755);
+    if (runsAsRoot()) {
+      await chown(dir, uid, uid);
+      await mkdir(path.join(dir, ".skiff"), { recursive: true });
+      await chown(path.join(dir, ".skiff"), uid, uid);
+    }
+    return { dir, close };
+  } catch (err) {
+    await close();
+    throw err;
+  }
+}
+
+/** Unmounts a build area's tmpfs (lazily when something still holds it). */
+export async function unmount(area: string): Promise<void> {
+  await run("umount", [area]).catch(() => run("umount", ["-l", area]).catch(() => undefined));
+}
+
+type Kind = "dir" | "file" | "link";
+
+/** Why a link may not be kept, or undefined: `rel` is its place in the tree, `links` every link of the tree. */
+function badLink(rel: string, target: string, links: ReadonlySet<string>): string | undefined {
+  if (target === "" || target.includes("\0")) return "an empty target";
+  let parts: string[];
+  if (path.posix.isAbsolute(target)) {
+    const t = path.posix.normalize(target);
+    if (SYSTEM_ROOTS.some((r) => t === r || t.startsWith(r + "/"))) return undefined;
+    if (t !== APP_MOUNT && !t.startsWith(APP_MOUNT + "/")) return "a target outside the app folder";
+    parts = t.slice(APP_MOUNT.length).split("/");
+  } else parts = [...path.posix.dirname(rel).split("/"), ...target.split("/")];
+  const at: string[] = [];
+  for (const part of parts) {
+    if (part === "" || part === ".") continue;
+    if (part === "..") {
+      if (at.length === 0) return "a target outside the app folder";
+      at.pop();
+      continue;
+    }
+    at.push(part);
+    const prefix = at.join("/");
+    if (links.has(prefix) && prefix !== rel) return "a target through another link";
+  }
+  return undefined;
+}
+
+/**
+ * Copies the tree a build left in `from` into `to` (which must not exist),
+ * owned by skiff and read-only to others. Throws PrepareFailed naming the
+ * first entry that is refused.
+ */
+export async function copyBuildOutput(from: string, to: string, limits: BuildLimits): Promise<void> {
+  // First every entry, without following anything, so that each link is judged against all the others.
+  const entries: { rel: string; kind: Kind; mode: number }[] = [];
+  const links = new Set<string>();
+  let bytes = 0;
+  const refuse = (rel: string, why: string) =>
+    new PrepareFailed(`the build left ${JSON.stringify(rel.slice(0, 200))}, ${why}: nothing was deployed`);
+  const walk = async (rel: string): Promise<void> => {
+    const names = await readdir(path.join(from, rel));
+    for (const name of names) {
+      const r = rel === "" ? name : `${rel}/${name}`;
+      if (r === MARKER) throw refuse(r, "which is skiff's own marker");
+      const st = await lstat(path.join(from, r));
+      if (entries.length >= limits.maxFiles)
+        throw new PrepareFailed(
+          `the build left more than ${limits.maxFiles} files (SKIFF_MAX_BUILD_FILES): nothing was deployed`,
+        );
+      if (st.isDirectory()) {
+        entries.push({ rel: r, kind: "dir", mode: st.mode });
+        await walk(r);
+      } else if (st.isFile()) {
+        bytes += st.size;
+        if (bytes > limits.maxBytes)
+          throw new PrepareFailed(
+            `the build left more than ${limits.maxBytes} bytes (SKIFF_MAX_BUILD_BYTES): nothing was deployed`,
+          );
+        entries.push({ rel: r, kind: "file", mode: st.mode });
+      } else if (st.isSymbolicLink()) {
+        entries.push({ rel: r, kind: "link", mode: 0 });
+        links.add(r);
+      } else throw refuse(r, "which is not a file, folder or link (a FIFO, socket or device)");
+    }
+  };
+  await walk("");
+  await mkdir(to, { mode: 0o755 });
+  for (const e of entries) {
+    const src = path.join(from, e.rel);
+    const dest = path.join(to, e.rel);
+    if (e.kind === "dir") await mkdir(dest, { mode: 0o755 });
+    else if (e.kind === "link") {
+      const target = await readlink(src);
+      const why = badLink(e.rel, target, links);
+      if (why) throw refuse(e.rel, `a link with ${why}`);
+      await symlink(target, dest);
+    } else await copyFile(src, dest, e.mode & 0o111 ? 0o755 : 0o644);
+  }
+}
+
+/** Copies one regular file without following a link at `src`, and refuses one that changed kind. */
+async function copyFile(src: string, dest: string, mode: number): Promise<void> {
+  const input = await open(src, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+  try {
+    if (!(await input.stat()).isFile())
+      throw new PrepareFailed(`the build changed ${path.basename(src)} while it was read`);
+    const output = await open(
+      dest,
+      constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW,
+      mode,
+    );
+    try {
+      const buf = Buffer.allocUnsafe(1024 * 1024);
+      for (;;) {
+        const { bytesRead } = await input.read(buf, 0, buf.length, null);
+        if (bytesRead === 0) break;
+        await output.write(buf, 0, bytesRead);
+      }
+    } finally {
+      await output.close();
+    }
+  } finally {
+    await input.close();
+  }
+}
