@@ -407,7 +407,7 @@ export class AppPool {
     try {
       const { runtime } = d.config;
       if (runtime.kind === "custom" && runtime.port !== undefined) {
-        release = await this.o.ports.acquire(runtime.port, this.owner);
+        release = await this.o.ports.acquire(runtime.port, this.owner, { sandboxed: this.o.sandbox.enabled });
         replica.releasePort = release;
       }
       await replica.start();

@@ -9,9 +9,10 @@
 // then written to the project's key with create-if-absent (a deleted key
 // counts as absent); a process that loses that race reads the winner's uid,
 // and the one it took stays unused.
-// `next` only grows, so no uid is given twice: not after a project's key is
-// deleted, not to a build (buildUid), which takes its uid from the same
-// counter and writes no key.
+// `next` only grows, so no uid is given twice, not even after a project's key
+// is deleted. Builds do not take uids here: each runs as a uid of the range
+// above UID_LIMIT (sandbox.ts buildUid), and owns nothing once it has ended
+// (build-area.ts).
 import { createHash } from "node:crypto";
 import type { KV, NatsConnection } from "nats";
 import { buckets, kvGetLatest, type KvGetEntry } from "../nats/index.js";
@@ -81,11 +82,6 @@ export class UidRegistry implements ProjectUids {
     });
     this.known.set(projectId, answer);
     return answer;
-  }
-
-  /** A uid of its own for one build, never given to anything else. */
-  buildUid(): Promise<number> {
-    return this.take();
   }
 
   private async lookUp(key: string): Promise<number> {

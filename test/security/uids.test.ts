@@ -5,7 +5,8 @@
 import { connect, type KV, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buckets } from "../../services/nats/layout.js";
-import { FIRST_UID, hashedUids, UID_LIMIT, UidRegistry, UidsExhausted } from "../../services/runner/uids.js";
+import { buildUid } from "../../services/runner/sandbox.js";
+import { FIRST_UID, hashedUids, UID_LIMIT, UidRegistry } from "../../services/runner/uids.js";
 import { startProvisionedNats, type TestNats } from "../helpers/nats-server.js";
 
 let nats: TestNats;
@@ -89,16 +90,13 @@ describe("sandbox uids from the registry", () => {
     expect([gone, other, again]).not.toContain(afterPurge);
   });
 
-  it("never gives a build a project's uid", async () => {
+  it("gives projects uids below the range builds run as", async () => {
     const [first, second] = [await UidRegistry.open(one), await UidRegistry.open(two)];
     const projects = Array.from({ length: 10 }, (_, i) => `p-build${i}`);
-    const results = await Promise.all([
-      ...projects.map((project, i) => (i % 2 ? first : second).projectUid(project)),
-      ...Array.from({ length: 10 }, (_, i) => (i % 2 ? second : first).buildUid()),
-    ]);
+    const results = await Promise.all(projects.map((project, i) => (i % 2 ? first : second).projectUid(project)));
     expect(new Set(results).size).toBe(results.length);
-    const projectUids = new Set(await Promise.all(projects.map((project) => first.projectUid(project))));
-    for (let i = 0; i < 5; i++) expect(projectUids.has(await second.buildUid())).toBe(false);
+    for (const uid of results) expect(uid).toBeLessThan(UID_LIMIT);
+    for (const key of ["/a.build", "/b.build", "/c.build"]) expect(buildUid(key)).toBeGreaterThanOrEqual(UID_LIMIT);
     // The counter moved past every uid given out.
     expect(await uidIn("next")).toBeGreaterThan(Math.max(...results));
   });
@@ -114,8 +112,7 @@ describe("sandbox uids from the registry", () => {
     await kv.put("next", String(UID_LIMIT - 1));
     try {
       const uids = await UidRegistry.open(one);
-      expect(await uids.buildUid()).toBe(UID_LIMIT - 1);
-      await expect(uids.buildUid()).rejects.toThrow(UidsExhausted);
+      expect(await uids.projectUid("p-last")).toBe(UID_LIMIT - 1);
       await expect(uids.projectUid("p-toolate")).rejects.toThrow(/no sandbox uid left/);
       expect(await kv.get("project.p-toolate")).toBeNull();
     } finally {
@@ -128,7 +125,6 @@ describe("sandbox uids from the registry", () => {
     await kv.delete("next");
     try {
       const uids = await UidRegistry.open(one);
-      await expect(uids.buildUid()).rejects.toThrow(/was deleted; refusing to number uids again/);
       await expect(uids.projectUid("p-nocounter")).rejects.toThrow(/cannot get the sandbox uid of project p-nocounter/);
     } finally {
       await kv.put("next", entry!.value);
