@@ -52,6 +52,7 @@ describe("config", () => {
       replicaTmpMb: 100,
       replicaCpuSeconds: 0,
       maxBundleFiles: 20_000,
+      replicaOpenFiles: 4096,
       maxBuildBytes: 2 * 1024 * 1024 * 1024,
       maxBuildFiles: 200_000,
       maxAppsPerProject: 100,

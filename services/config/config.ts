@@ -94,6 +94,8 @@ export interface Config {
   replicaPids: number;
   replicaFileMb: number;
   replicaTmpMb: number;
+  /** Open files (and sockets, pipes, eventfds) per sandboxed process: RLIMIT_NOFILE. */
+  replicaOpenFiles: number;
   replicaCpuSeconds: number;
   /** Most entries (files, folders, links) in one bundle. */
   maxBundleFiles: number;
@@ -563,6 +565,13 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: "100",
     doc: "Largest file a sandboxed process may write (RLIMIT_FSIZE), MiB; writing past it ends the process (SIGXFSZ).",
     parse: integer(1, 1024 * 1024),
+  },
+  {
+    key: "replicaOpenFiles",
+    env: "SKIFF_REPLICA_OPEN_FILES",
+    fallback: "4096",
+    doc: "Files, sockets, pipes and eventfds each sandboxed process may hold open (RLIMIT_NOFILE); one more fails with EMFILE.",
+    parse: integer(64, 1_048_576),
   },
   {
     key: "replicaTmpMb",

@@ -65,6 +65,8 @@ export interface SandboxLimits {
   tmpMb: number;
   /** CPU seconds per process (RLIMIT_CPU); 0: no limit. */
   cpuSeconds: number;
+  /** Open files, sockets, pipes and eventfds per process (RLIMIT_NOFILE). */
+  openFiles: number;
 }
 
 /** A sandbox's network: loopback only, or the outside world through slirp4netns (never the host's loopback). */
@@ -88,6 +90,7 @@ export const DEFAULT_SANDBOX_LIMITS: SandboxLimits = {
   fileMb: 100,
   tmpMb: 100,
   cpuSeconds: 0,
+  openFiles: 4096,
 };
 
 export const DEFAULT_SANDBOX: SandboxOptions = { enabled: true, limits: DEFAULT_SANDBOX_LIMITS };
@@ -436,6 +439,7 @@ export function sandboxArgv(spec: SandboxSpec, fds: SandboxFds): { options: stri
     `--as=${mb(limits.memoryMb)}`,
     `--nproc=${limits.pids}`,
     `--fsize=${mb(limits.fileMb)}`,
+    `--nofile=${limits.openFiles}`,
     "--core=0",
   ];
   if (limits.cpuSeconds > 0) command.push(`--cpu=${limits.cpuSeconds}`);
@@ -717,7 +721,13 @@ export const processSandbox = (): SandboxOptions => processDefault;
  */
 export type SandboxSettings = Pick<
   Config,
-  "sandbox" | "replicaMemoryMb" | "replicaPids" | "replicaFileMb" | "replicaTmpMb" | "replicaCpuSeconds"
+  | "sandbox"
+  | "replicaMemoryMb"
+  | "replicaPids"
+  | "replicaFileMb"
+  | "replicaTmpMb"
+  | "replicaCpuSeconds"
+  | "replicaOpenFiles"
 > &
   Partial<
     Pick<
@@ -744,6 +754,7 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
     pids: settings.replicaPids,
     fileMb: settings.replicaFileMb,
     tmpMb: settings.replicaTmpMb,
+    openFiles: settings.replicaOpenFiles,
     cpuSeconds: settings.replicaCpuSeconds,
   };
   if (settings.maxBundleFiles !== undefined) bundleLimits.maxFiles = settings.maxBundleFiles;
