@@ -23,6 +23,11 @@ export const DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000;
 export const DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS = 5 * 60_000;
 export const DEFAULT_WEBSOCKET_MAX_MESSAGE_BYTES = 1024 * 1024;
 export const DEFAULT_WEBSOCKET_MAX_CONNECTIONS_PER_APP = 1000;
+export const DEFAULT_PROJECT_MAX_REPLICAS = 20;
+export const DEFAULT_PROJECT_MEMORY_MB = 16 * 1024;
+export const DEFAULT_REPLICA_LOG_LINES_PER_SECOND = 200;
+export const DEFAULT_MAX_RESULT_BYTES = 32 * 1024 * 1024;
+export const DEFAULT_MAX_ASYNC_RESULT_BYTES = 64 * 1024 * 1024;
 /** Longest a run may take (spec section 8: 12 hours). */
 export const MAX_RUN_SECONDS = 12 * 60 * 60;
 
@@ -97,6 +102,16 @@ export interface Config {
   /** Open files (and sockets, pipes, eventfds) per sandboxed process: RLIMIT_NOFILE. */
   replicaOpenFiles: number;
   replicaCpuSeconds: number;
+  /** Live replicas of one project's apps together on one runner process; a start beyond waits, then 429. */
+  projectMaxReplicas: number;
+  /** Memory limits (replicas × SKIFF_REPLICA_MEMORY_MB) of one project's replicas together on one runner process, MiB. */
+  projectMemoryMb: number;
+  /** Lines a replica may log per second (stdout and stderr together); the rest are dropped and counted. */
+  replicaLogLinesPerSecond: number;
+  /** Largest answer of a Cortex function (not a streamed generator) a runner reads; larger fails result_too_large. */
+  maxResultBytes: number;
+  /** Largest result of an async run that is stored; larger fails result_too_large. */
+  maxAsyncResultBytes: number;
   /** Most entries (files, folders, links) in one bundle. */
   maxBundleFiles: number;
   /** Most bytes a deploy-time install may write (its tmpfs's size when skiff is root) and leave. */
@@ -515,6 +530,20 @@ export const SETTINGS: Setting<keyof Config>[] = [
     parse: integer(1, 10_000_000),
   },
   {
+    key: "maxResultBytes",
+    env: "SKIFF_MAX_RESULT_BYTES",
+    fallback: String(DEFAULT_MAX_RESULT_BYTES),
+    doc: "Largest answer of a Cortex function (a generator's streamed items are not counted) that a runner reads: a larger one is read no further and its run fails with 502 and error type `result_too_large`, naming this setting; the replica goes on serving.",
+    parse: integer(1024, 2 * 1024 * 1024 * 1024),
+  },
+  {
+    key: "maxAsyncResultBytes",
+    env: "SKIFF_MAX_ASYNC_RESULT_BYTES",
+    fallback: String(DEFAULT_MAX_ASYNC_RESULT_BYTES),
+    doc: "Largest result of an async run (a Cortex envelope or a Custom app's answer): a runner reads an answer no further than this, and stores none larger; such a run ends `failure` with error type `result_too_large`, naming this setting.",
+    parse: integer(1024, 2 * 1024 * 1024 * 1024),
+  },
+  {
     key: "runAckWaitMs",
     env: "SKIFF_RUN_ACK_WAIT_MS",
     fallback: "30000",
@@ -586,6 +615,27 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: "0",
     doc: "CPU seconds each sandboxed process may use in its life (RLIMIT_CPU; a replica past it is ended and replaced); 0: no limit.",
     parse: integer(0, 365 * 24 * 60 * 60),
+  },
+  {
+    key: "projectMaxReplicas",
+    env: "SKIFF_PROJECT_MAX_REPLICAS",
+    fallback: String(DEFAULT_PROJECT_MAX_REPLICAS),
+    doc: "Replicas of one project's apps together (starting, serving or stopping) on one runner process. A replica that would pass it is not started: requests wait for a free one as they do at an app's `max_replicas`, then get 429 naming this setting; a deploy whose `min_replicas` cannot start fails.",
+    parse: integer(1, 100_000),
+  },
+  {
+    key: "projectMemoryMb",
+    env: "SKIFF_PROJECT_MEMORY_MB",
+    fallback: String(DEFAULT_PROJECT_MEMORY_MB),
+    doc: "Memory of one project's replicas together on one runner process, MiB, counted as replicas × `SKIFF_REPLICA_MEMORY_MB` (each replica's own bound); a replica that would pass it is not started, as with `SKIFF_PROJECT_MAX_REPLICAS`. At least `SKIFF_REPLICA_MEMORY_MB`.",
+    parse: integer(256, 1024 * 1024 * 1024),
+  },
+  {
+    key: "replicaLogLinesPerSecond",
+    env: "SKIFF_REPLICA_LOG_LINES_PER_SECOND",
+    fallback: String(DEFAULT_REPLICA_LOG_LINES_PER_SECOND),
+    doc: "Lines a replica may write per second, stdout and stderr together (each cut at 16 KiB); the lines past it are dropped, counted in `skiff_app_log_lines_dropped_total`, and said in the app's log by one line a second, `[skiff] N lines dropped (SKIFF_REPLICA_LOG_LINES_PER_SECOND)`.",
+    parse: integer(1, 1_000_000),
   },
   {
     key: "maxBundleFiles",
@@ -682,6 +732,11 @@ export function loadConfig(env: Env = process.env, overrides: Partial<Config> = 
     out[s.key] = s.parse(raw === undefined ? s.fallback : raw, s.env);
   }
   const config = { ...(out as unknown as Config), ...overrides };
+  if (config.projectMemoryMb < config.replicaMemoryMb)
+    throw new ConfigError(
+      "SKIFF_PROJECT_MEMORY_MB",
+      `must be at least SKIFF_REPLICA_MEMORY_MB (${config.replicaMemoryMb}), got ${config.projectMemoryMb}: no replica could start`,
+    );
   natsAuth(config); // conflicting NATS credentials stop skiff here, before it connects anywhere
   return config;
 }
