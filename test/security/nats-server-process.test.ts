@@ -8,11 +8,11 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterEach, expect, test } from "vitest";
-import { silentLogger } from "../services/config/logger.js";
-import { connectNats, type NatsHandle } from "../services/nats/connect.js";
-import { freePort } from "../services/nats/cluster-process.js";
-import { NATS_SERVER_BINARY } from "../services/nats/server-process.js";
-import { capturingLogger } from "./helpers/logs.js";
+import { silentLogger } from "../../services/config/logger.js";
+import { connectNats, type NatsHandle } from "../../services/nats/connect.js";
+import { freePort } from "../../services/nats/cluster-process.js";
+import { NATS_SERVER_BINARY } from "../../services/nats/server-process.js";
+import { capturingLogger } from "../helpers/logs.js";
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {

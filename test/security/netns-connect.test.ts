@@ -10,9 +10,9 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { readFile } from "node:fs/promises";
 import type net from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { silentLogger } from "../services/config/logger.js";
-import { CONNECTS_PER_NAMESPACE, NetnsConnector } from "../services/runner/netns-connect.js";
-import { RELAY_PYTHON } from "../services/runner/pool.js";
+import { silentLogger } from "../../services/config/logger.js";
+import { CONNECTS_PER_NAMESPACE, NetnsConnector } from "../../services/runner/netns-connect.js";
+import { RELAY_PYTHON } from "../../services/runner/pool.js";
 
 const asRoot = process.getuid?.() === 0;
 const STUCK_PORT = 8200;

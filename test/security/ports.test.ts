@@ -4,8 +4,8 @@
 // share this machine's ports, and the app that finds the port taken is told
 // only that it is in use here, never which project or app holds it.
 import { describe, expect, it } from "vitest";
-import { StartFailed } from "../services/runs/index.js";
-import { PortLeases } from "../services/runner/ports.js";
+import { StartFailed } from "../../services/runs/index.js";
+import { PortLeases } from "../../services/runner/ports.js";
 
 const A = "p-alpha/billing";
 const B = "p-beta/shop";
