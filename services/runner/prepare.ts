@@ -145,21 +145,11 @@ interface Context {
   uid: number;
 }
 
-/** Where a step sees the app folder, and the environment of an install. */
-function installSetting(c: Context): { cwd: string; env: Record<string, string> } {
-  return { cwd: c.dir, env: installEnv() };
-}
+/** Where an install runs: in the folder, with installEnv(). */
+const installSetting = (c: Context) => ({ cwd: c.dir, env: installEnv() });
 
+/** `npm ci` (with a lock file) or `npm install` of the production dependencies. */
 async function installNode(c: Context): Promise<void> {
-  const text = await readText(path.join(c.dir, "package.json"));
-  if (text === undefined) return;
-  let pkg: { dependencies?: Record<string, string> };
-  try {
-    pkg = JSON.parse(text) as typeof pkg;
-  } catch {
-    throw new PrepareFailed("package.json is not valid JSON");
-  }
-  if (Object.keys(pkg.dependencies ?? {}).length === 0) return;
   const ci = await exists(path.join(c.dir, "package-lock.json"));
   const args = [ci ? "ci" : "install", "--omit=dev", "--no-audit", "--no-fund", "--install-links"];
   c.logger.info({ dir: c.dir, command: `npm ${args.join(" ")}` }, "installing the app's npm dependencies");
@@ -193,10 +183,8 @@ function step(c: Context, writable: boolean): StepOptions["sandbox"] {
   return c.sandbox.enabled ? { options: c.sandbox, writable, uid: c.uid } : undefined;
 }
 
-/** Installs requirements.txt into a venv in `.skiff/venv`; its interpreter relative to the folder, if made. */
-async function installPython(c: Context): Promise<string | undefined> {
-  const text = await readText(path.join(c.dir, "requirements.txt"));
-  if (text === undefined || !hasRequirements(text)) return undefined;
+/** Installs requirements.txt into a venv in `.skiff/venv`; its interpreter, relative to the folder. */
+async function installPython(c: Context): Promise<string> {
   const venvRel = path.join(".skiff", "venv");
   const venv = path.join(c.dir, venvRel);
   // In the sandbox the folder is /app: the venv works wherever the folder is bound later.
@@ -332,6 +320,26 @@ const installs = (c: Context, config: AppConfig): Promise<string | undefined> =>
     ? installPython(c)
     : installNode(c).then(() => undefined);
 
+/**
+ * Runs the installs in a build area and replaces the folder with a checked
+ * copy of what they left (build-area.ts); the venv's interpreter, if any.
+ */
+async function buildInArea(c: Context, config: AppConfig): Promise<string | undefined> {
+  const limits = c.sandbox.build ?? DEFAULT_BUILD_LIMITS;
+  const area = await openBuildArea(c.dir, c.uid, limits);
+  const out = `${c.dir}.out`;
+  try {
+    const python = await installs({ ...c, dir: area.dir }, config);
+    await copyBuildOutput(area.dir, out, limits);
+    await rm(c.dir, { recursive: true, force: true });
+    await rename(out, c.dir);
+    return python;
+  } finally {
+    await area.close();
+    await rm(out, { recursive: true, force: true });
+  }
+}
+
 export interface PrepareOptions {
   timeoutMs?: number;
   sandbox?: SandboxOptions;
@@ -354,25 +362,10 @@ export async function prepareDeployment(
   // A uid of the builds' range for this folder (its name is new for each deploy): it owns nothing once the build ends.
   const uid = buildUid(dir);
   const c: Context = { dir, timeoutMs, logger, sandbox, uid };
-  let python: string | undefined;
   if (sandbox.enabled) await settle(dir);
-  if (!(await hasDependencies(dir, config))) {
-    // Nothing to install: the folder stays as skiff unpacked it.
-  } else if (!sandbox.enabled) python = await installs(c, config);
-  else {
-    const limits = sandbox.build ?? DEFAULT_BUILD_LIMITS;
-    const area = await openBuildArea(dir, uid, limits);
-    const out = `${dir}.out`;
-    try {
-      python = await installs({ ...c, dir: area.dir }, config);
-      await copyBuildOutput(area.dir, out, limits);
-      await rm(dir, { recursive: true, force: true });
-      await rename(out, dir);
-    } finally {
-      await area.close();
-      await rm(out, { recursive: true, force: true });
-    }
-  }
+  let python: string | undefined;
+  if (await hasDependencies(dir, config))
+    python = sandbox.enabled ? await buildInArea(c, config) : await installs(c, config);
   const interpreter = python && path.join(dir, python);
   if (config.runtime.kind !== "cortex") return {};
   const functions = await listFunctions(c, config, interpreter);
