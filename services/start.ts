@@ -93,6 +93,10 @@ const ROLES: Record<Role, RoleSpec> = {
         runs: await shared.runs(),
         runAckWaitMs: config.runAckWaitMs,
         finalRecordKeepMs: config.finalRecordKeepMs,
+        runnerOptions: {
+          projectMaxReplicas: config.projectMaxReplicas,
+          projectMemoryMb: config.projectMemoryMb,
+        },
       });
       shared.runner = runnerRole.runner;
       const registry = await shared.registry();

@@ -4,12 +4,14 @@
 // replica_concurrency requests; when none is free it waits in a bounded
 // FIFO queue (Overloaded when the queue is full or the wait passes
 // queueWaitMs) while the pool starts replicas, up to max_replicas (one for
-// a fixed port), to absorb it. A replica idle for cooldown stops, down to
-// min_replicas. A run past response_grace_period fails with RunTimeout and
-// its replica is stopped and replaced. A replica that exits unasked is a
-// crash: its requests fail with ReplicaCrashed and the next start waits a
-// backoff that grows with consecutive crashes. Health (and ready) checks
-// run every healthIntervalMs.
+// a fixed port), to absorb it, within its project's share of this runner
+// (projectRefusal: SKIFF_PROJECT_MAX_REPLICAS, SKIFF_PROJECT_MEMORY_MB),
+// which requests wait for as they wait at max_replicas. A replica idle for
+// cooldown stops, down to min_replicas. A run past response_grace_period
+// fails with RunTimeout and its replica is stopped and replaced. A replica
+// that exits unasked is a crash: its requests fail with ReplicaCrashed and
+// the next start waits a backoff that grows with consecutive crashes.
+// Health (and ready) checks run every healthIntervalMs.
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import type http from "node:http";
@@ -62,6 +64,8 @@ export interface PoolOptions {
   sandbox: SandboxOptions;
   /** Connections made inside sandboxes, for Custom apps' requests to skip their relay. */
   netns?: NetnsConnector;
+  /** Why the pool's project may not start one more replica on this runner (its quota); undefined: it may. */
+  projectRefusal?: (pool: AppPool) => string | undefined;
 }
 
 /** The python3 of the replica PATH, if any: it runs the relay of sandboxed Custom apps. */
@@ -112,6 +116,8 @@ export class AppPool {
   private readonly owner: string;
   private crashes = 0;
   private closed = false;
+  /** Why the last scale() could not start the replicas its requests wanted: the project's quota. */
+  private blocked: string | undefined;
   private readonly timers: NodeJS.Timeout[];
 
   constructor(
@@ -138,6 +144,13 @@ export class AppPool {
   liveCount(): number {
     let n = 0;
     for (const r of this.replicas) if (r.state === "starting" || r.state === "ready") n++;
+    return n;
+  }
+
+  /** Replicas whose process may be alive (starting, ready or draining): those the project's quota counts. */
+  aliveCount(): number {
+    let n = 0;
+    for (const r of this.replicas) if (r.state !== "stopped") n++;
     return n;
   }
 
@@ -221,9 +234,11 @@ export class AppPool {
         signal,
         timer: setTimeout(() => {
           w.pool.unqueue(w);
+          const blocked = w.pool.blocked;
           reject(
             new Overloaded(
-              `no replica of app ${this.owner} was free within ${this.o.queueWaitMs} ms`,
+              `no replica of app ${w.pool.owner} was free within ${this.o.queueWaitMs} ms` +
+                (blocked ? ` and no other could start: ${blocked}` : ""),
               RETRY_AFTER_SECONDS,
             ),
           );
@@ -385,12 +400,24 @@ export class AppPool {
       this.deployment.config.scaling.minReplicas - live,
       Math.ceil(this.queue.length / this.concurrency) - starting,
     );
-    for (; wanted > 0 && live < this.cap; wanted--, live++) void this.startReplica();
+    for (; wanted > 0 && live < this.cap; wanted--, live++) {
+      const refusal = this.o.projectRefusal?.(this);
+      this.blocked = refusal;
+      if (refusal) return;
+      void this.startReplica();
+    }
   }
 
   /** Starts `n` replicas and waits until all are ready (a deploy's warm-up). */
   async warm(n: number): Promise<void> {
-    const results = await Promise.all(Array.from({ length: Math.min(n, this.cap) }, () => this.startReplica()));
+    const results = await Promise.all(
+      Array.from({ length: Math.min(n, this.cap) }, () => {
+        const refusal = this.o.projectRefusal?.(this);
+        return refusal
+          ? Promise.resolve(new StartFailed(`a replica of app ${this.owner} cannot start: ${refusal}`))
+          : this.startReplica();
+      }),
+    );
     const failed = results.find((e) => e !== undefined);
     if (failed) throw failed;
   }

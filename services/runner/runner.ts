@@ -28,7 +28,12 @@
 // folder), LANG=C.UTF-8, the app's [env] and PORT (see replica-env.ts), and
 // run in a sandbox (sandbox.ts) unless it is turned off, as their project's
 // uid (uids.ts), which deploy() learns before it starts any replica.
-import type { Logger } from "../config/index.js";
+//
+// A project's replicas on this runner, of all its apps and versions
+// (starting, serving or stopping), are at most projectMaxReplicas, and their
+// memory limits together (replicas × the sandbox's memoryMb) at most
+// projectMemoryMb: a replica past either is not started (see projectRefusal).
+import { DEFAULT_PROJECT_MAX_REPLICAS, DEFAULT_PROJECT_MEMORY_MB, type Logger } from "../config/index.js";
 import { AppNotFound, Overloaded, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
 import { NetnsConnector, ReplicaAgent } from "./netns-connect.js";
 import { AppPool, RELAY_PYTHON, type PoolOptions } from "./pool.js";
@@ -74,6 +79,10 @@ export interface RunnerOptions {
    * projects may share; for Runners without NATS (tests, benches).
    */
   uids?: ProjectUids;
+  /** SKIFF_PROJECT_MAX_REPLICAS: replicas of one project on this runner (default 20). */
+  projectMaxReplicas?: number;
+  /** SKIFF_PROJECT_MEMORY_MB: memory limits of one project's replicas together on this runner (default 16384). */
+  projectMemoryMb?: number;
 }
 
 /** Longest a connection to a replica stays idle in the pool; shorter still when the replica announces less. */
@@ -96,22 +105,31 @@ export class Runner {
   private readonly apps = new Map<string, Map<string, AppPool>>();
   /** Versions replaced or removed whose replicas are still stopping. */
   private readonly retiring = new Set<AppPool>();
+  /** New versions starting their first replicas, not yet serving. */
+  private readonly warming = new Set<AppPool>();
   /** Per app, the deploy under way, so that two deploys of one app run one after the other. */
   private readonly deploys = new Map<string, Promise<unknown>>();
   private readonly agent = replicaAgent();
   private readonly pool: PoolOptions;
   private readonly uids: ProjectUids;
+  private readonly projectMaxReplicas: number;
+  private readonly projectMemoryMb: number;
   private closed = false;
 
   constructor(private readonly opts: RunnerOptions) {
     this.uids = opts.uids ?? hashedUids;
+    this.projectMaxReplicas = opts.projectMaxReplicas ?? DEFAULT_PROJECT_MAX_REPLICAS;
+    this.projectMemoryMb = opts.projectMemoryMb ?? DEFAULT_PROJECT_MEMORY_MB;
     this.pool = {
       workDir: opts.workDir,
       agent: this.agent,
       logger: opts.logger,
       ports: new PortLeases(),
       onLog: opts.onLog,
-      onReplicaChange: opts.onReplicaChange,
+      onReplicaChange: (change) => {
+        opts.onReplicaChange?.(change);
+        if (change.replica.state === "stopped") this.freed(change.projectId);
+      },
       queueLimit: opts.queueLimit ?? DEFAULT_QUEUE_LIMIT,
       queueWaitMs: opts.queueWaitMs ?? DEFAULT_QUEUE_WAIT_MS,
       startTimeoutMs: opts.startTimeoutMs ?? DEFAULT_START_TIMEOUT_MS,
@@ -119,6 +137,7 @@ export class Runner {
       healthIntervalMs: opts.healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
       unhealthyAfter: opts.unhealthyAfter ?? DEFAULT_UNHEALTHY_AFTER,
       sandbox: opts.sandbox ?? processSandbox(),
+      projectRefusal: (pool) => this.projectRefusal(pool),
     };
     // Sandboxed Custom apps' requests skip their relay where this process can open connections in their sandbox.
     if (this.pool.sandbox.enabled && this.pool.sandbox.direct !== false && RELAY_PYTHON)
@@ -138,6 +157,51 @@ export class Runner {
       project?.delete(appName);
       if (project?.size === 0) this.apps.delete(projectId);
     }
+  }
+
+  /**
+   * Why one more replica of `pool` would pass its project's quota on this
+   * runner; undefined when it fits. Every replica of the project's pools
+   * counts, but a version warming up does not count the version it replaces
+   * (whose replicas stop once it serves).
+   */
+  private projectRefusal(pool: AppPool): string | undefined {
+    const { projectId, appName } = pool.deployment;
+    const alive = this.projectAlive(projectId, this.warming.has(pool) ? this.current(projectId, appName) : undefined);
+    if (alive >= this.projectMaxReplicas)
+      return `project ${projectId} has ${alive} replicas on this runner, the most it may have (SKIFF_PROJECT_MAX_REPLICAS)`;
+    const replicaMb = this.pool.sandbox.limits.memoryMb;
+    if ((alive + 1) * replicaMb > this.projectMemoryMb)
+      return `project ${projectId} has ${alive} replicas of ${replicaMb} MiB (SKIFF_REPLICA_MEMORY_MB) on this runner; one more would pass its ${this.projectMemoryMb} MiB (SKIFF_PROJECT_MEMORY_MB)`;
+    return undefined;
+  }
+
+  /** Replicas the project may still start on this runner, not counting those of `replaced` (see projectRefusal). */
+  private projectRoom(projectId: string, replaced: AppPool | undefined): number {
+    const byMemory = Math.floor(this.projectMemoryMb / this.pool.sandbox.limits.memoryMb);
+    return Math.max(0, Math.min(this.projectMaxReplicas, byMemory) - this.projectAlive(projectId, replaced));
+  }
+
+  /** The project's replicas whose process may be alive on this runner, but those of `except`. */
+  private projectAlive(projectId: string, except: AppPool | undefined): number {
+    let alive = 0;
+    for (const p of this.projectPools(projectId)) if (p !== except) alive += p.aliveCount();
+    return alive;
+  }
+
+  /** Every pool of the project on this runner: serving, warming up or retiring. */
+  private *projectPools(projectId: string): Iterable<AppPool> {
+    const current = this.apps.get(projectId);
+    if (current) yield* current.values();
+    for (const set of [this.warming, this.retiring])
+      for (const p of set) if (p.deployment.projectId === projectId) yield p;
+  }
+
+  /** A replica of the project stopped: its apps whose requests wait for a replica the quota held back may start one. */
+  private freed(projectId: string): void {
+    setImmediate(() => {
+      for (const pool of this.apps.get(projectId)?.values() ?? []) pool.scale();
+    });
   }
 
   /** Lets an old version finish in the background; close() waits for it. */
@@ -170,11 +234,16 @@ export class Runner {
     const pool = new AppPool(d, prepared, this.pool, uid);
     const fixedPort = d.config.runtime.kind === "custom" && d.config.runtime.port !== undefined;
     if (!fixedPort) {
+      this.warming.add(pool);
       try {
-        await pool.warm(Math.max(d.config.scaling.minReplicas, old?.liveCount() ?? 0));
+        // As many as the old version serves with, as far as the project's quota goes; min_replicas in any case.
+        const room = this.projectRoom(d.projectId, old);
+        await pool.warm(Math.max(d.config.scaling.minReplicas, Math.min(old?.liveCount() ?? 0, room)));
       } catch (err) {
         await pool.close();
         throw err;
+      } finally {
+        this.warming.delete(pool);
       }
     }
     if (this.closed) {

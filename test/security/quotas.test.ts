@@ -1,0 +1,110 @@
+// Per-tenant quotas on what tenants share, attacked as a tenant would: one
+// project's replicas across its apps on a runner (SKIFF_PROJECT_MAX_REPLICAS)
+// and their memory (SKIFF_PROJECT_MEMORY_MB). Real replicas.
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { parseAppConfig } from "../../services/apps/app-config.js";
+import { silentLogger } from "../../services/config/logger.js";
+import { Runner, type RunnerOptions } from "../../services/runner/runner.js";
+import { processSandbox } from "../../services/runner/sandbox.js";
+import { Overloaded, StartFailed } from "../../services/runs/errors.js";
+import type { InvokeRequest } from "../../services/runs/invoke.js";
+import { skiffToml, type Scaling } from "../helpers/apps.js";
+
+const BEHAVE = path.resolve(import.meta.dirname, "../fixtures/apps/behave");
+let tmp: string;
+
+beforeAll(async () => {
+  tmp = await mkdtemp(path.join(tmpdir(), "skiff-quotas-"));
+});
+afterAll(() => rm(tmp, { recursive: true, force: true }));
+
+describe("a project's share of a runner", () => {
+  let runner: Runner | undefined;
+  const start = (opts: Partial<RunnerOptions>) =>
+    (runner = new Runner({
+      workDir: path.join(tmp, "work"),
+      logger: silentLogger,
+      startTimeoutMs: 10_000,
+      killGraceMs: 500,
+      ...opts,
+    }));
+  afterAll(() => runner?.close());
+
+  const deployBehave = (r: Runner, projectId: string, appName: string, scaling: Scaling, version = 1) =>
+    r.deploy({
+      projectId,
+      appName,
+      version,
+      dir: BEHAVE,
+      config: parseAppConfig(
+        skiffToml({ name: appName, runtime: { kind: "custom", command: ["node", "server.mjs"] }, scaling }),
+      ),
+    });
+  let seq = 0;
+  const sleep = (ms: number, more: Partial<InvokeRequest> = {}): InvokeRequest => ({
+    runId: `run-${++seq}`,
+    method: "GET",
+    path: "/sleep",
+    query: `ms=${ms}`,
+    headers: {},
+    body: new Uint8Array(),
+    ...more,
+  });
+
+  it("SKIFF_PROJECT_MAX_REPLICAS: a replica of another app of the project is not started; its call gets the 429 of a full app, naming the setting, until one of the project's replicas stops", async () => {
+    await runner?.close();
+    const r = start({ projectMaxReplicas: 2, queueWaitMs: 5_000 });
+    await deployBehave(r, "p", "a", { max_replicas: 3, replica_concurrency: 1 });
+    await deployBehave(r, "p", "b", { max_replicas: 2 });
+    await deployBehave(r, "q", "c", { max_replicas: 2 });
+    // App a holds two replicas, all its project may have here.
+    const hold = new AbortController();
+    const held = [1, 2].map(() => r.invoke("p", "a", sleep(600_000, { signal: hold.signal })).catch((e: unknown) => e));
+    await vi.waitUntil(() => r.replicas("p", "a").filter((x) => x.state === "ready" && x.inFlight === 1).length === 2, {
+      timeout: 20_000,
+    });
+
+    const refused = await r.invoke("p", "b", sleep(0)).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(Overloaded);
+    expect((refused as Error).message).toMatch(
+      /^no replica of app p\/b was free within 5000 ms and no other could start: project p has 2 replicas on this runner, the most it may have \(SKIFF_PROJECT_MAX_REPLICAS\)$/,
+    );
+    expect(r.replicas("p", "b")).toEqual([]);
+    // App a's own third replica (under its max_replicas of 3) is not started either.
+    const third = await r.invoke("p", "a", sleep(0)).catch((e: unknown) => e);
+    expect((third as Error).message).toMatch(/SKIFF_PROJECT_MAX_REPLICAS/);
+    expect(r.replicas("p", "a")).toHaveLength(2);
+    // Another project is not held back.
+    expect((await r.invoke("q", "c", sleep(0))).status).toBe(200);
+
+    // A call that waits gets a replica once one of the project's stops.
+    const waiting = r.invoke("p", "b", sleep(0));
+    hold.abort();
+    await Promise.all(held);
+    await r.remove("p", "a");
+    expect((await waiting).status).toBe(200);
+  });
+
+  it("SKIFF_PROJECT_MEMORY_MB: replicas × SKIFF_REPLICA_MEMORY_MB; a deploy whose min_replicas would pass it fails naming it, a new version of a running app does not count the one it replaces", async () => {
+    await runner?.close();
+    const replicaMb = processSandbox().limits.memoryMb;
+    const r = start({ projectMemoryMb: 2 * replicaMb, queueWaitMs: 2_000 });
+    await deployBehave(r, "p", "a", { min_replicas: 2, max_replicas: 3 });
+    expect(r.replicas("p", "a").map((x) => x.state)).toEqual(["ready", "ready"]);
+
+    const failed = await deployBehave(r, "p", "b", { min_replicas: 1 }).catch((e: unknown) => e);
+    expect(failed).toBeInstanceOf(StartFailed);
+    expect((failed as Error).message).toBe(
+      `a replica of app p/b cannot start: project p has 2 replicas of ${replicaMb} MiB (SKIFF_REPLICA_MEMORY_MB) on this runner; one more would pass its ${2 * replicaMb} MiB (SKIFF_PROJECT_MEMORY_MB)`,
+    );
+    expect(r.version("p", "b")).toBeUndefined();
+    // Another project has its own share.
+    await deployBehave(r, "q", "c", { min_replicas: 2 });
+
+    await deployBehave(r, "p", "a", { min_replicas: 2, max_replicas: 3 }, 2);
+    expect(r.version("p", "a")).toBe(2);
+  });
+});
