@@ -96,6 +96,8 @@ const ROLES: Record<Role, RoleSpec> = {
         runnerOptions: {
           projectMaxReplicas: config.projectMaxReplicas,
           projectMemoryMb: config.projectMemoryMb,
+          logLinesPerSecond: config.replicaLogLinesPerSecond,
+          onLogsDropped: (project, app, lines) => shared.metrics.logLinesDropped.inc({ project, app }, lines),
         },
       });
       shared.runner = runnerRole.runner;

@@ -58,6 +58,13 @@ export class Metrics {
     labelNames: ["project", "app"] as const,
     registers: [this.registry],
   });
+  /** Log lines of replicas past SKIFF_REPLICA_LOG_LINES_PER_SECOND, dropped by this process's runner. */
+  readonly logLinesDropped = new Counter({
+    name: "skiff_app_log_lines_dropped_total",
+    help: "Log lines of replicas dropped past SKIFF_REPLICA_LOG_LINES_PER_SECOND, by project and app",
+    labelNames: ["project", "app"] as const,
+    registers: [this.registry],
+  });
   readonly natsReconnects = new Counter({
     name: "skiff_nats_reconnects_total",
     help: "Times this process reconnected to NATS",

@@ -53,6 +53,10 @@ export interface PoolOptions {
   logger: Logger;
   ports: PortLeases;
   onLog?: (line: AppLogLine) => void;
+  /** SKIFF_REPLICA_LOG_LINES_PER_SECOND: lines each replica may log per second; undefined: no limit. */
+  logLinesPerSecond?: number;
+  /** Lines a replica of the app logged past that rate and were dropped. */
+  onLogsDropped?: (projectId: string, appName: string, lines: number) => void;
   onReplicaChange?: (change: ReplicaChange) => void;
   queueLimit: number;
   queueWaitMs: number;
@@ -511,6 +515,8 @@ export class AppPool {
       netns: this.o.netns,
       logger: this.o.logger,
       onLog: this.o.onLog,
+      logLinesPerSecond: this.o.logLinesPerSecond,
+      onLogsDropped: this.o.onLogsDropped,
       onExit: (r, code, signal) => this.exited(r, code, signal),
     });
     this.replicas.push(replica);

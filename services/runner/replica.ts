@@ -117,6 +117,10 @@ export interface ReplicaHooks {
   netns?: NetnsConnector;
   logger: Logger;
   onLog?: (line: AppLogLine) => void;
+  /** Lines it may log per second (SKIFF_REPLICA_LOG_LINES_PER_SECOND); those past it are dropped. Default: no limit. */
+  logLinesPerSecond?: number;
+  /** Lines dropped, counted once a second while it drops some. */
+  onLogsDropped?: (projectId: string, appName: string, lines: number) => void;
   /** The process ended, whoever ended it. */
   onExit: (replica: Replica, code: number | null, signal: NodeJS.Signals | null) => void;
 }
@@ -176,6 +180,12 @@ export class Replica {
   private readonly runs = new Set<string>();
   /** The run that ended last while no other ran, and when: its last lines may come after its answer. */
   private lastRun: { id: string; endedAt: number } | undefined;
+  /** When the current second of logging began (Date.now()) and the lines logged in it. */
+  private logSecond = 0;
+  private logLines = 0;
+  /** Lines dropped since the last report, which a timer makes at the end of the second that dropped them. */
+  private droppedLines = 0;
+  private dropReport: NodeJS.Timeout | undefined;
   private child: ChildProcess | undefined;
   private sandboxed: SandboxedProcess | undefined;
   /** The channel's socket path, when sandboxed. */
@@ -296,6 +306,7 @@ export class Replica {
     });
     child.on("close", (code, signal) => {
       this.closed = true;
+      this.reportDropped();
       this.state = "stopped";
       // A sandbox's signal comes as bwrap's exit code 128 + n.
       const sig = s.sandbox ? ((exitSignal(code, signal) ?? null) as NodeJS.Signals | null) : signal;
@@ -407,6 +418,36 @@ export class Replica {
   }
 
   private log(stream: "stdout" | "stderr", text: string): void {
+    const limit = this.hooks.logLinesPerSecond;
+    if (limit !== undefined) {
+      const now = Date.now();
+      if (now - this.logSecond >= 1000) {
+        this.logSecond = now;
+        this.logLines = 0;
+      }
+      // Past the rate a line costs a comparison and a count: no publish, no record.
+      if (this.logLines >= limit) {
+        if (this.droppedLines++ === 0)
+          this.dropReport = setTimeout(() => this.reportDropped(), this.logSecond + 1000 - now).unref();
+        return;
+      }
+      this.logLines++;
+    }
+    this.emitLine(stream, text);
+  }
+
+  /** One line in the app's log saying how many were dropped since the last such line, and the count for metrics. */
+  private reportDropped(): void {
+    clearTimeout(this.dropReport);
+    this.dropReport = undefined;
+    const n = this.droppedLines;
+    if (n === 0) return;
+    this.droppedLines = 0;
+    this.hooks.onLogsDropped?.(this.spec.projectId, this.spec.appName, n);
+    this.emitLine("stderr", `[skiff] ${n} lines dropped (SKIFF_REPLICA_LOG_LINES_PER_SECOND)`);
+  }
+
+  private emitLine(stream: "stdout" | "stderr", text: string): void {
     const s = this.spec;
     const runId = this.runOfLine();
     this.hooks.logger.debug({ app: `${s.projectId}/${s.appName}`, replica: s.replicaId, stream, runId }, text);

@@ -33,7 +33,12 @@
 // (starting, serving or stopping), are at most projectMaxReplicas, and their
 // memory limits together (replicas × the sandbox's memoryMb) at most
 // projectMemoryMb: a replica past either is not started (see projectRefusal).
-import { DEFAULT_PROJECT_MAX_REPLICAS, DEFAULT_PROJECT_MEMORY_MB, type Logger } from "../config/index.js";
+import {
+  DEFAULT_PROJECT_MAX_REPLICAS,
+  DEFAULT_PROJECT_MEMORY_MB,
+  DEFAULT_REPLICA_LOG_LINES_PER_SECOND,
+  type Logger,
+} from "../config/index.js";
 import { AppNotFound, Overloaded, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
 import { NetnsConnector, ReplicaAgent } from "./netns-connect.js";
 import { AppPool, RELAY_PYTHON, type PoolOptions } from "./pool.js";
@@ -83,6 +88,10 @@ export interface RunnerOptions {
   projectMaxReplicas?: number;
   /** SKIFF_PROJECT_MEMORY_MB: memory limits of one project's replicas together on this runner (default 16384). */
   projectMemoryMb?: number;
+  /** SKIFF_REPLICA_LOG_LINES_PER_SECOND: lines each replica may log per second (default 200). */
+  logLinesPerSecond?: number;
+  /** Lines a replica logged past that rate and were dropped, reported once a second while it drops some. */
+  onLogsDropped?: (projectId: string, appName: string, lines: number) => void;
 }
 
 /** Longest a connection to a replica stays idle in the pool; shorter still when the replica announces less. */
@@ -126,6 +135,8 @@ export class Runner {
       logger: opts.logger,
       ports: new PortLeases(),
       onLog: opts.onLog,
+      logLinesPerSecond: opts.logLinesPerSecond ?? DEFAULT_REPLICA_LOG_LINES_PER_SECOND,
+      onLogsDropped: opts.onLogsDropped,
       onReplicaChange: (change) => {
         opts.onReplicaChange?.(change);
         if (change.replica.state === "stopped") this.freed(change.projectId);

@@ -1,17 +1,22 @@
 // Per-tenant quotas on what tenants share, attacked as a tenant would: one
 // project's replicas across its apps on a runner (SKIFF_PROJECT_MAX_REPLICAS)
-// and their memory (SKIFF_PROJECT_MEMORY_MB). Real replicas.
+// and their memory (SKIFF_PROJECT_MEMORY_MB); a replica flooding its log
+// (SKIFF_REPLICA_LOG_LINES_PER_SECOND). Real replicas, a real nats-server.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
+import type { Subscription } from "nats";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { parseAppConfig } from "../../services/apps/app-config.js";
 import { silentLogger } from "../../services/config/logger.js";
+import { decodeLogLine, type LogLineRecord } from "../../services/runner/app-logs.js";
 import { Runner, type RunnerOptions } from "../../services/runner/runner.js";
 import { processSandbox } from "../../services/runner/sandbox.js";
 import { Overloaded, StartFailed } from "../../services/runs/errors.js";
 import type { InvokeRequest } from "../../services/runs/invoke.js";
 import { skiffToml, type Scaling } from "../helpers/apps.js";
+import { cortexApp, deploy, P, post } from "../helpers/run-apps.js";
+import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 
 const BEHAVE = path.resolve(import.meta.dirname, "../fixtures/apps/behave");
 let tmp: string;
@@ -106,5 +111,60 @@ describe("a project's share of a runner", () => {
 
     await deployBehave(r, "p", "a", { min_replicas: 2, max_replicas: 3 }, 2);
     expect(r.version("p", "a")).toBe(2);
+  });
+});
+
+describe("log floods", () => {
+  let t: TestSkiff;
+  const LOG_RATE = 20;
+  const v4 = (app: string, rest: string) => `${t.url}/v4/${P}/${app}/${rest}`;
+
+  beforeAll(async () => {
+    t = await startTestSkiff({
+      env: {
+        SKIFF_REPLICA_LOG_LINES_PER_SECOND: String(LOG_RATE),
+      },
+    });
+    const floods = cortexApp("flood", { max_replicas: 1 });
+    floods["index.mjs"] +=
+      "\nexport function flood({ n }) { for (let i = 0; i < n; i++) console.log(`line ${i}`); return n; }\n";
+    await deploy(tmp, t.management(), floods);
+    await vi.waitUntil(() => t.skiff.runner!.version(P, "flood") === 1, {
+      timeout: 30_000,
+    });
+  }, 60_000);
+  afterAll(() => t?.close());
+
+  it("SKIFF_REPLICA_LOG_LINES_PER_SECOND: lines past the rate are dropped, said in one line a second and counted in /metrics", async () => {
+    const lines: LogLineRecord[] = [];
+    const sub: Subscription = t.skiff.nats.nc.subscribe(`skiff.logs.${P}.flood`, {
+      callback: (_err, msg) => {
+        const line = decodeLogLine(msg.data);
+        if (line) lines.push(line);
+      },
+    });
+    const N = 5000;
+    const REPORT = /^\[skiff\] (\d+) lines dropped \(SKIFF_REPLICA_LOG_LINES_PER_SECOND\)$/;
+    const dropped = () => lines.reduce((sum, l) => sum + Number(REPORT.exec(l.text)?.[1] ?? 0), 0);
+    const kept = () => lines.filter((l) => /^line \d+$/.test(l.text)).length;
+    try {
+      const res = await post(v4("flood", "flood"), t.devToken, JSON.stringify({ n: N }));
+      expect(res.status).toBe(200);
+      // Every line is either published or counted in a report line.
+      await vi.waitUntil(() => kept() + dropped() === N, { timeout: 20_000 });
+    } finally {
+      sub.unsubscribe();
+    }
+    const reports = lines.filter((l) => REPORT.test(l.text));
+    expect(reports.length).toBeGreaterThan(0);
+    // Each report follows a second in which at most LOG_RATE lines went out.
+    expect(kept()).toBeLessThanOrEqual(LOG_RATE * (reports.length + 1));
+    expect(reports.every((l) => l.stream === "stderr")).toBe(true);
+
+    const res = await fetch(`${t.url}/metrics`, { headers: { authorization: `Bearer ${t.adminToken}` } });
+    const metric = (await res.text())
+      .split("\n")
+      .find((l) => l.startsWith("skiff_app_log_lines_dropped_total{") && l.includes(`app="flood"`));
+    expect(metric).toBe(`skiff_app_log_lines_dropped_total{project="${P}",app="flood"} ${dropped()}`);
   });
 });
