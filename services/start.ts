@@ -93,11 +93,13 @@ const ROLES: Record<Role, RoleSpec> = {
         runs: await shared.runs(),
         runAckWaitMs: config.runAckWaitMs,
         finalRecordKeepMs: config.finalRecordKeepMs,
+        maxAsyncResultBytes: config.maxAsyncResultBytes,
         runnerOptions: {
           projectMaxReplicas: config.projectMaxReplicas,
           projectMemoryMb: config.projectMemoryMb,
           logLinesPerSecond: config.replicaLogLinesPerSecond,
           onLogsDropped: (project, app, lines) => shared.metrics.logLinesDropped.inc({ project, app }, lines),
+          maxResultBytes: config.maxResultBytes,
         },
       });
       shared.runner = runnerRole.runner;

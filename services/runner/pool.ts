@@ -11,7 +11,10 @@
 // fails with RunTimeout and its replica is stopped and replaced. A replica
 // that exits unasked is a crash: its requests fail with ReplicaCrashed and
 // the next start waits a backoff that grows with consecutive crashes.
-// Health (and ready) checks run every healthIntervalMs.
+// Health (and ready) checks run every healthIntervalMs. An answer larger
+// than the run takes (a Cortex function's past SKIFF_MAX_RESULT_BYTES, an
+// async run's past its limit) is cut, and the run gets a result_too_large
+// error in its place.
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import type http from "node:http";
@@ -29,6 +32,7 @@ import {
   RunTimeout,
   StartFailed,
   STREAM_BODIES_ABOVE,
+  type AnswerLimit,
   type AnswerStream,
   type StreamEnd,
   type InvokeRequest,
@@ -36,10 +40,10 @@ import {
 } from "../runs/index.js";
 import { NODE_SHIM, PYTHON_SHIM, SYSTEM_PYTHON } from "./prepare.js";
 import { freePort, type PortLeases } from "./ports.js";
-import { Replica, type ReplicaSpec } from "./replica.js";
+import { AnswerTooLarge, Replica, type ReplicaSpec } from "./replica.js";
 import { REPLICA_PATH } from "./replica-env.js";
 import { APP_MOUNT, CHANNEL_FD, SHIM_MOUNT, type SandboxOptions } from "./sandbox.js";
-import { cortexEnvelope, cortexHeaders, forwardHeaders } from "./responses.js";
+import { cortexEnvelope, cortexHeaders, forwardHeaders, tooLargeAnswer } from "./responses.js";
 import { callerHeaders } from "../server/index.js";
 import type { AppDeployment, AppLogLine, PreparedDeployment, ReplicaChange } from "./types.js";
 import { sendUpgrade, UpgradeTimeout, type UpgradeAnswer, type UpgradeRequest } from "./upgrade.js";
@@ -57,6 +61,8 @@ export interface PoolOptions {
   logLinesPerSecond?: number;
   /** Lines a replica of the app logged past that rate and were dropped. */
   onLogsDropped?: (projectId: string, appName: string, lines: number) => void;
+  /** SKIFF_MAX_RESULT_BYTES: the largest answer of a Cortex function read whole. */
+  maxResultBytes: number;
   onReplicaChange?: (change: ReplicaChange) => void;
   queueLimit: number;
   queueWaitMs: number;
@@ -316,6 +322,7 @@ export class AppPool {
     r.startRun(req.runId);
     const started = performance.now();
     let streaming = false;
+    const limit = answerLimit(fn === undefined ? undefined : this.o.maxResultBytes, req.answerLimit);
     try {
       const ex =
         fn === undefined
@@ -327,6 +334,7 @@ export class AppPool {
               (c) => (request = c),
               req.acceptStream,
               STREAM_BODIES_ABOVE,
+              limit?.bytes,
             )
           : await r.send(
               "POST",
@@ -335,6 +343,8 @@ export class AppPool {
               req.body,
               (c) => (request = c),
               req.acceptStream,
+              Infinity,
+              limit?.bytes,
             );
       const runTimeMs = Math.round(performance.now() - started);
       this.crashes = 0;
@@ -364,6 +374,16 @@ export class AppPool {
       return { ...cortexEnvelope(ex, req.runId, runTimeMs), runTimeMs, replicaId: r.id };
     } catch (err) {
       if (err instanceof FunctionNotFound) throw err;
+      // The answer was cut, not broken: the replica goes on serving.
+      if (err instanceof AnswerTooLarge && limit && !failure) {
+        const what = fn === undefined ? `the answer of app ${this.owner}` : `the result of function ${fn}`;
+        const message = `${what} is larger than ${limit.bytes} bytes, the most skiff takes (${limit.setting})`;
+        return {
+          ...tooLargeAnswer(req.runId, message),
+          runTimeMs: Math.round(performance.now() - started),
+          replicaId: r.id,
+        };
+      }
       // The caller's body broke, not the replica.
       if (err instanceof RequestBodyFailed) throw failure ?? err;
       throw await this.failed(r, failure, err);
@@ -740,6 +760,13 @@ function answerStream(
     }
   }
   return { chunks: chunks(), cancel: run.cancel, ended };
+}
+
+/** The smaller of a Cortex answer's limit (SKIFF_MAX_RESULT_BYTES) and the caller's own, if any. */
+function answerLimit(cortexBytes: number | undefined, caller: AnswerLimit | undefined): AnswerLimit | undefined {
+  const cortex = cortexBytes === undefined ? undefined : { bytes: cortexBytes, setting: "SKIFF_MAX_RESULT_BYTES" };
+  if (!cortex || !caller) return cortex ?? caller;
+  return caller.bytes < cortex.bytes ? caller : cortex;
 }
 
 /** Whether the replica's process ends within `ms` (at once when it has ended). */

@@ -137,6 +137,21 @@ export interface Exchange {
 const EMPTY = Buffer.alloc(0);
 
 /**
+ * An answer larger than the most the caller reads whole: the connection is
+ * closed at once, before more of it arrives. `bytes` is its Content-Length,
+ * or what had arrived.
+ */
+export class AnswerTooLarge extends Error {
+  override name = "AnswerTooLarge";
+  constructor(
+    readonly bytes: number,
+    readonly limit: number,
+  ) {
+    super(`the answer is ${bytes} bytes or more, more than ${limit}`);
+  }
+}
+
+/**
  * Whether an answer streams: its length is not known in advance (chunked,
  * or until the connection closes), it is server-sent events, or it is
  * larger than `above`. Any other answer arrives whole first, the fast path
@@ -485,7 +500,9 @@ export class Replica {
    * the caller can abort it. With `mayStream`, an answer that streams (see
    * streams(), larger than `streamAbove` among them) resolves as soon as its
    * head arrives, with the response to read as `stream`; any other answer
-   * resolves once it has arrived whole. A streamed body is sent as it comes.
+   * resolves once it has arrived whole, or rejects with AnswerTooLarge as
+   * soon as it is known to be larger than `maxBody` (the request is then
+   * destroyed: nothing more of it is read). A streamed body is sent as it comes.
    */
   send(
     method: string,
@@ -495,6 +512,7 @@ export class Replica {
     onRequest: (req: http.ClientRequest) => void,
     mayStream = false,
     streamAbove = Infinity,
+    maxBody = Infinity,
   ): Promise<Exchange> {
     return new Promise((resolve, reject) => {
       let broke: Error | undefined;
@@ -507,7 +525,21 @@ export class Replica {
           return;
         }
         const chunks: Buffer[] = [];
-        res.on("data", (c: Buffer) => chunks.push(c));
+        let size = 0;
+        const tooLarge = (bytes: number) => {
+          chunks.length = 0;
+          reject(new AnswerTooLarge(bytes, maxBody));
+          res.on("error", () => {}); // the answer is cut on purpose
+          req.destroy();
+        };
+        const length = Number(res.headers["content-length"]);
+        if (length > maxBody) return tooLarge(length);
+        res.on("data", (c: Buffer) => {
+          if (size > maxBody) return;
+          size += c.byteLength;
+          if (size > maxBody) tooLarge(size);
+          else chunks.push(c);
+        });
         res.on("end", () => {
           const answer = {
             status: res.statusCode ?? 502,

@@ -63,3 +63,21 @@ export function cortexEnvelope(
     body: Buffer.concat([Buffer.from(`{"run_id":${id},`), rest]),
   };
 }
+
+/**
+ * What a run gets in place of an answer larger than the caller takes (see
+ * Replica.send's maxBody): 502 {"run_id", "error": {"type":
+ * "result_too_large", "message"}}, the shape of a Cortex function's error,
+ * which the run's outcome reads as its error.
+ */
+export function tooLargeAnswer(
+  runId: string,
+  message: string,
+): { status: number; headers: Record<string, string>; body: Buffer } {
+  const error = { type: "result_too_large", message };
+  return {
+    status: 502,
+    headers: { ...JSON_HEADERS },
+    body: Buffer.from(JSON.stringify({ run_id: runId, error })),
+  };
+}

@@ -39,6 +39,8 @@ export interface RunnerRoleOptions {
   runAckWaitMs: number;
   /** SKIFF_FINAL_RECORD_KEEP_MS (default ENDED_KEEP_MS): how long a final record stays in KV once acked. */
   finalRecordKeepMs?: number;
+  /** SKIFF_MAX_ASYNC_RESULT_BYTES: the largest async result stored; none: no limit. */
+  maxAsyncResultBytes?: number;
   /** Tuning of the Runner (timeouts, queue limits); its `uids` default to a UidRegistry on `nc`. */
   runnerOptions?: Omit<RunnerOptions, "workDir" | "logger" | "onLog" | "onReplicaChange">;
   /** How often replicas are re-published to KV (default a third of the bucket's TTL). */
@@ -180,6 +182,7 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     logger,
     ackWaitMs: opts.runAckWaitMs,
     finalRecordKeepMs: opts.finalRecordKeepMs,
+    maxAsyncResultBytes: opts.maxAsyncResultBytes,
   }).catch(async (err: unknown) => {
     await stopDeploying();
     throw err;

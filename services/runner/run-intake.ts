@@ -26,6 +26,8 @@ export interface RunIntakeOptions {
   ackWaitMs: number;
   /** How long a final record stays in KV once its message was acked; twice ackWaitMs at least. */
   finalRecordKeepMs?: number;
+  /** SKIFF_MAX_ASYNC_RESULT_BYTES: the largest async result stored; none: no limit. */
+  maxAsyncResultBytes?: number;
 }
 
 export interface RunIntake {
@@ -64,6 +66,7 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
     logger,
     ackWaitMs: opts.ackWaitMs,
     purger,
+    maxResultBytes: opts.maxAsyncResultBytes,
   });
   const lost = await followLostRuns(nc, runs.store, runs.transfer, logger, opts.ackWaitMs);
   const websockets = new WebSocketDispatch({ nc, runner, logger });

@@ -16,6 +16,10 @@
 // by its message id): that attempt's runner may have died between the final
 // record and the event.
 //
+// A run's result larger than maxResultBytes (SKIFF_MAX_ASYNC_RESULT_BYTES) is
+// neither read past that size nor stored: the run fails with error type
+// result_too_large.
+//
 // The message of a final run is acked with a confirmed ack (ackAck), after
 // which its record leaves KV a minute later (KvPurger, nats/kv-purge.ts), so
 // that nats-server holds nothing per ended run. By then nothing writes the
@@ -51,6 +55,7 @@ import {
   runKey,
 } from "../runs/index.js";
 import type { AppRef } from "./deployed-apps.js";
+import { tooLargeAnswer } from "./responses.js";
 import type { Runner } from "./runner.js";
 import { failLostRun } from "./run-advisories.js";
 
@@ -71,6 +76,8 @@ export interface WorkerDeps extends FinishDeps {
   ackWaitMs: number;
   /** Takes the records of runs acked final out of KV; none: they stay for the bucket's age. */
   purger?: KvPurger;
+  /** SKIFF_MAX_ASYNC_RESULT_BYTES: the largest result stored; none: no limit. */
+  maxResultBytes?: number;
 }
 
 /** Put back for another runner: this one cannot run it now (shutting down, app gone from here). */
@@ -282,9 +289,19 @@ export class RunWorker {
     for (;;) {
       try {
         if (signal.aborted) throw new Cancelled();
-        return outcomeOfAnswer(
-          await this.deps.runner.invoke(queue.app.projectId, queue.app.appName, { ...req, signal }),
-        );
+        const max = this.deps.maxResultBytes;
+        const answerLimit = max === undefined ? undefined : { bytes: max, setting: "SKIFF_MAX_ASYNC_RESULT_BYTES" };
+        const res = await this.deps.runner.invoke(queue.app.projectId, queue.app.appName, {
+          ...req,
+          signal,
+          answerLimit,
+        });
+        // The runner read no more than the limit; a Cortex envelope around the result may still pass it.
+        if (max !== undefined && res.body.byteLength > max) {
+          const message = `the result of this async run is ${res.body.byteLength} bytes, more than the ${max} bytes skiff stores (SKIFF_MAX_ASYNC_RESULT_BYTES)`;
+          return outcomeOfAnswer({ ...res, ...tooLargeAnswer(req.runId, message) });
+        }
+        return outcomeOfAnswer(res);
       } catch (err) {
         if (err instanceof Overloaded && !queue.stopped) {
           await sleep(err.retryAfterSeconds * 1000);

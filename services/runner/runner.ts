@@ -34,6 +34,7 @@
 // memory limits together (replicas × the sandbox's memoryMb) at most
 // projectMemoryMb: a replica past either is not started (see projectRefusal).
 import {
+  DEFAULT_MAX_RESULT_BYTES,
   DEFAULT_PROJECT_MAX_REPLICAS,
   DEFAULT_PROJECT_MEMORY_MB,
   DEFAULT_REPLICA_LOG_LINES_PER_SECOND,
@@ -92,6 +93,8 @@ export interface RunnerOptions {
   logLinesPerSecond?: number;
   /** Lines a replica logged past that rate and were dropped, reported once a second while it drops some. */
   onLogsDropped?: (projectId: string, appName: string, lines: number) => void;
+  /** SKIFF_MAX_RESULT_BYTES: the largest answer of a Cortex function read (default 32 MiB). */
+  maxResultBytes?: number;
 }
 
 /** Longest a connection to a replica stays idle in the pool; shorter still when the replica announces less. */
@@ -137,6 +140,7 @@ export class Runner {
       onLog: opts.onLog,
       logLinesPerSecond: opts.logLinesPerSecond ?? DEFAULT_REPLICA_LOG_LINES_PER_SECOND,
       onLogsDropped: opts.onLogsDropped,
+      maxResultBytes: opts.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES,
       onReplicaChange: (change) => {
         opts.onReplicaChange?.(change);
         if (change.replica.state === "stopped") this.freed(change.projectId);

@@ -32,7 +32,7 @@ export {
 export { finishAsync, finishSync, republishFinal } from "./finish.js";
 export type { FinishDeps } from "./finish.js";
 export { STREAM_BODIES_ABOVE } from "./invoke.js";
-export type { AnswerStream, InvokeRequest, InvokeResponse, StreamEnd } from "./invoke.js";
+export type { AnswerLimit, AnswerStream, InvokeRequest, InvokeResponse, StreamEnd } from "./invoke.js";
 export { NoRunner, contentTypeOf, outcomeOfAnswer, outcomeOfError, runFailure } from "./outcome.js";
 export type { RunOutcome } from "./outcome.js";
 export { queuedRuns } from "./queue.js";

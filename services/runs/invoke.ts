@@ -32,6 +32,18 @@ export interface InvokeRequest {
    * its head arrives. Otherwise every answer comes back whole.
    */
   acceptStream?: boolean;
+  /**
+   * The largest answer the caller takes (an async run's result) and the
+   * setting that says so: a larger one is read no further, and the run
+   * fails with error type result_too_large naming the setting.
+   */
+  answerLimit?: AnswerLimit;
+}
+
+export interface AnswerLimit {
+  bytes: number;
+  /** The SKIFF_* setting the caller's error names. */
+  setting: string;
 }
 
 /**

@@ -1,7 +1,9 @@
 // Per-tenant quotas on what tenants share, attacked as a tenant would: one
 // project's replicas across its apps on a runner (SKIFF_PROJECT_MAX_REPLICAS)
 // and their memory (SKIFF_PROJECT_MEMORY_MB); a replica flooding its log
-// (SKIFF_REPLICA_LOG_LINES_PER_SECOND). Real replicas, a real nats-server.
+// (SKIFF_REPLICA_LOG_LINES_PER_SECOND); a Cortex function answering hundreds
+// of megabytes (SKIFF_MAX_RESULT_BYTES); async results stored without bound
+// (SKIFF_MAX_ASYNC_RESULT_BYTES). Real replicas, a real nats-server.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -9,6 +11,7 @@ import type { Subscription } from "nats";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { parseAppConfig } from "../../services/apps/app-config.js";
 import { silentLogger } from "../../services/config/logger.js";
+import { objectStores } from "../../services/nats/layout.js";
 import { decodeLogLine, type LogLineRecord } from "../../services/runner/app-logs.js";
 import { Runner, type RunnerOptions } from "../../services/runner/runner.js";
 import { processSandbox } from "../../services/runner/sandbox.js";
@@ -114,26 +117,63 @@ describe("a project's share of a runner", () => {
   });
 });
 
-describe("log floods", () => {
+describe("log floods and large results", () => {
   let t: TestSkiff;
   const LOG_RATE = 20;
+  const MAX_RESULT = 200_000;
+  const MAX_ASYNC_RESULT = 100_000;
   const v4 = (app: string, rest: string) => `${t.url}/v4/${P}/${app}/${rest}`;
 
   beforeAll(async () => {
     t = await startTestSkiff({
       env: {
         SKIFF_REPLICA_LOG_LINES_PER_SECOND: String(LOG_RATE),
+        SKIFF_MAX_RESULT_BYTES: String(MAX_RESULT),
+        SKIFF_MAX_ASYNC_RESULT_BYTES: String(MAX_ASYNC_RESULT),
       },
     });
     const floods = cortexApp("flood", { max_replicas: 1 });
     floods["index.mjs"] +=
       "\nexport function flood({ n }) { for (let i = 0; i < n; i++) console.log(`line ${i}`); return n; }\n";
     await deploy(tmp, t.management(), floods);
-    await vi.waitUntil(() => t.skiff.runner!.version(P, "flood") === 1, {
+    await deploy(tmp, t.management(), cortexApp("results", { max_replicas: 1, replica_concurrency: 4 }));
+    await deploy(tmp, t.management(), {
+      "skiff.toml": skiffToml({
+        name: "answers",
+        runtime: { kind: "custom", command: ["node", "server.mjs"] },
+        scaling: { max_replicas: 1, replica_concurrency: 4 },
+      }),
+      // n bytes, chunked: no Content-Length to refuse it by.
+      "server.mjs": [
+        'import http from "node:http";',
+        "http.createServer((req, res) => {",
+        '  const url = new URL(req.url, "http://app");',
+        '  if (url.pathname === "/health") return res.end("ok");',
+        '  const n = Number(url.searchParams.get("n"));',
+        '  res.writeHead(200, { "content-type": "application/octet-stream" });',
+        "  for (let i = 0; i < n; i += 65536) res.write(Buffer.alloc(Math.min(65536, n - i), 120));",
+        "  res.end();",
+        "}).listen(Number(process.env.PORT));",
+      ].join("\n"),
+    });
+    await vi.waitUntil(() => ["flood", "results", "answers"].every((app) => t.skiff.runner!.version(P, app) === 1), {
       timeout: 30_000,
     });
   }, 60_000);
   afterAll(() => t?.close());
+
+  const getRun = async (app: string, runId: string) =>
+    (await t.management().getRun({ projectId: P, appName: app, runId })).run!;
+  const ended = (app: string, runId: string) =>
+    vi.waitUntil(
+      async () => {
+        const r = await getRun(app, runId);
+        return r.status === "success" || r.status === "failure" ? r : undefined;
+      },
+      { timeout: 20_000 },
+    );
+  const stored = async (runId: string) =>
+    (await (await t.skiff.nats.nc.jetstream().views.os(objectStores.results.name)).info(runId)) !== null;
 
   it("SKIFF_REPLICA_LOG_LINES_PER_SECOND: lines past the rate are dropped, said in one line a second and counted in /metrics", async () => {
     const lines: LogLineRecord[] = [];
@@ -166,5 +206,61 @@ describe("log floods", () => {
       .split("\n")
       .find((l) => l.startsWith("skiff_app_log_lines_dropped_total{") && l.includes(`app="flood"`));
     expect(metric).toBe(`skiff_app_log_lines_dropped_total{project="${P}",app="flood"} ${dropped()}`);
+  });
+
+  it("SKIFF_MAX_RESULT_BYTES: a larger Cortex result is not read; the run fails with 502 result_too_large and the replica goes on", async () => {
+    const under = await post(v4("results", "big"), t.devToken, JSON.stringify({ n: MAX_RESULT - 100 }));
+    expect(under.status).toBe(200);
+    expect(under.json.result).toHaveLength(MAX_RESULT - 100);
+    const replicas = t.skiff.runner!.replicas(P, "results").map((r) => r.replicaId);
+
+    for (const n of [MAX_RESULT, 50 * 1024 * 1024]) {
+      const res = await post(v4("results", "big"), t.devToken, JSON.stringify({ n }));
+      expect(res.status).toBe(502);
+      expect(res.json).toEqual({
+        run_id: res.headers.get("x-request-id"),
+        error: {
+          type: "result_too_large",
+          message: `the result of function big is larger than ${MAX_RESULT} bytes, the most skiff takes (SKIFF_MAX_RESULT_BYTES)`,
+        },
+      });
+    }
+    // The same replica answers: the cut answer was no crash.
+    expect((await post(v4("results", "add"), t.devToken, '{"a":1,"b":2}')).json.result).toBe(3);
+    expect(t.skiff.runner!.replicas(P, "results").map((r) => r.replicaId)).toEqual(replicas);
+  });
+
+  it("SKIFF_MAX_ASYNC_RESULT_BYTES: a larger async result is not stored; the run ends failure with result_too_large naming the setting", async () => {
+    const async = async (app: string, rest: string, body = "{}") =>
+      (await post(`${v4(app, rest)}${rest.includes("?") ? "&" : "?"}async=true`, t.devToken, body)).json
+        .run_id as string;
+
+    const fits = await async("results", "big", JSON.stringify({ n: 50_000 }));
+    expect((await ended("results", fits)).status).toBe("success");
+    expect(await stored(fits)).toBe(true); // past the inline size: the object store holds it
+
+    // A Cortex result under SKIFF_MAX_RESULT_BYTES but over this limit, one whose envelope passes it, and a
+    // Custom app's chunked answer.
+    const cases: [string, string, string][] = [
+      ["results", "big", JSON.stringify({ n: 150_000 })],
+      ["results", "big", JSON.stringify({ n: MAX_ASYNC_RESULT - 10 })],
+      ["answers", "data?n=3000000", "{}"],
+    ];
+    for (const [app, rest, body] of cases) {
+      const runId = await async(app, rest, body);
+      const run = await ended(app, runId);
+      expect(run.status).toBe("failure");
+      expect(run.statusCode).toBe(502);
+      expect(run.error?.type).toBe("result_too_large");
+      expect(run.error?.message).toMatch(/SKIFF_MAX_ASYNC_RESULT_BYTES/);
+      expect(await stored(runId)).toBe(false);
+    }
+    // Sync answers of a Custom app stream to their caller: this limit is not theirs.
+    const res = await fetch(v4("answers", "data?n=3000000"), {
+      method: "POST",
+      headers: { authorization: `Bearer ${t.devToken}` },
+    });
+    expect(res.status).toBe(200);
+    expect((await res.arrayBuffer()).byteLength).toBe(3_000_000);
   });
 });
