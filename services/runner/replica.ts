@@ -7,7 +7,7 @@
 // exchange, be probed, and stop (SIGTERM, then SIGKILL after a grace; in a
 // sandbox SIGKILL ends every process inside). Scheduling is the pool's.
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, realpathSync } from "node:fs";
 import http from "node:http";
 import { createHash } from "node:crypto";
 import { lstat, mkdir, rename, rm } from "node:fs/promises";
@@ -99,7 +99,15 @@ export function commandExists(command: string, appDir: string): boolean {
   if (!command.includes("/")) return REPLICA_PATH.split(":").some((dir) => existsSync(path.join(dir, command)));
   const inside = path.posix.resolve(APP_MOUNT, command);
   if (inside.startsWith(APP_MOUNT + "/")) return existsSync(path.join(appDir, inside.slice(APP_MOUNT.length)));
-  return SYSTEM_ROOTS.some((root) => inside.startsWith(root)) && existsSync(inside);
+  const system = (p: string) => SYSTEM_ROOTS.some((root) => p.startsWith(root));
+  if (!system(inside)) return false;
+  // A link of the system folders may lead out of them on the host (/usr/share/x/conf -> /etc/x), where a sandbox
+  // sees nothing: only a path that stays in them exists there.
+  try {
+    return system(realpathSync(inside));
+  } catch {
+    return false;
+  }
 }
 
 /** Listens on a Unix socket and gives back its fd; the runner's own copy is closed once the child has it. */

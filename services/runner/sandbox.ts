@@ -40,6 +40,7 @@ import {
   mkdtempSync,
   openSync,
   readdirSync,
+  readFileSync,
   readlinkSync,
   realpathSync,
   rmSync,
@@ -743,6 +744,49 @@ export type SandboxSettings = Pick<
     >
   >;
 
+/** O_CLOEXEC as /proc/<pid>/fdinfo's `flags` shows it (octal). */
+const O_CLOEXEC = 0o2000000;
+
+/**
+ * Closes every file descriptor this process inherited without close-on-exec
+ * (all of Node's own have it): a child process gets every such descriptor,
+ * and bwrap passes them on to the app, so a file or pipe of whatever started
+ * skiff would reach every tenant. Standard input, output and error, and
+ * Node's IPC channel, stay. Gives back what it closed.
+ */
+export function closeInheritedFds(): { fd: number; target: string }[] {
+  const keep = new Set([0, 1, 2]);
+  if (process.env.NODE_CHANNEL_FD) keep.add(Number(process.env.NODE_CHANNEL_FD));
+  const closed: { fd: number; target: string }[] = [];
+  let names: string[];
+  try {
+    names = readdirSync("/proc/self/fd");
+  } catch {
+    return closed; // not Linux
+  }
+  for (const name of names) {
+    const fd = Number(name);
+    if (keep.has(fd)) continue;
+    let flags: number;
+    let target: string;
+    try {
+      const info = readFileSync(`/proc/self/fdinfo/${fd}`, "utf8");
+      flags = parseInt(/^flags:\s+([0-7]+)$/m.exec(info)?.[1] ?? "0", 8);
+      target = readlinkSync(`/proc/self/fd/${fd}`);
+    } catch {
+      continue; // the listing's own descriptor, gone by now
+    }
+    if (flags & O_CLOEXEC) continue;
+    try {
+      closeSync(fd);
+      closed.push({ fd, target });
+    } catch {
+      // already closed
+    }
+  }
+  return closed;
+}
+
 /**
  * Checks that this host can sandbox apps with these settings and makes them
  * this process's default (with the bundle limits). Throws when it cannot and SKIFF_SANDBOX is not
@@ -772,6 +816,12 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
     processDefault = { enabled: false, limits, network: "none" };
     return processDefault;
   }
+  const inherited = closeInheritedFds();
+  if (inherited.length > 0)
+    logger.warn(
+      { fds: inherited },
+      "closed file descriptors this process inherited without close-on-exec: they would have reached every app",
+    );
   const failure = probeSandbox(limits);
   if (failure)
     throw new Error(

@@ -6,7 +6,7 @@
 // must fail while the app itself still runs. Real bwrap sandboxes, as root.
 import { execFileSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { chmod, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -20,6 +20,7 @@ import { DEFAULT_SANDBOX_LIMITS, spawnSandboxed, type SandboxOptions } from "../
 import { hashedUids } from "../../services/runner/uids.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
 
+const SANDBOX_MODULE = path.resolve(import.meta.dirname, "../../services/runner/sandbox.ts");
 const SANDBOX: SandboxOptions = { enabled: true, limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: 1024 } };
 
 let tmp: string;
@@ -239,7 +240,36 @@ describe("security - nothing a tenant controls reaches a stage with host privile
     // Files that exist on the host but not in a sandbox read as missing, by any path.
     for (const probe of [hostObject, "/etc/passwd", "../../../../etc/passwd", `/app/../../../..${hostObject}`])
       expect(commandExists(probe, app)).toBe(false);
+    // A link of the system folders that leads out of them on the host: the file it leads to is not in a sandbox.
+    const link = "/usr/share/skiff-security-test-link";
+    await rm(link, { force: true });
+    await symlink(path.dirname(hostObject), link);
+    try {
+      expect(commandExists(`${link}/${path.basename(hostObject)}`, app)).toBe(false);
+    } finally {
+      await rm(link, { force: true });
+    }
   });
+
+  it("a file descriptor skiff inherited (its launcher's) never reaches an app", async () => {
+    // A process started with a file of its launcher's open on fd 57, as a shell's `exec 57<file` leaves it.
+    const script = [
+      `import { configureSandbox, DEFAULT_SANDBOX_LIMITS, spawnSandboxed } from ${JSON.stringify(SANDBOX_MODULE)};`,
+      "const l = DEFAULT_SANDBOX_LIMITS;",
+      "const o = configureSandbox({ sandbox: 'on', replicaMemoryMb: 1024, replicaPids: l.pids, replicaFileMb: l.fileMb,",
+      "  replicaTmpMb: l.tmpMb, replicaCpuSeconds: 0, replicaOpenFiles: l.openFiles, replicaNetwork: 'none' },",
+      "  { warn: (o, m) => console.error(m), info: () => undefined });",
+      "const p = spawnSandboxed({ appDir: '/usr/share', uid: 1234569, limits: o.limits, command: '/bin/ls', args: ['/proc/self/fd'], env: {} });",
+      "p.child.stdout.pipe(process.stdout);",
+    ].join("\n");
+    await writeFile(path.join(tmp, "fds.mts"), script);
+    const out = execFileSync("/bin/bash", ["-c", `exec 57<${hostObject}; exec npx tsx ${path.join(tmp, "fds.mts")}`], {
+      cwd: path.resolve(import.meta.dirname, "../.."),
+      encoding: "utf8",
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    expect(out.split("\n").filter(Boolean)).toEqual(["0", "1", "2"]);
+  }, 30_000);
 
   it("slirp4netns runs with its own sandbox and seccomp filter, and no scratch folder is left in /tmp", async () => {
     const before = (await readdir(tmpdir())).filter((n) => n.startsWith("skiff-sandbox-"));
