@@ -60,6 +60,7 @@ describe("config", () => {
       replicaOpenFiles: 4096,
       maxBuildBytes: 2 * 1024 * 1024 * 1024,
       maxBuildFiles: 200_000,
+      maxConcurrentBuilds: 2,
       maxAppsPerProject: 100,
       replicaNetwork: "auto",
       replicaDirect: "on",

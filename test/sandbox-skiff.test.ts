@@ -75,7 +75,7 @@ describe("SKIFF_MAX_PROJECT_UNPACKED_BYTES", () => {
     expect(err).toBeInstanceOf(ConnectError);
     expect((err as ConnectError).code).toBe(Code.ResourceExhausted);
     expect((err as ConnectError).rawMessage).toMatch(
-      /^this bundle unpacks to \d+ bytes and the current deployments of project p-dev's other apps to \d+: together more than the limit of 70000 bytes \(SKIFF_MAX_PROJECT_UNPACKED_BYTES\)/,
+      /^this deployment takes \d+ bytes \(its files, with the dependencies its build installed\) and the current deployments of project p-dev's other apps to \d+: together more than the limit of 70000 bytes \(SKIFF_MAX_PROJECT_UNPACKED_BYTES\)/,
     );
     const apps = await t.management().listApps({ projectId: "p-dev" });
     expect(apps.apps.map((a) => a.appName).sort()).toEqual(["one", "two"]);

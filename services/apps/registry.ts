@@ -17,7 +17,7 @@ export interface DeploymentRecord {
   version: number;
   created_at: string;
   bundle_bytes: number;
-  /** What the bundle unpacks to (its tar), bytes; absent in records written before it was kept. */
+  /** What the deployment takes on disk: its bundle's tar, or what its build left (dependencies included), bytes. */
   unpacked_bytes?: number;
   /** sha256 of the bundle, hex: the cache key of unpacked deployments. */
   digest: string;

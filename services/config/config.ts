@@ -118,6 +118,8 @@ export interface Config {
   maxBuildBytes: number;
   /** Most files, folders and links a deploy-time install may leave. */
   maxBuildFiles: number;
+  /** Deploy-time installs one process runs at once. */
+  maxConcurrentBuilds: number;
   /** Most apps one project may have; a deploy of a new app beyond it is refused with 429. */
   maxAppsPerProject: number;
   /** Network of sandboxes: "auto" (slirp4netns when installed, else none), "slirp4netns" or "none". */
@@ -383,7 +385,7 @@ export const SETTINGS: Setting<keyof Config>[] = [
     key: "maxProjectUnpackedBytes",
     env: "SKIFF_MAX_PROJECT_UNPACKED_BYTES",
     fallback: String(DEFAULT_MAX_PROJECT_UNPACKED_BYTES),
-    doc: "Most bytes the current deployments of all of one project's apps may unpack to together (each bundle's tar, before dependencies are installed); a deployment that would take the project past it is refused with 429 and nothing is deployed.",
+    doc: "Most bytes the current deployments of all of one project's apps may take together (each bundle's files, or what its build left when dependencies were installed); a deployment that would take the project past it is refused with 429 and nothing is deployed.",
     parse: integer(1024, 1024 * 1024 * 1024 * 1024),
   },
   {
@@ -650,6 +652,13 @@ export const SETTINGS: Setting<keyof Config>[] = [
     fallback: String(2 * 1024 * 1024 * 1024),
     doc: "Most bytes a deploy-time install (`pip install`, `npm ci`) may write: where skiff runs as root it writes into a tmpfs of this size, so it cannot fill the host's disk; what it leaves is copied into the deployment only when it is under this size (else the deploy is refused, 400).",
     parse: integer(1024 * 1024, 1024 * 1024 * 1024 * 1024),
+  },
+  {
+    key: "maxConcurrentBuilds",
+    env: "SKIFF_MAX_CONCURRENT_BUILDS",
+    fallback: "2",
+    doc: "Deploy-time installs one process runs at once (each in a tmpfs of up to `SKIFF_MAX_BUILD_BYTES`, with a sandbox's processes); later deploys wait their turn.",
+    parse: integer(1, 64),
   },
   {
     key: "maxBuildFiles",

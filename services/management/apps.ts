@@ -73,7 +73,8 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
       const limit = deps.apps.maxProjectUnpackedBytes;
       if (othersBytes + ready.unpackedBytes > limit)
         throw new ConnectError(
-          `this bundle unpacks to ${ready.unpackedBytes} bytes and the current deployments of project ${projectId}'s ` +
+          `this deployment takes ${ready.unpackedBytes} bytes (its files, with the dependencies its build installed) ` +
+            `and the current deployments of project ${projectId}'s ` +
             `other apps to ${othersBytes}: together more than the limit of ${limit} bytes ` +
             "(SKIFF_MAX_PROJECT_UNPACKED_BYTES): delete an app, or deploy a smaller bundle",
           Code.ResourceExhausted,

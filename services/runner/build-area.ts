@@ -14,7 +14,9 @@
 //     through another link; no FIFO, socket or device; at most
 //     SKIFF_MAX_BUILD_BYTES and SKIFF_MAX_BUILD_FILES;
 //   - the build's own folder is then unmounted and removed whole; a build that
-//     fails leaves nothing a later deploy trusts.
+//     fails leaves nothing a later deploy trusts;
+//   - at most SKIFF_MAX_CONCURRENT_BUILDS builds of a process run at once, so
+//     deploys started together take at most that many tmpfs and sandboxes.
 import { execFile } from "node:child_process";
 import { constants } from "node:fs";
 import { chmod, chown, cp, lstat, mkdir, open, readdir, readlink, rm, symlink } from "node:fs/promises";
@@ -30,9 +32,27 @@ export interface BuildLimits {
   maxBytes: number;
   /** Most files, folders and links the output may have. */
   maxFiles: number;
+  /** Builds of this process at once (each a tmpfs of maxBytes and a sandbox's processes); later ones wait. */
+  concurrent: number;
 }
 
-export const DEFAULT_BUILD_LIMITS: BuildLimits = { maxBytes: 2 * 1024 * 1024 * 1024, maxFiles: 200_000 };
+export const DEFAULT_BUILD_LIMITS: BuildLimits = { maxBytes: 2 * 1024 * 1024 * 1024, maxFiles: 200_000, concurrent: 2 };
+
+/** Builds under way in this process, and those waiting for one to end. */
+const builds = { running: 0, waiting: [] as (() => void)[] };
+
+/** Runs `build` once fewer than `limits.concurrent` builds of this process are under way. */
+export async function oneBuildAtATime<T>(limits: BuildLimits, build: () => Promise<T>): Promise<T> {
+  if (builds.running >= limits.concurrent) await new Promise<void>((resolve) => builds.waiting.push(resolve));
+  else builds.running++;
+  try {
+    return await build();
+  } finally {
+    const next = builds.waiting.shift();
+    if (next) next();
+    else builds.running--;
+  }
+}
 
 /** The marker skiff writes into a prepared deployment (deployment-cache.ts): a build may not leave one. */
 export const MARKER = path.join(".skiff", "prepared.json");
@@ -116,10 +136,10 @@ function badLink(rel: string, target: string, links: ReadonlySet<string>): strin
 
 /**
  * Copies the tree a build left in `from` into `to` (which must not exist),
- * owned by skiff and read-only to others. Throws PrepareFailed naming the
- * first entry that is refused.
+ * owned by skiff and read-only to others; gives back the bytes of its files.
+ * Throws PrepareFailed naming the first entry that is refused.
  */
-export async function copyBuildOutput(from: string, to: string, limits: BuildLimits): Promise<void> {
+export async function copyBuildOutput(from: string, to: string, limits: BuildLimits): Promise<number> {
   // First every entry, without following anything, so that each link is judged against all the others.
   const entries: { rel: string; kind: Kind; mode: number }[] = [];
   const links = new Set<string>();
@@ -165,6 +185,7 @@ export async function copyBuildOutput(from: string, to: string, limits: BuildLim
       await symlink(target, dest);
     } else await copyFile(src, dest, e.mode & 0o111 ? 0o755 : 0o644);
   }
+  return bytes;
 }
 
 /** Copies one regular file without following a link at `src`, and refuses one that changed kind. */

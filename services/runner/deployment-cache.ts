@@ -66,7 +66,8 @@ export async function prepareBundle(
   // Read now, from what skiff unpacked: after the build the folder holds what the build left.
   const configText = await readFile(path.join(dir, APP_CONFIG_FILE), "utf8");
   const prepared = await prepareDeployment(dir, config, opts.logger);
-  return { config, configText, prepared, unpackedBytes: tar.length };
+  // What the deployment takes: the bundle's files, or what its build left (dependencies included).
+  return { config, configText, prepared, unpackedBytes: prepared.bytes ?? tar.length };
 }
 
 /** Writes `.skiff/prepared.json` into `dir`: `.skiff` must be a folder (not a link), the file must not exist. */

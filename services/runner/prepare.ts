@@ -26,7 +26,7 @@ import path from "node:path";
 import type { AppConfig } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { PrepareFailed } from "../runs/index.js";
-import { copyBuildOutput, DEFAULT_BUILD_LIMITS, openBuildArea } from "./build-area.js";
+import { copyBuildOutput, DEFAULT_BUILD_LIMITS, oneBuildAtATime, openBuildArea } from "./build-area.js";
 import { installEnv, replicaEnv } from "./replica-env.js";
 import {
   APP_MOUNT,
@@ -322,22 +322,25 @@ const installs = (c: Context, config: AppConfig): Promise<string | undefined> =>
 
 /**
  * Runs the installs in a build area and replaces the folder with a checked
- * copy of what they left (build-area.ts); the venv's interpreter, if any.
+ * copy of what they left (build-area.ts): the venv's interpreter, if any,
+ * and the bytes of the folder's files.
  */
-async function buildInArea(c: Context, config: AppConfig): Promise<string | undefined> {
+async function buildInArea(c: Context, config: AppConfig): Promise<{ python?: string; bytes: number }> {
   const limits = c.sandbox.build ?? DEFAULT_BUILD_LIMITS;
-  const area = await openBuildArea(c.dir, c.uid, limits);
-  const out = `${c.dir}.out`;
-  try {
-    const python = await installs({ ...c, dir: area.dir }, config);
-    await copyBuildOutput(area.dir, out, limits);
-    await rm(c.dir, { recursive: true, force: true });
-    await rename(out, c.dir);
-    return python;
-  } finally {
-    await area.close();
-    await rm(out, { recursive: true, force: true });
-  }
+  return oneBuildAtATime(limits, async () => {
+    const area = await openBuildArea(c.dir, c.uid, limits);
+    const out = `${c.dir}.out`;
+    try {
+      const python = await installs({ ...c, dir: area.dir }, config);
+      const bytes = await copyBuildOutput(area.dir, out, limits);
+      await rm(c.dir, { recursive: true, force: true });
+      await rename(out, c.dir);
+      return { python, bytes };
+    } finally {
+      await area.close();
+      await rm(out, { recursive: true, force: true });
+    }
+  });
 }
 
 export interface PrepareOptions {
@@ -364,10 +367,14 @@ export async function prepareDeployment(
   const c: Context = { dir, timeoutMs, logger, sandbox, uid };
   if (sandbox.enabled) await settle(dir);
   let python: string | undefined;
-  if (await hasDependencies(dir, config))
-    python = sandbox.enabled ? await buildInArea(c, config) : await installs(c, config);
+  let bytes: number | undefined;
+  if (await hasDependencies(dir, config)) {
+    if (sandbox.enabled) ({ python, bytes } = await buildInArea(c, config));
+    else python = await installs(c, config);
+  }
   const interpreter = python && path.join(dir, python);
-  if (config.runtime.kind !== "cortex") return {};
+  const built = bytes === undefined ? {} : { bytes };
+  if (config.runtime.kind !== "cortex") return built;
   const functions = await listFunctions(c, config, interpreter);
-  return interpreter === undefined ? { functions } : { functions, python: interpreter };
+  return interpreter === undefined ? { ...built, functions } : { ...built, functions, python: interpreter };
 }

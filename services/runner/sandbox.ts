@@ -741,6 +741,7 @@ export type SandboxSettings = Pick<
       | "replicaDirect"
       | "maxBuildBytes"
       | "maxBuildFiles"
+      | "maxConcurrentBuilds"
     >
   >;
 
@@ -869,7 +870,11 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
     );
   const build =
     settings.maxBuildBytes !== undefined && settings.maxBuildFiles !== undefined
-      ? { maxBytes: settings.maxBuildBytes, maxFiles: settings.maxBuildFiles }
+      ? {
+          maxBytes: settings.maxBuildBytes,
+          maxFiles: settings.maxBuildFiles,
+          concurrent: settings.maxConcurrentBuilds ?? 2,
+        }
       : undefined;
   processDefault = { enabled: true, limits, network, direct: settings.replicaDirect !== "off", build };
   logger.info(

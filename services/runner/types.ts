@@ -21,6 +21,8 @@ export interface PreparedDeployment {
   functions?: string[];
   /** Cortex Python with a requirements.txt: the interpreter of its venv. */
   python?: string;
+  /** When a build installed dependencies: the bytes of the folder's files it left (the deployment's size on disk). */
+  bytes?: number;
 }
 
 export type ReplicaState = "starting" | "ready" | "draining" | "stopped";

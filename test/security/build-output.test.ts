@@ -82,6 +82,7 @@ beforeAll(async () => {
       replicaNetwork: "none",
       maxBuildBytes: MAX_BUILD_BYTES,
       maxBuildFiles: MAX_BUILD_FILES,
+      maxConcurrentBuilds: 1,
     },
     { warn: () => undefined, info: () => undefined },
   );
@@ -178,6 +179,28 @@ describe("security - what a build leaves is data, never followed, read or remove
     expect(await refused(`mkdir many && cd many && for i in $(seq 1 ${MAX_BUILD_FILES + 1}); do : > f$i; done\n`)).toBe(
       `the build left more than ${MAX_BUILD_FILES} files (SKIFF_MAX_BUILD_FILES): nothing was deployed`,
     );
+  });
+
+  it("what a build leaves is what the deployment counts against the project's bytes", async () => {
+    const { bytes } = await packApp(await appWith("head -c 5000000 /dev/zero > deps.bin\n"));
+    const ready = await cache.get(sha256(bytes), async () => bytes);
+    expect(bytes.length).toBeLessThan(10_000);
+    expect(ready.unpackedBytes).toBeGreaterThan(5_000_000);
+  });
+
+  it("deploys started together build one after another (SKIFF_MAX_CONCURRENT_BUILDS = 1 here)", async () => {
+    // Each build writes when it started and ended (nanoseconds) into what it leaves.
+    const script = (n: number) => `date +%s%N > started; sleep 0.5; echo ${n} > n; date +%s%N > ended\n`;
+    const deployed = await Promise.all([1, 2, 3].map(async (n) => deploy(await appWith(script(n)))));
+    const spans = await Promise.all(
+      deployed.map(async ({ dir, error }) => {
+        expect(error).toBeUndefined();
+        const read = async (name: string) => BigInt((await readFile(path.join(dir!, name), "utf8")).trim());
+        return [await read("started"), await read("ended")] as const;
+      }),
+    );
+    spans.sort((a, b) => (a[0] < b[0] ? -1 : 1));
+    for (let i = 1; i < spans.length; i++) expect(spans[i][0] >= spans[i - 1][1]).toBe(true);
   });
 
   it("the operator's npm and pip settings never reach the build", async () => {
