@@ -13,7 +13,7 @@
 // is deleted. Builds do not take uids here: each runs as a uid of the range
 // above UID_LIMIT (sandbox.ts buildUid), and owns nothing once it has ended
 // (build-area.ts).
-import { createHash } from "node:crypto";
+import { createHash, randomInt } from "node:crypto";
 import type { KV, NatsConnection } from "nats";
 import { buckets, kvGetLatest, type KvGetEntry } from "../nats/index.js";
 import { isWrongRevision } from "../runs/index.js";
@@ -22,6 +22,14 @@ import { isWrongRevision } from "../runs/index.js";
 export const FIRST_UID = 200_000;
 /** Uids stay below it: deploy-time steps' hashed uids (sandbox.ts buildUid) start here. */
 export const UID_LIMIT = 1_300_000;
+
+/**
+ * Where a new registry starts counting: FIRST_UID plus a random multiple of
+ * 1,000 below 500,000, so that two skiff installs on one machine (each with
+ * its registry) do not both begin at the same uid and share its process
+ * limit. At least 600,000 uids stay above it.
+ */
+const firstUid = (): number => FIRST_UID + 1000 * randomInt(0, 500);
 
 /** The key of the counter. */
 const NEXT_KEY = "next";
@@ -122,7 +130,7 @@ export class UidRegistry implements ProjectUids {
           throw new Error(`key ${NEXT_KEY} of KV ${this.bucket} was deleted; refusing to number uids again`);
         entry = read && { uid: this.uidOf(NEXT_KEY, read, UID_LIMIT), revision: read.revision };
       }
-      const uid = entry?.uid ?? FIRST_UID;
+      const uid = entry?.uid ?? firstUid();
       if (uid >= UID_LIMIT)
         throw new UidsExhausted(
           `no sandbox uid left: every uid from ${FIRST_UID} to ${UID_LIMIT - 1} has been given out (KV ${this.bucket})`,
