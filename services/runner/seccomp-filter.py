@@ -7,7 +7,8 @@
 # flag; clone3 answers ENOSYS so that the C library falls back to clone),
 # tracing and reading other processes' memory, keyrings, BPF, userfaultfd,
 # io_uring, kernel modules, kexec, reboot, swap, the clock, accounting,
-# quotas, file handles, perf events.
+# quotas, file handles, perf events, the LDT, personality flags that turn off
+# protections (executable data, address randomisation).
 #
 # Uses libseccomp (Debian: python3-seccomp), which knows each architecture's
 # syscall numbers. The filter is for the native architecture only: a call
@@ -33,7 +34,13 @@ DENIED = [
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "stime",
     "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "syslog", "vhangup",
     "iopl", "ioperm", "uselib", "ustat", "sysfs", "_sysctl", "nfsservctl",
-    "fanotify_init", "vm86", "vm86old",
+    "fanotify_init", "vm86", "vm86old", "modify_ldt",
+]
+
+# personality() stays for what runtimes ask of it (reading it, PER_LINUX), but not these flags.
+PERSONALITY_FLAGS = [
+    0x0400000,  # READ_IMPLIES_EXEC: every readable page executable
+    0x0040000,  # ADDR_NO_RANDOMIZE: no address space layout randomisation
 ]
 
 NAMESPACE_FLAGS = [
@@ -58,6 +65,9 @@ def build():
     for flag in NAMESPACE_FLAGS:
         f.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    for flag in PERSONALITY_FLAGS:
+        # With bit 31 clear: 0xffffffff, which only reads the personality, has every bit set.
+        f.add_rule(seccomp.ERRNO(errno.EPERM), "personality", seccomp.Arg(0, seccomp.MASKED_EQ, flag | 0x80000000, flag))
     return f
 
 

@@ -89,6 +89,9 @@ def syscalls():
         "mount": _call(165, 0, 0, 0, 0, 0),
         "kexec_load": _call(246, 0, 0, 0, 0),
         "bpf": _call(321, 0, 0, 0),
+        "modify_ldt": _call(154, 0, 0, 0),
+        "personality_exec": _call(135, 0x0400000),
+        "personality_query": _call(135, 0xFFFFFFFF),
     }
 
 def proc_sys():
@@ -218,6 +221,9 @@ describe("security - nothing a tenant controls reaches a stage with host privile
       mount: "EPERM",
       kexec_load: "EPERM",
       bpf: "EPERM",
+      modify_ldt: "EPERM",
+      personality_exec: "EPERM",
+      personality_query: "ok",
     });
   });
 
