@@ -37,6 +37,7 @@ import {
   closeSync,
   existsSync,
   lstatSync,
+  mkdirSync,
   mkdtempSync,
   openSync,
   readdirSync,
@@ -110,6 +111,37 @@ const SLIRP_CANDIDATES = ["/usr/bin/slirp4netns", "/usr/local/bin/slirp4netns"];
 /** The DNS forwarder slirp4netns offers inside the namespace. */
 const SLIRP_DNS = "10.0.2.3";
 const NSENTER_CANDIDATES = ["/usr/bin/nsenter", "/bin/nsenter"];
+const UNSHARE = "/usr/bin/unshare";
+/**
+ * Where, in a mount namespace of its own made for each sandbox, the app's
+ * folder and the shims are mounted again from neutral paths before bwrap
+ * starts (NEUTRAL_SCRIPT): a bind mount shows the path of its source in
+ * /proc/self/mountinfo, and these show the host's data folder and checkout.
+ */
+const NEUTRAL_DIR = existsSync("/run") ? "/run/skiff-sandbox" : "/tmp/skiff-sandbox";
+/**
+ * Run as root with a fixed environment by `unshare --mount --propagation
+ * private`, with the app's folder (or "" for none), the shims' and bwrap's
+ * command line as arguments: a tmpfs on NEUTRAL_DIR, each folder bound there
+ * and seen through a read-only overlay, whose source and options in
+ * mountinfo name only NEUTRAL_DIR; then bwrap, which binds from there, with
+ * the same fixed environment (the shell would add its PWD).
+ */
+const NEUTRAL_SCRIPT = `set -e
+n=${NEUTRAL_DIR}
+mount -t tmpfs -o mode=0755,size=64k skiff-sandbox "$n"
+mkdir "$n/empty" "$n/a" "$n/s" "$n/app" "$n/shims"
+mount --bind "$2" "$n/s"
+mount -t overlay skiff -o ro,lowerdir="$n/s:$n/empty" "$n/shims"
+if [ -n "$1" ]; then
+  mount --bind "$1" "$n/a"
+  mount -t overlay skiff -o ro,lowerdir="$n/a:$n/empty" "$n/app"
+fi
+shift 2
+exec /usr/bin/env -i PATH="$PATH" "$@"`;
+
+/** Whether sandboxes mount from neutral paths: where skiff is root (mounts need it), unless configureSandbox's probe failed. */
+let neutralMounts = process.getuid?.() === 0;
 const IP_CANDIDATES = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"];
 /** Priority of the namespace's rules that refuse the host's addresses: before the main table's (32766). */
 const DENY_RULE_PRIORITY = 100;
@@ -311,7 +343,7 @@ function baseMounts(): string[] {
   // /proc/sys and /proc/sysrq-trigger read-only: no stage may change the kernel's settings.
   args.push("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys");
   args.push("--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger");
-  args.push("--dev", "/dev", "--ro-bind", SHIM_DIR, SHIM_MOUNT);
+  args.push("--dev", "/dev");
   cachedBase = args;
   return args;
 }
@@ -368,6 +400,35 @@ export interface SandboxFds {
   block?: number;
   /** The gate (gateScript): the app's environment, and the word to run. At most 9 (sh redirects fds 0-9). */
   gate: number;
+  /** bwrap runs after NEUTRAL_SCRIPT, and binds the folders from NEUTRAL_DIR. */
+  neutral?: boolean;
+}
+
+/**
+ * The program and arguments that start bwrap for a spec: bwrap itself, or
+ * (neutral mounts) bwrap after NEUTRAL_SCRIPT in a mount namespace of its own.
+ */
+function launch(bwrap: string, spec: SandboxSpec, command: string[], neutral: boolean): [string, string[]] {
+  const args = ["--args", "0", ...command];
+  if (!neutral) return [bwrap, args];
+  const app = spec.writableApp ? "" : spec.appDir; // a build's folder is a tmpfs of its own: nothing to hide
+  return [
+    UNSHARE,
+    [
+      "--mount",
+      "--propagation",
+      "private",
+      "--",
+      "/bin/sh",
+      "-c",
+      NEUTRAL_SCRIPT,
+      "skiff-neutral",
+      app,
+      SHIM_DIR,
+      bwrap,
+      ...args,
+    ],
+  ];
 }
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
@@ -419,6 +480,9 @@ export function sandboxArgv(spec: SandboxSpec, fds: SandboxFds): { options: stri
     "--tmpfs",
     "/tmp",
   ];
+  // With neutral mounts, the folders are bound from where NEUTRAL_SCRIPT put them.
+  const neutral = fds.neutral === true;
+  options.push("--ro-bind", neutral ? `${NEUTRAL_DIR}/shims` : SHIM_DIR, SHIM_MOUNT);
   if (spec.writableApp) options.push("--bind", spec.appDir, APP_MOUNT);
   else {
     options.push("--perms", "0777", "--size", mb(limits.tmpMb), "--tmpfs", APP_MOUNT);
@@ -427,7 +491,7 @@ export function sandboxArgv(spec: SandboxSpec, fds: SandboxFds): { options: stri
       const inside = path.posix.join(APP_MOUNT, name);
       const st = lstatSync(host);
       if (st.isSymbolicLink()) options.push("--symlink", readlinkSync(host), inside);
-      else options.push("--ro-bind", host, inside);
+      else options.push("--ro-bind", neutral ? `${NEUTRAL_DIR}/app/${name}` : host, inside);
     }
   }
   if (fds.resolv !== undefined)
@@ -503,7 +567,7 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
   // After the command's own fds: the info fd, the seccomp filter, slirp4netns's resolv.conf, the block fd
   // that bwrap waits on (when there is something to set up first), and the gate.
   let next = CHANNEL_FD + passed.length;
-  const fds: SandboxFds = { info: next++, seccomp: next++, gate: 0 };
+  const fds: SandboxFds = { info: next++, seccomp: next++, gate: 0, neutral: neutralMounts };
   if (slirp) fds.resolv = next++;
   if (slirp || cgroup) fds.block = next++;
   fds.gate = next;
@@ -513,7 +577,9 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
   try {
     const { options, command } = sandboxArgv(spec, fds);
     // bwrap reads its options from stdin (--args 0); the command then finds stdin at its end.
-    child = spawn(bwrap, ["--args", "0", ...command], { env: STAGE_ENV, stdio, detached: true });
+    if (fds.neutral) mkdirSync(NEUTRAL_DIR, { recursive: true, mode: 0o755 });
+    const [program, args] = launch(bwrap, spec, command, fds.neutral === true);
+    child = spawn(program, args, { env: STAGE_ENV, stdio, detached: true });
     const feed = (fd: number, data: Buffer | string) => {
       const w = child.stdio[fd] as NodeJS.WritableStream | null;
       w?.on("error", () => undefined);
@@ -665,7 +731,7 @@ export function exitSignal(code: number | null, signal: NodeJS.Signals | null): 
 }
 
 /** Why a sandbox probe failed, or undefined when bwrap works here with these settings. */
-export function probeSandbox(limits: SandboxLimits): string | undefined {
+export function probeSandbox(limits: SandboxLimits, neutral = neutralMounts): string | undefined {
   const bwrap = bwrapPath();
   if (!bwrap && bwrapSetting) return `SKIFF_BWRAP names ${bwrapSetting}, which does not exist`;
   if (!bwrap) return `bwrap (Debian package bubblewrap) is not installed (looked for ${BWRAP_CANDIDATES.join(", ")})`;
@@ -692,9 +758,11 @@ export function probeSandbox(limits: SandboxLimits): string | undefined {
     const filter = fileFd("seccomp.bpf", seccompFilter());
     const gate = fileFd("gate", gateText(spec.env));
     rmSync(dir, { recursive: true, force: true });
-    const fds: SandboxFds = { info: CHANNEL_FD, seccomp: CHANNEL_FD + 1, gate: CHANNEL_FD + 2 };
+    const fds: SandboxFds = { info: CHANNEL_FD, seccomp: CHANNEL_FD + 1, gate: CHANNEL_FD + 2, neutral };
     const { options, command } = sandboxArgv(spec, fds);
-    const out = execFileSync(bwrap, ["--args", "0", ...command], {
+    if (neutral) mkdirSync(NEUTRAL_DIR, { recursive: true, mode: 0o755 });
+    const [program, args] = launch(bwrap, spec, command, neutral);
+    const out = execFileSync(program, args, {
       input: argsBytes(options),
       env: STAGE_ENV,
       stdio: ["pipe", "pipe", "pipe", "pipe", filter, gate],
@@ -823,7 +891,16 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
       { fds: inherited },
       "closed file descriptors this process inherited without close-on-exec: they would have reached every app",
     );
-  const failure = probeSandbox(limits);
+  let failure = probeSandbox(limits);
+  if (failure && neutralMounts && !probeSandbox(limits, false)) {
+    logger.warn(
+      { neutralMounts: false, why: failure },
+      "sandboxes bind the deployment from its host path: mounting it from a neutral one failed here, so apps can " +
+        "read where the data folder and the checkout are (/proc/self/mountinfo), not what they hold",
+    );
+    neutralMounts = false;
+    failure = undefined;
+  }
   if (failure)
     throw new Error(
       `cannot sandbox apps on this host: ${failure}. Install bubblewrap (apt-get install bubblewrap) and util-linux ` +

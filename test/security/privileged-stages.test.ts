@@ -106,6 +106,10 @@ def pid1():
     with open("/proc/1/cmdline", "rb") as f:
         return f.read().decode("latin-1")
 
+def mountinfo():
+    with open("/proc/self/mountinfo") as f:
+        return f.read()
+
 def environ():
     return dict(os.environ)
 `;
@@ -188,6 +192,7 @@ describe("security - nothing a tenant controls reaches a stage with host privile
       args: ["-c", "cat /proc/self/environ | tr '\\0' '\\n'; sleep 2"],
       env: { LD_PRELOAD: "/nowhere.so", GCONV_PATH: "/app", A: 'it\'s $HOME `x` "y"\nz' },
     });
+    await sandboxed.ready; // bwrap has said its init pid: the process spawned is bwrap by now
     const stages = await readFile(`/proc/${sandboxed.child.pid}/environ`, "utf8");
     expect(stages.split("\0").filter(Boolean)).toEqual(["PATH=/usr/bin:/bin"]);
     let out = "";
@@ -235,6 +240,15 @@ describe("security - nothing a tenant controls reaches a stage with host privile
     expect(cmdline).not.toContain(tmp);
     expect(cmdline).not.toContain("/work");
     expect(cmdline).not.toContain("deployments");
+  });
+
+  it("/proc/self/mountinfo names no host path: the app's folder and the shims are mounted from neutral ones", async () => {
+    await deployIntruder("p-mounts", "mounts", {});
+    const mounts = (await call("p-mounts", "mounts", "mountinfo")) as string;
+    expect(mounts).toMatch(/ \/app\/main\.py /);
+    expect(mounts).toMatch(/ \/skiff /);
+    for (const host of [tmp, path.resolve(import.meta.dirname, "../.."), "deployments", "replicas"])
+      expect(mounts).not.toContain(host);
   });
 
   it("a Custom app's command tells nothing of the host's files", async () => {
