@@ -9,12 +9,15 @@ export function readLines(stream: Readable, onLine: (text: string) => void): voi
   let pending = "";
   stream.setEncoding("utf8");
   stream.on("data", (chunk: string) => {
-    pending += chunk;
+    // One pass over the chunk: each line is cut out once, the rest kept once (not re-sliced per line).
+    const text = pending === "" ? chunk : pending + chunk;
+    let start = 0;
     let nl: number;
-    while ((nl = pending.indexOf("\n")) !== -1) {
-      emit(pending.slice(0, nl));
-      pending = pending.slice(nl + 1);
+    while ((nl = text.indexOf("\n", start)) !== -1) {
+      emit(text.slice(start, nl));
+      start = nl + 1;
     }
+    pending = start === 0 ? text : text.slice(start);
     while (pending.length > MAX_LINE_CHARS) {
       onLine(pending.slice(0, MAX_LINE_CHARS));
       pending = pending.slice(MAX_LINE_CHARS);
@@ -26,7 +29,7 @@ export function readLines(stream: Readable, onLine: (text: string) => void): voi
   });
   function emit(line: string): void {
     const text = line.endsWith("\r") ? line.slice(0, -1) : line;
+    if (text.length <= MAX_LINE_CHARS) return onLine(text);
     for (let i = 0; i < text.length; i += MAX_LINE_CHARS) onLine(text.slice(i, i + MAX_LINE_CHARS));
-    if (text === "") onLine("");
   }
 }

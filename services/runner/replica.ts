@@ -448,10 +448,13 @@ export class Replica {
         this.logSecond = now;
         this.logLines = 0;
       }
-      // Past the rate a line costs a comparison and a count: no publish, no record.
+      // Past the rate a line costs a comparison and a count: no publish, no record. And the app's output is not
+      // read again before the second ends: its writes wait (the pipe fills), so a flood costs skiff little.
       if (this.logLines >= limit) {
-        if (this.droppedLines++ === 0)
+        if (this.droppedLines++ === 0) {
+          this.readOutput(false);
           this.dropReport = setTimeout(() => this.reportDropped(), this.logSecond + 1000 - now).unref();
+        }
         return;
       }
       this.logLines++;
@@ -459,10 +462,19 @@ export class Replica {
     this.emitLine(stream, text);
   }
 
+  /** Pauses or resumes reading the app's stdout and stderr. */
+  private readOutput(on: boolean): void {
+    for (const stream of [this.child?.stdout, this.child?.stderr]) {
+      if (on) stream?.resume();
+      else stream?.pause();
+    }
+  }
+
   /** One line in the app's log saying how many were dropped since the last such line, and the count for metrics. */
   private reportDropped(): void {
     clearTimeout(this.dropReport);
     this.dropReport = undefined;
+    this.readOutput(true);
     const n = this.droppedLines;
     if (n === 0) return;
     this.droppedLines = 0;
