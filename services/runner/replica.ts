@@ -98,13 +98,17 @@ const SYSTEM_ROOTS = ["/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/"];
 export function commandExists(command: string, appDir: string): boolean {
   if (!command.includes("/")) return REPLICA_PATH.split(":").some((dir) => existsSync(path.join(dir, command)));
   const inside = path.posix.resolve(APP_MOUNT, command);
-  if (inside.startsWith(APP_MOUNT + "/")) return existsSync(path.join(appDir, inside.slice(APP_MOUNT.length)));
   const system = (p: string) => SYSTEM_ROOTS.some((root) => p.startsWith(root));
-  if (!system(inside)) return false;
-  // A link of the system folders may lead out of them on the host (/usr/share/x/conf -> /etc/x), where a sandbox
-  // sees nothing: only a path that stays in them exists there.
+  const app = inside.startsWith(APP_MOUNT + "/");
+  if (!app && !system(inside)) return false;
+  // Links are followed on the host here, where a link of the app's or of the system folders may lead out of what
+  // a sandbox sees (/usr/share/x/conf -> /etc/x): only a real path that stays in the app folder or the system
+  // folders counts, whether it exists or not.
+  const host = app ? path.join(appDir, inside.slice(APP_MOUNT.length)) : inside;
+  const root = realpathSync(appDir);
   try {
-    return system(realpathSync(inside));
+    const real = realpathSync(host);
+    return real.startsWith(root + "/") || system(real);
   } catch {
     return false;
   }

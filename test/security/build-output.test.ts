@@ -131,7 +131,9 @@ describe("security - what a build leaves is data, never followed, read or remove
       /"a\/b\/x", a link with a target through another link/,
     );
     expect(await refused("ln -s ../../../../etc/shadow up\n")).toMatch(/"up", a link with a target outside/);
-    expect(await refused("ln -s /app/../etc/shadow abs\n")).toMatch(/"abs", a link with a target outside/);
+    expect(await refused("ln -s /app/../etc/shadow abs\n")).toMatch(/"abs", a link with a target that climbs/);
+    // The kernel applies ".." after the links before it: /usr/lib/ssl/private leads to /etc/ssl/private on Debian.
+    expect(await refused("ln -s /usr/lib/ssl/private/../../.. l\n")).toMatch(/"l", a link with a target that climbs/);
   });
 
   it("skiff's own marker planted by the build: refused", async () => {

@@ -9,7 +9,7 @@ import { existsSync } from "node:fs";
 import { chmod, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vitest";
 import { parseAppConfig } from "../../services/apps/app-config.js";
 import { silentLogger } from "../../services/config/logger.js";
 import type { InvokeRequest } from "../../services/runs/invoke.js";
@@ -20,6 +20,8 @@ import { DEFAULT_SANDBOX_LIMITS, spawnSandboxed, type SandboxOptions } from "../
 import { hashedUids } from "../../services/runner/uids.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
 
+/** A link of the system folders that leads out of them on the host, as Debian's /usr/lib/ssl/private does. */
+const link0 = () => "/usr/share/skiff-security-test-link0";
 const SANDBOX_MODULE = path.resolve(import.meta.dirname, "../../services/runner/sandbox.ts");
 const SANDBOX: SandboxOptions = { enabled: true, limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: 1024 } };
 
@@ -252,6 +254,9 @@ describe("security - nothing a tenant controls reaches a stage with host privile
   });
 
   it("a Custom app's command tells nothing of the host's files", async () => {
+    await rm(link0(), { force: true });
+    await symlink("/etc/ssl", link0());
+    onTestFinished(() => rm(link0(), { force: true }));
     const app = await writeApp(tmp, { "run.sh": "#!/bin/sh\n" });
     expect(commandExists("/bin/sh", app)).toBe(true);
     expect(commandExists("/app/run.sh", app)).toBe(true);
@@ -260,6 +265,10 @@ describe("security - nothing a tenant controls reaches a stage with host privile
     // Files that exist on the host but not in a sandbox read as missing, by any path.
     for (const probe of [hostObject, "/etc/passwd", "../../../../etc/passwd", `/app/../../../..${hostObject}`])
       expect(commandExists(probe, app)).toBe(false);
+    // A link of the app's that climbs out through a system folder's link (the build refuses to leave one; a
+    // deployment that had one still tells nothing): existing and missing host files read alike.
+    await symlink(`${link0()}/../../..`, path.join(app, "l"));
+    for (const probe of [hostObject, `${hostObject}-missing`]) expect(commandExists(`/app/l${probe}`, app)).toBe(false);
     // A link of the system folders that leads out of them on the host: the file it leads to is not in a sandbox.
     const link = "/usr/share/skiff-security-test-link";
     await rm(link, { force: true });
