@@ -56,7 +56,7 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
       const digest = sha256(bytes);
       let ready;
       try {
-        ready = await deps.apps.prepare(digest, bytes);
+        ready = await deps.apps.prepare(digest, bytes, projectId);
       } catch (err) {
         throw refusal(err) ?? err;
       }

@@ -14,12 +14,13 @@ export interface AppDeps {
   observer: AppObserver;
   /**
    * Unpacks a bundle with every check, reads its skiff.toml and prepares it
-   * (dependencies, Cortex functions). Throws BundleError, AppConfigError or
-   * PrepareFailed.
+   * (dependencies, Cortex functions) for the project deploying it. Throws
+   * BundleError, AppConfigError or PrepareFailed.
    */
   prepare(
     digest: string,
     bytes: Uint8Array,
+    projectId: string,
   ): Promise<{ config: AppConfig; prepared: PreparedDeployment; unpackedBytes: number }>;
   /** SKIFF_MAX_PROJECT_UNPACKED_BYTES: what the current deployments of a project's apps may unpack to together. */
   maxProjectUnpackedBytes: number;

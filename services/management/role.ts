@@ -102,16 +102,16 @@ async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {
     store,
     observer: await AppObserver.start(opts.nc),
     maxProjectUnpackedBytes: opts.maxProjectUnpackedBytes,
-    async prepare(digest, bytes) {
+    async prepare(digest, bytes, projectId) {
       if (cache) {
-        const ready = await cache.get(digest, async () => bytes);
+        const ready = await cache.get(digest, async () => bytes, projectId);
         // A folder prepared before its size was kept: the bundle says it.
         return { ...ready, unpackedBytes: ready.unpackedBytes ?? (await inspectBundle(bytes, check)).tar.length };
       }
       // No runner here: prepare a throwaway copy, only to check the bundle.
       const dir = await mkdtemp(path.join(tmpdir(), "skiff-check-"));
       try {
-        return await prepareBundle(bytes, path.join(dir, "app"), check);
+        return await prepareBundle(bytes, path.join(dir, "app"), { ...check, project: projectId });
       } finally {
         await rm(dir, { recursive: true, force: true });
       }

@@ -16,7 +16,8 @@
 //   - the build's own folder is then unmounted and removed whole; a build that
 //     fails leaves nothing a later deploy trusts;
 //   - at most SKIFF_MAX_CONCURRENT_BUILDS builds of a process run at once, so
-//     deploys started together take at most that many tmpfs and sandboxes.
+//     deploys started together take at most that many tmpfs and sandboxes,
+//     and one per project, so that a project's slow builds hold up its own.
 import { execFile } from "node:child_process";
 import { constants } from "node:fs";
 import { chmod, chown, cp, lstat, mkdir, open, readdir, readlink, rm, symlink } from "node:fs/promises";
@@ -38,19 +39,32 @@ export interface BuildLimits {
 
 export const DEFAULT_BUILD_LIMITS: BuildLimits = { maxBytes: 2 * 1024 * 1024 * 1024, maxFiles: 200_000, concurrent: 2 };
 
-/** Builds under way in this process, and those waiting for one to end. */
-const builds = { running: 0, waiting: [] as (() => void)[] };
+/** The projects with a build under way in this process, and the builds waiting for a slot, in order. */
+const builds = { running: new Set<string>(), waiting: [] as { project: string; go: () => void }[] };
 
-/** Runs `build` once fewer than `limits.concurrent` builds of this process are under way. */
-export async function oneBuildAtATime<T>(limits: BuildLimits, build: () => Promise<T>): Promise<T> {
-  if (builds.running >= limits.concurrent) await new Promise<void>((resolve) => builds.waiting.push(resolve));
-  else builds.running++;
+/**
+ * Runs `build` for `project` once a slot is free: at most `limits.concurrent`
+ * builds of this process at once, and one per project, so that one project's
+ * slow builds hold up only its own deploys: a slot that frees goes to the
+ * first waiting build of another project with none under way, else to the
+ * project's own next one, straight (no other caller can take it meanwhile).
+ */
+export async function oneBuildAtATime<T>(limits: BuildLimits, project: string, build: () => Promise<T>): Promise<T> {
+  if (builds.running.size < limits.concurrent && !builds.running.has(project)) builds.running.add(project);
+  else await new Promise<void>((go) => builds.waiting.push({ project, go }));
   try {
     return await build();
   } finally {
-    const next = builds.waiting.shift();
-    if (next) next();
-    else builds.running--;
+    builds.running.delete(project);
+    // Another project's build first, then this project's next one.
+    const ready = (w: { project: string }) => !builds.running.has(w.project);
+    let next = builds.waiting.findIndex((w) => ready(w) && w.project !== project);
+    if (next < 0) next = builds.waiting.findIndex(ready);
+    if (next >= 0 && builds.running.size < limits.concurrent) {
+      const [w] = builds.waiting.splice(next, 1);
+      builds.running.add(w.project);
+      w.go();
+    }
   }
 }
 

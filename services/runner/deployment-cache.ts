@@ -59,13 +59,13 @@ interface Marker {
 export async function prepareBundle(
   bytes: Uint8Array,
   dir: string,
-  opts: { maxBytes: number; logger: Logger },
+  opts: { maxBytes: number; logger: Logger; project?: string },
 ): Promise<{ config: AppConfig; configText: string; prepared: PreparedDeployment; unpackedBytes: number }> {
   const { tar } = await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes });
   const config = await loadAppConfig(dir);
   // Read now, from what skiff unpacked: after the build the folder holds what the build left.
   const configText = await readFile(path.join(dir, APP_CONFIG_FILE), "utf8");
-  const prepared = await prepareDeployment(dir, config, opts.logger);
+  const prepared = await prepareDeployment(dir, config, opts.logger, { project: opts.project });
   // What the deployment takes: the bundle's files, or what its build left (dependencies included).
   return { config, configText, prepared, unpackedBytes: prepared.bytes ?? tar.length };
 }
@@ -106,13 +106,14 @@ export class DeploymentCache {
   /**
    * The prepared folder of the bundle with this digest; `bytes` is called
    * only when it is not prepared yet, and must give the bundle itself.
+   * `project`: whose deploy it is (builds take turns by project).
    */
-  get(digest: string, bytes: () => Promise<Uint8Array>): Promise<PreparedBundle> {
+  get(digest: string, bytes: () => Promise<Uint8Array>, project = ""): Promise<PreparedBundle> {
     if (!/^[0-9a-f]{64}$/.test(digest))
       return Promise.reject(new BundleError("invalid", `not a sha256 digest: ${digest.slice(0, 80)}`));
     let p = this.pending.get(digest);
     if (!p) {
-      p = this.load(digest).then((found) => found ?? this.make(digest, bytes));
+      p = this.load(digest).then((found) => found ?? this.make(digest, bytes, project));
       this.pending.set(digest, p);
       void p.then(
         () => this.pending.delete(digest),
@@ -167,13 +168,13 @@ export class DeploymentCache {
     return { dir, config: parseAppConfig(marker.config), prepared, unpackedBytes: marker.unpacked_bytes };
   }
 
-  private async make(digest: string, bytes: () => Promise<Uint8Array>): Promise<PreparedBundle> {
+  private async make(digest: string, bytes: () => Promise<Uint8Array>, project: string): Promise<PreparedBundle> {
     const data = await bytes();
     if (sha256(data) !== digest) throw new BundleError("invalid", `the bundle does not match its digest ${digest}`);
     await mkdir(this.root, { recursive: true });
     const staging = path.join(this.root, `.staging-${digest.slice(0, 16)}-${randomBytes(4).toString("hex")}`);
     try {
-      const { prepared, unpackedBytes, configText } = await prepareBundle(data, staging, this.opts);
+      const { prepared, unpackedBytes, configText } = await prepareBundle(data, staging, { ...this.opts, project });
       const marker: Marker = {
         config: configText,
         functions: prepared.functions,

@@ -143,6 +143,8 @@ interface Context {
   sandbox: SandboxOptions;
   /** The uid the steps run as. */
   uid: number;
+  /** Whose deploy this is: builds take turns by project. */
+  project: string;
 }
 
 /** Where an install runs: in the folder, with installEnv(). */
@@ -327,7 +329,7 @@ const installs = (c: Context, config: AppConfig): Promise<string | undefined> =>
  */
 async function buildInArea(c: Context, config: AppConfig): Promise<{ python?: string; bytes: number }> {
   const limits = c.sandbox.build ?? DEFAULT_BUILD_LIMITS;
-  return oneBuildAtATime(limits, async () => {
+  return oneBuildAtATime(limits, c.project, async () => {
     const area = await openBuildArea(c.dir, c.uid, limits);
     const out = `${c.dir}.out`;
     try {
@@ -346,6 +348,8 @@ async function buildInArea(c: Context, config: AppConfig): Promise<{ python?: st
 export interface PrepareOptions {
   timeoutMs?: number;
   sandbox?: SandboxOptions;
+  /** The project deploying it: builds take turns by project (oneBuildAtATime). */
+  project?: string;
 }
 
 /**
@@ -364,7 +368,7 @@ export async function prepareDeployment(
   const timeoutMs = opts.timeoutMs ?? DEFAULT_INSTALL_TIMEOUT_MS;
   // A uid of the builds' range for this folder (its name is new for each deploy): it owns nothing once the build ends.
   const uid = buildUid(dir);
-  const c: Context = { dir, timeoutMs, logger, sandbox, uid };
+  const c: Context = { dir, timeoutMs, logger, sandbox, uid, project: opts.project ?? "" };
   if (sandbox.enabled) await settle(dir);
   let python: string | undefined;
   let bytes: number | undefined;

@@ -117,7 +117,7 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     const want = record.deployment;
     if (have?.version === want.version && have.digest === want.digest) return;
     try {
-      const ready = await deployments.get(want.digest, () => fetchBundle(record));
+      const ready = await deployments.get(want.digest, () => fetchBundle(record), projectId);
       // A newer record arrived while preparing: its own turn comes next.
       if (closed || registry.get(projectId, appName) !== record) return;
       await runner.deploy({

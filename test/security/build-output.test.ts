@@ -205,6 +205,25 @@ describe("security - what a build leaves is data, never followed, read or remove
     for (let i = 1; i < spans.length; i++) expect(spans[i][0] >= spans[i - 1][1]).toBe(true);
   });
 
+  it("one project's builds take turns with another's: a queue of slow builds holds up only its own", async () => {
+    const script = (n: string) => `date +%s%N > started; sleep 0.3; echo ${n} > n\n`;
+    const bundles = await Promise.all(
+      ["a1", "a2", "a3", "b1"].map(async (n) => (await packApp(await appWith(script(n)))).bytes),
+    );
+    const start = (i: number, project: string) => cache.get(sha256(bundles[i]), async () => bundles[i], project);
+    const a = [start(0, "p-slow"), start(1, "p-slow"), start(2, "p-slow")];
+    // Once the first of them is building (its area exists), the other two are waiting.
+    while (!(await readdir(cache.root).catch(() => [] as string[])).some((n) => n.endsWith(".build")))
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const done = await Promise.all([...a, start(3, "p-other")]);
+    const started = await Promise.all(
+      done.map(async (r) => BigInt((await readFile(path.join(r.dir, "started"), "utf8")).trim())),
+    );
+    // b1 went before the second and third builds of p-slow, which were waiting before it came.
+    expect(started[3] < started[1] && started[3] < started[2]).toBe(true);
+  });
+
   it("the operator's npm and pip settings never reach the build", async () => {
     const saved = { ...process.env };
     Object.assign(process.env, {
