@@ -17,20 +17,23 @@
 //     127.0.0.1. Requests come through a Unix socket the runner made and
 //     handed over as fd 3.
 // It runs as an unprivileged uid of its project (replicas) or of its build
-// (deploy-time steps). When skiff runs as root that is a real host uid: bwrap
-// drops every capability but CAP_SETUID, CAP_SETGID and CAP_SETPCAP, which
-// `setpriv` needs to drop to that uid with no capabilities at all (bounding
-// set included) and no_new_privs; otherwise a user namespace maps it to
-// skiff's own uid. Every stage runs under a seccomp filter
-// (seccomp-filter.py) and /proc/sys is read-only. rlimits (`prlimit`) bound
-// its address space, processes, file size and CPU time; killing the
-// namespace's first process ends everything inside, `setsid` or not.
+// (deploy-time steps). When skiff runs as root that is a real host uid, and
+// bwrap itself runs as it: a launch script (LAUNCH_SCRIPT), in a mount
+// namespace of its own, mounts the app's folder and the shims on neutral
+// paths and drops to that uid for good (no capability in any set,
+// no_new_privs) before bwrap starts, unprivileged, in a user namespace; so
+// no stage of a sandbox holds a host privilege. Without root, a user
+// namespace maps the sandbox's uid to skiff's own. Every stage runs under a
+// seccomp filter (seccomp-filter.py) and /proc/sys is read-only. rlimits
+// (`prlimit`) bound its address space, processes, open files, file size and
+// CPU time; killing the namespace's first process ends everything inside,
+// `setsid` or not.
 //
-// Nothing the tenant controls reaches a stage that still holds privileges:
-// bwrap and the stages before the drop get a fixed environment, and the
-// app's own (its [env]) is set by `env -i` only after it; bwrap reads its
-// arguments from a pipe (--args), so /proc/1/cmdline inside says nothing of
-// the host's paths.
+// Nothing the tenant controls reaches a privileged process: the launch
+// script and bwrap get a fixed environment and fixed arguments, and the
+// app's own environment (its [env]) is set by the gate, after everything
+// else; bwrap reads its options from a pipe (--args), so /proc/1/cmdline
+// inside says nothing of the host's paths.
 import { execFileSync, spawn, type ChildProcess, type StdioOptions } from "node:child_process";
 import { createHash } from "node:crypto";
 import {
@@ -113,35 +116,53 @@ const SLIRP_DNS = "10.0.2.3";
 const NSENTER_CANDIDATES = ["/usr/bin/nsenter", "/bin/nsenter"];
 const UNSHARE = "/usr/bin/unshare";
 /**
- * Where, in a mount namespace of its own made for each sandbox, the app's
- * folder and the shims are mounted again from neutral paths before bwrap
- * starts (NEUTRAL_SCRIPT): a bind mount shows the path of its source in
- * /proc/self/mountinfo, and these show the host's data folder and checkout.
+ * Where, in a mount namespace of its own made for each sandbox when skiff is
+ * root, the launch script (LAUNCH_SCRIPT) mounts the app's folder and the
+ * shims again before bwrap starts: a bind mount shows the path of its source
+ * in /proc/self/mountinfo, and these would show the host's data folder and
+ * checkout; and bwrap, which runs as the sandbox's uid, reaches them there
+ * (the data folder is root's alone).
  */
 const NEUTRAL_DIR = existsSync("/run") ? "/run/skiff-sandbox" : "/tmp/skiff-sandbox";
 /**
  * Run as root with a fixed environment by `unshare --mount --propagation
- * private`, with the app's folder (or "" for none), the shims' and bwrap's
- * command line as arguments: a tmpfs on NEUTRAL_DIR, each folder bound there
- * and seen through a read-only overlay, whose source and options in
- * mountinfo name only NEUTRAL_DIR; then bwrap, which binds from there, with
- * the same fixed environment (the shell would add its PWD).
+ * private`, with arguments: the app's folder ("" for none), "ro" or "rw",
+ * the shims' folder, the sandbox's uid, "overlay" or "bind", then bwrap's
+ * command line. It mounts a tmpfs on NEUTRAL_DIR and each folder there: a
+ * read-only one through an overlay (whose source and options in mountinfo
+ * name only NEUTRAL_DIR) or, where overlays cannot be mounted, a read-only
+ * bind; a build's folder (rw), a tmpfs of its own already, bound as it is.
+ * Then it drops to the sandbox's uid for good (setpriv: no capability in any
+ * set, no_new_privs, no groups) and runs bwrap there, unprivileged, in a user
+ * namespace: no stage of the sandbox ever holds a host privilege.
  */
-const NEUTRAL_SCRIPT = `set -e
+const LAUNCH_SCRIPT = `set -e
 n=${NEUTRAL_DIR}
+kind=$5
 mount -t tmpfs -o mode=0755,size=64k skiff-sandbox "$n"
 mkdir "$n/empty" "$n/a" "$n/s" "$n/app" "$n/shims"
-mount --bind "$2" "$n/s"
-mount -t overlay skiff -o ro,lowerdir="$n/s:$n/empty" "$n/shims"
-if [ -n "$1" ]; then
-  mount --bind "$1" "$n/a"
-  mount -t overlay skiff -o ro,lowerdir="$n/a:$n/empty" "$n/app"
+# ro FOLDER STAGE TARGET: the folder read-only at TARGET, through STAGE when it is an overlay
+ro() {
+  if [ "$kind" = overlay ]; then
+    mount --bind "$1" "$2"
+    mount -t overlay skiff -o ro,lowerdir="$2:$n/empty" "$3"
+  else
+    mount --bind -o ro "$1" "$3"
+  fi
+}
+ro "$3" "$n/s" "$n/shims"
+if [ "$2" = rw ]; then
+  mount --bind "$1" "$n/app"
+elif [ -n "$1" ]; then
+  ro "$1" "$n/a" "$n/app"
 fi
-shift 2
-exec /usr/bin/env -i PATH="$PATH" "$@"`;
+u=$4
+shift 5
+exec /usr/bin/env -i PATH="$PATH" /usr/bin/setpriv --reuid="$u" --regid="$u" --clear-groups \\
+  --inh-caps=-all --bounding-set=-all --no-new-privs -- "$@"`;
 
-/** Whether sandboxes mount from neutral paths: where skiff is root (mounts need it), unless configureSandbox's probe failed. */
-let neutralMounts = process.getuid?.() === 0;
+/** How the launch script mounts read-only folders: an overlay, unless configureSandbox's probe found it cannot. */
+let neutralKind: "overlay" | "bind" = "overlay";
 const IP_CANDIDATES = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"];
 /** Priority of the namespace's rules that refuse the host's addresses: before the main table's (32766). */
 const DENY_RULE_PRIORITY = 100;
@@ -400,18 +421,17 @@ export interface SandboxFds {
   block?: number;
   /** The gate (gateScript): the app's environment, and the word to run. At most 9 (sh redirects fds 0-9). */
   gate: number;
-  /** bwrap runs after NEUTRAL_SCRIPT, and binds the folders from NEUTRAL_DIR. */
-  neutral?: boolean;
 }
 
 /**
- * The program and arguments that start bwrap for a spec: bwrap itself, or
- * (neutral mounts) bwrap after NEUTRAL_SCRIPT in a mount namespace of its own.
+ * The program and arguments that start a sandbox: bwrap itself when skiff is
+ * not root (it runs as skiff's uid); else LAUNCH_SCRIPT in a mount namespace
+ * of its own, which mounts the folders and drops to the sandbox's uid first.
  */
-function launch(bwrap: string, spec: SandboxSpec, command: string[], neutral: boolean): [string, string[]] {
+function launch(bwrap: string, spec: SandboxSpec, command: string[]): [string, string[]] {
   const args = ["--args", "0", ...command];
-  if (!neutral) return [bwrap, args];
-  const app = spec.writableApp ? "" : spec.appDir; // a build's folder is a tmpfs of its own: nothing to hide
+  if (!runsAsRoot()) return [bwrap, args];
+  const script = [spec.appDir, spec.writableApp ? "rw" : "ro", SHIM_DIR, String(spec.uid), neutralKind];
   return [
     UNSHARE,
     [
@@ -421,10 +441,9 @@ function launch(bwrap: string, spec: SandboxSpec, command: string[], neutral: bo
       "--",
       "/bin/sh",
       "-c",
-      NEUTRAL_SCRIPT,
-      "skiff-neutral",
-      app,
-      SHIM_DIR,
+      LAUNCH_SCRIPT,
+      "skiff-launch",
+      ...script,
       bwrap,
       ...args,
     ],
@@ -454,9 +473,8 @@ function checkSpec(spec: SandboxSpec, fds: SandboxFds): void {
 
 /**
  * bwrap's command line for a spec: its options, which it reads from a pipe
- * (--args) since they hold the host's paths, and the command it runs: the
- * stages that drop to the sandbox's uid, the gate with an empty environment,
- * the app's command.
+ * (--args) since they hold paths, and the command it runs: `prlimit`, the
+ * gate with an empty environment, the app's command.
  */
 export function sandboxArgv(spec: SandboxSpec, fds: SandboxFds): { options: string[]; command: string[] } {
   checkSpec(spec, fds);
@@ -480,10 +498,10 @@ export function sandboxArgv(spec: SandboxSpec, fds: SandboxFds): { options: stri
     "--tmpfs",
     "/tmp",
   ];
-  // With neutral mounts, the folders are bound from where NEUTRAL_SCRIPT put them.
-  const neutral = fds.neutral === true;
+  // Where skiff is root, bwrap binds the folders from where LAUNCH_SCRIPT put them.
+  const neutral = runsAsRoot();
   options.push("--ro-bind", neutral ? `${NEUTRAL_DIR}/shims` : SHIM_DIR, SHIM_MOUNT);
-  if (spec.writableApp) options.push("--bind", spec.appDir, APP_MOUNT);
+  if (spec.writableApp) options.push("--bind", neutral ? `${NEUTRAL_DIR}/app` : spec.appDir, APP_MOUNT);
   else {
     options.push("--perms", "0777", "--size", mb(limits.tmpMb), "--tmpfs", APP_MOUNT);
     for (const name of readdirSync(spec.appDir)) {
@@ -509,13 +527,9 @@ export function sandboxArgv(spec: SandboxSpec, fds: SandboxFds): { options: stri
   ];
   if (limits.cpuSeconds > 0) command.push(`--cpu=${limits.cpuSeconds}`);
   command.push("--");
-  if (runsAsRoot()) {
-    // A real unprivileged host uid: bwrap keeps only what setpriv needs to drop to it and to empty the bounding set.
-    options.push("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP");
-    command.push(SETPRIV, `--reuid=${spec.uid}`, `--regid=${spec.uid}`, "--clear-groups", "--no-new-privs");
-    command.push("--inh-caps=-all", "--bounding-set=-all", "--");
-  } else options.unshift("--unshare-user", "--disable-userns", "--uid", String(spec.uid), "--gid", String(spec.uid));
-  // From here on everything runs as the sandbox's uid without capabilities; only the gate sets the app's environment.
+  // bwrap runs as the sandbox's uid (LAUNCH_SCRIPT dropped to it, or skiff is that uid) and maps it to itself.
+  options.unshift("--unshare-user", "--disable-userns", "--uid", String(spec.uid), "--gid", String(spec.uid));
+  // Everything runs as the sandbox's uid without capabilities; only the gate sets the app's environment.
   command.push(ENV, "-i", "/bin/sh", "-c", gateScript(fds.gate), "skiff-gate", spec.command, ...spec.args);
   return { options, command };
 }
@@ -567,7 +581,7 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
   // After the command's own fds: the info fd, the seccomp filter, slirp4netns's resolv.conf, the block fd
   // that bwrap waits on (when there is something to set up first), and the gate.
   let next = CHANNEL_FD + passed.length;
-  const fds: SandboxFds = { info: next++, seccomp: next++, gate: 0, neutral: neutralMounts };
+  const fds: SandboxFds = { info: next++, seccomp: next++, gate: 0 };
   if (slirp) fds.resolv = next++;
   if (slirp || cgroup) fds.block = next++;
   fds.gate = next;
@@ -577,8 +591,8 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
   try {
     const { options, command } = sandboxArgv(spec, fds);
     // bwrap reads its options from stdin (--args 0); the command then finds stdin at its end.
-    if (fds.neutral) mkdirSync(NEUTRAL_DIR, { recursive: true, mode: 0o755 });
-    const [program, args] = launch(bwrap, spec, command, fds.neutral === true);
+    if (runsAsRoot()) mkdirSync(NEUTRAL_DIR, { recursive: true, mode: 0o755 });
+    const [program, args] = launch(bwrap, spec, command);
     child = spawn(program, args, { env: STAGE_ENV, stdio, detached: true });
     const feed = (fd: number, data: Buffer | string) => {
       const w = child.stdio[fd] as NodeJS.WritableStream | null;
@@ -671,7 +685,10 @@ export function spawnSandboxed(spec: SandboxSpec): SandboxedProcess {
         "--enable-seccomp",
         "--ready-fd=3",
         "--exit-fd=4",
-        String(pid),
+        // By path, not pid: given a pid it joins the process's user namespace first, where it may not set up the
+        // network namespace (bwrap's own, when bwrap runs as the sandbox's uid).
+        "--netns-type=path",
+        `/proc/${pid}/ns/net`,
         "tap0",
       ],
       { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"], env: STAGE_ENV },
@@ -731,11 +748,11 @@ export function exitSignal(code: number | null, signal: NodeJS.Signals | null): 
 }
 
 /** Why a sandbox probe failed, or undefined when bwrap works here with these settings. */
-export function probeSandbox(limits: SandboxLimits, neutral = neutralMounts): string | undefined {
+export function probeSandbox(limits: SandboxLimits): string | undefined {
   const bwrap = bwrapPath();
   if (!bwrap && bwrapSetting) return `SKIFF_BWRAP names ${bwrapSetting}, which does not exist`;
   if (!bwrap) return `bwrap (Debian package bubblewrap) is not installed (looked for ${BWRAP_CANDIDATES.join(", ")})`;
-  for (const tool of [PRLIMIT, ...(runsAsRoot() ? [SETPRIV] : [])])
+  for (const tool of [PRLIMIT, ...(runsAsRoot() ? [SETPRIV, UNSHARE] : [])])
     if (!existsSync(tool)) return `${tool} (util-linux) is missing`;
   const spec: SandboxSpec = {
     appDir: SHIM_DIR,
@@ -758,10 +775,10 @@ export function probeSandbox(limits: SandboxLimits, neutral = neutralMounts): st
     const filter = fileFd("seccomp.bpf", seccompFilter());
     const gate = fileFd("gate", gateText(spec.env));
     rmSync(dir, { recursive: true, force: true });
-    const fds: SandboxFds = { info: CHANNEL_FD, seccomp: CHANNEL_FD + 1, gate: CHANNEL_FD + 2, neutral };
+    const fds: SandboxFds = { info: CHANNEL_FD, seccomp: CHANNEL_FD + 1, gate: CHANNEL_FD + 2 };
     const { options, command } = sandboxArgv(spec, fds);
-    if (neutral) mkdirSync(NEUTRAL_DIR, { recursive: true, mode: 0o755 });
-    const [program, args] = launch(bwrap, spec, command, neutral);
+    if (runsAsRoot()) mkdirSync(NEUTRAL_DIR, { recursive: true, mode: 0o755 });
+    const [program, args] = launch(bwrap, spec, command);
     const out = execFileSync(program, args, {
       input: argsBytes(options),
       env: STAGE_ENV,
@@ -892,14 +909,17 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
       "closed file descriptors this process inherited without close-on-exec: they would have reached every app",
     );
   let failure = probeSandbox(limits);
-  if (failure && neutralMounts && !probeSandbox(limits, false)) {
-    logger.warn(
-      { neutralMounts: false, why: failure },
-      "sandboxes bind the deployment from its host path: mounting it from a neutral one failed here, so apps can " +
-        "read where the data folder and the checkout are (/proc/self/mountinfo), not what they hold",
-    );
-    neutralMounts = false;
-    failure = undefined;
+  if (failure && runsAsRoot()) {
+    neutralKind = "bind";
+    if (probeSandbox(limits)) neutralKind = "overlay";
+    else {
+      logger.warn(
+        { overlay: false, why: failure },
+        "sandboxes bind the app's folder and the shims read-only without an overlay: overlays cannot be mounted " +
+          "here, so apps can read where the data folder and the checkout are (/proc/self/mountinfo), not what they hold",
+      );
+      failure = undefined;
+    }
   }
   if (failure)
     throw new Error(
