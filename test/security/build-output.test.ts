@@ -206,7 +206,8 @@ describe("security - what a build leaves is data, never followed, read or remove
   });
 
   it("one project's builds take turns with another's: a queue of slow builds holds up only its own", async () => {
-    const script = (n: string) => `date +%s%N > started; sleep 0.3; echo ${n} > n\n`;
+    // The first build lasts long enough for the others (and p-other's, started after it) to be waiting.
+    const script = (n: string) => `date +%s%N > started; sleep ${n === "a1" ? 3 : 0.3}; echo ${n} > n\n`;
     const bundles = await Promise.all(
       ["a1", "a2", "a3", "b1"].map(async (n) => (await packApp(await appWith(script(n)))).bytes),
     );
