@@ -212,11 +212,12 @@ describe("security - what a build leaves is data, never followed, read or remove
       ["a1", "a2", "a3", "b1"].map(async (n) => (await packApp(await appWith(script(n)))).bytes),
     );
     const start = (i: number, project: string) => cache.get(sha256(bundles[i]), async () => bundles[i], project);
-    const a = [start(0, "p-slow"), start(1, "p-slow"), start(2, "p-slow")];
-    // Once the first of them is building (its area exists), the other two are waiting.
+    const a = [start(0, "p-slow")];
+    // Once the first is building (its area exists), the other two of its project come, then p-other's.
     while (!(await readdir(cache.root).catch(() => [] as string[])).some((n) => n.endsWith(".build")))
       await new Promise((resolve) => setTimeout(resolve, 20));
-    await new Promise((resolve) => setTimeout(resolve, 200));
+    a.push(start(1, "p-slow"), start(2, "p-slow"));
+    await new Promise((resolve) => setTimeout(resolve, 500));
     const done = await Promise.all([...a, start(3, "p-other")]);
     const started = await Promise.all(
       done.map(async (r) => BigInt((await readFile(path.join(r.dir, "started"), "utf8")).trim())),
