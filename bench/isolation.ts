@@ -151,6 +151,8 @@ try {
           (err: Error) => err.name,
         );
         outcomes[key] = (outcomes[key] ?? 0) + 1;
+        // A refusal comes at once: let the event loop turn, as a caller's network round trip would.
+        await new Promise((resolve) => setImmediate(resolve));
       }
     });
     await new Promise((resolve) => setTimeout(resolve, 2000)); // the abuse at full strength
