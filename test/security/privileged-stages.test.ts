@@ -112,6 +112,18 @@ def mountinfo():
     with open("/proc/self/mountinfo") as f:
         return f.read()
 
+def eventfds():
+    fds = []
+    try:
+        while len(fds) < 100000:
+            fds.append(os.eventfd(0))
+        return {"opened": len(fds), "error": None}
+    except OSError as err:
+        return {"opened": len(fds), "error": errno.errorcode.get(err.errno, str(err.errno))}
+    finally:
+        for fd in fds:
+            os.close(fd)
+
 def environ():
     return dict(os.environ)
 `;
@@ -232,6 +244,14 @@ describe("security - nothing a tenant controls reaches a stage with host privile
       personality_exec: "EPERM",
       personality_query: "ok",
     });
+  });
+
+  it("open files are bounded per process (SKIFF_REPLICA_OPEN_FILES): eventfds stop at the limit", async () => {
+    await deployIntruder("p-eventfds", "eventfds", {});
+    const got = await call("p-eventfds", "eventfds", "eventfds");
+    expect(got.error).toBe("EMFILE");
+    expect(got.opened).toBeLessThan(SANDBOX.limits.openFiles);
+    expect(got.opened).toBeGreaterThan(SANDBOX.limits.openFiles - 64);
   });
 
   it("/proc/sys is read-only and /proc/1/cmdline names no host path", async () => {
