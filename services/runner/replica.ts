@@ -7,7 +7,7 @@
 // exchange, be probed, and stop (SIGTERM, then SIGKILL after a grace; in a
 // sandbox SIGKILL ends every process inside). Scheduling is the pool's.
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, realpathSync } from "node:fs";
+import { closeSync, existsSync, openSync, realpathSync } from "node:fs";
 import http from "node:http";
 import { createHash } from "node:crypto";
 import { lstat, mkdir, rename, rm } from "node:fs/promises";
@@ -282,9 +282,19 @@ export class Replica {
     await mkdir(s.workDir, { recursive: true, mode: 0o700 });
     const socketPath = this.endpoint.socketPath!;
     if (path.dirname(socketPath) !== s.workDir) await privateFolder(path.dirname(socketPath));
-    // libuv removes a listening socket's path when it closes: bind a name, then move the socket to its own.
-    const binding = `${socketPath}.new`;
-    const server = await listenChannel(binding);
+    // libuv removes a listening socket's path when it closes: bind a name, then move the socket to its own. The
+    // name is bound through a descriptor of its folder, because the socket keeps the name it was bound with and
+    // the app may read it (getsockname): /proc/self/fd/<n>/…, not the data folder's path.
+    const folder = openSync(path.dirname(socketPath), "r");
+    const name = `${path.basename(socketPath)}.new`;
+    const binding = path.join(path.dirname(socketPath), name);
+    let server: net.Server;
+    try {
+      server = await listenChannel(`/proc/self/fd/${folder}/${name}`);
+    } catch (err) {
+      closeSync(folder);
+      throw err;
+    }
     try {
       const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
       this.sandboxed = spawnSandboxed({
@@ -299,7 +309,8 @@ export class Replica {
       });
       await rename(binding, socketPath);
     } finally {
-      server.close();
+      server.close(); // unlinks the bound name at once, through the folder's descriptor, still open
+      closeSync(folder);
     }
     return this.sandboxed.child;
   }

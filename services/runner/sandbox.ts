@@ -194,6 +194,8 @@ const ETC_FILES = [
 const PROJECT_UID_BASE = 200_000;
 const BUILD_UID_BASE = 1_300_000;
 const UID_RANGE = 1_000_000;
+/** The uid of the probe at start: above the projects' and the builds' ranges, so never one of theirs. */
+const PROBE_UID = BUILD_UID_BASE + UID_RANGE + 1;
 
 function uidOf(base: number, key: string): number {
   return base + (createHash("sha256").update(key).digest().readUInt32BE(0) % UID_RANGE);
@@ -756,10 +758,10 @@ export function probeSandbox(limits: SandboxLimits): string | undefined {
     if (!existsSync(tool)) return `${tool} (util-linux) is missing`;
   const spec: SandboxSpec = {
     appDir: SHIM_DIR,
-    uid: projectUid("probe"),
+    uid: PROBE_UID,
     limits,
     command: "/bin/sh",
-    args: ["-c", `test -r ${SHIM_MOUNT}/cortex.mjs && test "$(id -u)" = "${projectUid("probe")}" && echo sandbox-ok`],
+    args: ["-c", `test -r ${SHIM_MOUNT}/cortex.mjs && test "$(id -u)" = "${PROBE_UID}" && echo sandbox-ok`],
     env: { PATH: "/usr/bin:/bin" },
   };
   const opened: number[] = [];

@@ -124,6 +124,10 @@ def eventfds():
         for fd in fds:
             os.close(fd)
 
+def channel_name():
+    import socket
+    return socket.socket(fileno=os.dup(3)).getsockname()
+
 def environ():
     return dict(os.environ)
 `;
@@ -244,6 +248,12 @@ describe("security - nothing a tenant controls reaches a stage with host privile
       personality_exec: "EPERM",
       personality_query: "ok",
     });
+  });
+
+  it("the channel's socket names no host path (getsockname of fd 3)", async () => {
+    await deployIntruder("p-channel", "channel", {});
+    const name = (await call("p-channel", "channel", "channel_name")) as string;
+    expect(name).toMatch(/^\/proc\/self\/fd\/\d+\/channel\.sock\.new$/);
   });
 
   it("open files are bounded per process (SKIFF_REPLICA_OPEN_FILES): eventfds stop at the limit", async () => {
