@@ -59,6 +59,8 @@ export interface ReplicaSpec {
 }
 
 /** The channel's socket in a replica's folder. */
+/** Output a replica may make the runner read in a second (characters); past it, reading waits for the next one. */
+export const LOG_BYTES_PER_SECOND = 4 * 1024 * 1024;
 export const CHANNEL_SOCKET = "channel.sock";
 /** How long a sandboxed replica taken out of routing gets before SIGTERM, for requests already on their way. */
 const DRAIN_SETTLE_MS = 50;
@@ -210,6 +212,9 @@ export class Replica {
   /** When the current second of logging began (Date.now()) and the lines logged in it. */
   private logSecond = 0;
   private logLines = 0;
+  /** Characters of output read in the current second, and whether reading waits for the next one. */
+  private logBytes = 0;
+  private outputPaused = false;
   /** Lines dropped since the last report, which a timer makes at the end of the second that dropped them. */
   private droppedLines = 0;
   private dropReport: NodeJS.Timeout | undefined;
@@ -456,20 +461,33 @@ export class Replica {
   }
 
   private log(stream: "stdout" | "stderr", text: string): void {
+    const now = Date.now();
+    if (now - this.logSecond >= 1000) {
+      this.logSecond = now;
+      this.logLines = 0;
+      this.logBytes = 0;
+    }
+    // Reading a flood costs the runner's thread however few of its lines are kept: past LOG_BYTES_PER_SECOND
+    // the app's output is not read again before the second ends, and its writes wait on the full pipe. An app
+    // that logs a line a request stays far below it.
+    this.logBytes += text.length;
+    if (this.logBytes > LOG_BYTES_PER_SECOND && !this.outputPaused) {
+      this.outputPaused = true;
+      this.readOutput(false);
+      setTimeout(
+        () => {
+          this.outputPaused = false;
+          this.readOutput(true);
+        },
+        this.logSecond + 1000 - now,
+      ).unref();
+    }
     const limit = this.hooks.logLinesPerSecond;
     if (limit !== undefined) {
-      const now = Date.now();
-      if (now - this.logSecond >= 1000) {
-        this.logSecond = now;
-        this.logLines = 0;
-      }
-      // Past the rate a line costs a comparison and a count: no publish, no record. And the app's output is not
-      // read again before the second ends: its writes wait (the pipe fills), so a flood costs skiff little.
+      // Past the rate a line costs a comparison and a count: no publish, no record.
       if (this.logLines >= limit) {
-        if (this.droppedLines++ === 0) {
-          this.readOutput(false);
+        if (this.droppedLines++ === 0)
           this.dropReport = setTimeout(() => this.reportDropped(), this.logSecond + 1000 - now).unref();
-        }
         return;
       }
       this.logLines++;
@@ -489,7 +507,6 @@ export class Replica {
   private reportDropped(): void {
     clearTimeout(this.dropReport);
     this.dropReport = undefined;
-    this.readOutput(true);
     const n = this.droppedLines;
     if (n === 0) return;
     this.droppedLines = 0;
