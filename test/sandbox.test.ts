@@ -14,7 +14,8 @@ import { ReplicaCrashed } from "../services/runs/errors.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
 import { channelPath } from "../services/runner/replica.js";
 import { Runner } from "../services/runner/runner.js";
-import { DEFAULT_SANDBOX_LIMITS, projectUid, type SandboxOptions } from "../services/runner/sandbox.js";
+import { DEFAULT_SANDBOX_LIMITS, type SandboxOptions } from "../services/runner/sandbox.js";
+import { hashedUids } from "../services/runner/uids.js";
 import { skiffToml, type CortexRuntime } from "./helpers/apps.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 import { hostProcessesWith } from "./helpers/host-processes.js";
@@ -122,13 +123,15 @@ afterAll(async () => {
 describe("sandbox - a hostile tenant reaches nothing of the platform or of other tenants", () => {
   it("runs as its project's own unprivileged uid, in /app, as the first processes of its own pid namespace", async () => {
     const me = await py("whoami");
-    expect(me).toMatchObject({ uid: projectUid("p-intruder"), cwd: "/app", home: "/app" });
+    // A Runner without a registry gives projects hashedUids' uids.
+    const projectUid = hashedUids.projectUid;
+    expect(me).toMatchObject({ uid: await projectUid("p-intruder"), cwd: "/app", home: "/app" });
     expect(me.uid).not.toBe(0);
     expect(me.pid).toBeLessThan(10);
     const victim = await call("p-victim", "victim", "whoami");
-    expect(victim.uid).toBe(projectUid("p-victim"));
+    expect(victim.uid).toBe(await projectUid("p-victim"));
     expect(victim.uid).not.toBe(me.uid);
-    expect((await node("whoami")).uid).toBe(projectUid("p-intruder-node"));
+    expect((await node("whoami")).uid).toBe(await projectUid("p-intruder-node"));
   });
 
   it("token files and SKIFF_DATA_DIR: neither by a relative path nor by the host's path", async () => {

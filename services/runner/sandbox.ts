@@ -190,21 +190,15 @@ const ETC_FILES = [
   "/etc/python3",
   "/etc/python3.11",
 ];
-/** Sandbox uids: replicas from PROJECT_UID_BASE, deploy-time steps from BUILD_UID_BASE, each a range of UID_RANGE. */
-const PROJECT_UID_BASE = 200_000;
+/** Deploy-time steps' uids: a range of UID_RANGE from BUILD_UID_BASE, above the projects' (uids.ts UID_LIMIT). */
 const BUILD_UID_BASE = 1_300_000;
 const UID_RANGE = 1_000_000;
 /** The uid of the probe at start: above the projects' and the builds' ranges, so never one of theirs. */
 const PROBE_UID = BUILD_UID_BASE + UID_RANGE + 1;
 
-function uidOf(base: number, key: string): number {
-  return base + (createHash("sha256").update(key).digest().readUInt32BE(0) % UID_RANGE);
-}
-
-/** The uid (and gid) of a project's replicas. */
-export const projectUid = (projectId: string): number => uidOf(PROJECT_UID_BASE, projectId);
-/** The uid of deploy-time steps of one deployment folder. */
-export const buildUid = (key: string): number => uidOf(BUILD_UID_BASE, key);
+/** The uid of deploy-time steps of one build folder (its name is new for each build); projects' come from uids.ts. */
+export const buildUid = (key: string): number =>
+  BUILD_UID_BASE + (createHash("sha256").update(key).digest().readUInt32BE(0) % UID_RANGE);
 
 export const runsAsRoot = (): boolean => process.getuid?.() === 0;
 
