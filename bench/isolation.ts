@@ -19,7 +19,7 @@ import { silentLogger } from "../services/config/logger.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
 import { prepareDeployment } from "../services/runner/prepare.js";
 import { Runner } from "../services/runner/runner.js";
-import { configureSandbox } from "../services/runner/sandbox.js";
+import { configureSandbox } from "../services/runner/sandbox-setup.js";
 
 const quick = process.argv.includes("--quick");
 const onlyAt = process.argv.indexOf("--only");

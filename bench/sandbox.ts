@@ -21,7 +21,8 @@ import { silentLogger } from "../services/config/logger.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
 import { prepareDeployment } from "../services/runner/prepare.js";
 import { Runner } from "../services/runner/runner.js";
-import { DEFAULT_SANDBOX, enableCgroups, slirpPath, type SandboxOptions } from "../services/runner/sandbox.js";
+import { defaultSandbox, type SandboxOptions } from "../services/runner/sandbox.js";
+import { slirpPath } from "../services/runner/sandbox-network.js";
 
 const quick = process.argv.includes("--quick");
 const onlyAt = process.argv.indexOf("--only");
@@ -29,8 +30,9 @@ const only = onlyAt > 0 ? process.argv[onlyAt + 1]?.split(",") : undefined;
 const COLD_ROUNDS = quick ? 5 : 15;
 const CALLS = quick ? 1000 : 5000;
 const ROOT = path.resolve(import.meta.dirname, "..");
-const OFF: SandboxOptions = { ...DEFAULT_SANDBOX, enabled: false };
-const NET: SandboxOptions = { ...DEFAULT_SANDBOX, network: "slirp4netns" };
+const ON: SandboxOptions = defaultSandbox();
+const OFF: SandboxOptions = { ...ON, enabled: false };
+const NET: SandboxOptions = { ...ON, network: "slirp4netns" };
 
 interface Case {
   name: string;
@@ -149,7 +151,7 @@ async function perCall(tmp: string, c: Case, sandbox: SandboxOptions) {
 
 const tmp = await mkdtemp(path.join(tmpdir(), "skiff-bench-sandbox-"));
 // As skiff at start (configureSandbox): a cgroup per sandbox where the host allows it.
-const cgroups = enableCgroups();
+const cgroups = ON.host.enableCgroups();
 const results: Record<string, unknown> = {
   machine: {
     cores: cpus().length,
@@ -166,11 +168,11 @@ try {
   for (const c of CASES.filter((c) => !only || only.includes(c.name))) {
     console.log(`${c.name}: cold starts`);
     const coldOff = median(await coldStart(tmp, c, OFF));
-    const coldOn = median(await coldStart(tmp, c, DEFAULT_SANDBOX));
+    const coldOn = median(await coldStart(tmp, c, ON));
     console.log(`${c.name}: per call`);
     const coldNet = slirpPath() ? median(await coldStart(tmp, c, NET)) : undefined;
     const callOff = await perCall(tmp, c, OFF);
-    const callOn = await perCall(tmp, c, DEFAULT_SANDBOX);
+    const callOn = await perCall(tmp, c, ON);
     results[c.name] = {
       cold_start_ms: { off: r3(coldOff), on: r3(coldOn), on_slirp4netns: coldNet && r3(coldNet) },
       per_call: { off: callOff, on: callOn },

@@ -8,7 +8,14 @@ import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { startInvocationRole } from "./invocation/index.js";
 import { startManagementRole } from "./management/index.js";
-import { configureSandbox, deploymentsDir, startRunnerRole, DeploymentCache, type Runner } from "./runner/index.js";
+import {
+  configureSandbox,
+  deploymentsDir,
+  startRunnerRole,
+  DeploymentCache,
+  type Runner,
+  type SandboxOptions,
+} from "./runner/index.js";
 import { newRunId, openRunContext, queuedRuns, STREAM_BODIES_ABOVE, type RunContext } from "./runs/index.js";
 import { AppRegistry } from "./apps/index.js";
 import { sameToken, startAuth, type Auth } from "./auth/index.js";
@@ -49,6 +56,8 @@ interface Shared {
   webhookAllowedCidrs: string[];
   /** The runner role's deployment cache, which the management role uses too when both run here. */
   deployments: DeploymentCache | undefined;
+  /** Where replicas and deploy-time steps run (configureSandbox's), for the runner and management roles. */
+  sandbox: SandboxOptions | undefined;
   registry(): Promise<AppRegistry>;
   runs(): Promise<RunContext>;
   auth(): Promise<Auth>;
@@ -95,6 +104,7 @@ const ROLES: Record<Role, RoleSpec> = {
         finalRecordKeepMs: config.finalRecordKeepMs,
         maxAsyncResultBytes: config.maxAsyncResultBytes,
         runnerOptions: {
+          sandbox: shared.sandbox,
           projectMaxReplicas: config.projectMaxReplicas,
           projectMemoryMb: config.projectMemoryMb,
           logLinesPerSecond: config.replicaLogLinesPerSecond,
@@ -169,6 +179,7 @@ const ROLES: Record<Role, RoleSpec> = {
         maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
         runs: await shared.runs(),
         deployments: shared.deployments,
+        sandbox: shared.sandbox,
         logger,
       });
     },
@@ -246,8 +257,11 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
   const health = new HealthState();
   const metrics = new Metrics();
   // App code (replicas, deploy-time steps) runs only in a sandbox unless SKIFF_SANDBOX=off.
-  if (config.roles.includes("runner") || config.roles.includes("management"))
-    health.sandbox = configureSandbox(config, logger).enabled;
+  const sandbox =
+    config.roles.includes("runner") || config.roles.includes("management")
+      ? configureSandbox(config, logger)
+      : undefined;
+  health.sandbox = sandbox?.enabled;
   const nats = await connectNats({
     url: config.natsUrl,
     credentials: config,
@@ -275,8 +289,9 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       nats,
       logger,
       webhookAllowedCidrs: webhookAllowedCidrs(config, logger),
+      sandbox,
       deployments: config.roles.includes("runner")
-        ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger })
+        ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger, sandbox })
         : undefined,
       registry: onFirstUse(
         () => AppRegistry.start(nats.nc, logger),

@@ -9,7 +9,7 @@ import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
-import { SHIM_DIR } from "../services/runner/sandbox.js";
+import { SHIM_DIR } from "../services/runner/sandbox-argv.js";
 
 let tmp: string;
 let seq = 0;

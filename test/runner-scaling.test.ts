@@ -1,5 +1,8 @@
 // Scaling, limits and the life of replicas, with real processes of the
-// "behave" fixture app (a Custom app that misbehaves on request).
+// "behave" fixture app (a Custom app that misbehaves on request). Where a
+// test is about the pool's own timers (cooldown, the queue's wait, the run's
+// bound), the Runner runs on a FakeClock the test moves, and the test
+// asserts on what happened (replica changes, errors), not on elapsed time.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -12,6 +15,7 @@ import { Runner, type RunnerOptions } from "../services/runner/runner.js";
 import type { InvokeRequest, InvokeResponse } from "../services/runs/invoke.js";
 import type { ReplicaChange } from "../services/runner/types.js";
 import { skiffToml, type CustomRuntime, type Scaling } from "./helpers/apps.js";
+import { FakeClock } from "./helpers/fake-clock.js";
 
 const BEHAVE = path.resolve(import.meta.dirname, "fixtures/apps/behave");
 let tmp: string;
@@ -109,10 +113,12 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("min_replicas are warm at deploy and stay through the cooldown", async () => {
-    const r = await deploy({ min_replicas: 2, max_replicas: 3, cooldown: 1 });
+    const clock = new FakeClock();
+    const r = await deploy({ min_replicas: 2, max_replicas: 3, cooldown: 1 }, { runner: { clock } });
     expect(r.replicas("p", "behave").map((x) => x.state)).toEqual(["ready", "ready"]);
-    await new Promise((res) => setTimeout(res, 1600));
-    expect(r.replicas("p", "behave")).toHaveLength(2);
+    await clock.advance(5_000); // five cooldowns
+    expect(r.replicas("p", "behave").map((x) => x.state)).toEqual(["ready", "ready"]);
+    expect(changes.filter((c) => c.replica.state === "draining" || c.replica.state === "stopped")).toEqual([]);
   });
 
   it("scales up to max_replicas under concurrent load, and not beyond", async () => {
@@ -126,45 +132,57 @@ describe("runner - scaling and replica life", () => {
   it("at most replica_concurrency requests at once on a replica; the rest wait", async () => {
     const r = await deploy({ max_replicas: 1, replica_concurrency: 2 });
     await call(r, "/sleep", "ms=0");
-    const started = Date.now();
     let peak = 0;
     const watch = setInterval(() => (peak = Math.max(peak, ...r.replicas("p", "behave").map((x) => x.inFlight))), 10);
     const results = await Promise.all(Array.from({ length: 4 }, () => call(r, "/sleep", "ms=300")));
     clearInterval(watch);
+    // All four on the one replica, never more than two at once: two of them waited for a slot.
     expect(new Set(results.map(pidOf)).size).toBe(1);
     expect(peak).toBe(2);
-    expect(Date.now() - started).toBeGreaterThanOrEqual(590); // two waves of two
   });
 
   it("bounded queue: a request past the queue limit, or waiting past queueWaitMs, is Overloaded", async () => {
-    const r = await deploy({ max_replicas: 1 }, { runner: { queueLimit: 2, queueWaitMs: 700 } });
+    const clock = new FakeClock();
+    const r = await deploy({ max_replicas: 1 }, { runner: { queueLimit: 2, queueWaitMs: 700, clock } });
     await call(r, "/sleep", "ms=0");
     const busy = call(r, "/sleep", "ms=1000");
-    const queued = [call(r, "/sleep", "ms=0"), call(r, "/sleep", "ms=0")];
+    const queued = [call(r, "/sleep", "ms=0"), call(r, "/sleep", "ms=0")].map((q) => q.catch((e: unknown) => e));
     const full = await call(r, "/sleep", "ms=0").catch((e: unknown) => e);
     expect(full).toBeInstanceOf(Overloaded);
     expect((full as Overloaded).retryAfterSeconds).toBeGreaterThan(0);
-    // Both queued requests wait past 700 ms for the replica busy until 1000 ms.
-    for (const q of queued) await expect(q).rejects.toThrow(/no replica of app p\/behave was free within 700 ms/);
+    // Both queued requests wait past 700 ms of the clock, while the replica is still busy.
+    await clock.advance(700);
+    for (const q of queued) expect(String(await q)).toMatch(/no replica of app p\/behave was free within 700 ms/);
     expect((await busy).status).toBe(200);
     expect((await call(r, "/sleep", "ms=0")).status).toBe(200);
   });
 
   it("a replica idle for cooldown stops: scale to zero", async () => {
-    const r = await deploy({ cooldown: 1 });
-    const pid = pidOf(await call(r, "/sleep", "ms=0"));
-    expect(r.replicas("p", "behave")).toHaveLength(1);
-    await expect.poll(() => r.replicas("p", "behave"), { timeout: 3000, interval: 50 }).toEqual([]);
+    const clock = new FakeClock();
+    const r = await deploy({ cooldown: 1 }, { runner: { clock } });
+    const res = await call(r, "/sleep", "ms=0");
+    const pid = pidOf(res);
+    await clock.advance(999);
+    expect(r.replicas("p", "behave")).toMatchObject([{ state: "ready" }]);
+    await clock.advance(1);
+    await expect
+      .poll(() => changes.some((c) => c.replica.replicaId === res.replicaId && c.replica.state === "stopped"))
+      .toBe(true);
+    expect(r.replicas("p", "behave")).toEqual([]);
     expect(alive(pid)).toBe(false);
     const next = await call(r, "/sleep", "ms=0");
     expect(pidOf(next)).not.toBe(pid);
   });
 
   it("a run past response_grace_period fails with RunTimeout; its replica is replaced", async () => {
-    const r = await deploy({ response_grace_period: 1 }, { env: { IGNORE_SIGTERM: "1" } });
+    const clock = new FakeClock();
+    const r = await deploy({ response_grace_period: 1 }, { env: { IGNORE_SIGTERM: "1" }, runner: { clock } });
     const pid = pidOf(await call(r, "/sleep", "ms=0"));
-    // Unbounded, this 10 s run would answer 200; the bound makes it a RunTimeout.
-    const err = await call(r, "/sleep", "ms=10000").catch((e: unknown) => e);
+    // Unbounded, this 10 s run would answer 200; the bound (1 s of the clock) makes it a RunTimeout.
+    const run = call(r, "/sleep", "ms=10000").catch((e: unknown) => e);
+    await expect.poll(() => r.replicas("p", "behave")[0]?.inFlight).toBe(1);
+    await clock.advance(1000);
+    const err = await run;
     expect(err).toBeInstanceOf(RunTimeout);
     // The replica ignores SIGTERM: it is SIGKILLed after killGraceMs.
     await expect.poll(() => alive(pid), { timeout: 3000, interval: 50 }).toBe(false);
@@ -176,11 +194,12 @@ describe("runner - scaling and replica life", () => {
   it("graceful stop: SIGTERM lets in-flight work finish", async () => {
     const r = await deploy({ response_grace_period: 5 });
     const pid = pidOf(await call(r, "/sleep", "ms=0"));
-    const inFlight = call(r, "/sleep", "ms=600");
-    await new Promise((res) => setTimeout(res, 100));
-    const started = Date.now();
-    await r.remove("p", "behave");
-    expect(Date.now() - started).toBeGreaterThanOrEqual(400);
+    const order: string[] = [];
+    const inFlight = call(r, "/sleep", "ms=600").then((x) => (order.push("answered"), x));
+    await expect.poll(() => r.replicas("p", "behave")[0]?.inFlight).toBe(1);
+    await r.remove("p", "behave").then(() => order.push("removed"));
+    // The stop waited for the run on the replica to be answered.
+    expect(order).toEqual(["answered", "removed"]);
     expect((await inFlight).status).toBe(200);
     expect(alive(pid)).toBe(false);
     await expect(call(r, "/sleep", "ms=0")).rejects.toMatchObject({ name: "AppNotFound" });
@@ -238,9 +257,10 @@ describe("runner - scaling and replica life", () => {
     const r = await deploy({ max_replicas: 1 }, { runtime: { readycheck: "/ready" } });
     const pid = pidOf(await call(r, "/unready", "ms=800"));
     await expect.poll(() => r.replicas("p", "behave")[0]?.routable, { timeout: 2000, interval: 20 }).toBe(false);
-    const started = Date.now();
     const res = await call(r, "/sleep", "ms=0");
-    expect(Date.now() - started).toBeGreaterThanOrEqual(200);
+    // Answered only once the replica was back in routing: that change came before the answer.
+    const out = changes.findIndex((c) => c.replica.routable === false);
+    expect(changes.slice(out).some((c) => c.replica.routable === true)).toBe(true);
     expect(pidOf(res)).toBe(pid);
     expect(r.replicas("p", "behave")[0]).toMatchObject({ routable: true, state: "ready" });
   });

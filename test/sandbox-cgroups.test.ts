@@ -10,12 +10,15 @@ import { parseAppConfig } from "../services/apps/app-config.js";
 import { silentLogger } from "../services/config/logger.js";
 import { ReplicaCrashed } from "../services/runs/errors.js";
 import { Runner } from "../services/runner/runner.js";
-import { DEFAULT_SANDBOX_LIMITS, enableCgroups } from "../services/runner/sandbox.js";
+import { DEFAULT_SANDBOX_LIMITS } from "../services/runner/sandbox.js";
+import { SandboxHost } from "../services/runner/sandbox-host.js";
 import { skiffToml } from "./helpers/apps.js";
+import { machineCan } from "./helpers/machine.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
-const usable = enableCgroups();
-if (usable !== true) console.warn(`sandbox-cgroups: no cgroups for skiff on this host (${usable})`);
+const host = new SandboxHost();
+const found = host.enableCgroups();
+const usable = machineCan("sandbox-cgroups", found === true ? undefined : `no cgroups for skiff (${found})`);
 const MEMORY_MB = 256;
 const PIDS = 64;
 
@@ -45,14 +48,18 @@ async function cgroupsOf(pid: number): Promise<Record<string, string>> {
   return out;
 }
 
-describe.skipIf(usable !== true)("a cgroup per replica", () => {
+describe.skipIf(!usable)("a cgroup per replica", () => {
   beforeAll(async () => {
     tmp = await mkdtemp(path.join(tmpdir(), "skiff-sandbox-cgroups-"));
     runner = new Runner({
       workDir: path.join(tmp, "replicas"),
       logger: silentLogger,
       startTimeoutMs: 20_000,
-      sandbox: { enabled: true, limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: MEMORY_MB, pids: PIDS, tmpMb: 16 } },
+      sandbox: {
+        enabled: true,
+        limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: MEMORY_MB, pids: PIDS, tmpMb: 16 },
+        host,
+      },
     });
     const dir = path.join(tmp, "app");
     await cp(path.join(ROOT, "test/fixtures/apps/intruder-py"), dir, { recursive: true });

@@ -14,12 +14,13 @@ import { parseAppConfig } from "../services/apps/app-config.js";
 import { silentLogger } from "../services/config/logger.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
 import { NetnsConnector, ReplicaAgent } from "../services/runner/netns-connect.js";
-import { RELAY_PYTHON } from "../services/runner/pool.js";
+import { RELAY_PYTHON } from "../services/runner/replica-factory.js";
 import { Runner } from "../services/runner/runner.js";
-import { DEFAULT_SANDBOX_LIMITS, type SandboxOptions } from "../services/runner/sandbox.js";
+import { defaultSandbox } from "../services/runner/sandbox.js";
 import { skiffToml } from "./helpers/apps.js";
+import { machineCan } from "./helpers/machine.js";
 
-const SANDBOX: SandboxOptions = { enabled: true, limits: { ...DEFAULT_SANDBOX_LIMITS } };
+const SANDBOX = defaultSandbox();
 const SERVER = `
 import http from "node:http";
 http.createServer((req, res) => {
@@ -27,7 +28,11 @@ http.createServer((req, res) => {
   req.on("end", () => res.end(JSON.stringify({ path: req.url, pid: process.pid })));
 }).listen(Number(process.env.PORT), "127.0.0.1");
 `;
-const asRoot = process.getuid?.() === 0;
+const asRoot = machineCan("sandbox-direct", process.getuid?.() === 0 ? undefined : "skiff is not root");
+const relayPython = machineCan(
+  "sandbox-direct NetnsConnector",
+  RELAY_PYTHON ? undefined : "no python3 on the replica PATH",
+);
 
 let tmp: string;
 let seq = 0;
@@ -176,7 +181,7 @@ describe("ReplicaAgent", () => {
   });
 });
 
-describe.skipIf(!asRoot || RELAY_PYTHON === undefined)("NetnsConnector", () => {
+describe.skipIf(!asRoot || !relayPython)("NetnsConnector", () => {
   it("hands over connected, non-blocking sockets made inside another network namespace; refuses its own", async () => {
     // A server on 127.0.0.1 of a network namespace of its own (unshare execs it: its pid is the namespace's).
     const inside = spawn(

@@ -15,11 +15,17 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parseAppConfig } from "../services/apps/app-config.js";
 import { silentLogger } from "../services/config/logger.js";
 import { Runner } from "../services/runner/runner.js";
-import { configureSandbox, DEFAULT_SANDBOX_LIMITS, deniedDestinations, slirpPath } from "../services/runner/sandbox.js";
+import { DEFAULT_SANDBOX_LIMITS, type SandboxOptions } from "../services/runner/sandbox.js";
+import { slirpPath } from "../services/runner/sandbox-network.js";
+import { configureSandbox } from "../services/runner/sandbox-setup.js";
 import { skiffToml } from "./helpers/apps.js";
+import { machineCan } from "./helpers/machine.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
-const usable = process.getuid?.() === 0 && slirpPath() !== undefined;
+const usable = machineCan(
+  "sandbox-network",
+  process.getuid?.() !== 0 ? "skiff is not root" : slirpPath() === undefined ? "no slirp4netns" : undefined,
+);
 const NS = `skt${process.pid}`;
 const HOST_IF = `skt${process.pid}h`;
 // 10.213.N.0/29: the host's side .1, the outside machine .2 (reachable) and .3 (a denied range).
@@ -29,6 +35,7 @@ const DENIED = `${NET}.3`;
 
 let tmp: string;
 let runner: Runner;
+let configured: SandboxOptions;
 let outsideServer: ChildProcess | undefined;
 let outsidePort: number;
 let hostListener: net.Server;
@@ -81,7 +88,7 @@ describe.skipIf(!usable)("outbound network (SKIFF_REPLICA_NETWORK=slirp4netns)",
     await new Promise<void>((resolve) => hostListener.listen(0, "0.0.0.0", resolve));
     hostPort = (hostListener.address() as net.AddressInfo).port;
 
-    configureSandbox(
+    configured = configureSandbox(
       {
         sandbox: "on",
         replicaMemoryMb: 1024,
@@ -103,6 +110,7 @@ describe.skipIf(!usable)("outbound network (SKIFF_REPLICA_NETWORK=slirp4netns)",
         enabled: true,
         limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: 1024, fileMb: 8, tmpMb: 16 },
         network: "slirp4netns",
+        host: configured.host,
       },
     });
     const dir = path.join(tmp, "app");
@@ -154,7 +162,7 @@ describe.skipIf(!usable)("outbound network (SKIFF_REPLICA_NETWORK=slirp4netns)",
   });
 
   it("does not reach SKIFF_REPLICA_DENIED_CIDRS", async () => {
-    expect(deniedDestinations()).toContain(`${DENIED}/32`);
+    expect(configured.host.deniedDestinations()).toContain(`${DENIED}/32`);
     expect(await py("connect", { host: DENIED, port: outsidePort })).toMatchObject({ ok: false, error: "EACCES" });
   });
 

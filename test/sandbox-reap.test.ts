@@ -13,10 +13,10 @@ import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { detectCgroups, reapLeftovers } from "../services/runner/cgroups.js";
+import { machineCan } from "./helpers/machine.js";
 
 const found = detectCgroups();
-const usable = typeof found === "string" ? found : true;
-if (usable !== true) console.warn(`sandbox-reap: no cgroups for skiff on this host (${usable})`);
+const usable = machineCan("sandbox-reap", typeof found === "string" ? `no cgroups for skiff (${found})` : undefined);
 
 /**
  * An owner, as skiff is: makes `skiff-<its pid>/sandbox-1` in each base of
@@ -106,7 +106,7 @@ async function removeTree(dir: string): Promise<void> {
     }
 }
 
-describe.skipIf(usable !== true)("leftovers of a skiff process that was killed", () => {
+describe.skipIf(!usable)("leftovers of a skiff process that was killed", () => {
   beforeAll(async () => {
     if (typeof found === "string") return;
     bases = found.parents.map((p) => path.join(path.dirname(p), `reap-test-${process.pid}`));

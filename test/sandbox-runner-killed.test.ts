@@ -13,20 +13,25 @@ import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { detectCgroups } from "../services/runner/cgroups.js";
-import { bwrapPath, slirpPath } from "../services/runner/sandbox.js";
+import { SandboxHost } from "../services/runner/sandbox-host.js";
+import { slirpPath } from "../services/runner/sandbox-network.js";
 import { hostProcessesWith } from "./helpers/host-processes.js";
+import { machineCan } from "./helpers/machine.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
 const SANDBOX = path.join(ROOT, "services/runner/sandbox.ts");
+const HOST = path.join(ROOT, "services/runner/sandbox-host.ts");
 const found = detectCgroups();
 const cgroups = typeof found === "string" ? found : true;
 const network = cgroups === true ? "none" : slirpPath() ? "slirp4netns" : undefined;
-const skip = !bwrapPath()
-  ? "no bwrap"
-  : network === undefined
-    ? `neither cgroups (${cgroups}) nor slirp4netns`
-    : undefined;
-if (skip) console.warn(`sandbox-runner-killed: skipped (${skip})`);
+const usable = machineCan(
+  "sandbox-runner-killed",
+  !new SandboxHost().bwrapPath()
+    ? "no bwrap"
+    : network === undefined
+      ? `neither cgroups (${cgroups}) nor slirp4netns`
+      : undefined,
+);
 
 /**
  * A runner, as far as the sandbox goes: starts one whose command writes
@@ -37,9 +42,11 @@ if (skip) console.warn(`sandbox-runner-killed: skipped (${skip})`);
 const RUNNER = `
 const { existsSync } = await import("node:fs");
 const s = await import(${JSON.stringify(SANDBOX)});
-if (process.env.NETWORK === "none" && s.enableCgroups() !== true) throw new Error("no cgroups");
+const { SandboxHost } = await import(${JSON.stringify(HOST)});
+const host = new SandboxHost();
+if (process.env.NETWORK === "none" && host.enableCgroups() !== true) throw new Error("no cgroups");
 const dir = process.env.APP_DIR;
-const sandboxed = s.spawnSandboxed({
+const sandboxed = s.spawnSandboxed(host, {
   appDir: dir,
   writableApp: true,
   uid: 4242,
@@ -50,7 +57,8 @@ const sandboxed = s.spawnSandboxed({
   network: process.env.NETWORK,
 });
 const die = () => process.kill(process.pid, "SIGKILL");
-if (process.env.MODE === "starting") sandboxed.child.stdio[s.CHANNEL_FD].on("data", die);
+// fd 3: bwrap's info fd, the first after the command's own (none here), where it names the first process.
+if (process.env.MODE === "starting") sandboxed.child.stdio[3].on("data", die);
 else setInterval(() => existsSync(dir + "/ran") && die(), 5);
 setInterval(() => {}, 1 << 30);
 `;
@@ -85,7 +93,7 @@ async function leftOf(dir: string): Promise<number[]> {
   return hostProcessesWith(dir);
 }
 
-describe.skipIf(skip !== undefined)("a runner killed while its sandbox starts", () => {
+describe.skipIf(!usable)("a runner killed while its sandbox starts", () => {
   beforeAll(async () => {
     tmp = await mkdtemp(path.join(tmpdir(), "skiff-runner-killed-"));
   });

@@ -14,17 +14,14 @@ import { ReplicaCrashed } from "../services/runs/errors.js";
 import type { InvokeRequest } from "../services/runs/invoke.js";
 import { channelPath } from "../services/runner/replica.js";
 import { Runner } from "../services/runner/runner.js";
-import { DEFAULT_SANDBOX_LIMITS, type SandboxOptions } from "../services/runner/sandbox.js";
+import { DEFAULT_SANDBOX_LIMITS, defaultSandbox } from "../services/runner/sandbox.js";
 import { hashedUids } from "../services/runner/uids.js";
 import { skiffToml, type CortexRuntime } from "./helpers/apps.js";
 import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
 import { hostProcessesWith } from "./helpers/host-processes.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
-const SANDBOX: SandboxOptions = {
-  enabled: true,
-  limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: 1024, fileMb: 8, tmpMb: 16 },
-};
+const SANDBOX = defaultSandbox({ limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: 1024, fileMb: 8, tmpMb: 16 } });
 
 let tmp: string;
 let dataDir: string;

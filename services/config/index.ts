@@ -1,5 +1,5 @@
-// The bottom layer: settings (defaults, SKIFF_* variables, validation) and
-// logging. Imports nothing of skiff's own.
+// The bottom layer: settings (defaults, SKIFF_* variables, validation),
+// logging and the clock of timers. Imports nothing of skiff's own.
 export {
   ConfigError,
   DEFAULT_DATA_DIR,
@@ -23,6 +23,8 @@ export {
   parseRoles,
 } from "./config.js";
 export type { Config, NatsAuth, NatsCredentials, Role } from "./config.js";
+export { realClock, sleep } from "./clock.js";
+export type { Clock, ClockTimer } from "./clock.js";
 export { createLogger } from "./logger.js";
 export type { Logger } from "./logger.js";
 export { SECRETS_KEY_BYTES, SecretsKeyError, parseCidr, parsePrivateKey, parseSecretsKey } from "./parse.js";

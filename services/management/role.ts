@@ -9,7 +9,7 @@ import { inspectBundle } from "../apps/index.js";
 import { type Auth, issueToken } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets, objectStores } from "../nats/index.js";
-import { prepareBundle, type DeploymentCache } from "../runner/index.js";
+import { prepareBundle, type DeploymentCache, type SandboxOptions } from "../runner/index.js";
 import type { RunContext } from "../runs/index.js";
 import { ensureAdminToken, ensureDevAccount } from "./bootstrap.js";
 import { AppObserver } from "./app-observe.js";
@@ -41,6 +41,8 @@ export interface ManagementRoleOptions {
    * check a deployment is then the one its replicas run, not prepared twice.
    */
   deployments?: DeploymentCache;
+  /** Where deploy-time steps of a bundle check run (configureSandbox's). */
+  sandbox?: SandboxOptions;
   logger: Logger;
 }
 
@@ -111,7 +113,11 @@ async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {
       // No runner here: prepare a throwaway copy, only to check the bundle.
       const dir = await mkdtemp(path.join(tmpdir(), "skiff-check-"));
       try {
-        return await prepareBundle(bytes, path.join(dir, "app"), { ...check, project: projectId });
+        return await prepareBundle(bytes, path.join(dir, "app"), {
+          ...check,
+          project: projectId,
+          sandbox: opts.sandbox,
+        });
       } finally {
         await rm(dir, { recursive: true, force: true });
       }

@@ -24,7 +24,7 @@ import { chmod, chown, cp, lstat, mkdir, open, readdir, readlink, rm, symlink } 
 import path from "node:path";
 import { promisify } from "node:util";
 import { PrepareFailed } from "../runs/index.js";
-import { APP_MOUNT, runsAsRoot } from "./sandbox.js";
+import { APP_MOUNT, runsAsRoot } from "./sandbox-argv.js";
 
 const run = promisify(execFile);
 

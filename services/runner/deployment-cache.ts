@@ -29,6 +29,7 @@ import {
 import type { Logger } from "../config/index.js";
 import { BUILD_AREA_SUFFIX, MARKER, unmount } from "./build-area.js";
 import { prepareDeployment } from "./prepare.js";
+import type { SandboxOptions } from "./sandbox.js";
 import type { PreparedDeployment } from "./types.js";
 
 /** A folder this process does not know, younger than this, is not pruned: another may be preparing it before its record exists. */
@@ -59,13 +60,13 @@ interface Marker {
 export async function prepareBundle(
   bytes: Uint8Array,
   dir: string,
-  opts: { maxBytes: number; logger: Logger; project?: string },
+  opts: { maxBytes: number; logger: Logger; project?: string; sandbox?: SandboxOptions },
 ): Promise<{ config: AppConfig; configText: string; prepared: PreparedDeployment; unpackedBytes: number }> {
   const { tar } = await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes });
   const config = await loadAppConfig(dir);
   // Read now, from what skiff unpacked: after the build the folder holds what the build left.
   const configText = await readFile(path.join(dir, APP_CONFIG_FILE), "utf8");
-  const prepared = await prepareDeployment(dir, config, opts.logger, { project: opts.project });
+  const prepared = await prepareDeployment(dir, config, opts.logger, { project: opts.project, sandbox: opts.sandbox });
   // What the deployment takes: the bundle's files, or what its build left (dependencies included).
   return { config, configText, prepared, unpackedBytes: prepared.bytes ?? tar.length };
 }
@@ -96,7 +97,8 @@ export class DeploymentCache {
 
   constructor(
     readonly root: string,
-    private readonly opts: { maxBytes: number; logger: Logger },
+    /** `sandbox`: where deploy-time steps run (default: prepareDeployment's). */
+    private readonly opts: { maxBytes: number; logger: Logger; sandbox?: SandboxOptions },
   ) {}
 
   dirOf(digest: string): string {

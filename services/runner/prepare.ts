@@ -28,16 +28,8 @@ import type { Logger } from "../config/index.js";
 import { PrepareFailed } from "../runs/index.js";
 import { copyBuildOutput, DEFAULT_BUILD_LIMITS, oneBuildAtATime, openBuildArea } from "./build-area.js";
 import { installEnv, replicaEnv } from "./replica-env.js";
-import {
-  APP_MOUNT,
-  buildUid,
-  processSandbox,
-  SHIM_DIR,
-  SHIM_MOUNT,
-  signalSandbox,
-  spawnSandboxed,
-  type SandboxOptions,
-} from "./sandbox.js";
+import { defaultSandbox, signalSandbox, spawnSandboxed, type SandboxOptions } from "./sandbox.js";
+import { APP_MOUNT, buildUid, SHIM_DIR, SHIM_MOUNT } from "./sandbox-argv.js";
 import type { PreparedDeployment } from "./types.js";
 
 export { SHIM_DIR };
@@ -68,7 +60,7 @@ export function runCommand(command: string, args: string[], opts: StepOptions): 
   return new Promise((resolve, reject) => {
     const sb = opts.sandbox;
     const sandboxed = sb?.options.enabled
-      ? spawnSandboxed({
+      ? spawnSandboxed(sb.options.host, {
           appDir: opts.cwd,
           writableApp: sb.writable,
           uid: sb.uid,
@@ -364,7 +356,7 @@ export async function prepareDeployment(
   logger: Logger,
   opts: PrepareOptions = {},
 ): Promise<PreparedDeployment> {
-  const sandbox = opts.sandbox ?? processSandbox();
+  const sandbox = opts.sandbox ?? defaultSandbox();
   const timeoutMs = opts.timeoutMs ?? DEFAULT_INSTALL_TIMEOUT_MS;
   // A uid of the builds' range for this folder (its name is new for each deploy): it owns nothing once the build ends.
   const uid = buildUid(dir);

@@ -21,15 +21,9 @@ import type { StreamedRequestBody } from "../server/index.js";
 import { readLines } from "./log-lines.js";
 import { ReplicaAgent, type NetnsConnector } from "./netns-connect.js";
 import { makeWorkDir, REPLICA_PATH, replicaEnv } from "./replica-env.js";
-import {
-  APP_MOUNT,
-  exitSignal,
-  signalSandbox,
-  spawnSandboxed,
-  type SandboxedProcess,
-  type SandboxLimits,
-  type SandboxNetwork,
-} from "./sandbox.js";
+import { exitSignal, signalSandbox, spawnSandboxed, type SandboxedProcess } from "./sandbox.js";
+import { APP_MOUNT, type SandboxLimits, type SandboxNetwork } from "./sandbox-argv.js";
+import type { SandboxHost } from "./sandbox-host.js";
 import type { AppLogLine, ReplicaInfo, ReplicaState } from "./types.js";
 
 /** How long after a run's answer a line of the replica still counts as that run's. */
@@ -51,7 +45,7 @@ export interface ReplicaSpec {
   healthcheck: string;
   startTimeoutMs: number;
   /** Set: run in a sandbox with this uid and these limits. */
-  sandbox?: { uid: number; limits: SandboxLimits; network?: SandboxNetwork };
+  sandbox?: { host: SandboxHost; uid: number; limits: SandboxLimits; network?: SandboxNetwork };
   /** The program a sandboxed command finally runs (a Custom app's, behind the relay), checked before starting. */
   commandCheck?: string;
   /** A sandboxed Custom app: it listens on `port` in the sandbox's network namespace, behind the relay. */
@@ -302,7 +296,7 @@ export class Replica {
     }
     try {
       const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
-      this.sandboxed = spawnSandboxed({
+      this.sandboxed = spawnSandboxed(s.sandbox!.host, {
         appDir: s.source,
         uid: s.sandbox!.uid,
         limits: s.sandbox!.limits,

@@ -38,14 +38,16 @@ import {
   DEFAULT_PROJECT_MAX_REPLICAS,
   DEFAULT_PROJECT_MEMORY_MB,
   DEFAULT_REPLICA_LOG_LINES_PER_SECOND,
+  type Clock,
   type Logger,
 } from "../config/index.js";
 import { AppNotFound, Overloaded, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
 import { NetnsConnector, ReplicaAgent } from "./netns-connect.js";
-import { AppPool, RELAY_PYTHON, type PoolOptions } from "./pool.js";
+import { AppPool, type PoolOptions } from "./pool.js";
 import { PortLeases } from "./ports.js";
 import { prepareDeployment } from "./prepare.js";
-import { processSandbox, type SandboxOptions } from "./sandbox.js";
+import { RELAY_PYTHON } from "./replica-factory.js";
+import { defaultSandbox, type SandboxOptions } from "./sandbox.js";
 import type { AppDeployment, AppLogLine, ReplicaChange, ReplicaInfo } from "./types.js";
 import { hashedUids, type ProjectUids } from "./uids.js";
 import type { UpgradeAnswer, UpgradeRequest } from "./upgrade.js";
@@ -77,7 +79,7 @@ export interface RunnerOptions {
   healthIntervalMs?: number;
   /** Failed healthchecks in a row that restart a replica (default 3). */
   unhealthyAfter?: number;
-  /** The sandbox of replicas and deploy-time steps (default: the process's, see configureSandbox; on with default limits). */
+  /** The sandbox of replicas and deploy-time steps (skiff passes configureSandbox's; default: on, with default limits and a host of its own). */
   sandbox?: SandboxOptions;
   /**
    * The uids of projects' sandboxes: the runner role's UidRegistry (KV
@@ -95,6 +97,8 @@ export interface RunnerOptions {
   onLogsDropped?: (projectId: string, appName: string, lines: number) => void;
   /** SKIFF_MAX_RESULT_BYTES: the largest answer of a Cortex function read (default 32 MiB). */
   maxResultBytes?: number;
+  /** The time of the pools' queue, scaling, cooldown, health and run timers (default the machine's). */
+  clock?: Clock;
 }
 
 /** Longest a connection to a replica stays idle in the pool; shorter still when the replica announces less. */
@@ -151,8 +155,9 @@ export class Runner {
       killGraceMs: opts.killGraceMs ?? DEFAULT_KILL_GRACE_MS,
       healthIntervalMs: opts.healthIntervalMs ?? DEFAULT_HEALTH_INTERVAL_MS,
       unhealthyAfter: opts.unhealthyAfter ?? DEFAULT_UNHEALTHY_AFTER,
-      sandbox: opts.sandbox ?? processSandbox(),
+      sandbox: opts.sandbox ?? defaultSandbox(),
       projectRefusal: (pool) => this.projectRefusal(pool),
+      clock: opts.clock,
     };
     // Sandboxed Custom apps' requests skip their relay where this process can open connections in their sandbox.
     if (this.pool.sandbox.enabled && this.pool.sandbox.direct !== false && RELAY_PYTHON)

@@ -14,7 +14,8 @@ import { packApp, sha256 } from "../../services/apps/bundle.js";
 import { silentLogger } from "../../services/config/logger.js";
 import { PrepareFailed } from "../../services/runs/errors.js";
 import { DeploymentCache } from "../../services/runner/deployment-cache.js";
-import { configureSandbox, DEFAULT_SANDBOX_LIMITS } from "../../services/runner/sandbox.js";
+import { DEFAULT_SANDBOX_LIMITS } from "../../services/runner/sandbox.js";
+import { configureSandbox } from "../../services/runner/sandbox-setup.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
 
 const MAX_BUILD_BYTES = 64 * 1024 * 1024;
@@ -70,7 +71,7 @@ async function refused(script: string): Promise<string> {
 beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-security-build-"));
   await chmod(tmp, 0o755);
-  configureSandbox(
+  const sandbox = configureSandbox(
     {
       sandbox: "on",
       replicaMemoryMb: DEFAULT_SANDBOX_LIMITS.memoryMb,
@@ -86,7 +87,11 @@ beforeAll(async () => {
     },
     { warn: () => undefined, info: () => undefined },
   );
-  cache = new DeploymentCache(path.join(tmp, "deployments"), { maxBytes: 10 * 1024 * 1024, logger: silentLogger });
+  cache = new DeploymentCache(path.join(tmp, "deployments"), {
+    maxBytes: 10 * 1024 * 1024,
+    logger: silentLogger,
+    sandbox,
+  });
 }, 60_000);
 
 afterAll(async () => {

@@ -12,7 +12,7 @@ import type net from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { silentLogger } from "../../services/config/logger.js";
 import { CONNECTS_PER_NAMESPACE, NetnsConnector } from "../../services/runner/netns-connect.js";
-import { RELAY_PYTHON } from "../../services/runner/pool.js";
+import { RELAY_PYTHON } from "../../services/runner/replica-factory.js";
 
 const asRoot = process.getuid?.() === 0;
 const STUCK_PORT = 8200;

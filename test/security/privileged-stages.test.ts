@@ -16,14 +16,15 @@ import type { InvokeRequest } from "../../services/runs/invoke.js";
 import { prepareDeployment } from "../../services/runner/prepare.js";
 import { commandExists } from "../../services/runner/replica.js";
 import { Runner } from "../../services/runner/runner.js";
-import { DEFAULT_SANDBOX_LIMITS, spawnSandboxed, type SandboxOptions } from "../../services/runner/sandbox.js";
+import { DEFAULT_SANDBOX_LIMITS, defaultSandbox, spawnSandboxed } from "../../services/runner/sandbox.js";
 import { hashedUids } from "../../services/runner/uids.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
 
 /** A link of the system folders that leads out of them on the host, as Debian's /usr/lib/ssl/private does. */
 const link0 = () => "/usr/share/skiff-security-test-link0";
 const SANDBOX_MODULE = path.resolve(import.meta.dirname, "../../services/runner/sandbox.ts");
-const SANDBOX: SandboxOptions = { enabled: true, limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: 1024 } };
+const SETUP_MODULE = path.resolve(import.meta.dirname, "../../services/runner/sandbox-setup.ts");
+const SANDBOX = defaultSandbox({ limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: 1024 } });
 
 let tmp: string;
 let hostMarks: string;
@@ -202,7 +203,7 @@ describe("security - nothing a tenant controls reaches a stage with host privile
   });
 
   it("bwrap and the stages before the drop get a fixed environment; the app gets exactly its own", async () => {
-    const sandboxed = spawnSandboxed({
+    const sandboxed = spawnSandboxed(SANDBOX.host, {
       appDir: tmp,
       uid: 1_234_567,
       limits: SANDBOX.limits,
@@ -313,12 +314,13 @@ describe("security - nothing a tenant controls reaches a stage with host privile
   it("a file descriptor skiff inherited (its launcher's) never reaches an app", async () => {
     // A process started with a file of its launcher's open on fd 57, as a shell's `exec 57<file` leaves it.
     const script = [
-      `import { configureSandbox, DEFAULT_SANDBOX_LIMITS, spawnSandboxed } from ${JSON.stringify(SANDBOX_MODULE)};`,
+      `import { DEFAULT_SANDBOX_LIMITS, spawnSandboxed } from ${JSON.stringify(SANDBOX_MODULE)};`,
+      `import { configureSandbox } from ${JSON.stringify(SETUP_MODULE)};`,
       "const l = DEFAULT_SANDBOX_LIMITS;",
       "const o = configureSandbox({ sandbox: 'on', replicaMemoryMb: 1024, replicaPids: l.pids, replicaFileMb: l.fileMb,",
       "  replicaTmpMb: l.tmpMb, replicaCpuSeconds: 0, replicaOpenFiles: l.openFiles, replicaNetwork: 'none' },",
       "  { warn: (o, m) => console.error(m), info: () => undefined });",
-      "const p = spawnSandboxed({ appDir: '/usr/share', uid: 1234569, limits: o.limits, command: '/bin/ls', args: ['/proc/self/fd'], env: {} });",
+      "const p = spawnSandboxed(o.host, { appDir: '/usr/share', uid: 1234569, limits: o.limits, command: '/bin/ls', args: ['/proc/self/fd'], env: {} });",
       "p.child.stdout.pipe(process.stdout);",
     ].join("\n");
     await writeFile(path.join(tmp, "fds.mts"), script);
@@ -332,7 +334,7 @@ describe("security - nothing a tenant controls reaches a stage with host privile
 
   it("slirp4netns runs with its own sandbox and seccomp filter, and no scratch folder is left in /tmp", async () => {
     const before = (await readdir(tmpdir())).filter((n) => n.startsWith("skiff-sandbox-"));
-    const sandboxed = spawnSandboxed({
+    const sandboxed = spawnSandboxed(SANDBOX.host, {
       appDir: tmp,
       uid: 1_234_568,
       limits: SANDBOX.limits,

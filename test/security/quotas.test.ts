@@ -14,7 +14,7 @@ import { silentLogger } from "../../services/config/logger.js";
 import { objectStores } from "../../services/nats/layout.js";
 import { decodeLogLine, type LogLineRecord } from "../../services/runner/app-logs.js";
 import { Runner, type RunnerOptions } from "../../services/runner/runner.js";
-import { processSandbox } from "../../services/runner/sandbox.js";
+import { DEFAULT_SANDBOX_LIMITS } from "../../services/runner/sandbox.js";
 import { Overloaded, StartFailed } from "../../services/runs/errors.js";
 import type { InvokeRequest } from "../../services/runs/invoke.js";
 import { skiffToml, type Scaling } from "../helpers/apps.js";
@@ -98,7 +98,7 @@ describe("a project's share of a runner", () => {
 
   it("SKIFF_PROJECT_MEMORY_MB: replicas × SKIFF_REPLICA_MEMORY_MB; a deploy whose min_replicas would pass it fails naming it, a new version of a running app does not count the one it replaces", async () => {
     await runner?.close();
-    const replicaMb = processSandbox().limits.memoryMb;
+    const replicaMb = DEFAULT_SANDBOX_LIMITS.memoryMb; // a Runner given no sandbox has the default limits
     const r = start({ projectMemoryMb: 2 * replicaMb, queueWaitMs: 2_000 });
     await deployBehave(r, "p", "a", { min_replicas: 2, max_replicas: 3 });
     expect(r.replicas("p", "a").map((x) => x.state)).toEqual(["ready", "ready"]);

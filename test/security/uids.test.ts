@@ -5,7 +5,7 @@
 import { connect, type KV, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buckets } from "../../services/nats/layout.js";
-import { buildUid } from "../../services/runner/sandbox.js";
+import { buildUid } from "../../services/runner/sandbox-argv.js";
 import { FIRST_UID, hashedUids, UID_LIMIT, UidRegistry } from "../../services/runner/uids.js";
 import { startProvisionedNats, type TestNats } from "../helpers/nats-server.js";
 
