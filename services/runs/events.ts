@@ -14,7 +14,7 @@
 // (runs/store.ts), and publishes this event after each.
 import { headers, type MsgHdrs, type NatsConnection } from "nats";
 import { publishAcked, publishInBackground, subjects } from "../nats/index.js";
-import { runEventBytes } from "./event-bytes.js";
+import { runEventBytes, type EventResponse } from "./event-bytes.js";
 import { isFinal } from "./status.js";
 import type { RunRecord } from "./store.js";
 
@@ -36,9 +36,6 @@ const EVENT_HEADROOM_BYTES = 16 * 1024;
 export function eventResponseLimit(nc: NatsConnection): number {
   return Math.min(MAX_EVENT_RESPONSE_BYTES, nc.info!.max_payload - EVENT_HEADROOM_BYTES);
 }
-
-/** The response body of a terminal event: inline, or an object in `skiff-results`. */
-export type EventResponse = { contentType: string; data: Uint8Array } | { object: string } | undefined;
 
 const eventBytes = (record: RunRecord, response: EventResponse) => runEventBytes(record, response);
 const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math.max(1, record.attempts)}`;
