@@ -40,7 +40,7 @@ import {
   runMessage,
   type Body,
 } from "../runs/index.js";
-import { listDeliveries, redeliver, RedeliveryError } from "../webhook/index.js";
+import { listDeliveries, redeliver, RedeliveryError } from "../webhooks/index.js";
 
 type Impl = ServiceImpl<typeof ManagementService>;
 export type RunMethods =
