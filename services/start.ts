@@ -1,6 +1,8 @@
 // Composes a skiff process from its configuration: NATS, provisioning, the
 // roles it runs (one table, ROLES, says what each starts, serves and
 // closes) and the one port that serves them.
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import path from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter } from "@connectrpc/connect";
@@ -8,9 +10,16 @@ import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { startInvocationRole } from "./invocation/index.js";
 import { startManagementRole } from "./management/index.js";
-import { configureSandbox, deploymentsDir, startRunnerRole, DeploymentCache, type Runner } from "./runner/index.js";
+import {
+  configureSandbox,
+  deploymentsDir,
+  prepareBundle,
+  startRunnerRole,
+  DeploymentCache,
+  type Runner,
+} from "./runner/index.js";
 import { newRunId, openRunContext, queuedRuns, STREAM_BODIES_ABOVE, type RunContext } from "./runs/index.js";
-import { AppRegistry } from "./apps/index.js";
+import { AppRegistry, inspectBundle, type PrepareBundle } from "./apps/index.js";
 import { sameToken, startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
 import type { Config, Role, Logger } from "./config/index.js";
@@ -165,10 +174,9 @@ const ROLES: Record<Role, RoleSpec> = {
         databaseUrl: config.databaseUrl,
         signingKey: config.signingKey,
         adminToken: config.adminToken,
-        maxBundleBytes: config.maxBundleBytes,
         maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
         runs: await shared.runs(),
-        deployments: shared.deployments,
+        prepareBundle: bundleCheck(shared.deployments, { maxBytes: config.maxBundleBytes, logger }),
         logger,
       });
     },
@@ -183,6 +191,27 @@ function onFirstUse<T>(build: () => Promise<T>, close: (part: T) => void, closer
       closers.push(() => close(built));
       return built;
     }));
+}
+
+/**
+ * The check of a deployment's bundle that the management role runs: in the
+ * runner role's cache when this process runs one (the folder prepared is the
+ * one its replicas run), else in a throwaway folder.
+ */
+function bundleCheck(cache: DeploymentCache | undefined, check: { maxBytes: number; logger: Logger }): PrepareBundle {
+  return async (digest, bytes, projectId) => {
+    if (cache) {
+      const ready = await cache.get(digest, async () => bytes, projectId);
+      // A folder prepared before its size was kept: the bundle says it.
+      return { ...ready, unpackedBytes: ready.unpackedBytes ?? (await inspectBundle(bytes, check)).tar.length };
+    }
+    const dir = await mkdtemp(path.join(tmpdir(), "skiff-check-"));
+    try {
+      return await prepareBundle(bytes, path.join(dir, "app"), { ...check, project: projectId });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  };
 }
 
 /** The built dashboard (`npm run build:dashboard`, run by `npm start`). */

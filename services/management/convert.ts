@@ -1,7 +1,6 @@
 // Stored records to the messages of management.proto.
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import type { LogLineRecord, ReplicaRecord } from "../runner/index.js";
-import type { AppConfig, AppRecord, DeploymentRecord } from "../apps/index.js";
+import type { AppConfig, AppRecord, DeploymentRecord, LogLineRecord, ReplicaRecord } from "../apps/index.js";
 import type { ServiceAccountRecord } from "../auth/index.js";
 import type { ProjectRecord } from "./project-store.js";
 
