@@ -27,7 +27,9 @@ import path from "node:path";
 import { gunzipSync } from "node:zlib";
 import ignore, { type Ignore } from "ignore";
 import { Parser, x as extract, c as create, type ReadEntry } from "tar";
-import { APP_CONFIG_FILE } from "./app-config.js";
+
+/** An app folder's, and its bundle's, configuration file, at its root. */
+export const APP_CONFIG_FILE = "skiff.toml";
 
 /** Never packed, whatever the ignore files say. */
 export const ALWAYS_EXCLUDED = [".git", "node_modules", ".skiff"];

@@ -2,9 +2,9 @@
 // deployed apps every process follows, what preparing a deployment learns
 // and the check a deployment passes, and what runners report of an app: its
 // replicas (KV skiff-replicas) and log lines (SKIFF_LOGS).
-export { APP_CONFIG_FILE, APP_NAME_PATTERN, AppConfigError, loadAppConfig, parseAppConfig } from "./app-config.js";
+export { APP_NAME_PATTERN, AppConfigError, loadAppConfig, parseAppConfig } from "./app-config.js";
 export type { AppConfig } from "./app-config.js";
-export { BundleError, bundleLimits, inspectBundle, packApp, sha256, unpackBundle } from "./bundle.js";
+export { APP_CONFIG_FILE, BundleError, bundleLimits, inspectBundle, packApp, sha256, unpackBundle } from "./bundle.js";
 export { AppRegistry, appKey, decodeAppRecord } from "./registry.js";
 export type { AppRecord, DeploymentRecord } from "./registry.js";
 export type { CheckedBundle, PrepareBundle, PreparedDeployment } from "./prepared.js";

@@ -5,7 +5,7 @@
 import http from "node:http";
 import https from "node:https";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { codeFromString } from "../server/index.js";
+import { codeFromString } from "@connectrpc/connect/protocol-connect";
 
 const CHUNK_BYTES = 64 * 1024;
 
