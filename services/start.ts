@@ -33,6 +33,7 @@ import {
 } from "./server/index.js";
 import { connectNats, provision, type NatsHandle } from "./nats/index.js";
 import { Metrics } from "./metrics/index.js";
+import { SKIFF_APIS } from "./apis.js";
 
 export interface Skiff {
   url: string;
@@ -363,7 +364,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
         healthRoutes(router, health);
         for (const { routes } of rpc) routes(router);
       },
-      documents: openapiDocuments(),
+      documents: openapiDocuments(SKIFF_APIS),
       // The dashboard comes with the management role, whose API it uses.
       site: config.roles.includes("management") ? dashboardSite() : undefined,
       interceptors: auth ? [auth.interceptor] : [],

@@ -4,8 +4,6 @@
 // have. The only hand-written part is DOCUMENTED_EXTRAS: what a handler adds
 // to the HTTP answer at run time (see http-exchange.ts), which no rule says.
 import { ScalarType, type DescField, type DescMessage, type DescService } from "@bufbuild/protobuf";
-import { InvocationService } from "../../../gen/skiff/invocation/v4/invocation_pb.js";
-import { ManagementService } from "../../../gen/skiff/management/v2/management_pb.js";
 import { FeatureSet_FieldPresence } from "@bufbuild/protobuf/wkt";
 import { httpBindings, type HttpBinding, type PathTemplate } from "./http-rules.js";
 
@@ -313,35 +311,9 @@ export interface ApiDocument {
   info: OpenApiInfo;
 }
 
-export const SKIFF_APIS: readonly ApiDocument[] = [
-  {
-    file: "gen/openapi/management.v2.json",
-    servedAt: "/v2/openapi.json",
-    services: [ManagementService],
-    // Spec section 9: the management API description carries version 1.0.0.
-    info: {
-      title: "skiff management API",
-      version: "1.0.0",
-      description: "Projects, service accounts and their bearer tokens, app deployments, runs and webhook deliveries.",
-    },
-  },
-  {
-    file: "gen/openapi/invocation.v4.json",
-    servedAt: "/v4/openapi.json",
-    services: [InvocationService],
-    info: {
-      title: "skiff invocation API",
-      version: "1.0.0",
-      description:
-        "Runs deployed apps over HTTP: synchronously (the function's response) or asynchronously (202 with the run id), " +
-        "optionally forwarding the response to a signed webhook.",
-    },
-  },
-];
-
-/** The documents by the URL path that serves them, built on demand. */
-export function openapiDocuments(): Record<string, () => OpenApiDocument> {
-  return Object.fromEntries(SKIFF_APIS.map((api) => [api.servedAt, () => openapiDocument(api.services, api.info)]));
+/** The documents of `apis` by the URL path that serves them, built on demand. */
+export function openapiDocuments(apis: readonly ApiDocument[]): Record<string, () => OpenApiDocument> {
+  return Object.fromEntries(apis.map((api) => [api.servedAt, () => openapiDocument(api.services, api.info)]));
 }
 
 export function openapiDocument(services: readonly DescService[], info: OpenApiInfo): OpenApiDocument {
