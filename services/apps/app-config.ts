@@ -57,7 +57,7 @@ export interface AppConfig {
   scaling: Scaling;
 }
 
-export interface AppConfigIssue {
+interface AppConfigIssue {
   /** Dotted key ("scaling.cooldown"), or "" for a TOML syntax error. */
   key: string;
   line: number;

@@ -32,10 +32,10 @@ import { Parser, x as extract, c as create, type ReadEntry } from "tar";
 export const APP_CONFIG_FILE = "skiff.toml";
 
 /** Never packed, whatever the ignore files say. */
-export const ALWAYS_EXCLUDED = [".git", "node_modules", ".skiff"];
-export const IGNORE_FILES = [".gitignore", ".skiffignore"];
+const ALWAYS_EXCLUDED = [".git", "node_modules", ".skiff"];
+const IGNORE_FILES = [".gitignore", ".skiffignore"];
 /** Most entries in a bundle when the caller names no limit (SKIFF_MAX_BUNDLE_FILES). */
-export const DEFAULT_MAX_BUNDLE_FILES = 20_000;
+const DEFAULT_MAX_BUNDLE_FILES = 20_000;
 /** The bundle limits of this process, set once at start from the configuration. */
 export const bundleLimits = { maxFiles: DEFAULT_MAX_BUNDLE_FILES, maxAppsPerProject: 100 };
 /** A folder of the app that skiff writes (dependencies' venv, its marker); never in a bundle. */
@@ -56,7 +56,7 @@ export class BundleError extends Error {
   }
 }
 
-export interface PackedApp {
+interface PackedApp {
   /** The gzipped tar. */
   bytes: Buffer;
   /** Paths in the bundle, "/"-separated, sorted. */
@@ -208,7 +208,7 @@ function checkEntry(entry: ReadEntry, links: Set<string>): string {
   return normal;
 }
 
-export interface BundleInfo {
+interface BundleInfo {
   /** The tar, uncompressed. */
   tar: Buffer;
   /** Paths of the entries, normalized ("/"-separated, no "./"). */

@@ -7,7 +7,7 @@ export type { AppConfig } from "./app-config.js";
 export { APP_CONFIG_FILE, BundleError, bundleLimits, inspectBundle, packApp, sha256, unpackBundle } from "./bundle.js";
 export { AppRegistry, appKey, decodeAppRecord } from "./registry.js";
 export type { AppRecord, DeploymentRecord } from "./registry.js";
-export type { CheckedBundle, PrepareBundle, PreparedDeployment } from "./prepared.js";
+export type { PrepareBundle, PreparedDeployment } from "./prepared.js";
 export { appReplicaKeys, decodeReplicaRecord, encodeReplicaRecord, replicaKey } from "./replicas.js";
 export type { ReplicaRecord } from "./replicas.js";
 export { decodeLogLine, encodeLogLine } from "./log-lines.js";

@@ -14,7 +14,7 @@ export interface PreparedDeployment {
 }
 
 /** A bundle that passed every check and was prepared. */
-export interface CheckedBundle {
+interface CheckedBundle {
   config: AppConfig;
   prepared: PreparedDeployment;
   /** What the deployment takes on disk: its tar, or what its build left, bytes. */

@@ -9,7 +9,7 @@ import { codeFromString } from "@connectrpc/connect/protocol-connect";
 
 const CHUNK_BYTES = 64 * 1024;
 
-export interface UploadOptions {
+interface UploadOptions {
   url: string;
   token: string;
   projectId: string;

@@ -21,7 +21,7 @@ import { buckets, kvKeys, streams, subjects } from "../nats/index.js";
 export const DEFAULT_LOG_LIMIT = 200;
 export const MAX_LOG_LIMIT = 5000;
 
-export interface SequencedLine {
+interface SequencedLine {
   seq: number;
   line: LogLineRecord;
 }

@@ -39,7 +39,7 @@ function runtimeMessage(rt: AppConfig["runtime"]) {
       };
 }
 
-export function replicaMessage(r: ReplicaRecord) {
+function replicaMessage(r: ReplicaRecord) {
   return {
     replicaId: r.replica_id,
     state: r.state,

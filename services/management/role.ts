@@ -16,7 +16,7 @@ import { routes } from "./routes.js";
 import { startRunApi } from "./runs.js";
 import { ServiceAccountStore } from "./service-account-store.js";
 
-export interface ManagementRoleOptions {
+interface ManagementRoleOptions {
   nc: NatsConnection;
   auth: Auth;
   dataDir: string;
@@ -38,7 +38,7 @@ export interface ManagementRoleOptions {
   logger: Logger;
 }
 
-export interface ManagementRole {
+interface ManagementRole {
   routes(router: ConnectRouter): void;
   /** Stops projecting run records and sweeping results, and closes the run history. */
   close(): Promise<void>;

@@ -27,7 +27,7 @@ interface MsgGetAnswer {
 const NO_MESSAGE = 10037;
 
 /** A message of a stream as its leader gave it. */
-export interface StoredMessage {
+interface StoredMessage {
   seq: number;
   /** The headers as sent (NATS/1.0 header block), latin1; "" when none. */
   headers: string;

@@ -214,7 +214,7 @@ async function deleteMessage(nc: NatsConnection, stream: string, seq: number): P
 }
 
 /** Deletes the given revisions of a key by sequence (its removal when they are all it has); how many went. */
-export async function kvDeleteRevisions(nc: NatsConnection, bucket: string, revisions: number[]): Promise<number> {
+async function kvDeleteRevisions(nc: NatsConnection, bucket: string, revisions: number[]): Promise<number> {
   const deleted = await Promise.all(revisions.map((seq) => deleteMessage(nc, `KV_${bucket}`, seq)));
   return deleted.filter(Boolean).length;
 }

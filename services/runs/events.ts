@@ -19,7 +19,7 @@ import { isFinal } from "./status.js";
 import type { RunRecord } from "./store.js";
 
 /** The header of a run event that holds the run record (JSON, without its result). */
-export const RUN_RECORD_HEADER = "Skiff-Run";
+const RUN_RECORD_HEADER = "Skiff-Run";
 /**
  * The header of a message on `skiff.history.deliveries.{project}.{app}` (in
  * SKIFF_EVENTS, not a public event) that holds a webhook delivery that is
@@ -28,7 +28,7 @@ export const RUN_RECORD_HEADER = "Skiff-Run";
 export const DELIVERY_RECORD_HEADER = "Skiff-Delivery";
 
 /** Largest response carried inside an event; a larger one is named by `response_object`. */
-export const MAX_EVENT_RESPONSE_BYTES = 1024 * 1024;
+const MAX_EVENT_RESPONSE_BYTES = 1024 * 1024;
 /** Room for the event's other fields and headers within the server's max_payload. */
 const EVENT_HEADROOM_BYTES = 16 * 1024;
 
@@ -41,7 +41,7 @@ const eventBytes = (record: RunRecord, response: EventResponse) => runEventBytes
 const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math.max(1, record.attempts)}`;
 
 /** The record as the event's header carries it: JSON (no line breaks), without the result's bytes. */
-export function recordHeader(record: RunRecord): MsgHdrs {
+function recordHeader(record: RunRecord): MsgHdrs {
   const h = headers();
   h.set(RUN_RECORD_HEADER, JSON.stringify(withoutResult(record)));
   return h;

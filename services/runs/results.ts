@@ -23,7 +23,7 @@ import { isFinal } from "./status.js";
 import type { RunRecord, StoredResult } from "./store.js";
 
 /** Largest result kept inside the run record; larger ones go to the object store. */
-export const MAX_INLINE_RESULT_BYTES = 16 * 1024;
+const MAX_INLINE_RESULT_BYTES = 16 * 1024;
 
 export interface Body {
   contentType: string;

@@ -28,8 +28,8 @@ import { delayAfter, judgeAttempt, nextStep } from "./retry-policy.js";
 import { signWebhook } from "./signature.js";
 
 /** The delivery a run's own terminal event asks for; redeliveries are numbered after it. */
-export const FIRST_DELIVERY_ID = "1";
-export const USER_AGENT = "skiff-webhook/1";
+const FIRST_DELIVERY_ID = "1";
+const USER_AGENT = "skiff-webhook/1";
 /**
  * How long past an attempt's deadline its process may still record the
  * outcome; after that another process takes the attempt as interrupted.
@@ -43,7 +43,7 @@ const OUTCOME: Record<ReturnType<typeof nextStep>, AttemptVerdict> = {
 };
 
 /** What to do with the message: ack it (with the delivery, when there is one and it is over) or nak it for later. */
-export type Step = { ack: true; over?: DeliveryRecord } | { nakMs: number };
+type Step = { ack: true; over?: DeliveryRecord } | { nakMs: number };
 const ACK: Step = { ack: true };
 
 export interface DeliveryDeps {
@@ -65,7 +65,7 @@ export interface DeliveryDeps {
  * delivered only when it produced a response: one cancelled while queued has
  * no body to forward.
  */
-export function wantsDelivery(e: RunEvent): boolean {
+function wantsDelivery(e: RunEvent): boolean {
   if (e.webhookEndpoint === "") return false;
   if (e.status === "success" || e.status === "failure") return true;
   return e.status === "cancelled" && (e.response !== undefined || e.responseObject !== "");

@@ -18,7 +18,7 @@ export interface AttemptResult {
   durationMs: number;
 }
 
-export interface PostOptions {
+interface PostOptions {
   url: URL;
   body: Uint8Array;
   headers: Record<string, string>;

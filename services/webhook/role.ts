@@ -42,13 +42,13 @@ export const WEBHOOK_CONSUMER = consumers.webhook.name;
 /** SKIFF_WEBHOOK_TIMEOUT_MS: the whole of one attempt. */
 export const DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000;
 /** Deliveries one process works on at once. */
-export const DEFAULT_WEBHOOK_CONCURRENCY = 64;
+const DEFAULT_WEBHOOK_CONCURRENCY = 64;
 /**
  * How long JetStream waits before giving a message whose process went silent
  * to another. Handlers call working() every third of it, so it bounds how
  * late a crashed process's delivery resumes, not how long an attempt may take.
  */
-export const DEFAULT_WEBHOOK_ACK_WAIT_MS = 30_000;
+const DEFAULT_WEBHOOK_ACK_WAIT_MS = 30_000;
 /** After an unexpected error (NATS unavailable), when the message is tried again. */
 const RETRY_AFTER_ERROR_MS = 2_000;
 

@@ -14,7 +14,7 @@ import {
 import { JsErrorCode, buckets, isJsError, streams, subjects } from "../nats/index.js";
 import { DeliveryStore, newDeliveryRecord, type DeliveryRecord } from "./delivery-store.js";
 
-export type RedeliveryErrorReason = "no_webhook" | "event_gone";
+type RedeliveryErrorReason = "no_webhook" | "event_gone";
 
 /** A run whose response cannot be delivered again; the management API answers failed_precondition. */
 export class RedeliveryError extends Error {
@@ -43,7 +43,7 @@ function storeOf(nc: NatsConnection): Promise<DeliveryStore> {
   return store;
 }
 
-export function toWebhookDelivery(record: DeliveryRecord): WebhookDelivery {
+function toWebhookDelivery(record: DeliveryRecord): WebhookDelivery {
   return create(WebhookDeliverySchema, {
     deliveryId: record.delivery_id,
     runId: record.run_id,

@@ -8,7 +8,7 @@ import type { KV } from "nats";
 import type { RunEvent } from "../../gen/skiff/events/v1/events_pb.js";
 import { JsErrorCode, allRevisions, isJsError } from "../nats/index.js";
 
-export type DeliveryState = "pending" | "delivered" | "failed";
+type DeliveryState = "pending" | "delivered" | "failed";
 /** What an attempt's answer leads to under the spec's retry table (webhook/retry-policy.ts). */
 export type AttemptVerdict = "delivered" | "retry" | "failed";
 
@@ -55,7 +55,7 @@ export function newDeliveryRecord(e: RunEvent, deliveryId: string, eventSeq: num
   };
 }
 
-export interface Versioned {
+interface Versioned {
   record: DeliveryRecord;
   /** Revision of the run's entry. */
   revision: number;

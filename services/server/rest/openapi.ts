@@ -9,7 +9,7 @@ import { httpBindings, type HttpBinding, type PathTemplate } from "./http-rules.
 
 const IMPLICIT = FeatureSet_FieldPresence.IMPLICIT;
 
-export interface SchemaObject {
+interface SchemaObject {
   $ref?: string;
   type?: "string" | "integer" | "number" | "boolean" | "object" | "array";
   title?: string;
@@ -25,7 +25,7 @@ export interface SchemaObject {
   anyOf?: SchemaObject[];
 }
 
-export interface ParameterObject {
+interface ParameterObject {
   name: string;
   in: "path" | "query" | "header";
   required: boolean;
@@ -33,22 +33,22 @@ export interface ParameterObject {
   schema: SchemaObject;
 }
 
-export interface MediaTypeObject {
+interface MediaTypeObject {
   schema: SchemaObject;
 }
 
-export interface HeaderObject {
+interface HeaderObject {
   description: string;
   schema: SchemaObject;
 }
 
-export interface ResponseObject {
+interface ResponseObject {
   description: string;
   headers?: Record<string, HeaderObject>;
   content?: Record<string, MediaTypeObject>;
 }
 
-export interface RequestBodyObject {
+interface RequestBodyObject {
   description?: string;
   required?: boolean;
   content: Record<string, MediaTypeObject>;
@@ -65,17 +65,17 @@ export interface OperationObject {
   security: Record<string, string[]>[];
 }
 
-export type OpenApiMethod = "get" | "put" | "post" | "delete" | "patch" | "head" | "options" | "trace";
+type OpenApiMethod = "get" | "put" | "post" | "delete" | "patch" | "head" | "options" | "trace";
 
-export type PathItemObject = Partial<Record<OpenApiMethod, OperationObject>>;
+type PathItemObject = Partial<Record<OpenApiMethod, OperationObject>>;
 
-export interface OpenApiInfo {
+interface OpenApiInfo {
   title: string;
   version: string;
   description: string;
 }
 
-export interface ServerObject {
+interface ServerObject {
   url: string;
   description: string;
 }
@@ -297,7 +297,7 @@ const OPENAPI_METHODS: ReadonlySet<string> = new Set([
   "trace",
 ]);
 
-export class OpenApiError extends Error {
+class OpenApiError extends Error {
   override name = "OpenApiError";
 }
 
@@ -412,7 +412,7 @@ function operation(binding: HttpBinding, operationId: string, schemas: SchemaReg
 }
 
 /** "ListServiceAccounts" → "List service accounts". */
-export function summaryOf(methodName: string): string {
+function summaryOf(methodName: string): string {
   const words = methodName.split(/(?<=[a-z0-9])(?=[A-Z])/).map((w, i) => (i === 0 ? w : w.toLowerCase()));
   return words.join(" ");
 }
