@@ -176,7 +176,7 @@ export const RUN_RETENTION_MS = 30 * DAY_MS;
  * whose purge was lost (their runner died). Two days: a run may wait, then
  * run 12 h.
  */
-const RUN_RECORD_TTL_MS = 2 * DAY_MS;
+export const RUN_RECORD_TTL_MS = 2 * DAY_MS;
 
 /**
  * How long SKIFF_EVENTS keeps events: a week, or longer when results are

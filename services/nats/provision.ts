@@ -53,7 +53,7 @@ interface Target {
   create: () => Promise<unknown>;
 }
 
-interface ProvisionOptions {
+export interface ProvisionOptions {
   /**
    * SKIFF_NATS_REPLICAS: copies of every stream, bucket and object store, on
    * that many servers of a JetStream cluster (1 on a single server); an
