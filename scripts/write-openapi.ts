@@ -5,7 +5,8 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { openapiDocument, SKIFF_APIS } from "../services/server/index.js";
+import { SKIFF_APIS } from "../services/apis.js";
+import { openapiDocument } from "../services/server/index.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 

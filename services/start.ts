@@ -1,6 +1,8 @@
 // Composes a skiff process from its configuration: NATS, provisioning, the
 // roles it runs (one table, ROLES, says what each starts, serves and
 // closes) and the one port that serves them.
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import path from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter } from "@connectrpc/connect";
@@ -11,13 +13,14 @@ import { startManagementRole } from "./management/index.js";
 import {
   configureSandbox,
   deploymentsDir,
+  prepareBundle,
   startRunnerRole,
   DeploymentCache,
   type Runner,
   type SandboxOptions,
 } from "./runner/index.js";
 import { newRunId, openRunContext, queuedRuns, STREAM_BODIES_ABOVE, type RunContext } from "./runs/index.js";
-import { AppRegistry } from "./apps/index.js";
+import { AppRegistry, inspectBundle, type PrepareBundle } from "./apps/index.js";
 import { sameToken, startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
 import type { Config, Role, Logger } from "./config/index.js";
@@ -31,6 +34,7 @@ import {
 } from "./server/index.js";
 import { connectNats, provision, type NatsHandle } from "./nats/index.js";
 import { Metrics } from "./metrics/index.js";
+import { SKIFF_APIS } from "./apis.js";
 
 export interface Skiff {
   url: string;
@@ -175,11 +179,9 @@ const ROLES: Record<Role, RoleSpec> = {
         databaseUrl: config.databaseUrl,
         signingKey: config.signingKey,
         adminToken: config.adminToken,
-        maxBundleBytes: config.maxBundleBytes,
         maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
         runs: await shared.runs(),
-        deployments: shared.deployments,
-        sandbox: shared.sandbox,
+        prepareBundle: bundleCheck(shared.deployments, shared.sandbox, { maxBytes: config.maxBundleBytes, logger }),
         logger,
       });
     },
@@ -194,6 +196,31 @@ function onFirstUse<T>(build: () => Promise<T>, close: (part: T) => void, closer
       closers.push(() => close(built));
       return built;
     }));
+}
+
+/**
+ * The check of a deployment's bundle that the management role runs: in the
+ * runner role's cache when this process runs one (the folder prepared is the
+ * one its replicas run), else in a throwaway folder.
+ */
+function bundleCheck(
+  cache: DeploymentCache | undefined,
+  sandbox: SandboxOptions | undefined,
+  check: { maxBytes: number; logger: Logger },
+): PrepareBundle {
+  return async (digest, bytes, projectId) => {
+    if (cache) {
+      const ready = await cache.get(digest, async () => bytes, projectId);
+      // A folder prepared before its size was kept: the bundle says it.
+      return { ...ready, unpackedBytes: ready.unpackedBytes ?? (await inspectBundle(bytes, check)).tar.length };
+    }
+    const dir = await mkdtemp(path.join(tmpdir(), "skiff-check-"));
+    try {
+      return await prepareBundle(bytes, path.join(dir, "app"), { ...check, project: projectId, sandbox });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  };
 }
 
 /** The built dashboard (`npm run build:dashboard`, run by `npm start`). */
@@ -349,7 +376,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
         healthRoutes(router, health);
         for (const { routes } of rpc) routes(router);
       },
-      documents: openapiDocuments(),
+      documents: openapiDocuments(SKIFF_APIS),
       // The dashboard comes with the management role, whose API it uses.
       site: config.roles.includes("management") ? dashboardSite() : undefined,
       interceptors: auth ? [auth.interceptor] : [],

@@ -1,18 +1,23 @@
 // The import graph of services/: dependencies point one way (roles →
 // domains → nats, server → config), a folder is entered only through its
-// index.ts, and no two folders import each other, directly or in a ring.
+// index.ts, no role imports another, no two folders import each other
+// (directly or in a ring), no file is part of an import cycle, plumbing
+// never imports skiff's own generated API, and the CLI loads only itself,
+// generated code, the configuration and leaf modules.
 import { readdirSync, readFileSync } from "node:fs";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
 
-const SERVICES = path.resolve(import.meta.dirname, "..", "services");
+const ROOT = path.resolve(import.meta.dirname, "..");
+const SERVICES = path.join(ROOT, "services");
+const GEN = path.join(ROOT, "gen");
 
 /** Layers, lowest first: a folder may import only from lower layers, or from its own layer where `peers` says so. */
 const LAYERS: { folders: string[]; peers: boolean }[] = [
   { folders: ["config", "metrics"], peers: false },
   { folders: ["nats", "server"], peers: false },
-  { folders: ["auth", "apps", "runs"], peers: true },
-  { folders: ["invocation", "management", "runner", "webhook"], peers: true },
+  { folders: ["auth", "apps", "runs", "webhooks", "runner-client"], peers: true },
+  { folders: ["invocation", "management", "runner", "webhook"], peers: false },
   { folders: ["cli", "(top)"], peers: false },
 ];
 /**
@@ -20,7 +25,22 @@ const LAYERS: { folders: string[]; peers: boolean }[] = [
  * directly, to keep what they load small. The dashboard may import only these
  * and generated code.
  */
-const LEAF_MODULES = ["runs/status.ts", "auth/bearer.ts"];
+const LEAF_MODULES = ["runs/status.ts", "auth/bearer.ts", "apps/bundle.ts"];
+/** Plumbing: it may use the generated code of the standard protocols it speaks (gen/google/, gen/grpc/), never skiff's own API (gen/skiff/). */
+const PLUMBING = ["config", "metrics", "nats", "server"];
+/**
+ * Imports that the runner client replaces: the invocation role reaches the
+ * runner role for WebSocket upgrades and the Runner type, and the run wire
+ * codec and its body stream import each other. Each entry must still exist;
+ * the list empties as that work lands.
+ */
+const PENDING_RUNNER_CLIENT = [
+  "invocation/deps.ts imports ../runner/index.js",
+  "invocation/role.ts imports ../runner/index.js",
+  "invocation/websocket.ts imports ../runner/index.js",
+  "runs/wire.ts imports ./body-wire.js",
+];
+const PENDING = PENDING_RUNNER_CLIENT;
 
 function layerOf(folder: string): number {
   const i = LAYERS.findIndex((l) => l.folders.includes(folder));
@@ -49,20 +69,108 @@ interface Edge {
   spec: string;
 }
 
-function importsOf(file: string): Edge[] {
+/** Every module specifier a file imports or re-exports, statically or dynamically, `import type` included. */
+function specifiersOf(file: string): string[] {
   const text = readFileSync(file, "utf8");
-  const specs = [
+  return [
     ...text.matchAll(/(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s*["']([^"']+)["']|import\(\s*["']([^"']+)["']\s*\)/g),
   ].map((m) => m[1] ?? m[2]);
-  return specs
+}
+
+/** The file's imports of files of the checkout (services/, gen/). */
+function importsOf(file: string): Edge[] {
+  return specifiersOf(file)
     .filter((s) => s.startsWith("."))
     .map((spec) => ({ from: file, to: path.resolve(path.dirname(file), spec).replace(/\.js$/, ".ts"), spec }));
 }
 
 const files = sourceFiles(SERVICES);
-const edges = files.flatMap(importsOf).filter((e) => e.to.startsWith(SERVICES + path.sep));
+const allEdges = files.flatMap(importsOf);
+const edges = allEdges.filter((e) => e.to.startsWith(SERVICES + path.sep));
 const crossing = edges.filter((e) => folderOf(e.from) !== folderOf(e.to));
 const show = (e: Edge) => `${path.relative(SERVICES, e.from)} imports ${e.spec}`;
+const pending = (e: Edge) => PENDING.includes(show(e));
+
+/** The files `entry` loads, itself included, following imports of the checkout's files. */
+function closureOf(entry: string): Set<string> {
+  const closure = new Set<string>();
+  const walk = (file: string) => {
+    if (closure.has(file)) return;
+    closure.add(file);
+    for (const e of importsOf(file)) if (e.to.startsWith(ROOT + path.sep)) walk(e.to);
+  };
+  walk(entry);
+  return closure;
+}
+
+/**
+ * The import cycles among `nodes`: each group of files that reach each other
+ * (a strongly connected component), with one shortest cycle through it, a
+ * path that starts and ends at one file.
+ */
+function cyclesOf(nodes: string[], next: (n: string) => string[]): { cycle: string[]; group: string[] }[] {
+  // Tarjan's strongly connected components, then one cycle through each group of more than one file (or a self-import).
+  const index = new Map<string, number>();
+  const low = new Map<string, number>();
+  const stack: string[] = [];
+  const onStack = new Set<string>();
+  const groups: string[][] = [];
+  const connect = (v: string): void => {
+    index.set(v, index.size);
+    low.set(v, index.get(v)!);
+    stack.push(v);
+    onStack.add(v);
+    for (const w of next(v)) {
+      if (!index.has(w)) {
+        connect(w);
+        low.set(v, Math.min(low.get(v)!, low.get(w)!));
+      } else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, index.get(w)!));
+    }
+    if (low.get(v) === index.get(v)) {
+      const group: string[] = [];
+      let w: string;
+      do {
+        w = stack.pop()!;
+        onStack.delete(w);
+        group.push(w);
+      } while (w !== v);
+      if (group.length > 1 || next(v).includes(v)) groups.push(group);
+    }
+  };
+  for (const n of nodes) if (!index.has(n)) connect(n);
+  return groups.map((group) => ({ cycle: cycleThrough(group, next), group }));
+}
+
+/** A shortest way from the group's first file back to itself, through the group only. */
+function cycleThrough(group: string[], next: (n: string) => string[]): string[] {
+  const start = [...group].sort()[0];
+  const inGroup = new Set(group);
+  const from = new Map<string, string>();
+  const queue = [start];
+  while (queue.length > 0) {
+    const v = queue.shift()!;
+    for (const w of next(v)) {
+      if (!inGroup.has(w)) continue;
+      if (w === start) {
+        const trail = [v];
+        while (trail[0] !== start) trail.unshift(from.get(trail[0])!);
+        return [...trail, start];
+      }
+      if (!from.has(w)) {
+        from.set(w, v);
+        queue.push(w);
+      }
+    }
+  }
+  return group;
+}
+
+/** "a → b → a", and the group's other files when the cycle does not pass through them all. */
+function showCycle(cycle: string[], group: string[]): string {
+  const rel = (f: string) => path.relative(SERVICES, f);
+  const others = group.filter((f) => !cycle.includes(f)).map(rel);
+  return cycle.map(rel).join(" → ") + (others.length > 0 ? ` (in one group with ${others.sort().join(", ")})` : "");
+}
 
 describe("architecture - the import graph of services/", () => {
   it("finds the folders and their imports (the test reads what it checks)", () => {
@@ -87,9 +195,51 @@ describe("architecture - the import graph of services/", () => {
       const [from, to] = [folderOf(e.from), folderOf(e.to)];
       if (from === "dashboard" || to === "(top)") return from !== "dashboard" && to === "(top)";
       const [lf, lt] = [layerOf(from), layerOf(to)];
-      return lt > lf || (lt === lf && !LAYERS[lf].peers);
+      return (lt > lf || (lt === lf && !LAYERS[lf].peers)) && !pending(e);
     });
     expect(bad.map(show)).toEqual([]);
+  });
+
+  it("no role imports another role (the process wiring, start.ts, joins them)", () => {
+    const roles = LAYERS.find((l) => l.folders.includes("runner"))!.folders;
+    const bad = crossing.filter(
+      (e) => roles.includes(folderOf(e.from)) && roles.includes(folderOf(e.to)) && !pending(e),
+    );
+    expect(bad.map(show)).toEqual([]);
+  });
+
+  it("the imports allowed until the runner client lands all still exist", () => {
+    const shown = new Set(edges.map(show));
+    expect(PENDING.filter((p) => !shown.has(p))).toEqual([]);
+  });
+
+  it("no file of services/ is part of an import cycle", () => {
+    const next = new Map<string, string[]>();
+    for (const e of edges) if (!pending(e)) next.set(e.from, [...(next.get(e.from) ?? []), e.to]);
+    const cycles = cyclesOf(files, (f) => next.get(f) ?? []);
+    expect(cycles.map(({ cycle, group }) => showCycle(cycle, group))).toEqual([]);
+  });
+
+  it("plumbing imports none of skiff's own generated API (gen/skiff/), only the standard protocols it speaks", () => {
+    const bad = allEdges.filter(
+      (e) => PLUMBING.includes(folderOf(e.from)) && e.to.startsWith(path.join(GEN, "skiff") + path.sep),
+    );
+    expect(bad.map(show)).toEqual([]);
+  });
+
+  it("the CLI loads only itself, generated code, the configuration and leaf modules: no server, NATS, runner or role", () => {
+    const closure = new Set(files.filter((f) => folderOf(f) === "cli").flatMap((f) => [...closureOf(f)]));
+    const bad = [...closure]
+      .filter(
+        (f) =>
+          !f.startsWith(GEN + path.sep) &&
+          !["cli", "config"].includes(folderOf(f)) &&
+          !LEAF_MODULES.includes(path.relative(SERVICES, f)),
+      )
+      .map((f) => path.relative(ROOT, f));
+    expect(bad).toEqual([]);
+    const packages = new Set([...closure].flatMap((f) => specifiersOf(f).filter((s) => !s.startsWith("."))));
+    expect([...packages].filter((p) => p === "nats" || p.startsWith("nats/"))).toEqual([]);
   });
 
   it("no two folders depend on each other, directly or in a ring", () => {
@@ -124,13 +274,7 @@ describe("architecture - the import graph of services/", () => {
   });
 
   it("the configuration's import closure stays free of domains and roles (the CLI loads it)", () => {
-    const closure = new Set<string>();
-    const walk = (file: string) => {
-      if (closure.has(file)) return;
-      closure.add(file);
-      for (const e of importsOf(file)) if (e.to.startsWith(SERVICES)) walk(e.to);
-    };
-    walk(path.join(SERVICES, "config", "index.ts"));
+    const closure = closureOf(path.join(SERVICES, "config", "index.ts"));
     expect([...closure].map((f) => folderOf(f)).filter((f) => f !== "config")).toEqual([]);
   });
 });

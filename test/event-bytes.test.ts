@@ -4,8 +4,7 @@ import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
 import { RunEventSchema } from "../gen/skiff/events/v1/events_pb.js";
 import { runEvent } from "../services/runs/convert.js";
-import { runEventBytes } from "../services/runs/event-bytes.js";
-import type { EventResponse } from "../services/runs/events.js";
+import { runEventBytes, type EventResponse } from "../services/runs/event-bytes.js";
 import type { RunRecord } from "../services/runs/store.js";
 
 const base: RunRecord = {

@@ -8,10 +8,10 @@ import { createRegistry, type DescFile } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
 import { file_skiff_invocation_v4_invocation } from "../gen/skiff/invocation/v4/invocation_pb.js";
 import { file_skiff_management_v2_management } from "../gen/skiff/management/v2/management_pb.js";
+import { SKIFF_APIS } from "../services/apis.js";
 import {
   openapiDocument,
   openapiPath,
-  SKIFF_APIS,
   type OpenApiDocument,
   type OperationObject,
 } from "../services/server/rest/openapi.js";

@@ -1,18 +1,17 @@
 import { randomBytes } from "node:crypto";
 import { connect, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { parseSecretsKey, SecretsKeyError } from "../services/config/index.js";
 import { buckets } from "../services/nats/layout.js";
 import {
   createSecretBox,
   loadWebhookSecret,
-  parseSecretsKey,
   SECRETS_KEY_ENTRY,
   secretBox,
   secretsBucket,
-  SecretsKeyError,
   storeWebhookSecret,
   UnsealError,
-} from "../services/webhook/secrets.js";
+} from "../services/webhooks/secrets.js";
 import { startProvisionedNats } from "./helpers/nats-server.js";
 
 describe("secret box", () => {

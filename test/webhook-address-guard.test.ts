@@ -1,6 +1,7 @@
 import http from "node:http";
 import { describe, expect, it } from "vitest";
-import { AddressGuard, BlockedAddressError, parseCidr } from "../services/webhook/address-guard.js";
+import { parseCidr } from "../services/config/index.js";
+import { AddressGuard, BlockedAddressError } from "../services/webhooks/address-guard.js";
 
 describe("webhook address guard", () => {
   const guard = new AddressGuard();

@@ -1,11 +1,11 @@
 import { describe, expect, test } from "vitest";
-import { AddressGuard } from "../services/webhook/address-guard.js";
+import { AddressGuard } from "../services/webhooks/address-guard.js";
 import {
   InvalidWebhookEndpointError,
   MAX_WEBHOOK_URL_LENGTH,
   validateWebhookEndpoint,
   type InvalidWebhookEndpointReason,
-} from "../services/webhook/endpoint.js";
+} from "../services/webhooks/endpoint.js";
 
 async function reason(raw: string, guard = new AddressGuard()): Promise<InvalidWebhookEndpointReason | undefined> {
   try {

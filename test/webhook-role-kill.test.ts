@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { afterAll, afterEach, beforeAll, expect, test, vi } from "vitest";
-import { listDeliveries } from "../services/webhook/deliveries.js";
+import { listDeliveries } from "../services/webhooks/deliveries.js";
 import { INTERRUPTED_GRACE_MS } from "../services/webhook/deliver.js";
 import { publishRunEvent, terminalEvent } from "./helpers/webhook-events.js";
 import { settled, startWebhookHarness, type WebhookHarness } from "./helpers/webhook-harness.js";

@@ -8,8 +8,8 @@ import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { parse, TomlError } from "smol-toml";
 import { MAX_RUN_SECONDS } from "../config/index.js";
+import { APP_CONFIG_FILE } from "./bundle.js";
 
-export const APP_CONFIG_FILE = "skiff.toml";
 export const DEFAULT_HEALTHCHECK = "/health";
 export const DEFAULT_MIN_REPLICAS = 0;
 export const DEFAULT_MAX_REPLICAS = 2;
@@ -57,7 +57,7 @@ export interface AppConfig {
   scaling: Scaling;
 }
 
-export interface AppConfigIssue {
+interface AppConfigIssue {
   /** Dotted key ("scaling.cooldown"), or "" for a TOML syntax error. */
   key: string;
   line: number;

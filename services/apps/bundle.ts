@@ -27,13 +27,15 @@ import path from "node:path";
 import { gunzipSync } from "node:zlib";
 import ignore, { type Ignore } from "ignore";
 import { Parser, x as extract, c as create, type ReadEntry } from "tar";
-import { APP_CONFIG_FILE } from "./app-config.js";
+
+/** An app folder's, and its bundle's, configuration file, at its root. */
+export const APP_CONFIG_FILE = "skiff.toml";
 
 /** Never packed, whatever the ignore files say. */
-export const ALWAYS_EXCLUDED = [".git", "node_modules", ".skiff"];
-export const IGNORE_FILES = [".gitignore", ".skiffignore"];
+const ALWAYS_EXCLUDED = [".git", "node_modules", ".skiff"];
+const IGNORE_FILES = [".gitignore", ".skiffignore"];
 /** Most entries in a bundle when the caller names no limit (SKIFF_MAX_BUNDLE_FILES). */
-export const DEFAULT_MAX_BUNDLE_FILES = 20_000;
+const DEFAULT_MAX_BUNDLE_FILES = 20_000;
 /** The bundle limits of this process, set once at start from the configuration. */
 export const bundleLimits = { maxFiles: DEFAULT_MAX_BUNDLE_FILES, maxAppsPerProject: 100 };
 /** A folder of the app that skiff writes (dependencies' venv, its marker); never in a bundle. */
@@ -54,7 +56,7 @@ export class BundleError extends Error {
   }
 }
 
-export interface PackedApp {
+interface PackedApp {
   /** The gzipped tar. */
   bytes: Buffer;
   /** Paths in the bundle, "/"-separated, sorted. */
@@ -206,7 +208,7 @@ function checkEntry(entry: ReadEntry, links: Set<string>): string {
   return normal;
 }
 
-export interface BundleInfo {
+interface BundleInfo {
   /** The tar, uncompressed. */
   tar: Buffer;
   /** Paths of the entries, normalized ("/"-separated, no "./"). */

@@ -10,7 +10,7 @@ import { followKv, jsonOf, type KvFollower, buckets } from "../nats/index.js";
 import type { Logger } from "../config/index.js";
 
 /** How long start() waits for the current apps before going on (the watch keeps filling the view). */
-export const DEFAULT_REGISTRY_INIT_TIMEOUT_MS = 5_000;
+const DEFAULT_REGISTRY_INIT_TIMEOUT_MS = 5_000;
 
 /** One deployment of an app. Times are RFC 3339. */
 export interface DeploymentRecord {
@@ -66,7 +66,7 @@ export function decodeAppRecord(value: unknown): AppRecord | undefined {
   return v as AppRecord;
 }
 
-export type AppChange = { kind: "put"; record: AppRecord } | { kind: "delete"; projectId: string; appName: string };
+type AppChange = { kind: "put"; record: AppRecord } | { kind: "delete"; projectId: string; appName: string };
 
 export class AppRegistry {
   private readonly apps = new Map<string, AppRecord>();

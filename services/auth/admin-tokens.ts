@@ -10,7 +10,7 @@ import { KvView } from "../nats/index.js";
 
 const ADMIN_PREFIX = "admin.";
 /** Prefix of generated admin tokens, so that secret scanners and people can recognise one. */
-export const ADMIN_TOKEN_PREFIX = "skiff_admin_";
+const ADMIN_TOKEN_PREFIX = "skiff_admin_";
 
 export function newAdminToken(): string {
   return ADMIN_TOKEN_PREFIX + randomBytes(32).toString("base64url");

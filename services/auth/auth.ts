@@ -21,7 +21,7 @@ import { Keyring } from "./keyring.js";
 
 export type { Principal, ServiceAccountPrincipal } from "./authenticator.js";
 
-export const kPrincipal = createContextKey<Principal | undefined>(undefined, {
+const kPrincipal = createContextKey<Principal | undefined>(undefined, {
   description: "skiff authenticated principal",
 });
 
@@ -77,7 +77,7 @@ async function* scoped<T>(messages: AsyncIterable<T>, p: ServiceAccountPrincipal
  * token expired or its service account (or admin token) was deleted. A check
  * costs a few map lookups.
  */
-export const STREAM_RECHECK_MS = 250;
+const STREAM_RECHECK_MS = 250;
 
 /**
  * The messages of a streaming answer while its token stays valid; the stream
@@ -115,7 +115,7 @@ async function* whileValid<T>(
   }
 }
 
-export function authInterceptor(
+function authInterceptor(
   auth: Pick<Authenticator, "authenticate">,
   logger: Logger,
   recheckMs = STREAM_RECHECK_MS,

@@ -15,14 +15,14 @@ export interface ServiceAccountPrincipal {
   expiresAt: Date;
 }
 
-export const ADMIN: Principal = Object.freeze({ kind: "admin" });
+const ADMIN: Principal = Object.freeze({ kind: "admin" });
 
 /** Verified tokens kept; beyond this the oldest is dropped. */
-export const DEFAULT_TOKEN_CACHE_SIZE = 10_000;
+const DEFAULT_TOKEN_CACHE_SIZE = 10_000;
 
 type Maybe<T> = T | Promise<T>;
 
-export interface AuthenticatorOptions {
+interface AuthenticatorOptions {
   publicKey: KeyLookup;
   findAccount: (projectId: string, serviceAccountId: string) => Maybe<ServiceAccountRecord | undefined>;
   isAdmin: (token: string) => boolean;

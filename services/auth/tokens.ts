@@ -9,8 +9,8 @@ import { PROJECT_ID, SERVICE_ACCOUNT_ID } from "./accounts.js";
 
 export { parsePrivateKey };
 
-export const TOKEN_ISSUER = "skiff";
-export const TOKEN_ALGORITHM = "EdDSA";
+const TOKEN_ISSUER = "skiff";
+const TOKEN_ALGORITHM = "EdDSA";
 /** Key ids are JWK thumbprints (base64url SHA-256): anything else is not one of ours. */
 export const KID = /^[A-Za-z0-9_-]{43}$/;
 

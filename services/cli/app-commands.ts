@@ -8,7 +8,7 @@ import {
   type App,
   type LogLine,
 } from "../../gen/skiff/management/v2/management_pb.js";
-import { BundleError, packApp } from "../apps/index.js";
+import { BundleError, packApp } from "../apps/bundle.js";
 import { projectOf, UsageError, type Command, type CommandContext } from "./commands.js";
 import { table } from "./table.js";
 import { progressBar, uploadBundle } from "./upload.js";

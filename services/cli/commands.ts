@@ -45,7 +45,7 @@ export const DEFAULT_EXPIRES_IN = "90d";
 const UNITS: Record<string, number> = { m: 60_000, h: 3_600_000, d: 86_400_000 };
 
 /** "90d", "12h", "30m", or an RFC 3339 time for --expires-at. */
-export function parseExpiry(expiresIn: string | undefined, expiresAt: string | undefined, now = Date.now()): Timestamp {
+function parseExpiry(expiresIn: string | undefined, expiresAt: string | undefined, now = Date.now()): Timestamp {
   if (expiresIn !== undefined && expiresAt !== undefined)
     throw new UsageError("give --expires-in or --expires-at, not both");
   if (expiresAt !== undefined) {

@@ -11,7 +11,7 @@ export const DEFAULT_URL = `http://${DEFAULT_HOST}:${DEFAULT_PORT}`;
 const checkout = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 
 /** Candidate admin token files, most specific first. */
-export function adminTokenFiles(env: NodeJS.ProcessEnv, cwd: string): string[] {
+function adminTokenFiles(env: NodeJS.ProcessEnv, cwd: string): string[] {
   const dirs = [env.SKIFF_DATA_DIR, path.join(cwd, DEFAULT_DATA_DIR), path.join(checkout, DEFAULT_DATA_DIR)];
   return [
     ...new Set(

@@ -5,11 +5,11 @@
 import http from "node:http";
 import https from "node:https";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { codeFromString } from "../server/index.js";
+import { codeFromString } from "@connectrpc/connect/protocol-connect";
 
 const CHUNK_BYTES = 64 * 1024;
 
-export interface UploadOptions {
+interface UploadOptions {
   url: string;
   token: string;
   projectId: string;

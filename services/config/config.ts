@@ -11,23 +11,23 @@ export const DEFAULT_MAX_BUNDLE_BYTES = 100 * 1024 * 1024;
 export const DEFAULT_MAX_PROJECT_UNPACKED_BYTES = 1024 * 1024 * 1024;
 /** Link-local: where clouds serve instance metadata and credentials. */
 export const DEFAULT_REPLICA_DENIED_CIDRS = ["169.254.0.0/16"];
-export const DEFAULT_LOG_LEVEL = "info";
+const DEFAULT_LOG_LEVEL = "info";
 export const DEFAULT_NATS_PROBE_URL = "nats://127.0.0.1:4222";
-export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
+const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
 export const DEFAULT_FIRST_BYTES_TIMEOUT_MS = 10_000;
 export const DEFAULT_HEADERS_TIMEOUT_MS = 20_000;
 export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 5_000;
 export const DEFAULT_HTTP2_IDLE_TIMEOUT_MS = 60_000;
 export const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 256;
 export const DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000;
-export const DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS = 5 * 60_000;
-export const DEFAULT_WEBSOCKET_MAX_MESSAGE_BYTES = 1024 * 1024;
-export const DEFAULT_WEBSOCKET_MAX_CONNECTIONS_PER_APP = 1000;
+const DEFAULT_WEBSOCKET_IDLE_TIMEOUT_MS = 5 * 60_000;
+const DEFAULT_WEBSOCKET_MAX_MESSAGE_BYTES = 1024 * 1024;
+const DEFAULT_WEBSOCKET_MAX_CONNECTIONS_PER_APP = 1000;
 export const DEFAULT_PROJECT_MAX_REPLICAS = 20;
 export const DEFAULT_PROJECT_MEMORY_MB = 16 * 1024;
 export const DEFAULT_REPLICA_LOG_LINES_PER_SECOND = 200;
 export const DEFAULT_MAX_RESULT_BYTES = 32 * 1024 * 1024;
-export const DEFAULT_MAX_ASYNC_RESULT_BYTES = 64 * 1024 * 1024;
+const DEFAULT_MAX_ASYNC_RESULT_BYTES = 64 * 1024 * 1024;
 /** Longest a run may take (spec section 8: 12 hours). */
 export const MAX_RUN_SECONDS = 12 * 60 * 60;
 
@@ -296,7 +296,7 @@ export function parseRoles(raw: string, variable: string): Role[] {
 }
 
 /** Every setting, in the order README's configuration table lists them. */
-export const SETTINGS: Setting<keyof Config>[] = [
+const SETTINGS: Setting<keyof Config>[] = [
   {
     key: "host",
     env: "SKIFF_HOST",

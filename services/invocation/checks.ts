@@ -4,7 +4,7 @@
 // process but the DNS lookup of a webhook host.
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { AppRecord, AppRegistry } from "../apps/index.js";
-import { type AddressGuard, InvalidWebhookEndpointError, validateWebhookEndpoint } from "../webhook/index.js";
+import { type AddressGuard, InvalidWebhookEndpointError, validateWebhookEndpoint } from "../webhooks/index.js";
 
 const EMPTY_OBJECT = new TextEncoder().encode("{}");
 const utf8 = new TextDecoder("utf-8", { fatal: true });

@@ -4,7 +4,7 @@ import type { Runner } from "../runner/index.js";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import type { RunControl, RunResults, RunStore, BodyTransfer } from "../runs/index.js";
-import type { SecretBox, AddressGuard } from "../webhook/index.js";
+import type { SecretBox, AddressGuard } from "../webhooks/index.js";
 import type { QueueDepths } from "./queue-depth.js";
 
 export interface InvocationDeps {

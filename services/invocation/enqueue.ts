@@ -23,7 +23,7 @@ import {
 import type { AppRecord } from "../apps/index.js";
 import { setHttpStatus } from "../server/index.js";
 import { publishAcked, subjects } from "../nats/index.js";
-import { storeWebhookSecret } from "../webhook/index.js";
+import { storeWebhookSecret } from "../webhooks/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { claimIdempotencyKey, releaseIdempotencyKey } from "./idempotency.js";
 

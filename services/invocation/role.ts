@@ -10,7 +10,7 @@ import type { Logger } from "../config/index.js";
 import { buckets } from "../nats/index.js";
 import type { RunContext } from "../runs/index.js";
 import type { UpgradeHandler } from "../server/index.js";
-import { createSecretBox, secretsBucket, AddressGuard } from "../webhook/index.js";
+import { createSecretBox, secretsBucket, AddressGuard } from "../webhooks/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { QueueDepths } from "./queue-depth.js";
 import { routes } from "./routes.js";

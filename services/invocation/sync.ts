@@ -37,7 +37,7 @@ import {
 import type { AppRecord } from "../apps/index.js";
 import { httpExchange, setHttpStatus } from "../server/index.js";
 import { subjects } from "../nats/index.js";
-import { storeWebhookSecret } from "../webhook/index.js";
+import { storeWebhookSecret } from "../webhooks/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { streamTo, takesStream } from "./streamed.js";
 

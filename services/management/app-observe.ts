@@ -9,13 +9,19 @@ import {
   type KV,
   type NatsConnection,
 } from "nats";
-import { jsonOf, buckets, kvKeys, streams, subjects } from "../nats/index.js";
-import { decodeLogLine, type LogLineRecord, type ReplicaRecord } from "../runner/index.js";
+import {
+  appReplicaKeys,
+  decodeLogLine,
+  decodeReplicaRecord,
+  type LogLineRecord,
+  type ReplicaRecord,
+} from "../apps/index.js";
+import { buckets, kvKeys, streams, subjects } from "../nats/index.js";
 
 export const DEFAULT_LOG_LIMIT = 200;
 export const MAX_LOG_LIMIT = 5000;
 
-export interface SequencedLine {
+interface SequencedLine {
   seq: number;
   line: LogLineRecord;
 }
@@ -38,13 +44,11 @@ export class AppObserver {
 
   /** Live replicas of the app on every runner, oldest first. */
   async replicas(projectId: string, appName: string): Promise<ReplicaRecord[]> {
-    const keys = await kvKeys(this.jsm, buckets.replicas.name, `${projectId}.${appName}.*`);
+    const keys = await kvKeys(this.jsm, buckets.replicas.name, appReplicaKeys(projectId, appName));
     const entries = await Promise.all(keys.map((k) => this.replicasKv.get(k)));
-    const records = entries.map((e) =>
-      e && e.operation === "PUT" ? (jsonOf(e) as ReplicaRecord | undefined) : undefined,
-    );
+    const records = entries.map((e) => (e && e.operation === "PUT" ? decodeReplicaRecord(e.value) : undefined));
     return records
-      .filter((r): r is ReplicaRecord => typeof r?.replica_id === "string")
+      .filter((r): r is ReplicaRecord => r !== undefined)
       .sort((a, b) => a.started_at.localeCompare(b.started_at));
   }
 

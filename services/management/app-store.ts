@@ -8,9 +8,9 @@ import { type AppConfig, appKey, decodeAppRecord, type AppRecord, type Deploymen
 import { buckets, jsonOf, kvKeys } from "../nats/index.js";
 
 /** Deployments (and their bundles) kept per app, the current one included. */
-export const KEPT_DEPLOYMENTS = 10;
+const KEPT_DEPLOYMENTS = 10;
 
-export interface NewDeployment {
+interface NewDeployment {
   projectId: string;
   config: AppConfig;
   functions: string[] | undefined;
@@ -21,7 +21,7 @@ export interface NewDeployment {
   createdBy: string;
 }
 
-export const bundleObject = (projectId: string, appName: string, digest: string): string =>
+const bundleObject = (projectId: string, appName: string, digest: string): string =>
   `${projectId}/${appName}/${digest}`;
 
 export class AppStore {

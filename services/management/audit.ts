@@ -4,7 +4,7 @@
 import { actorOf, type Principal } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 
-export type AuditAction =
+type AuditAction =
   | "project.create"
   | "service_account.create"
   | "service_account.delete"

@@ -18,10 +18,10 @@ import { audit } from "./audit.js";
 import type { ManagementDeps } from "./deps.js";
 
 export const DEV_PROJECT_ID = "p-dev";
-export const DEV_SERVICE_ACCOUNT_ID = "sa-dev";
+const DEV_SERVICE_ACCOUNT_ID = "sa-dev";
 const DAY_MS = 24 * 60 * 60 * 1000;
-export const DEV_TOKEN_LIFETIME_MS = 30 * DAY_MS;
-export const DEV_TOKEN_RENEW_BEFORE_MS = 7 * DAY_MS;
+const DEV_TOKEN_LIFETIME_MS = 30 * DAY_MS;
+const DEV_TOKEN_RENEW_BEFORE_MS = 7 * DAY_MS;
 
 export const adminTokenFile = (dataDir: string): string => path.join(dataDir, "admin-token");
 export const devTokenFile = (dataDir: string): string => path.join(dataDir, "dev-token");
@@ -60,7 +60,7 @@ async function replaceFile(file: string, content: string): Promise<void> {
   await rename(tmp, file);
 }
 
-export interface AdminTokenOptions {
+interface AdminTokenOptions {
   dataDir: string;
   /** SKIFF_ADMIN_TOKEN. */
   configured: string | undefined;
@@ -84,7 +84,7 @@ export async function ensureAdminToken(opts: AdminTokenOptions): Promise<string 
   return file;
 }
 
-export interface DevAccountOptions {
+interface DevAccountOptions {
   dataDir: string;
   deps: ManagementDeps;
   authenticator: Authenticator;

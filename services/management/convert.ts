@@ -1,7 +1,6 @@
 // Stored records to the messages of management.proto.
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import type { LogLineRecord, ReplicaRecord } from "../runner/index.js";
-import type { AppConfig, AppRecord, DeploymentRecord } from "../apps/index.js";
+import type { AppConfig, AppRecord, DeploymentRecord, LogLineRecord, ReplicaRecord } from "../apps/index.js";
 import type { ServiceAccountRecord } from "../auth/index.js";
 import type { ProjectRecord } from "./project-store.js";
 
@@ -40,7 +39,7 @@ function runtimeMessage(rt: AppConfig["runtime"]) {
       };
 }
 
-export function replicaMessage(r: ReplicaRecord) {
+function replicaMessage(r: ReplicaRecord) {
   return {
     replicaId: r.replica_id,
     state: r.state,

@@ -1,8 +1,7 @@
 // What the management handlers work with; role.ts builds it once per process.
-import type { AppConfig } from "../apps/index.js";
+import type { PrepareBundle } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import type { TokenSubject } from "../auth/index.js";
-import type { PreparedDeployment } from "../runner/index.js";
 import type { AppObserver } from "./app-observe.js";
 import type { AppStore } from "./app-store.js";
 import type { ProjectStore } from "./project-store.js";
@@ -12,16 +11,8 @@ import type { ServiceAccountStore } from "./service-account-store.js";
 export interface AppDeps {
   store: AppStore;
   observer: AppObserver;
-  /**
-   * Unpacks a bundle with every check, reads its skiff.toml and prepares it
-   * (dependencies, Cortex functions) for the project deploying it. Throws
-   * BundleError, AppConfigError or PrepareFailed.
-   */
-  prepare(
-    digest: string,
-    bytes: Uint8Array,
-    projectId: string,
-  ): Promise<{ config: AppConfig; prepared: PreparedDeployment; unpackedBytes: number }>;
+  /** The check a deployment passes before it is recorded. */
+  prepare: PrepareBundle;
   /** SKIFF_MAX_PROJECT_UNPACKED_BYTES: what the current deployments of a project's apps may unpack to together. */
   maxProjectUnpackedBytes: number;
 }

@@ -13,8 +13,8 @@ import { bearerAuth } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 import { DEV_PROJECT_ID, devTokenFile } from "./bootstrap.js";
 
-export const EXAMPLES_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../examples");
-export const EXAMPLE_APPS = ["hello-python", "hello-node", "custom-http"];
+const EXAMPLES_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../examples");
+const EXAMPLE_APPS = ["hello-python", "hello-node", "custom-http"];
 
 export async function deployExamples(opts: { url: string; dataDir: string; logger: Logger }): Promise<void> {
   const token = (await readFile(devTokenFile(opts.dataDir), "utf8")).trim();

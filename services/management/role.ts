@@ -1,15 +1,11 @@
 // The management role of a process: its stores, the key it signs tokens
 // with, and the bootstrap of the admin and dev tokens.
-import { mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import path from "node:path";
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
-import { inspectBundle } from "../apps/index.js";
+import type { PrepareBundle } from "../apps/index.js";
 import { type Auth, issueToken } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets, objectStores } from "../nats/index.js";
-import { prepareBundle, type DeploymentCache, type SandboxOptions } from "../runner/index.js";
 import type { RunContext } from "../runs/index.js";
 import { ensureAdminToken, ensureDevAccount } from "./bootstrap.js";
 import { AppObserver } from "./app-observe.js";
@@ -20,7 +16,7 @@ import { routes } from "./routes.js";
 import { startRunApi } from "./runs.js";
 import { ServiceAccountStore } from "./service-account-store.js";
 
-export interface ManagementRoleOptions {
+interface ManagementRoleOptions {
   nc: NatsConnection;
   auth: Auth;
   dataDir: string;
@@ -30,23 +26,19 @@ export interface ManagementRoleOptions {
   signingKey: string | undefined;
   /** SKIFF_ADMIN_TOKEN. */
   adminToken: string | undefined;
-  /** SKIFF_MAX_BUNDLE_BYTES. */
-  maxBundleBytes: number;
   /** SKIFF_MAX_PROJECT_UNPACKED_BYTES. */
   maxProjectUnpackedBytes: number;
   /** The process's run helpers. */
   runs: RunContext;
   /**
-   * The runner role's cache when this process runs one: a bundle prepared to
-   * check a deployment is then the one its replicas run, not prepared twice.
+   * The check a deployment passes (start.ts: in the runner role's cache when
+   * this process runs one, so the bundle is not prepared twice).
    */
-  deployments?: DeploymentCache;
-  /** Where deploy-time steps of a bundle check run (configureSandbox's). */
-  sandbox?: SandboxOptions;
+  prepareBundle: PrepareBundle;
   logger: Logger;
 }
 
-export interface ManagementRole {
+interface ManagementRole {
   routes(router: ConnectRouter): void;
   /** Stops projecting run records and sweeping results, and closes the run history. */
   close(): Promise<void>;
@@ -98,29 +90,10 @@ async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {
     await opts.nc.jetstreamManager(),
     await js.views.os(objectStores.bundles.name),
   );
-  const check = { maxBytes: opts.maxBundleBytes, logger: opts.logger };
-  const cache = opts.deployments;
   return {
     store,
     observer: await AppObserver.start(opts.nc),
     maxProjectUnpackedBytes: opts.maxProjectUnpackedBytes,
-    async prepare(digest, bytes, projectId) {
-      if (cache) {
-        const ready = await cache.get(digest, async () => bytes, projectId);
-        // A folder prepared before its size was kept: the bundle says it.
-        return { ...ready, unpackedBytes: ready.unpackedBytes ?? (await inspectBundle(bytes, check)).tar.length };
-      }
-      // No runner here: prepare a throwaway copy, only to check the bundle.
-      const dir = await mkdtemp(path.join(tmpdir(), "skiff-check-"));
-      try {
-        return await prepareBundle(bytes, path.join(dir, "app"), {
-          ...check,
-          project: projectId,
-          sandbox: opts.sandbox,
-        });
-      } finally {
-        await rm(dir, { recursive: true, force: true });
-      }
-    },
+    prepare: opts.prepareBundle,
   };
 }

@@ -40,16 +40,15 @@ import {
   runMessage,
   type Body,
 } from "../runs/index.js";
-import { listDeliveries, redeliver, RedeliveryError } from "../webhook/index.js";
+import { listDeliveries, redeliver, RedeliveryError } from "../webhooks/index.js";
 
 type Impl = ServiceImpl<typeof ManagementService>;
-export type RunMethods =
-  "listRuns" | "getRun" | "cancelRun" | "watchRuns" | "listWebhookDeliveries" | "redeliverWebhook";
+type RunMethods = "listRuns" | "getRun" | "cancelRun" | "watchRuns" | "listWebhookDeliveries" | "redeliverWebhook";
 
 /** The app name by which ListRuns lists every app of the project (AIP-159's "-"). */
 export const ALL_APPS = "-";
-export const DEFAULT_PAGE_SIZE = 50;
-export const MAX_PAGE_SIZE = 500;
+const DEFAULT_PAGE_SIZE = 50;
+const MAX_PAGE_SIZE = 500;
 /** How long CancelRun waits for an aborted run's final record. */
 const CANCEL_SETTLE_MS = 5_000;
 /** A run made this recently that is found nowhere may be on its way to the history: looked for again... */
@@ -62,7 +61,7 @@ const SWEEP_EVERY_MS = 60 * 60 * 1000;
 const NAME = /^[a-z][a-z0-9-]{0,62}$/;
 const RUN_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
-export interface RunApiOptions {
+interface RunApiOptions {
   nc: NatsConnection;
   logger: Logger;
   /** The process's run helpers: the store of run records and the results. */

@@ -24,7 +24,7 @@ const MINUTE_MS = 60_000;
 type Bucket = Pick<StatsBucket, "runs" | "failures" | "p50Ms" | "p95Ms" | "p99Ms"> & { timeMs: number };
 
 /** The first minute of the hour that ends with the minute of `now`. */
-export const hourStart = (now: number) => Math.floor(now / MINUTE_MS) * MINUTE_MS - (STATS_MINUTES - 1) * MINUTE_MS;
+const hourStart = (now: number) => Math.floor(now / MINUTE_MS) * MINUTE_MS - (STATS_MINUTES - 1) * MINUTE_MS;
 
 /**
  * One bucket per minute of the hour that ends with the current minute,

@@ -4,9 +4,9 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { PROJECT_ID, SERVICE_ACCOUNT_ID } from "../auth/index.js";
 
-export const MAX_NAME_LENGTH = 64;
+const MAX_NAME_LENGTH = 64;
 /** Longest a service account may live: one year, a leap year included. */
-export const MAX_EXPIRY_MS = 366 * 24 * 60 * 60 * 1000;
+const MAX_EXPIRY_MS = 366 * 24 * 60 * 60 * 1000;
 
 function invalid(message: string): ConnectError {
   return new ConnectError(message, Code.InvalidArgument);

@@ -1,3 +1,2 @@
 // Metrics: one Prometheus registry per process and what the roles record into it.
 export { Metrics, METRICS_CONTENT_TYPE } from "./metrics.js";
-export type { GaugeSource } from "./metrics.js";

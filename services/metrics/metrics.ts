@@ -11,7 +11,7 @@ const REQUEST_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0
 const RUN_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 43200];
 
 /** A gauge's values, read when Prometheus scrapes: label values and the number. */
-export type GaugeSource = () =>
+type GaugeSource = () =>
   Iterable<[Record<string, string>, number]> | Promise<Iterable<[Record<string, string>, number]>>;
 
 export class Metrics {

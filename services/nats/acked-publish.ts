@@ -10,7 +10,7 @@
 import { createInbox, headers, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "nats";
 
 /** JetStream's acknowledgement of a stored message. */
-export interface PubAck {
+interface PubAck {
   stream: string;
   seq: number;
   /** The message repeated a Nats-Msg-Id still in the stream's duplicate window: it was not stored again. */
@@ -39,7 +39,7 @@ export interface PublishOptions {
 }
 
 /** How long a publish waits for its acknowledgement, as nats.js's default. */
-export const PUBLISH_TIMEOUT_MS = 5_000;
+const PUBLISH_TIMEOUT_MS = 5_000;
 const SWEEP_MS = 1_000;
 const decoder = new TextDecoder();
 const encoder = new TextEncoder();
@@ -186,7 +186,7 @@ export function requestPipelined(nc: NatsConnection, subject: string, data: Uint
 }
 
 /** A JetStream API answer's error. */
-export interface ApiError {
+interface ApiError {
   code?: number;
   err_code?: number;
   description?: string;

@@ -12,7 +12,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { connect } from "nats";
 import { NATS_SERVER_BINARY, spawnNatsServer, type NatsServerProcess } from "./server-process.js";
 
-export interface ClusterNode {
+interface ClusterNode {
   readonly name: string;
   /** nats://127.0.0.1:port */
   readonly url: string;

@@ -12,8 +12,8 @@
 // puts it in the same buffer but writes it within BACKGROUND_FLUSH_MS, or
 // with the next write anything else makes, whichever comes first. Order on
 // the connection is still the order of the calls; at a few requests at a
-// time each request no longer costs a write of its own to the server, nor
-// the server a wake-up and a delivery to each consumer per event.
+// time each request then costs no write of its own to the server, nor the
+// server a wake-up and a delivery to each consumer per event.
 import type { NatsConnection, PublishOptions } from "nats";
 
 /** The parts of nats.js's protocol handler (not public API) that this replaces or uses. */

@@ -31,12 +31,12 @@ export { JetStreamDisabledError, NatsConnectError, NatsProvisionError, NatsStart
 export { provision } from "./provision.js";
 
 /** How long a server at the probe URL has to answer before one is started instead. */
-export const DEFAULT_NATS_PROBE_TIMEOUT_MS = 500;
-export const DEFAULT_NATS_CONNECT_TIMEOUT_MS = 5_000;
+const DEFAULT_NATS_PROBE_TIMEOUT_MS = 500;
+const DEFAULT_NATS_CONNECT_TIMEOUT_MS = 5_000;
 /** Between reconnect attempts to the same server; the client retries forever. */
-export const DEFAULT_NATS_RECONNECT_WAIT_MS = 1_000;
+const DEFAULT_NATS_RECONNECT_WAIT_MS = 1_000;
 /** How long close() lets pending messages flush before it closes the connection anyway. */
-export const DEFAULT_NATS_DRAIN_TIMEOUT_MS = 5_000;
+const DEFAULT_NATS_DRAIN_TIMEOUT_MS = 5_000;
 /** Largest message a started server accepts: app bundles and results are chunked below it. */
 export const STARTED_SERVER_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024;
 /** The nkey seed of a started server's one user, in `<dataDir>/nats` (as `nats --nkey` reads it). */

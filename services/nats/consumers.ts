@@ -17,7 +17,7 @@ import type { ConsumerSpec } from "./layout.js";
 /** Settings compared with an existing consumer's, and updated when they differ. */
 const UPDATABLE = ["ack_wait", "max_deliver", "description"] as const satisfies readonly (keyof ConsumerUpdateConfig)[];
 
-export type ConsumerChange = "created" | "updated" | "unchanged";
+type ConsumerChange = "created" | "updated" | "unchanged";
 
 /** Attempts when JetStream does not answer in time: a cluster that has just formed may still be placing copies. */
 const ATTEMPTS = 4;

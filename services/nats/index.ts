@@ -5,16 +5,14 @@
 // over a subject pair.
 export { PublishError, publishAcked } from "./acked-publish.js";
 export { BACKGROUND_FLUSH_MS, publishInBackground } from "./coalesce.js";
-export type { PubAck, PublishOptions } from "./acked-publish.js";
 export { NatsByteStream } from "./byte-stream.js";
 export { connectNats, provision } from "./connect.js";
 export type { NatsHandle } from "./connect.js";
 export { ensureConsumer } from "./consumers.js";
-export type { ConsumerChange } from "./consumers.js";
-export { JsErrorCode, isJsError, jsErrorCode } from "./errors.js";
+export { JsErrorCode, isJsError } from "./errors.js";
 export { kvGetLatest, streamMessage } from "./kv-get.js";
-export { KvPurger, allRevisions, keepAfterAckMs, kvDeleteRevisions, kvPurgeKey, kvRemoveKey } from "./kv-purge.js";
-export type { KvGetEntry, StoredMessage } from "./kv-get.js";
+export { KvPurger, allRevisions, keepAfterAckMs, kvPurgeKey, kvRemoveKey } from "./kv-purge.js";
+export type { KvGetEntry } from "./kv-get.js";
 export { KvView, followKv, jsonOf, kvKeys } from "./kv-view.js";
 export type { KvFollower } from "./kv-view.js";
 export {
@@ -27,4 +25,3 @@ export {
   streams,
   subjects,
 } from "./layout.js";
-export type { ConsumerSpec } from "./layout.js";

@@ -1,8 +1,8 @@
 // One KV entry, read by its stream's leader through the connection's shared
 // reply subscription (acked-publish.ts). nats.js's kv.get() is a request of
 // its own, and a finished request makes an error object (with its stack)
-// only to cancel itself: 1.7% of the async path's main thread, where a runner
-// reads each run's record as it takes the run (bench/profile.ts async).
+// only to cancel itself, on the async path, where a runner reads each run's
+// record as it takes the run (`bench/profile.ts async`; bench/README.md).
 //
 // It asks `$JS.API.STREAM.MSG.GET`, which the leader answers, as kv.get() does
 // on a bucket bound without its stream info (how skiff binds). Not a direct
@@ -27,7 +27,7 @@ interface MsgGetAnswer {
 const NO_MESSAGE = 10037;
 
 /** A message of a stream as its leader gave it. */
-export interface StoredMessage {
+interface StoredMessage {
   seq: number;
   /** The headers as sent (NATS/1.0 header block), latin1; "" when none. */
   headers: string;

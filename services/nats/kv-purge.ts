@@ -7,10 +7,10 @@
 //
 // kvRemoveKey deletes a key's revisions one by one, by their sequences,
 // which its latest entry lists (the writers keep them): nats-server 2.9 does
-// that in constant time, about 36,000 a second here, where a stream purge
-// filtered on the key's subject (kvPurgeKey, for entries that do not list
-// them) walks every block of the stream: 616 keys a second on a bucket of
-// 180,000 messages, too slow to keep up with the runs of a busy cluster.
+// that in constant time, where a stream purge filtered on the key's subject
+// (kvPurgeKey, for entries that do not list them) walks every block of the
+// stream, so on a large bucket it falls behind the runs of a busy cluster
+// (bench/README.md has both rates).
 // Neither leaves a marker (kv.purge() writes one, which keeps the subject,
 // and its memory, until the bucket's age).
 //
@@ -214,7 +214,7 @@ async function deleteMessage(nc: NatsConnection, stream: string, seq: number): P
 }
 
 /** Deletes the given revisions of a key by sequence (its removal when they are all it has); how many went. */
-export async function kvDeleteRevisions(nc: NatsConnection, bucket: string, revisions: number[]): Promise<number> {
+async function kvDeleteRevisions(nc: NatsConnection, bucket: string, revisions: number[]): Promise<number> {
   const deleted = await Promise.all(revisions.map((seq) => deleteMessage(nc, `KV_${bucket}`, seq)));
   return deleted.filter(Boolean).length;
 }

@@ -6,11 +6,11 @@ import type { JetStreamManager, KV, KvEntry, QueuedIterator } from "nats";
 import type { Logger } from "../config/index.js";
 
 /** How long a view waits for the initial values before serving anyway (misses fall back to a KV get). */
-export const DEFAULT_VIEW_INIT_TIMEOUT_MS = 5_000;
+const DEFAULT_VIEW_INIT_TIMEOUT_MS = 5_000;
 /** Pause before a watch that ended (server restart, stream reset) is established again. */
-export const DEFAULT_VIEW_RETRY_MS = 500;
+const DEFAULT_VIEW_RETRY_MS = 500;
 
-export interface FollowOptions {
+interface FollowOptions {
   kv: KV;
   /** Keys to watch, NATS subject syntax (`verify.>`); default all. */
   key?: string;
@@ -71,7 +71,7 @@ export function followKv(opts: FollowOptions): KvFollower {
   };
 }
 
-export interface KvViewOptions<T> {
+interface KvViewOptions<T> {
   kv: KV;
   /** Keys to watch, NATS subject syntax (`verify.>`); default all. */
   key?: string;

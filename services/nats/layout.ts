@@ -202,8 +202,8 @@ export interface BucketSpec {
  * removes it from the stream's start. With one revision kept, each write
  * would delete the one before from the middle of the stream, and nats-server
  * 2.9 holds every such interior delete in memory until its whole block is
- * gone: measured, 200,000 keys written three times took 274 MB of RSS with a
- * history of 1 and 58 MB with this one (54 MB written once).
+ * gone, so its memory would grow with every rewrite (bench/README.md has the
+ * measurement).
  */
 export const REWRITTEN_HISTORY = 8;
 

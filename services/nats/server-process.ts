@@ -25,13 +25,13 @@ import type { Logger } from "../config/index.js";
 import { NatsStartError, messageOf } from "./errors.js";
 
 export const NATS_SERVER_BINARY = "nats-server";
-export const DEFAULT_READY_TIMEOUT_MS = 10_000;
-export const DEFAULT_STOP_TIMEOUT_MS = 5_000;
+const DEFAULT_READY_TIMEOUT_MS = 10_000;
+const DEFAULT_STOP_TIMEOUT_MS = 5_000;
 const READY_POLL_MS = 5;
 const LOG_TAIL_LINES = 20;
 const LEFTOVER_POLL_MS = 20;
 
-export interface SpawnNatsServerOptions {
+interface SpawnNatsServerOptions {
   binary: string;
   /** Must make the server write its ports file into `portsDir` (`--ports_file_dir` or `ports_file_dir`). */
   args: string[];

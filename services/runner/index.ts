@@ -1,13 +1,9 @@
 // The runner role: app replicas as child processes, deployments prepared
 // per machine, sync dispatch over NATS and the async run queue.
-export { decodeLogLine } from "./app-logs.js";
-export type { LogLineRecord } from "./app-logs.js";
 export { DeploymentCache, prepareBundle } from "./deployment-cache.js";
-export type { ReplicaRecord } from "./replica-publisher.js";
 export { deploymentsDir, startRunnerRole } from "./role.js";
 export { configureSandbox } from "./sandbox-setup.js";
 export type { Runner } from "./runner.js";
 export type { SandboxOptions } from "./sandbox.js";
-export type { PreparedDeployment } from "./types.js";
 export type { UpgradeAnswer, UpgradeRequest } from "./upgrade.js";
 export { upgradeRemote } from "./ws-dispatch.js";

@@ -1,33 +1,17 @@
 // Publishes this process's replicas to KV `skiff-replicas` so that GetApp,
 // answered by any management process, lists the live replicas of every
-// runner. Each replica is one key `{project}.{app}.{replica}`, written on
-// every change and again every refresh period: the bucket's TTL removes the
-// replicas of a runner that died without saying goodbye.
+// runner. Each replica is one key (apps/replicas.ts), written on every change
+// and again every refresh period: the bucket's TTL removes the replicas of a
+// runner that died without saying goodbye.
 import { hostname } from "node:os";
 import type { KV, NatsConnection } from "nats";
+import { encodeReplicaRecord, replicaKey, type ReplicaRecord } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets } from "../nats/index.js";
 import type { ReplicaChange, ReplicaInfo } from "./types.js";
 
 /** A third of the bucket's TTL: two refreshes can be lost before a live replica disappears. */
 export const DEFAULT_REPLICA_REFRESH_MS = Math.floor(buckets.replicas.ttlMs / 3);
-
-/** The stored value, with the field names of the Replica message. */
-export interface ReplicaRecord {
-  replica_id: string;
-  state: string;
-  host: string;
-  /** The runner process: host and pid. */
-  runner: string;
-  in_flight: number;
-  deployment_version: number;
-  started_at: string;
-  /** When this value was written. */
-  seen_at: string;
-}
-
-export const replicaKey = (projectId: string, appName: string, replicaId: string): string =>
-  `${projectId}.${appName}.${replicaId}`;
 
 export class ReplicaPublisher {
   private readonly host = hostname();
@@ -63,7 +47,7 @@ export class ReplicaPublisher {
     const key = replicaKey(c.projectId, c.appName, c.replica.replicaId);
     if (c.replica.state === "stopped") return this.remove(key);
     this.mine.add(key);
-    this.write(() => this.kv.put(key, JSON.stringify(this.record(c.replica))));
+    this.write(() => this.kv.put(key, encodeReplicaRecord(this.record(c.replica))));
   }
 
   /** Removes every key this process wrote; the replicas are gone with it. */

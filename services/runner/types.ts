@@ -1,6 +1,10 @@
 // The runner's own shapes: deployments, replicas and their log lines. What
-// a run asks of a runner and gets back is the runs domain's (runs/invoke.ts).
-import type { AppConfig } from "../apps/index.js";
+// a run asks of a runner and gets back is the runs domain's (runs/invoke.ts);
+// what preparing a deployment learns is the apps domain's, named here too
+// for the runner's modules.
+import type { AppConfig, PreparedDeployment } from "../apps/index.js";
+
+export type { PreparedDeployment };
 
 export interface AppDeployment {
   projectId: string;
@@ -14,15 +18,6 @@ export interface AppDeployment {
   config: AppConfig;
   /** The result of prepareDeployment on `dir`, when the caller already ran it. */
   prepared?: PreparedDeployment;
-}
-
-export interface PreparedDeployment {
-  /** Cortex: the public function names, known without a replica. */
-  functions?: string[];
-  /** Cortex Python with a requirements.txt: the interpreter of its venv. */
-  python?: string;
-  /** When a build installed dependencies: the bytes of the folder's files it left (the deployment's size on disk). */
-  bytes?: number;
 }
 
 export type ReplicaState = "starting" | "ready" | "draining" | "stopped";

@@ -12,17 +12,17 @@ import { hostname } from "node:os";
 import { ErrorCode, NatsError, type NatsConnection, type Subscription } from "nats";
 import { subjects } from "../nats/index.js";
 
-export const ABORT_SUBJECT = subjects.control("abort");
+const ABORT_SUBJECT = subjects.control("abort");
 export const cancelSubject = (processId: string): string => subjects.control(`cancel.${processId}`);
 /** Which of some run ids a process holds (a JSON array asked, the held ones answered): see runs/stale-sync.ts. */
-export const holdsSubject = (processId: string): string => subjects.control(`holds.${processId}`);
+const holdsSubject = (processId: string): string => subjects.control(`holds.${processId}`);
 /** How long a cancel waits for the run's final record after aborting it. */
 const SETTLE_TIMEOUT_MS = 10_000;
 
-export type CancelAnswer = "aborted" | "unknown" | "gone";
+type CancelAnswer = "aborted" | "unknown" | "gone";
 
 /** What a cancel aborts: the run's AbortController, or a REST call's own (HttpExchange.abort). */
-export interface Abortable {
+interface Abortable {
   abort(reason?: unknown): void;
 }
 

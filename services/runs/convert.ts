@@ -6,7 +6,7 @@ import { timestampFromDate, ValueSchema } from "@bufbuild/protobuf/wkt";
 import { HttpBodySchema } from "../../gen/google/api/httpbody_pb.js";
 import { RunEventSchema, type RunEvent } from "../../gen/skiff/events/v1/events_pb.js";
 import { RunSchema, type Run } from "../../gen/skiff/management/v2/management_pb.js";
-import type { EventResponse } from "./events.js";
+import type { EventResponse } from "./event-bytes.js";
 import type { Body } from "./results.js";
 import type { RunRecord } from "./store.js";
 

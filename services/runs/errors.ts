@@ -10,7 +10,7 @@
 
 import { ClientGoneError } from "../server/index.js";
 
-export type RunnerErrorName =
+type RunnerErrorName =
   | "AppNotFound"
   | "FunctionNotFound"
   | "Overloaded"

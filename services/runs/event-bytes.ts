@@ -1,10 +1,12 @@
 // The protobuf binary of a `skiff.events.v1.RunEvent`, written straight from
 // a run record: the same bytes as toBinary(RunEventSchema, runEvent(...))
 // (fields in number order, proto3 defaults left out), without building the
-// message object and walking it by reflection, which cost ~20 µs an event,
-// a few percent of a run's CPU. test/event-bytes.test.ts holds the two equal.
-import type { EventResponse } from "./events.js";
+// message object and walking it by reflection: every state change of every
+// run publishes one. test/event-bytes.test.ts holds the two equal.
 import type { RunRecord } from "./store.js";
+
+/** The response body of a terminal event: inline, or an object in `skiff-results`. */
+export type EventResponse = { contentType: string; data: Uint8Array } | { object: string } | undefined;
 
 /**
  * Writes into one buffer that every event reuses (an event is written in one

@@ -14,12 +14,12 @@
 // (runs/store.ts), and publishes this event after each.
 import { headers, type MsgHdrs, type NatsConnection } from "nats";
 import { publishAcked, publishInBackground, subjects } from "../nats/index.js";
-import { runEventBytes } from "./event-bytes.js";
+import { runEventBytes, type EventResponse } from "./event-bytes.js";
 import { isFinal } from "./status.js";
 import type { RunRecord } from "./store.js";
 
 /** The header of a run event that holds the run record (JSON, without its result). */
-export const RUN_RECORD_HEADER = "Skiff-Run";
+const RUN_RECORD_HEADER = "Skiff-Run";
 /**
  * The header of a message on `skiff.history.deliveries.{project}.{app}` (in
  * SKIFF_EVENTS, not a public event) that holds a webhook delivery that is
@@ -28,7 +28,7 @@ export const RUN_RECORD_HEADER = "Skiff-Run";
 export const DELIVERY_RECORD_HEADER = "Skiff-Delivery";
 
 /** Largest response carried inside an event; a larger one is named by `response_object`. */
-export const MAX_EVENT_RESPONSE_BYTES = 1024 * 1024;
+const MAX_EVENT_RESPONSE_BYTES = 1024 * 1024;
 /** Room for the event's other fields and headers within the server's max_payload. */
 const EVENT_HEADROOM_BYTES = 16 * 1024;
 
@@ -37,14 +37,11 @@ export function eventResponseLimit(nc: NatsConnection): number {
   return Math.min(MAX_EVENT_RESPONSE_BYTES, nc.info!.max_payload - EVENT_HEADROOM_BYTES);
 }
 
-/** The response body of a terminal event: inline, or an object in `skiff-results`. */
-export type EventResponse = { contentType: string; data: Uint8Array } | { object: string } | undefined;
-
 const eventBytes = (record: RunRecord, response: EventResponse) => runEventBytes(record, response);
 const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math.max(1, record.attempts)}`;
 
 /** The record as the event's header carries it: JSON (no line breaks), without the result's bytes. */
-export function recordHeader(record: RunRecord): MsgHdrs {
+function recordHeader(record: RunRecord): MsgHdrs {
   const h = headers();
   h.set(RUN_RECORD_HEADER, JSON.stringify(withoutResult(record)));
   return h;

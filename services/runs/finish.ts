@@ -15,11 +15,11 @@ export interface FinishDeps {
 }
 
 /**
- * The record with how the run ended. Written field by field, not spread: a
- * spread of the record (with an optional one) cost 3.6 µs a run against
- * 0.4, on the answer path of every sync run. Every field is named (the type
- * makes a new one an error here); those the record lacks stay undefined,
- * which JSON leaves out.
+ * The record with how the run ended. Written field by field, not spread: it
+ * is built on the answer path of every sync run, and a spread of a record
+ * with optional fields costs several times as much (bench/README.md). Every
+ * field is named (the type makes a new one an error here); those the record
+ * lacks stay undefined, which JSON leaves out.
  */
 function finalRecord(r: RunRecord, outcome: RunOutcome, now: Date): RunRecord {
   const final: { [K in keyof Required<RunRecord>]: RunRecord[K] } = {

@@ -5,7 +5,7 @@
 // history (every run, projected into SQL for listing and stats).
 export { openRunContext } from "./context.js";
 export type { RunContext } from "./context.js";
-export { RunControl, broadcastAbort, heldRuns, requestCancel } from "./control.js";
+export { RunControl, broadcastAbort, requestCancel } from "./control.js";
 export { runMessage } from "./convert.js";
 export {
   AppNotFound,
@@ -21,14 +21,8 @@ export {
   StartFailed,
 } from "./errors.js";
 export { PGLITE_FOLDER, openRunHistory, timeOfId } from "./history/index.js";
-export type { ListQuery, MinuteStats, RunHistory, RunHistoryOptions, RunPage } from "./history/index.js";
-export {
-  DELIVERY_RECORD_HEADER,
-  publishRunEvent,
-  publishRunEventUnacked,
-  RUN_RECORD_HEADER,
-  recordOfEvent,
-} from "./events.js";
+export type { MinuteStats, RunHistory, RunHistoryOptions, RunPage } from "./history/index.js";
+export { DELIVERY_RECORD_HEADER, publishRunEvent, publishRunEventUnacked, recordOfEvent } from "./events.js";
 export { finishAsync, finishSync, republishFinal } from "./finish.js";
 export type { FinishDeps } from "./finish.js";
 export { STREAM_BODIES_ABOVE } from "./invoke.js";
@@ -37,11 +31,10 @@ export { NoRunner, contentTypeOf, outcomeOfAnswer, outcomeOfError, runFailure } 
 export type { RunOutcome } from "./outcome.js";
 export { queuedRuns } from "./queue.js";
 export { newRunId } from "./run-id.js";
-export type { QueuedRuns } from "./queue.js";
 export { RunResults } from "./results.js";
 export type { Body } from "./results.js";
-export { STALE_SYNC_CONFIRM_MS, STALE_SYNC_EVERY_MS, sweepStaleSyncRuns } from "./stale-sync.js";
-export type { StaleSyncOptions, StaleSyncSweep } from "./stale-sync.js";
+export { sweepStaleSyncRuns } from "./stale-sync.js";
+export type { StaleSyncSweep } from "./stale-sync.js";
 export { RUN_STATUSES, isFinal } from "./status.js";
 export type { RunStatus } from "./status.js";
 export { RunStore, decodeRunRecord, isWrongRevision, revisionsOf, runKey } from "./store.js";

@@ -4,7 +4,7 @@
 import type { JetStreamManager } from "nats";
 import { streams, subjects } from "../nats/index.js";
 
-export interface QueuedRuns {
+interface QueuedRuns {
   project: string;
   app: string;
   count: number;

@@ -15,14 +15,15 @@
 import { fromBinary } from "@bufbuild/protobuf";
 import type { JetStreamClient, NatsConnection, ObjectStore } from "nats";
 import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
-import { eventResponseLimit, type EventResponse } from "./events.js";
+import type { EventResponse } from "./event-bytes.js";
+import { eventResponseLimit } from "./events.js";
 import type { Logger } from "../config/index.js";
 import { eventsMaxAgeMs, objectStores, streamMessage, streams } from "../nats/index.js";
 import { isFinal } from "./status.js";
 import type { RunRecord, StoredResult } from "./store.js";
 
 /** Largest result kept inside the run record; larger ones go to the object store. */
-export const MAX_INLINE_RESULT_BYTES = 16 * 1024;
+const MAX_INLINE_RESULT_BYTES = 16 * 1024;
 
 export interface Body {
   contentType: string;

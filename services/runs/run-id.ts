@@ -1,8 +1,8 @@
 // Run ids: UUIDv7, time-ordered, and in order within a millisecond too (a
 // counter seeded at random, as uuid's own v7() keeps one), with their random
-// bytes drawn 4 KiB at a time. uuid's v7() draws 16 bytes through WebCrypto
-// for every id: 4.9% of an async accept's main thread (`bench/profile.ts
-// accept`).
+// bytes drawn 4 KiB at a time: uuid's v7() draws 16 bytes through WebCrypto
+// for every id, a visible share of an async accept's main thread
+// (`bench/profile.ts accept`; bench/README.md).
 import { randomFillSync } from "node:crypto";
 import { v7 } from "uuid";
 

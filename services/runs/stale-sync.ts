@@ -22,12 +22,12 @@ import { publishRunEvent } from "./events.js";
 import type { RunHistory } from "./history/index.js";
 import type { RunRecord } from "./store.js";
 
-export const STALE_SYNC_EVERY_MS = 5_000;
-export const STALE_SYNC_CONFIRM_MS = 10_000;
+const STALE_SYNC_EVERY_MS = 5_000;
+const STALE_SYNC_CONFIRM_MS = 10_000;
 /** Candidates read per look. */
 const BATCH = 1_000;
 
-export interface StaleSyncOptions {
+interface StaleSyncOptions {
   nc: NatsConnection;
   history: () => Promise<Pick<RunHistory, "runningSync" | "get">>;
   logger: Logger;

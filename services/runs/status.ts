@@ -5,7 +5,7 @@ export const RUN_STATUSES = ["queued", "running", "success", "failure", "cancell
 export type RunStatus = (typeof RUN_STATUSES)[number];
 
 /** A final state is never changed again. */
-export const FINAL_STATUSES = ["success", "failure", "cancelled"] as const satisfies readonly RunStatus[];
+const FINAL_STATUSES = ["success", "failure", "cancelled"] as const satisfies readonly RunStatus[];
 export type FinalStatus = (typeof FINAL_STATUSES)[number];
 
 export const isFinal = (status: string): status is FinalStatus =>

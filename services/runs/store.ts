@@ -71,7 +71,7 @@ export interface RunRecord {
 }
 
 /** What a WebSocket connection did, written when it closed. */
-export interface WebSocketSummary {
+interface WebSocketSummary {
   /** The first close frame's code, either way (skiff's own when skiff closed it); 1006 when the connection dropped without one. */
   close_code: number;
   close_reason: string;

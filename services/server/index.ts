@@ -3,11 +3,12 @@
 // dashboard's static files, and which headers cross between callers and apps.
 export { HealthState, healthRoutes } from "./health.js";
 export { appRequestHeaders, callerHeaders, isForwardedToApp, isPassedToCaller } from "./headers.js";
-export { codeFromString, codeHttpStatus, errorBody } from "./rest/errors.js";
+export { codeHttpStatus, errorBody } from "./rest/errors.js";
 export { httpExchange, setHttpStatus, streamHttpBody } from "./rest/http-exchange.js";
 export type { HttpExchange, StreamedBody, StreamedRequestBody } from "./rest/http-exchange.js";
 export { ClientGoneError, readWhole } from "./rest/body.js";
-export { SKIFF_APIS, openapiDocument, openapiDocuments } from "./rest/openapi.js";
+export { openapiDocument, openapiDocuments } from "./rest/openapi.js";
+export type { ApiDocument } from "./rest/openapi.js";
 export { startServer } from "./server.js";
 export type { UpgradeHandler } from "./server.js";
 export { CLOSE, FrameReader, closeFrame } from "./websocket-frames.js";

@@ -1,4 +1,4 @@
-// One step of a webhook delivery, driven by a run event from SKIFF_EVENTS.
+// One step of a webhook delivery, driven by a run event from SKIFF_WEBHOOKS.
 // The KV entry of the delivery says where it stands; this module moves it on
 // by at most one attempt and tells the caller what to do with the JetStream
 // message: ack (the delivery is over) or nak with a delay (come back when the
@@ -10,16 +10,26 @@ import type { RunEvent } from "../../gen/skiff/events/v1/events_pb.js";
 import type { Logger } from "../config/index.js";
 import type { Metrics } from "../metrics/index.js";
 import { objectStores } from "../nats/index.js";
-import { loadWebhookSecret, UnsealError, type SecretBox } from "./secrets.js";
-import type { AddressGuard } from "./address-guard.js";
-import { isKeyToken, stateOf, type AttemptRecord, type DeliveryRecord, type DeliveryStore } from "./delivery-store.js";
+import {
+  isKeyToken,
+  loadWebhookSecret,
+  newDeliveryRecord,
+  stateOf,
+  UnsealError,
+  type AddressGuard,
+  type AttemptRecord,
+  type AttemptVerdict,
+  type DeliveryRecord,
+  type DeliveryStore,
+  type SecretBox,
+} from "../webhooks/index.js";
 import { postWebhook, type AttemptResult } from "./post.js";
-import { delayAfter, judgeAttempt, nextStep, type AttemptVerdict } from "./retry-policy.js";
+import { delayAfter, judgeAttempt, nextStep } from "./retry-policy.js";
 import { signWebhook } from "./signature.js";
 
 /** The delivery a run's own terminal event asks for; redeliveries are numbered after it. */
-export const FIRST_DELIVERY_ID = "1";
-export const USER_AGENT = "skiff-webhook/1";
+const FIRST_DELIVERY_ID = "1";
+const USER_AGENT = "skiff-webhook/1";
 /**
  * How long past an attempt's deadline its process may still record the
  * outcome; after that another process takes the attempt as interrupted.
@@ -33,7 +43,7 @@ const OUTCOME: Record<ReturnType<typeof nextStep>, AttemptVerdict> = {
 };
 
 /** What to do with the message: ack it (with the delivery, when there is one and it is over) or nak it for later. */
-export type Step = { ack: true; over?: DeliveryRecord } | { nakMs: number };
+type Step = { ack: true; over?: DeliveryRecord } | { nakMs: number };
 const ACK: Step = { ack: true };
 
 export interface DeliveryDeps {
@@ -55,24 +65,10 @@ export interface DeliveryDeps {
  * delivered only when it produced a response: one cancelled while queued has
  * no body to forward.
  */
-export function wantsDelivery(e: RunEvent): boolean {
+function wantsDelivery(e: RunEvent): boolean {
   if (e.webhookEndpoint === "") return false;
   if (e.status === "success" || e.status === "failure") return true;
   return e.status === "cancelled" && (e.response !== undefined || e.responseObject !== "");
-}
-
-export function newDeliveryRecord(e: RunEvent, deliveryId: string, eventSeq: number): DeliveryRecord {
-  return {
-    delivery_id: deliveryId,
-    run_id: e.runId,
-    project_id: e.projectId,
-    app_name: e.appName,
-    url: e.webhookEndpoint,
-    state: "pending",
-    created_at: new Date().toISOString(),
-    event_seq: eventSeq,
-    attempts: [],
-  };
 }
 
 export async function advanceDelivery(

@@ -6,7 +6,7 @@
 import http from "node:http";
 import https from "node:https";
 import net from "node:net";
-import { BlockedAddressError, type AddressGuard } from "./address-guard.js";
+import { BlockedAddressError, type AddressGuard } from "../webhooks/index.js";
 
 export interface AttemptResult {
   /** The receiver's HTTP status; undefined when no answer came. */
@@ -18,7 +18,7 @@ export interface AttemptResult {
   durationMs: number;
 }
 
-export interface PostOptions {
+interface PostOptions {
   url: URL;
   body: Uint8Array;
   headers: Record<string, string>;

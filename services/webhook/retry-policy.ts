@@ -7,11 +7,11 @@
 //   5xx                                         → no retry (avoids duplicate side effects)
 //   any other non-2xx (1xx, 3xx: redirects are never followed) → retry
 //   2xx                                         → delivered
+import type { AttemptVerdict } from "../webhooks/index.js";
+
 export const MAX_ATTEMPTS = 3;
 /** Upper bound on the wait between two attempts. */
 export const MAX_DELAY_MS = 5_000;
-
-export type AttemptVerdict = "delivered" | "retry" | "failed";
 
 /** status undefined = the attempt got no HTTP answer (network error or timeout). */
 export function judgeAttempt(status: number | undefined): AttemptVerdict {

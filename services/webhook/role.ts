@@ -1,4 +1,4 @@
-// The webhook role: a durable pull consumer on SKIFF_EVENTS, shared by name
+// The webhook role: a durable pull consumer on SKIFF_WEBHOOKS, shared by name
 // by every webhook process, so any number of them split the deliveries and
 // one that stops leaves its messages to the others. Each message is handled
 // by deliver.ts and acked when its delivery is over, or nacked with a delay
@@ -29,22 +29,26 @@ import {
   subjects,
 } from "../nats/index.js";
 import { DELIVERY_RECORD_HEADER } from "../runs/index.js";
-import { createSecretBox } from "./secrets.js";
-import { AddressGuard } from "./address-guard.js";
+import {
+  AddressGuard,
+  createSecretBox,
+  DeliveryStore,
+  revisionsIfOver,
+  type DeliveryRecord,
+} from "../webhooks/index.js";
 import { advanceDelivery, type DeliveryDeps } from "./deliver.js";
-import { DeliveryStore, revisionsIfOver, type DeliveryRecord } from "./delivery-store.js";
 
 export const WEBHOOK_CONSUMER = consumers.webhook.name;
 /** SKIFF_WEBHOOK_TIMEOUT_MS: the whole of one attempt. */
 export const DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000;
 /** Deliveries one process works on at once. */
-export const DEFAULT_WEBHOOK_CONCURRENCY = 64;
+const DEFAULT_WEBHOOK_CONCURRENCY = 64;
 /**
  * How long JetStream waits before giving a message whose process went silent
  * to another. Handlers call working() every third of it, so it bounds how
  * late a crashed process's delivery resumes, not how long an attempt may take.
  */
-export const DEFAULT_WEBHOOK_ACK_WAIT_MS = 30_000;
+const DEFAULT_WEBHOOK_ACK_WAIT_MS = 30_000;
 /** After an unexpected error (NATS unavailable), when the message is tried again. */
 const RETRY_AFTER_ERROR_MS = 2_000;
 

@@ -7,12 +7,12 @@
 //                                 "{X-Request-Id}.{timestamp}.{raw body}")
 import { createHmac, timingSafeEqual } from "node:crypto";
 
-export const HEADER_REQUEST_ID = "x-request-id";
-export const HEADER_TIMESTAMP = "x-service-webhook-timestamp";
-export const HEADER_SIGNATURE = "x-service-webhook-signature";
-export const SIGNATURE_VERSION = "v1";
+const HEADER_REQUEST_ID = "x-request-id";
+const HEADER_TIMESTAMP = "x-service-webhook-timestamp";
+const HEADER_SIGNATURE = "x-service-webhook-signature";
+const SIGNATURE_VERSION = "v1";
 /** How far a delivery's timestamp may be from the receiver's clock by default. */
-export const DEFAULT_TOLERANCE_SECONDS = 5 * 60;
+const DEFAULT_TOLERANCE_SECONDS = 5 * 60;
 
 type Body = string | Uint8Array;
 

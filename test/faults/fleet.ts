@@ -15,7 +15,7 @@ import { RunEventSchema } from "../../gen/skiff/events/v1/events_pb.js";
 import { freePort } from "../../services/nats/cluster-process.js";
 import { buckets, streams } from "../../services/nats/layout.js";
 import type { RunRecord } from "../../services/runs/store.js";
-import { listDeliveries } from "../../services/webhook/deliveries.js";
+import { listDeliveries } from "../../services/webhooks/deliveries.js";
 import type { Run, WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
 
 export const ROOT = path.resolve(import.meta.dirname, "..", "..");

@@ -4,7 +4,7 @@
 import type { NatsConnection } from "nats";
 import { pino } from "pino";
 import { vi } from "vitest";
-import { listDeliveries } from "../../services/webhook/deliveries.js";
+import { listDeliveries } from "../../services/webhooks/deliveries.js";
 import { startWebhookRole, type WebhookRole, type WebhookRoleOptions } from "../../services/webhook/role.js";
 import type { WebhookDelivery } from "../../gen/skiff/management/v2/management_pb.js";
 import { startProvisionedNats, type TestNats } from "./nats-server.js";

@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { parseAppConfig } from "../../services/apps/app-config.js";
 import { silentLogger } from "../../services/config/logger.js";
 import { objectStores } from "../../services/nats/layout.js";
-import { decodeLogLine, type LogLineRecord } from "../../services/runner/app-logs.js";
+import { decodeLogLine, type LogLineRecord } from "../../services/apps/log-lines.js";
 import { Runner, type RunnerOptions } from "../../services/runner/runner.js";
 import { DEFAULT_SANDBOX_LIMITS } from "../../services/runner/sandbox.js";
 import { Overloaded, StartFailed } from "../../services/runs/errors.js";

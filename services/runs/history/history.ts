@@ -42,13 +42,13 @@ export interface MinuteStats {
 }
 
 /** Rows deleted by one statement of the retention sweep. */
-export const PRUNE_BATCH = 10_000;
+const PRUNE_BATCH = 10_000;
 const MINUTE_MS = 60_000;
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 /** The smallest UUIDv7 of a time: the ids of runs made before it sort below it. */
-export function idAt(ms: number): string {
+function idAt(ms: number): string {
   const hex = Math.max(0, Math.floor(ms)).toString(16).padStart(12, "0").slice(-12);
   return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-0000-0000-000000000000`;
 }

@@ -13,8 +13,8 @@ import { RunProjector, RUNS_STREAM, type ProjectorOptions } from "./projector.js
 import { DEFAULT_SCHEMA, migrate, tables } from "./schema.js";
 import { openPglite, openPostgres, type Database } from "./sql.js";
 
-export type { HistoryRun, ListQuery, MinuteStats, RunPage } from "./history.js";
-export { PRUNE_BATCH, idAt, timeOfId } from "./history.js";
+export type { ListQuery, MinuteStats, RunPage } from "./history.js";
+export { timeOfId } from "./history.js";
 export { RUNS_STREAM } from "./projector.js";
 
 /** How often runs past RUN_RETENTION_MS are deleted. */

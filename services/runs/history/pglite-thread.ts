@@ -7,7 +7,7 @@
 // anyway, so queries keep the order they were sent in.
 import { Worker } from "node:worker_threads";
 
-export interface PgliteThread {
+interface PgliteThread {
   query<R>(text: string, params?: unknown[]): Promise<R[]>;
   close(): Promise<void>;
 }

@@ -38,10 +38,10 @@ export const RUNS_STREAM = streams.events.name;
 /** The stream projected before the events carried their records (the run bucket's): its cursor is moved once. */
 const OLD_STREAM = "KV_skiff-runs";
 
-export const DEFAULT_BATCH_SIZE = 500;
-export const DEFAULT_BATCH_MS = 50;
+const DEFAULT_BATCH_SIZE = 500;
+const DEFAULT_BATCH_MS = 50;
 /** How often a process that does not hold the projector's lock tries for it; also the pause after a failure. */
-export const DEFAULT_LEADER_RETRY_MS = 2_000;
+const DEFAULT_LEADER_RETRY_MS = 2_000;
 
 /** Rows written before the statistics are brought up to date again, at least. */
 const ANALYZE_MIN_ROWS = 5_000;
@@ -135,7 +135,7 @@ const noNul = (_k: string, v: unknown) =>
  * JSON for a batch statement, NUL characters replaced. JSON.stringify writes a NUL as \u0000; the
  * replacer, which costs a call per value, runs only when that text shows up.
  */
-export function batchJson(rows: unknown[]): string {
+function batchJson(rows: unknown[]): string {
   const text = JSON.stringify(rows);
   return text.includes("\\u0000") ? JSON.stringify(rows, noNul) : text;
 }
@@ -151,7 +151,7 @@ interface DeliveryRow {
 }
 
 /** The delivery of a `Skiff-Delivery` header at stream sequence `revision`; undefined when it is not one. */
-export function deliveryRowOf(text: string | undefined, revision: number): DeliveryRow | undefined {
+function deliveryRowOf(text: string | undefined, revision: number): DeliveryRow | undefined {
   let d: Record<string, unknown>;
   try {
     d = JSON.parse(text ?? "") as Record<string, unknown>;

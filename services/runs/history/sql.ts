@@ -29,7 +29,7 @@ export interface Database extends Sql {
 }
 
 /** The embedded database's buffer pool, in its memory for good. */
-export const PGLITE_SHARED_BUFFERS = "16MB";
+const PGLITE_SHARED_BUFFERS = "16MB";
 
 /** PostgreSQL embedded in this process (on a worker thread), its files in `dir`. One process per folder. */
 export async function openPglite(dir: string, signal?: AbortSignal): Promise<Database> {
@@ -89,7 +89,7 @@ async function initPglite(dir: string, signal?: AbortSignal): Promise<void> {
 }
 
 /** How many connections one process opens to a PostgreSQL server at most. */
-export const POOL_SIZE = 4;
+const POOL_SIZE = 4;
 
 /** A PostgreSQL server, shared by every process that names the same URL. */
 export async function openPostgres(url: string): Promise<Database> {

@@ -24,14 +24,8 @@ const CODES: Record<Code, readonly [string, number]> = {
   [Code.Unauthenticated]: ["unauthenticated", 401],
 };
 
-const BY_STRING = new Map(Object.entries(CODES).map(([code, [name]]) => [name, Number(code) as Code]));
-
 export function codeString(code: Code): string {
   return CODES[code][0];
-}
-
-export function codeFromString(name: string): Code | undefined {
-  return BY_STRING.get(name);
 }
 
 export function codeHttpStatus(code: Code): number {

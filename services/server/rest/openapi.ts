@@ -4,14 +4,12 @@
 // have. The only hand-written part is DOCUMENTED_EXTRAS: what a handler adds
 // to the HTTP answer at run time (see http-exchange.ts), which no rule says.
 import { ScalarType, type DescField, type DescMessage, type DescService } from "@bufbuild/protobuf";
-import { InvocationService } from "../../../gen/skiff/invocation/v4/invocation_pb.js";
-import { ManagementService } from "../../../gen/skiff/management/v2/management_pb.js";
 import { FeatureSet_FieldPresence } from "@bufbuild/protobuf/wkt";
 import { httpBindings, type HttpBinding, type PathTemplate } from "./http-rules.js";
 
 const IMPLICIT = FeatureSet_FieldPresence.IMPLICIT;
 
-export interface SchemaObject {
+interface SchemaObject {
   $ref?: string;
   type?: "string" | "integer" | "number" | "boolean" | "object" | "array";
   title?: string;
@@ -27,7 +25,7 @@ export interface SchemaObject {
   anyOf?: SchemaObject[];
 }
 
-export interface ParameterObject {
+interface ParameterObject {
   name: string;
   in: "path" | "query" | "header";
   required: boolean;
@@ -35,22 +33,22 @@ export interface ParameterObject {
   schema: SchemaObject;
 }
 
-export interface MediaTypeObject {
+interface MediaTypeObject {
   schema: SchemaObject;
 }
 
-export interface HeaderObject {
+interface HeaderObject {
   description: string;
   schema: SchemaObject;
 }
 
-export interface ResponseObject {
+interface ResponseObject {
   description: string;
   headers?: Record<string, HeaderObject>;
   content?: Record<string, MediaTypeObject>;
 }
 
-export interface RequestBodyObject {
+interface RequestBodyObject {
   description?: string;
   required?: boolean;
   content: Record<string, MediaTypeObject>;
@@ -67,17 +65,17 @@ export interface OperationObject {
   security: Record<string, string[]>[];
 }
 
-export type OpenApiMethod = "get" | "put" | "post" | "delete" | "patch" | "head" | "options" | "trace";
+type OpenApiMethod = "get" | "put" | "post" | "delete" | "patch" | "head" | "options" | "trace";
 
-export type PathItemObject = Partial<Record<OpenApiMethod, OperationObject>>;
+type PathItemObject = Partial<Record<OpenApiMethod, OperationObject>>;
 
-export interface OpenApiInfo {
+interface OpenApiInfo {
   title: string;
   version: string;
   description: string;
 }
 
-export interface ServerObject {
+interface ServerObject {
   url: string;
   description: string;
 }
@@ -299,7 +297,7 @@ const OPENAPI_METHODS: ReadonlySet<string> = new Set([
   "trace",
 ]);
 
-export class OpenApiError extends Error {
+class OpenApiError extends Error {
   override name = "OpenApiError";
 }
 
@@ -313,35 +311,9 @@ export interface ApiDocument {
   info: OpenApiInfo;
 }
 
-export const SKIFF_APIS: readonly ApiDocument[] = [
-  {
-    file: "gen/openapi/management.v2.json",
-    servedAt: "/v2/openapi.json",
-    services: [ManagementService],
-    // Spec section 9: the management API description carries version 1.0.0.
-    info: {
-      title: "skiff management API",
-      version: "1.0.0",
-      description: "Projects, service accounts and their bearer tokens, app deployments, runs and webhook deliveries.",
-    },
-  },
-  {
-    file: "gen/openapi/invocation.v4.json",
-    servedAt: "/v4/openapi.json",
-    services: [InvocationService],
-    info: {
-      title: "skiff invocation API",
-      version: "1.0.0",
-      description:
-        "Runs deployed apps over HTTP: synchronously (the function's response) or asynchronously (202 with the run id), " +
-        "optionally forwarding the response to a signed webhook.",
-    },
-  },
-];
-
-/** The documents by the URL path that serves them, built on demand. */
-export function openapiDocuments(): Record<string, () => OpenApiDocument> {
-  return Object.fromEntries(SKIFF_APIS.map((api) => [api.servedAt, () => openapiDocument(api.services, api.info)]));
+/** The documents of `apis` by the URL path that serves them, built on demand. */
+export function openapiDocuments(apis: readonly ApiDocument[]): Record<string, () => OpenApiDocument> {
+  return Object.fromEntries(apis.map((api) => [api.servedAt, () => openapiDocument(api.services, api.info)]));
 }
 
 export function openapiDocument(services: readonly DescService[], info: OpenApiInfo): OpenApiDocument {
@@ -440,7 +412,7 @@ function operation(binding: HttpBinding, operationId: string, schemas: SchemaReg
 }
 
 /** "ListServiceAccounts" → "List service accounts". */
-export function summaryOf(methodName: string): string {
+function summaryOf(methodName: string): string {
   const words = methodName.split(/(?<=[a-z0-9])(?=[A-Z])/).map((w, i) => (i === 0 ? w : w.toLowerCase()));
   return words.join(" ");
 }

@@ -5,10 +5,12 @@
 // the same attempt. One entry per run also makes listing one read: nothing
 // has to scan keys.
 import type { KV } from "nats";
+import type { RunEvent } from "../../gen/skiff/events/v1/events_pb.js";
 import { JsErrorCode, allRevisions, isJsError } from "../nats/index.js";
-import type { AttemptVerdict } from "./retry-policy.js";
 
-export type DeliveryState = "pending" | "delivered" | "failed";
+type DeliveryState = "pending" | "delivered" | "failed";
+/** What an attempt's answer leads to under the spec's retry table (webhook/retry-policy.ts). */
+export type AttemptVerdict = "delivered" | "retry" | "failed";
 
 export interface AttemptRecord {
   /** 1-based. */
@@ -33,12 +35,27 @@ export interface DeliveryRecord {
   url: string;
   state: DeliveryState;
   created_at: string;
-  /** SKIFF_EVENTS sequence of the terminal event whose response this delivery sends; a redelivery re-reads it. */
+  /** SKIFF_WEBHOOKS sequence of the terminal event whose response this delivery sends; a redelivery re-reads it. */
   event_seq: number;
   attempts: AttemptRecord[];
 }
 
-export interface Versioned {
+/** A delivery of the run's terminal event `e` (read at `eventSeq` of SKIFF_WEBHOOKS), pending, with no attempt yet. */
+export function newDeliveryRecord(e: RunEvent, deliveryId: string, eventSeq: number): DeliveryRecord {
+  return {
+    delivery_id: deliveryId,
+    run_id: e.runId,
+    project_id: e.projectId,
+    app_name: e.appName,
+    url: e.webhookEndpoint,
+    state: "pending",
+    created_at: new Date().toISOString(),
+    event_seq: eventSeq,
+    attempts: [],
+  };
+}
+
+interface Versioned {
   record: DeliveryRecord;
   /** Revision of the run's entry. */
   revision: number;

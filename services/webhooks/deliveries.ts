@@ -12,10 +12,9 @@ import {
   type WebhookDelivery,
 } from "../../gen/skiff/management/v2/management_pb.js";
 import { JsErrorCode, buckets, isJsError, streams, subjects } from "../nats/index.js";
-import { newDeliveryRecord } from "./deliver.js";
-import { DeliveryStore, type DeliveryRecord } from "./delivery-store.js";
+import { DeliveryStore, newDeliveryRecord, type DeliveryRecord } from "./delivery-store.js";
 
-export type RedeliveryErrorReason = "no_webhook" | "event_gone";
+type RedeliveryErrorReason = "no_webhook" | "event_gone";
 
 /** A run whose response cannot be delivered again; the management API answers failed_precondition. */
 export class RedeliveryError extends Error {
@@ -44,7 +43,7 @@ function storeOf(nc: NatsConnection): Promise<DeliveryStore> {
   return store;
 }
 
-export function toWebhookDelivery(record: DeliveryRecord): WebhookDelivery {
+function toWebhookDelivery(record: DeliveryRecord): WebhookDelivery {
   return create(WebhookDeliverySchema, {
     deliveryId: record.delivery_id,
     runId: record.run_id,
@@ -92,7 +91,7 @@ export async function listDeliveries(
 /**
  * Starts a fresh delivery of a finished run's response and returns it
  * (state pending, no attempts yet). Throws RedeliveryError when the run has
- * no delivery to repeat or its event has aged out of SKIFF_EVENTS.
+ * no delivery to repeat or its event has aged out of SKIFF_WEBHOOKS.
  */
 export async function redeliver(
   nc: NatsConnection,

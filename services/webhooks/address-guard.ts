@@ -7,8 +7,6 @@ import dns from "node:dns";
 import net from "node:net";
 import { parseCidr } from "../config/index.js";
 
-export { parseCidr };
-
 const BLOCKED_V4 = [
   ["0.0.0.0", 8], // "this" network
   ["10.0.0.0", 8], // private

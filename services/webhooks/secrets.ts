@@ -12,8 +12,6 @@ import type { KV, NatsConnection } from "nats";
 import { parseSecretsKey, SECRETS_KEY_BYTES as KEY_BYTES, SecretsKeyError } from "../config/index.js";
 import { buckets } from "../nats/index.js";
 
-export { parseSecretsKey, SecretsKeyError };
-
 const IV_BYTES = 12;
 const TAG_BYTES = 16;
 /** Where the cluster's key lives in KV skiff-keys. */
