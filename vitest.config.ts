@@ -7,21 +7,23 @@ import { configDefaults, defineConfig } from "vitest/config";
  * Every other test file is an integration test, new ones included.
  */
 const UNIT = [
-  "test/app-config.test.ts",
+  "test/apps/app-config.test.ts",
+  "test/apps/bundle.links.test.ts",
+  "test/apps/bundle.test.ts",
   "test/architecture.test.ts",
-  "test/auth-cache.test.ts",
-  "test/bundle-links.test.ts",
-  "test/bundle.test.ts",
+  "test/auth/authenticator.test.ts",
   "test/config.test.ts",
-  "test/dashboard-stats.test.ts",
-  "test/deployment-cache.test.ts",
-  "test/event-bytes.test.ts",
-  "test/static-files.test.ts",
-  "test/transcoder-property.test.ts",
-  "test/transcoder.test.ts",
-  "test/webhook-address-guard.test.ts",
-  "test/webhook-delivery-endpoint.test.ts",
-  "test/websocket-frames.test.ts",
+  "test/management/stats.test.ts",
+  "test/runner/deployment-cache.test.ts",
+  "test/runner/replica-set.test.ts",
+  "test/runner/slot-queue.test.ts",
+  "test/runs/event-bytes.test.ts",
+  "test/server/rest/transcoder.property.test.ts",
+  "test/server/rest/transcoder.test.ts",
+  "test/server/static-files.test.ts",
+  "test/server/websocket-frames.test.ts",
+  "test/webhooks/address-guard.test.ts",
+  "test/webhooks/endpoint.test.ts",
 ];
 
 /**

@@ -70,7 +70,7 @@ export function runMessage(record: RunRecord, result?: Body): Run {
 /**
  * The event of the record's current state, carrying the response of a terminal one inline or by object name.
  * Publishers write its bytes with runEventBytes (event-bytes.ts), without the message object; this is the
- * mapping those bytes must equal (test/event-bytes.test.ts).
+ * mapping those bytes must equal (test/runs/event-bytes.test.ts).
  */
 export function runEvent(record: RunRecord, response: EventResponse): RunEvent {
   const event = create(RunEventSchema, {

@@ -2,7 +2,7 @@
 // a run record: the same bytes as toBinary(RunEventSchema, runEvent(...))
 // (fields in number order, proto3 defaults left out), without building the
 // message object and walking it by reflection: every state change of every
-// run publishes one. test/event-bytes.test.ts holds the two equal.
+// run publishes one. test/runs/event-bytes.test.ts holds the two equal.
 import type { RunRecord } from "./store.js";
 
 /** The response body of a terminal event: inline, or an object in `skiff-results`. */

@@ -1,0 +1,5 @@
+// The test folder, which fixtures and the repository root are found from
+// wherever a test file sits in the tree.
+import path from "node:path";
+
+export const TEST_ROOT = path.resolve(import.meta.dirname, "..");

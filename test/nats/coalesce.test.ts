@@ -1,0 +1,135 @@
+// Writes of a NATS connection coalesced per event-loop turn (nats/coalesce.ts),
+// against a real nats-server: fewer socket writes, the same messages in the
+// same order, requests and flush() unchanged; background publishes wait for
+// the next write, or a few milliseconds.
+import { connect, type NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { BACKGROUND_FLUSH_MS, coalesceWrites, publishInBackground } from "../../services/nats/coalesce.js";
+import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
+
+let nats: TestNats;
+beforeAll(async () => {
+  nats = await startNatsServer({ jetstream: false });
+});
+afterAll(async () => {
+  await nats?.stop();
+});
+
+/** Counts the writes the connection's transport makes (the one place nats.js writes to its socket). */
+function countWrites(nc: NatsConnection): { readonly count: number } {
+  const transport = (nc as unknown as { protocol: { transport: { send(frame: Uint8Array): void } } }).protocol
+    .transport;
+  const send = transport.send.bind(transport);
+  const counter = { count: 0 };
+  transport.send = (frame) => {
+    counter.count++;
+    send(frame);
+  };
+  return counter;
+}
+
+/** Publishes `n` messages, one per microtask, all within one turn of the event loop. */
+async function publishAcrossMicrotasks(nc: NatsConnection, subject: string, n: number): Promise<void> {
+  for (let i = 0; i < n; i++) {
+    await Promise.resolve();
+    nc.publish(subject, new TextEncoder().encode(String(i)));
+  }
+}
+
+async function received(nc: NatsConnection, subject: string, n: number): Promise<() => Promise<string[]>> {
+  const sub = nc.subscribe(subject, { max: n });
+  await nc.flush();
+  return async () => {
+    const got: string[] = [];
+    for await (const msg of sub) got.push(msg.string());
+    return got;
+  };
+}
+
+describe("coalesced writes", () => {
+  it("apply to this nats.js", async () => {
+    const nc = await connect({ servers: nats.url });
+    try {
+      expect(coalesceWrites(nc)).toBe(true);
+    } finally {
+      await nc.close();
+    }
+  });
+
+  it("send what one turn published in one write, in order", async () => {
+    const plain = await connect({ servers: nats.url });
+    const coalesced = await connect({ servers: nats.url });
+    const reader = await connect({ servers: nats.url });
+    try {
+      coalesceWrites(coalesced);
+      const expected = Array.from({ length: 100 }, (_, i) => String(i));
+      for (const [nc, writes] of [
+        [plain, 100],
+        [coalesced, 1],
+      ] as const) {
+        const subject = `coalesce.${writes}`;
+        const all = await received(reader, subject, 100);
+        const counter = countWrites(nc);
+        await publishAcrossMicrotasks(nc, subject, 100);
+        await new Promise((resolve) => setImmediate(resolve));
+        expect(counter.count).toBe(writes);
+        expect(await all()).toEqual(expected);
+      }
+    } finally {
+      await Promise.all([plain.close(), coalesced.close(), reader.close()]);
+    }
+  });
+
+  it("leave requests, flush and large messages working", async () => {
+    const nc = await connect({ servers: nats.url });
+    const server = await connect({ servers: nats.url });
+    try {
+      coalesceWrites(nc);
+      coalesceWrites(server);
+      const sub = server.subscribe("coalesce.echo");
+      void (async () => {
+        for await (const msg of sub) msg.respond(msg.data);
+      })();
+      await server.flush();
+      const big = new Uint8Array(256 * 1024).fill(7);
+      const replies = await Promise.all([
+        nc.request("coalesce.echo", new TextEncoder().encode("hi")),
+        nc.request("coalesce.echo", big),
+      ]);
+      expect(replies[0].string()).toBe("hi");
+      expect(replies[1].data).toEqual(big);
+      await nc.flush();
+    } finally {
+      await Promise.all([nc.close(), server.close()]);
+    }
+  });
+
+  it("write a background publish with the next write, or within BACKGROUND_FLUSH_MS, in the order of the calls", async () => {
+    const nc = await connect({ servers: nats.url });
+    const reader = await connect({ servers: nats.url });
+    const bytes = (s: string) => new TextEncoder().encode(s);
+    const turn = () => new Promise((resolve) => setImmediate(resolve));
+    try {
+      coalesceWrites(nc);
+      const counter = countWrites(nc);
+      // Alone, it waits out a turn of the event loop, and is written by the timer.
+      const alone = await received(reader, "coalesce.background.alone", 1);
+      publishInBackground(nc, "coalesce.background.alone", bytes("late"));
+      await turn();
+      expect(counter.count).toBe(0);
+      await new Promise((resolve) => setTimeout(resolve, BACKGROUND_FLUSH_MS * 4));
+      expect(counter.count).toBe(1);
+      expect(await alone()).toEqual(["late"]);
+      // Followed by a plain publish, both go in that one's write, in the order they were made.
+      const both = await received(reader, "coalesce.background.both", 3);
+      publishInBackground(nc, "coalesce.background.both", bytes("a"));
+      nc.publish("coalesce.background.both", bytes("b"));
+      publishInBackground(nc, "coalesce.background.both", bytes("c"));
+      await turn();
+      expect(counter.count).toBe(2);
+      expect(await both()).toEqual(["a", "b", "c"]);
+    } finally {
+      await Promise.all([nc.close(), reader.close()]);
+    }
+  });
+});

@@ -1,0 +1,146 @@
+// A memory and pids cgroup per sandbox, where the host gives skiff cgroups
+// (services/runner/cgroups.ts): the limits then hold for a replica's
+// processes together, where the rlimits count per process. Real sandboxes,
+// real cgroups; skipped, with the reason, on a host that has none for skiff.
+import { cp, mkdtemp, readFile, rm, stat } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { parseAppConfig } from "../../services/apps/app-config.js";
+import { silentLogger } from "../../services/config/logger.js";
+import { ReplicaCrashed } from "../../services/runs/errors.js";
+import { Runner } from "../../services/runner/runner.js";
+import { DEFAULT_SANDBOX_LIMITS } from "../../services/runner/sandbox.js";
+import { SandboxHost } from "../../services/runner/sandbox-host.js";
+import { skiffToml } from "../helpers/apps.js";
+import { machineCan } from "../helpers/machine.js";
+import { TEST_ROOT } from "../helpers/paths.js";
+
+const ROOT = path.resolve(TEST_ROOT, "..");
+const host = new SandboxHost();
+const found = host.enableCgroups();
+const usable = machineCan("sandbox-cgroups", found === true ? undefined : `no cgroups for skiff (${found})`);
+const MEMORY_MB = 256;
+const PIDS = 64;
+
+let tmp: string;
+let runner: Runner;
+let seq = 0;
+
+async function call(fn: string, body: unknown = {}): Promise<unknown> {
+  const res = await runner.invoke("p-cg", "cg", {
+    runId: `cg-${++seq}`,
+    method: "POST",
+    path: `/${fn}`,
+    query: "",
+    headers: {},
+    body: new TextEncoder().encode(JSON.stringify(body)),
+  });
+  return JSON.parse(Buffer.from(res.body).toString()).result;
+}
+
+/** The cgroup folders (memory, pids) a host process is in, from /proc/<pid>/cgroup. */
+async function cgroupsOf(pid: number): Promise<Record<string, string>> {
+  const out: Record<string, string> = {};
+  for (const line of (await readFile(`/proc/${pid}/cgroup`, "utf8")).trim().split("\n")) {
+    const [, controllers, where] = line.split(":");
+    for (const c of controllers.split(",")) out[c || "unified"] = where;
+  }
+  return out;
+}
+
+describe.skipIf(!usable)("a cgroup per replica", () => {
+  beforeAll(async () => {
+    tmp = await mkdtemp(path.join(tmpdir(), "skiff-sandbox-cgroups-"));
+    runner = new Runner({
+      workDir: path.join(tmp, "replicas"),
+      logger: silentLogger,
+      startTimeoutMs: 20_000,
+      sandbox: {
+        enabled: true,
+        limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: MEMORY_MB, pids: PIDS, tmpMb: 16 },
+        host,
+      },
+    });
+    const dir = path.join(tmp, "app");
+    await cp(path.join(ROOT, "test/fixtures/apps/intruder-py"), dir, { recursive: true });
+    await runner.deploy({
+      projectId: "p-cg",
+      appName: "cg",
+      version: 1,
+      dir,
+      config: parseAppConfig(
+        skiffToml({ name: "cg", runtime: { kind: "cortex", language: "python", entry: "main.py" } }),
+      ),
+    });
+  }, 60_000);
+  afterAll(async () => {
+    await runner?.close();
+    await rm(tmp, { recursive: true, force: true });
+  });
+
+  it("the replica's processes are in a cgroup of their own with its limits, removed when it stops", async () => {
+    expect(await call("ping")).toBe("pong");
+    // bwrap's pid; the sandbox's first process is its child.
+    const bwrap = runner.replicas("p-cg", "cg")[0].pid!;
+    const init = Number((await readFile(`/proc/${bwrap}/task/${bwrap}/children`, "utf8")).trim().split(" ")[0]);
+    const groups = await cgroupsOf(init);
+    const memory = groups.memory ?? groups.unified;
+    const pids = groups.pids ?? groups.unified;
+    expect(memory).toMatch(/\/skiff-\d+\/sandbox-\d+$/);
+    expect(pids).toMatch(/\/skiff-\d+\/sandbox-\d+$/);
+    const v1 = groups.memory !== undefined;
+    const memoryDir = v1 ? path.join("/sys/fs/cgroup/memory", memory) : path.join("/sys/fs/cgroup", memory);
+    const pidsDir = v1 ? path.join("/sys/fs/cgroup/pids", pids) : memoryDir;
+    const limit = await readFile(path.join(memoryDir, v1 ? "memory.limit_in_bytes" : "memory.max"), "utf8");
+    expect(Number(limit)).toBe(MEMORY_MB * 1024 * 1024);
+    expect(Number(await readFile(path.join(pidsDir, "pids.max"), "utf8"))).toBe(PIDS);
+    await runner.remove("p-cg", "cg");
+    await expect
+      .poll(
+        () =>
+          stat(memoryDir).then(
+            () => true,
+            () => false,
+          ),
+        { timeout: 5000 },
+      )
+      .toBe(false);
+    await expect
+      .poll(
+        () =>
+          stat(pidsDir).then(
+            () => true,
+            () => false,
+          ),
+        { timeout: 5000 },
+      )
+      .toBe(false);
+  });
+
+  it("processes each under the per-process limit but together over it: the kernel ends one, the replica serves on", async () => {
+    const dir = path.join(tmp, "app");
+    await runner.deploy({
+      projectId: "p-cg",
+      appName: "cg",
+      version: 2,
+      dir,
+      config: parseAppConfig(
+        skiffToml({ name: "cg", runtime: { kind: "cortex", language: "python", entry: "main.py" } }),
+      ),
+    });
+    // 4 × 100 MiB: each child is far below RLIMIT_AS (256 MiB), the four are not below the cgroup's 256 MiB.
+    const codes = (await call("memory_together", { children: 4, mb: 100 })) as number[];
+    expect(codes).toContain(-9);
+    expect(await call("ping")).toBe("pong");
+  }, 60_000);
+
+  it("when the replica's own process is the one ended, the error says the replica's memory limit", async () => {
+    const err = await call("memory_together", { children: 4, mb: 100, main_first: true }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ReplicaCrashed);
+    expect((err as Error).message).toMatch(
+      new RegExp(`its processes together used more than ${MEMORY_MB} MiB \\(SKIFF_REPLICA_MEMORY_MB\\)`),
+    );
+    expect(await call("ping")).toBe("pong");
+  }, 60_000);
+});

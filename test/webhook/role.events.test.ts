@@ -1,0 +1,60 @@
+import { execFile } from "node:child_process";
+import { readFile } from "node:fs/promises";
+import { promisify } from "node:util";
+import type { NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { publishRunEvent, terminalEvent } from "../helpers/webhook-events.js";
+import { startProvisionedNats } from "../helpers/nats-server.js";
+
+const run = promisify(execFile);
+
+describe("public run events", () => {
+  let server: Awaited<ReturnType<typeof startProvisionedNats>>;
+  let nc: NatsConnection;
+  beforeAll(async () => {
+    server = await startProvisionedNats();
+    nc = server.nc;
+  });
+  afterAll(async () => {
+    await server?.stop();
+  });
+
+  test("events - the example consumer decodes a published RunEvent and prints its run id and status", async () => {
+    const other = terminalEvent("", "{}", { projectId: "p-other" });
+    const event = terminalEvent("", "{}", { projectId: "p-dev", status: "failure", error: undefined });
+    await publishRunEvent(nc, other);
+    await publishRunEvent(nc, event);
+    const { stdout } = await run(
+      process.execPath,
+      [
+        "--import",
+        "tsx",
+        "examples/event-consumer/consume.ts",
+        "--subject",
+        "skiff.events.runs.p-dev.>",
+        "--from-start",
+        "--max",
+        "1",
+      ],
+      {
+        env: { ...process.env, SKIFF_NATS_URL: server.nats.url },
+        timeout: 20_000,
+      },
+    );
+    const lines = stdout.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toContain(`${event.runId} p-dev/hello/predict failure async`);
+    expect(stdout).not.toContain(other.runId);
+  });
+});
+
+describe("events documentation", () => {
+  test("events - EVENTS.md shows the RunEvent schema and the Python verifier exactly as they are in the repository", async () => {
+    const doc = await readFile("services/webhook/EVENTS.md", "utf8");
+    const proto = await readFile("proto/skiff/events/v1/events.proto", "utf8");
+    const python = await readFile("examples/webhook-receiver/verify_webhook.py", "utf8");
+    expect(doc).toContain(proto.slice(proto.indexOf("message RunEvent {")).trimEnd());
+    expect(doc).toContain(python.slice(python.indexOf("def verify_webhook")).trimEnd());
+    expect(doc).toContain("npx tsx examples/event-consumer/consume.ts");
+  });
+});
