@@ -11,7 +11,7 @@ const SERVICES = path.resolve(import.meta.dirname, "..", "services");
 const LAYERS: { folders: string[]; peers: boolean }[] = [
   { folders: ["config", "metrics"], peers: false },
   { folders: ["nats", "server"], peers: false },
-  { folders: ["auth", "apps", "runs"], peers: true },
+  { folders: ["auth", "apps", "runs", "runner-client"], peers: true },
   { folders: ["invocation", "management", "runner", "webhook"], peers: true },
   { folders: ["cli", "(top)"], peers: false },
 ];

@@ -1,5 +1,5 @@
 // The runner role: app replicas as child processes, deployments prepared
-// per machine, sync dispatch over NATS and the async run queue.
+// per machine, the runner's end of the runner client and the async run queue.
 export { decodeLogLine } from "./app-logs.js";
 export type { LogLineRecord } from "./app-logs.js";
 export { DeploymentCache, prepareBundle } from "./deployment-cache.js";
@@ -8,5 +8,3 @@ export { deploymentsDir, startRunnerRole } from "./role.js";
 export { configureSandbox } from "./sandbox.js";
 export type { Runner } from "./runner.js";
 export type { PreparedDeployment } from "./types.js";
-export type { UpgradeAnswer, UpgradeRequest } from "./upgrade.js";
-export { upgradeRemote } from "./ws-dispatch.js";
