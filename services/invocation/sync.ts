@@ -76,17 +76,23 @@ export async function runSync(
     failed,
   );
   deps.control.track(record.run_id, controller ?? exchange!, finished);
+  let streaming = false;
   try {
     const { res, kept } = await work;
     if (!kept) return answer(ctx, record, res, app.config.runtime.kind === "custom");
-    if (streamTo(ctx, res.stream!)) return answer(ctx, record, res, true);
+    if (streamTo(ctx, res.stream!)) {
+      // A RunStream caller that goes away while the body streams stops the run, as a REST caller does.
+      if (controller) void finished.finally(() => ctx.signal.removeEventListener("abort", onGone));
+      streaming = true;
+      return answer(ctx, record, res, true);
+    }
     // Run over Connect or gRPC: the whole body, once it has ended (RunStream streams it).
     for await (const chunk of res.stream!.chunks) void chunk;
     return answer(ctx, record, { ...res, body: kept() }, true);
   } catch (err) {
     throw runFailure(err).connect;
   } finally {
-    if (controller) ctx.signal.removeEventListener("abort", onGone);
+    if (controller && !streaming) ctx.signal.removeEventListener("abort", onGone);
   }
 }
 
