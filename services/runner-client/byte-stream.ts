@@ -15,7 +15,7 @@
 //   END    trailer  no more bytes this way (a half-close); the trailer says how they ended (may be empty)
 //   ABORT  reason   the sender's side is gone: the receiver is destroyed, with StreamAborted(reason)
 //                 when there is a reason (a run's error), else without an error
-//   PING          sent when nothing else went out for a heartbeat
+//   PING          sent to a peer that is there when nothing else went out for a heartbeat
 //
 // A side checks its peer's liveness once it knows the peer is there (it heard
 // from it, or expectPeer() says so): three heartbeats without a message
@@ -157,7 +157,8 @@ export class ByteStream extends Duplex {
     const silent = Date.now() - this.lastHeard;
     if (this.peerKnown && silent > this.heartbeatMs * MISSED_HEARTBEATS)
       return void this.destroy(new StreamSilent(silent));
-    if (Date.now() - this.lastSent >= this.heartbeatMs) this.publish(StreamKind.Ping);
+    // Pings go only to a peer that is there (a gateway waiting for its reply sends none).
+    if (this.peerKnown && Date.now() - this.lastSent >= this.heartbeatMs) this.publish(StreamKind.Ping);
   }
 
   override _write(chunk: Buffer, _encoding: BufferEncoding, callback: (err?: Error | null) => void): void {
