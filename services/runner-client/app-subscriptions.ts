@@ -15,7 +15,7 @@ export interface AppRef {
 }
 
 /** A subject of the app's, and what handles its requests. */
-export type AppRoute = [subject: string, handle: (app: AppRef, msg: Msg) => Promise<void>];
+type AppRoute = [subject: string, handle: (app: AppRef, msg: Msg) => Promise<void>];
 
 export class AppSubscriptions {
   private readonly subs = new Map<string, Subscription[]>();

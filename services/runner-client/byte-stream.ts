@@ -31,7 +31,7 @@ export const WINDOW_BYTES = 1024 * 1024;
 export const CHUNK_BYTES = 64 * 1024;
 export const HEARTBEAT_MS = 5_000;
 /** Heartbeats a peer may miss before the stream is given up. */
-export const MISSED_HEARTBEATS = 3;
+const MISSED_HEARTBEATS = 3;
 
 /** The peer went away with a reason (the runner's error, or why the caller's body broke). */
 export class StreamAborted extends Error {

@@ -63,7 +63,7 @@ export interface RunnerClient {
 }
 
 /** A runner of this process, called directly. */
-export class InProcessClient implements RunnerClient {
+class InProcessClient implements RunnerClient {
   constructor(private readonly runner: HostedRunner) {}
 
   invoke(app: AppRecord, req: InvokeRequest): Promise<InvokeResponse> {

@@ -44,7 +44,7 @@ export interface RequestMeta {
 }
 
 /** A runner error, as an error reply (or a stream's ABORT) carries it. */
-export interface ErrorMeta {
+interface ErrorMeta {
   error: string;
   message: string;
   retry_after?: number;
@@ -55,7 +55,7 @@ export interface ErrorMeta {
   reason?: string;
 }
 
-export interface AnswerMeta {
+interface AnswerMeta {
   status: number;
   headers: Record<string, string | string[]>;
   run_time_ms: number;
@@ -67,7 +67,7 @@ export interface AnswerMeta {
   upgraded?: boolean;
 }
 
-export type ReplyMeta = AnswerMeta | ErrorMeta;
+type ReplyMeta = AnswerMeta | ErrorMeta;
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -81,7 +81,7 @@ export function frame(meta: object, body: Uint8Array): Uint8Array {
   return out;
 }
 
-export function unframe<T>(data: Uint8Array): { meta: T; body: Uint8Array } {
+function unframe<T>(data: Uint8Array): { meta: T; body: Uint8Array } {
   if (data.byteLength < 4) throw new MalformedFrame("shorter than its length field");
   const metaLength = new DataView(data.buffer, data.byteOffset, data.byteLength).getUint32(0);
   if (4 + metaLength > data.byteLength) throw new MalformedFrame("truncated");
@@ -127,7 +127,7 @@ function headerMap(v: unknown, lists: boolean): void {
 }
 
 /** An error reply's (or an ABORT's) metadata, checked. */
-export function checkErrorMeta(meta: unknown): ErrorMeta {
+function checkErrorMeta(meta: unknown): ErrorMeta {
   if (!isObject(meta)) throw new MalformedFrame("the error is not an object");
   strings(meta, ["error", "message"], ["app", "function", "reason"]);
   for (const k of ["retry_after", "seconds"])
@@ -165,7 +165,7 @@ function checkReplyMeta(meta: unknown): ReplyMeta {
 }
 
 /** How the request's body and answer travel besides the frame. */
-export interface RequestStreams {
+interface RequestStreams {
   /** An async run's `queued` record. */
   record?: RunRecord;
   /** The id of the byte stream the gateway opened. */
@@ -272,7 +272,7 @@ export function encodeUpgradeReply(answer: {
 }
 
 /** A runner error as an error reply (or an ABORT) carries it. */
-export function errorMeta(err: RunnerError | RequestBodyFailed): ErrorMeta {
+function errorMeta(err: RunnerError | RequestBodyFailed): ErrorMeta {
   const meta: ErrorMeta = { error: err.name, message: err.message };
   if (err instanceof Overloaded) meta.retry_after = err.retryAfterSeconds;
   if (err instanceof RunTimeout) meta.seconds = err.seconds;
@@ -319,7 +319,7 @@ export async function decodeReply(
   };
 }
 
-export function runnerError(meta: ErrorMeta): Error {
+function runnerError(meta: ErrorMeta): Error {
   switch (meta.error) {
     case "Overloaded":
       return new Overloaded(meta.message, meta.retry_after ?? 1);

@@ -2,12 +2,8 @@
 // streamed bodies both ways, WebSocket upgrades), in-process or over NATS
 // behind one interface; the runner's end of the NATS protocol; the one byte
 // stream and the one codec they use (the async queue's messages too).
-export { ByteStream, CHUNK_BYTES, HEARTBEAT_MS, WINDOW_BYTES } from "./byte-stream.js";
-export type { ByteStreamOptions } from "./byte-stream.js";
-export { InProcessClient, runnerClient } from "./client.js";
+export { runnerClient } from "./client.js";
 export type { HostedRunner, RunnerClient, UpgradeAnswer, UpgradeRequest } from "./client.js";
 export { decodeRequestFrame, encodeRequest, requestMeta } from "./codec.js";
 export type { RequestMeta } from "./codec.js";
 export { NatsRunnerClient, NatsRunnerServer } from "./nats.js";
-export type { RunnerServerDeps } from "./nats.js";
-export type { AppRef } from "./app-subscriptions.js";

@@ -61,7 +61,7 @@ import {
 /** Beyond response_grace_period, how long a gateway waits for a runner's answer (the runner times the run out first). */
 const REPLY_MARGIN_MS = 5_000;
 /** How long a gateway waits for a runner's answer to a handshake: the runner's own wait for a slot, and more. */
-export const OPEN_TIMEOUT_MS = 65_000;
+const OPEN_TIMEOUT_MS = 65_000;
 const EMPTY = new Uint8Array(0);
 
 /** Tuning of both ends (tests shorten the heartbeat). */
@@ -115,13 +115,14 @@ export class NatsRunnerClient implements RunnerClient {
     const body = req.bodyStream;
     // A streamed body goes up, a streamed answer comes down, on one stream of this call.
     const id = req.acceptStream || body ? nuid.next() : undefined;
-    const stream = id === undefined ? undefined : gatewayStream(this.nc, id, this.tuning);
-    const pump = stream && body ? new BodyPump(stream, body) : undefined;
     const { data, object } = await encodeRequest(this.transfer, req, {
       stream: id,
       acceptStream: req.acceptStream,
       bodyFollows: body && (body.length === undefined ? {} : { length: body.length }),
     });
+    // Listening before the request goes out: the runner may answer on the stream at once.
+    const stream = id === undefined ? undefined : gatewayStream(this.nc, id, this.tuning);
+    const pump = stream && body ? new BodyPump(stream, body) : undefined;
     // A cancel or a caller gone reaches the runner that has the run, until its body has ended.
     const onAbort = () => broadcastAbort(this.nc, req.runId);
     req.signal?.addEventListener("abort", onAbort, { once: true });
