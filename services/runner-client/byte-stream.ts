@@ -73,7 +73,8 @@ export class ByteStream extends Duplex {
   private readonly sub: Subscription;
   private readonly heartbeatMs: number;
   private readonly chunkBytes: number;
-  private readonly timer: NodeJS.Timeout;
+  /** Heartbeats, from when the peer is known to be there. */
+  private timer: NodeJS.Timeout | undefined;
   private seqOut = 0;
   private seqIn: number | undefined;
   /** Bytes the peer still takes. */
@@ -108,6 +109,11 @@ export class ByteStream extends Duplex {
     // Its errors reach its readers (iterators, 'close', `errored`): an error with no listener must not end the process.
     this.on("error", () => undefined);
     this.sub = opts.nc.subscribe(opts.receive, { callback: (err, msg) => err || this.heard(msg.data) });
+    if (this.peerKnown) this.startBeating();
+  }
+
+  private startBeating(): void {
+    if (this.timer !== undefined || this.destroyed) return;
     this.timer = setInterval(() => this.beat(), this.heartbeatMs);
     this.timer.unref();
   }
@@ -122,6 +128,7 @@ export class ByteStream extends Duplex {
     if (this.peerKnown) return;
     this.peerKnown = true;
     this.lastHeard = Date.now();
+    this.startBeating();
   }
 
   /** Ends this side's bytes with a trailer the peer reads as `trailer`. */
@@ -154,11 +161,10 @@ export class ByteStream extends Duplex {
   }
 
   private beat(): void {
+    // Only once the peer is there (a gateway waiting for its reply neither pings nor counts silence).
     const silent = Date.now() - this.lastHeard;
-    if (this.peerKnown && silent > this.heartbeatMs * MISSED_HEARTBEATS)
-      return void this.destroy(new StreamSilent(silent));
-    // Pings go only to a peer that is there (a gateway waiting for its reply sends none).
-    if (this.peerKnown && Date.now() - this.lastSent >= this.heartbeatMs) this.publish(StreamKind.Ping);
+    if (silent > this.heartbeatMs * MISSED_HEARTBEATS) return void this.destroy(new StreamSilent(silent));
+    if (Date.now() - this.lastSent >= this.heartbeatMs) this.publish(StreamKind.Ping);
   }
 
   override _write(chunk: Buffer, _encoding: BufferEncoding, callback: (err?: Error | null) => void): void {
@@ -210,7 +216,10 @@ export class ByteStream extends Duplex {
   private heard(data: Uint8Array): void {
     if (this.destroyed) return;
     this.lastHeard = Date.now();
-    this.peerKnown = true;
+    if (!this.peerKnown) {
+      this.peerKnown = true;
+      this.startBeating();
+    }
     let message;
     try {
       message = decodeStreamFrame(data);
