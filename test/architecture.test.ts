@@ -28,19 +28,6 @@ const LAYERS: { folders: string[]; peers: boolean }[] = [
 const LEAF_MODULES = ["runs/status.ts", "auth/bearer.ts", "apps/bundle.ts"];
 /** Plumbing: it may use the generated code of the standard protocols it speaks (gen/google/, gen/grpc/), never skiff's own API (gen/skiff/). */
 const PLUMBING = ["config", "metrics", "nats", "server"];
-/**
- * Imports that the runner client replaces: the invocation role reaches the
- * runner role for WebSocket upgrades and the Runner type, and the run wire
- * codec and its body stream import each other. Each entry must still exist;
- * the list empties as that work lands.
- */
-const PENDING_RUNNER_CLIENT = [
-  "invocation/deps.ts imports ../runner/index.js",
-  "invocation/role.ts imports ../runner/index.js",
-  "invocation/websocket.ts imports ../runner/index.js",
-  "runs/wire.ts imports ./body-wire.js",
-];
-const PENDING = PENDING_RUNNER_CLIENT;
 
 function layerOf(folder: string): number {
   const i = LAYERS.findIndex((l) => l.folders.includes(folder));
@@ -89,7 +76,6 @@ const allEdges = files.flatMap(importsOf);
 const edges = allEdges.filter((e) => e.to.startsWith(SERVICES + path.sep));
 const crossing = edges.filter((e) => folderOf(e.from) !== folderOf(e.to));
 const show = (e: Edge) => `${path.relative(SERVICES, e.from)} imports ${e.spec}`;
-const pending = (e: Edge) => PENDING.includes(show(e));
 
 /** The files `entry` loads, itself included, following imports of the checkout's files. */
 function closureOf(entry: string): Set<string> {
@@ -195,27 +181,20 @@ describe("architecture - the import graph of services/", () => {
       const [from, to] = [folderOf(e.from), folderOf(e.to)];
       if (from === "dashboard" || to === "(top)") return from !== "dashboard" && to === "(top)";
       const [lf, lt] = [layerOf(from), layerOf(to)];
-      return (lt > lf || (lt === lf && !LAYERS[lf].peers)) && !pending(e);
+      return lt > lf || (lt === lf && !LAYERS[lf].peers);
     });
     expect(bad.map(show)).toEqual([]);
   });
 
   it("no role imports another role (the process wiring, start.ts, joins them)", () => {
     const roles = LAYERS.find((l) => l.folders.includes("runner"))!.folders;
-    const bad = crossing.filter(
-      (e) => roles.includes(folderOf(e.from)) && roles.includes(folderOf(e.to)) && !pending(e),
-    );
+    const bad = crossing.filter((e) => roles.includes(folderOf(e.from)) && roles.includes(folderOf(e.to)));
     expect(bad.map(show)).toEqual([]);
-  });
-
-  it("the imports allowed until the runner client lands all still exist", () => {
-    const shown = new Set(edges.map(show));
-    expect(PENDING.filter((p) => !shown.has(p))).toEqual([]);
   });
 
   it("no file of services/ is part of an import cycle", () => {
     const next = new Map<string, string[]>();
-    for (const e of edges) if (!pending(e)) next.set(e.from, [...(next.get(e.from) ?? []), e.to]);
+    for (const e of edges) next.set(e.from, [...(next.get(e.from) ?? []), e.to]);
     const cycles = cyclesOf(files, (f) => next.get(f) ?? []);
     expect(cycles.map(({ cycle, group }) => showCycle(cycle, group))).toEqual([]);
   });

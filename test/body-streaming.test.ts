@@ -6,7 +6,7 @@
 // and the paths that need a body whole (a Cortex app, a queued run) still
 // get it whole. The request bodies' cases run twice: on the runner of the
 // process that took the call, and through a gateway without a runner, whose
-// runs go to a runner process over NATS (runs/body-wire.ts).
+// runs go to a runner process over NATS (runner-client/nats.ts).
 import { createHash } from "node:crypto";
 import http from "node:http";
 import http2 from "node:http2";

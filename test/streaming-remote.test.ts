@@ -1,7 +1,7 @@
 // Streamed answers across NATS: the gateway here runs no runner, so a sync
 // run goes to a runner process over NATS and a streamed answer's body comes
-// back as frames on the gateway's inbox, with credit-based flow control
-// (runs/stream-wire.ts). The same app as test/streaming.test.ts.
+// back on the run's byte stream, with credit-based flow control
+// (runner-client/nats.ts, byte-stream.ts). The same app as test/streaming.test.ts.
 import path from "node:path";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";

@@ -1,7 +1,7 @@
 // WebSockets across NATS: the gateway here runs no runner, so the handshake
-// goes to a runner process over NATS and the bytes travel on a subject pair
-// with flow control (nats/byte-stream.ts, runner/ws-dispatch.ts). The same
-// example app as test/websocket.test.ts.
+// goes to a runner process over NATS and the bytes travel on the runner
+// client's byte stream with flow control (runner-client/nats.ts,
+// byte-stream.ts). The same example app as test/websocket.test.ts.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";

@@ -13,13 +13,8 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
 import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
-import {
-  type InvokeRequest,
-  publishRunEvent,
-  publishRunEventUnacked,
-  type RunRecord,
-  encodeRequest,
-} from "../runs/index.js";
+import { type InvokeRequest, publishRunEvent, publishRunEventUnacked, type RunRecord } from "../runs/index.js";
+import { encodeRequest } from "../runner-client/index.js";
 import type { AppRecord } from "../apps/index.js";
 import { setHttpStatus } from "../server/index.js";
 import { publishAcked, subjects } from "../nats/index.js";

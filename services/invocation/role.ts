@@ -1,14 +1,14 @@
 // The invocation role of a process: the views and handles its handlers use.
 // It follows the process's app registry and uses its run helpers and, when
 // the runner role runs in this process too, calls that runner directly for
-// sync runs.
+// the apps it hosts (runner-client/).
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
-import type { Runner } from "../runner/index.js";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets } from "../nats/index.js";
-import type { RunContext } from "../runs/index.js";
+import { NatsRunnerClient, runnerClient, type HostedRunner } from "../runner-client/index.js";
+import { finishSync, publishRunEventUnacked, type RunContext } from "../runs/index.js";
 import type { UpgradeHandler } from "../server/index.js";
 import { createSecretBox, secretsBucket, AddressGuard } from "../webhooks/index.js";
 import type { InvocationDeps } from "./deps.js";
@@ -24,7 +24,7 @@ export interface InvocationRoleOptions {
   /** The process's run helpers. */
   runs: RunContext;
   /** This process's runner, when the runner role runs here. */
-  runner?: Runner;
+  runner?: HostedRunner;
   /** SKIFF_MAX_QUEUED_RUNS. */
   maxQueuedRuns: number;
   /** SKIFF_WEBHOOK_ALLOWED_CIDRS. */
@@ -46,12 +46,17 @@ export interface InvocationRole {
 export async function startInvocationRole(opts: InvocationRoleOptions): Promise<InvocationRole> {
   const { nc, logger, runs } = opts;
   const js = nc.jetstream();
+  const finishDeps = { nc, runs: runs.store, results: runs.results, logger };
   const deps: InvocationDeps = {
     nc,
     js,
     queueDepths: new QueueDepths(await nc.jetstreamManager()),
     registry: opts.registry,
-    runner: opts.runner,
+    runners: runnerClient({ local: opts.runner, remote: new NatsRunnerClient(nc, runs.transfer) }),
+    syncRuns: {
+      running: (record) => publishRunEventUnacked(nc, record),
+      finished: (record, outcome) => finishSync(finishDeps, record, outcome),
+    },
     runs: runs.store,
     results: runs.results,
     transfer: runs.transfer,

@@ -16,8 +16,9 @@
 //
 // The connection is a run: recorded `running` at the 101, and final when it
 // closes, with its duration, close code and bytes (RunRecord.websocket).
-// The connection goes to a replica of this process's runner when it hosts the
-// app, else, over NATS, to a runner that does (runner/ws-dispatch.ts).
+// The runner client takes the connection to a replica of this process's
+// runner when it hosts the app, else, over NATS, to a runner that does
+// (runner-client/).
 import { STATUS_CODES } from "node:http";
 import type http from "node:http";
 import type net from "node:net";
@@ -25,14 +26,12 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import type { AppRecord } from "../apps/index.js";
 import type { Authenticator } from "../auth/index.js";
 import type { Metrics } from "../metrics/index.js";
-import { upgradeRemote, type UpgradeAnswer } from "../runner/index.js";
+import type { UpgradeAnswer } from "../runner-client/index.js";
 import {
   Cancelled,
-  finishSync,
   newRunId,
   outcomeOfAnswer,
   outcomeOfError,
-  publishRunEventUnacked,
   runFailure,
   type RunOutcome,
   type RunRecord,
@@ -49,7 +48,6 @@ import {
 } from "../server/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { OWN_PARAMS } from "./run.js";
-import { localRunnerHas } from "./sync.js";
 
 export interface WebSocketLimits {
   /** SKIFF_WEBSOCKET_IDLE_TIMEOUT_MS */
@@ -283,10 +281,7 @@ async function accept(deps: InvocationDeps, opts: WebSocketOptions, open: Map<st
     const headers = appRequestHeaders(offered);
     if (protocols.length > 0) headers["sec-websocket-protocol"] = protocols.join(", ");
     const upgrade = { runId, path, query, headers, signal: setup.signal };
-    answer =
-      deps.runner && (await localRunnerHas(deps, app, setup.signal))
-        ? await deps.runner.upgrade(projectId, appName, upgrade)
-        : await upgradeRemote(deps.nc, { projectId, appName }, upgrade);
+    answer = await deps.runners.upgrade(app, upgrade);
   } catch (err) {
     uncount();
     if (err instanceof ConnectError) throw err;
@@ -302,8 +297,7 @@ async function accept(deps: InvocationDeps, opts: WebSocketOptions, open: Map<st
     uncount();
     const headers = passed(answer.headers);
     writeAnswer(call.socket, answer.status, headers, answer.body, runId);
-    finishSync(
-      deps,
+    deps.syncRuns.finished(
       record,
       outcomeOfAnswer({
         status: answer.status,
@@ -318,7 +312,7 @@ async function accept(deps: InvocationDeps, opts: WebSocketOptions, open: Map<st
   if (socket.destroyed) {
     uncount();
     answer.socket.destroy();
-    finishSync(deps, record, outcomeOfError(new Cancelled(), 0));
+    deps.syncRuns.finished(record, outcomeOfError(new Cancelled(), 0));
     return;
   }
   connected(deps, opts, call, app, record, answer, { token: token!, tokenOnly, uncount });
@@ -368,7 +362,7 @@ function connected(
     callerHead: call.head,
     appHead: answer.head,
   });
-  publishRunEventUnacked(deps.nc, record);
+  deps.syncRuns.running(record);
   const labels = { project: record.project_id, app: record.app_name };
   opts.metrics?.websockets.inc(labels);
   deps.logger.debug({ runId, app: `${record.project_id}/${record.app_name}` }, "WebSocket open");
@@ -410,8 +404,8 @@ function connected(
       },
     };
     deps.logger.debug({ runId, ...final.websocket }, "WebSocket closed");
-    finishSync(deps, final, websocketOutcome(end, replicaGone, final.websocket!));
-    // finishSync publishes within a turn of the loop: a process that stops waits for that.
+    deps.syncRuns.finished(final, websocketOutcome(end, replicaGone, final.websocket!));
+    // The final event goes out within a turn of the loop: a process that stops waits for that.
     await new Promise((resolve) => setImmediate(resolve));
   });
   deps.control.track(runId, cancel, finished);

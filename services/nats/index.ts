@@ -5,7 +5,6 @@
 // over a subject pair.
 export { PublishError, publishAcked } from "./acked-publish.js";
 export { BACKGROUND_FLUSH_MS, publishInBackground } from "./coalesce.js";
-export { NatsByteStream } from "./byte-stream.js";
 export { connectNats, provision } from "./connect.js";
 export type { NatsHandle } from "./connect.js";
 export { ensureConsumer } from "./consumers.js";

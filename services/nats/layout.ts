@@ -7,15 +7,8 @@ const DAY_MS = 24 * 60 * 60 * 1000;
 
 /** Subject tokens may not contain ".", "*", ">" or whitespace; ids and names here never do. */
 export const subjects = {
-  /** Sync dispatch, request/reply, queue group `runners`. */
+  /** Sync dispatch, request/reply, queue group `runners` (runner-client/nats.ts). */
   invoke: (project: string, app: string) => `skiff.invoke.${project}.${app}`,
-  /**
-   * The same for a request whose body follows it (runs/body-wire.ts): a subject of its own, which only
-   * runners that read such a body listen on. A runner of an earlier version would take the request and
-   * give the app an empty body; here it is not asked, and the gateway that finds no runner on this
-   * subject sends the body whole on `invoke`.
-   */
-  invokeBodyFollows: (project: string, app: string) => `skiff.invoke-body.${project}.${app}`,
   invokeQueueGroup: "runners",
   /** Accepted async runs (work queue). */
   runQueue: (project: string, app: string) => `skiff.runs.queue.${project}.${app}`,
@@ -42,8 +35,11 @@ export const subjects = {
   appLogsAll: "skiff.logs.>",
   /** WebSocket handshakes from a gateway without the app's runner, request/reply, queue group `runners`. */
   wsOpen: (project: string, app: string) => `skiff.ws.open.${project}.${app}`,
-  /** One WebSocket's bytes (nats/byte-stream.ts): `up` from the gateway to the runner, `down` back. */
-  wsStream: (runId: string, direction: "up" | "down") => `skiff.ws.stream.${runId}.${direction}`,
+  /**
+   * One byte stream between a gateway and a runner (runner-client/byte-stream.ts): a run's streamed body
+   * and answer, or a WebSocket's bytes; `up` from the gateway to the runner, `down` back.
+   */
+  runStream: (id: string, direction: "up" | "down") => `skiff.stream.${id}.${direction}`,
   /** Control messages between processes (cancel a running run, app changes). */
   control: (topic: string) => `skiff.control.${topic}`,
 } as const;

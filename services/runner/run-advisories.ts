@@ -8,14 +8,8 @@
 import type { NatsConnection } from "nats";
 import type { Logger } from "../config/index.js";
 import { JsErrorCode, MAX_RUN_ATTEMPTS, consumers, ensureConsumer, isJsError, streams } from "../nats/index.js";
-import {
-  publishRunEvent,
-  isFinal,
-  type RunRecord,
-  type RunStore,
-  requestMeta,
-  type BodyTransfer,
-} from "../runs/index.js";
+import { publishRunEvent, isFinal, type RunRecord, type RunStore, type BodyTransfer } from "../runs/index.js";
+import { requestMeta } from "../runner-client/index.js";
 
 interface Advisory {
   stream: string;

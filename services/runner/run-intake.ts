@@ -1,19 +1,18 @@
 // How the runner role takes runs in, for the apps its runner has deployed:
-// it answers their sync requests over NATS (dispatch.ts) and the WebSocket
-// handshakes of gateways without a runner (ws-dispatch.ts), works their async
-// queues (run-worker.ts), and fails the async runs lost on every attempt
-// (run-advisories.ts). The runs it holds are tracked in the process's
+// it answers gateways' sync requests and WebSocket handshakes over NATS (the
+// runner's end of the runner client, runner-client/nats.ts), works their
+// async queues (run-worker.ts), and fails the async runs lost on every
+// attempt (run-advisories.ts). The runs it holds are tracked in the process's
 // RunControl, which answers cancel requests for them.
 import type { NatsConnection } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets, keepAfterAckMs, KvPurger, kvRemoveKey } from "../nats/index.js";
+import { NatsRunnerServer } from "../runner-client/index.js";
 import { decodeRunRecord, revisionsOf, type RunContext } from "../runs/index.js";
 import { followDeployedApps } from "./deployed-apps.js";
-import { SyncDispatch } from "./dispatch.js";
 import { followLostRuns } from "./run-advisories.js";
 import { RunWorker } from "./run-worker.js";
-import { WebSocketDispatch } from "./ws-dispatch.js";
 import type { Runner } from "./runner.js";
 
 export interface RunIntakeOptions {
@@ -53,7 +52,7 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
     keepAfterAckMs(opts.finalRecordKeepMs, opts.ackWaitMs),
     "ended async run records",
   );
-  const dispatch = new SyncDispatch({ nc, runner, transfer: runs.transfer, control: runs.control, logger });
+  const server = new NatsRunnerServer({ nc, runner, transfer: runs.transfer, control: runs.control, logger });
   const worker = new RunWorker({
     js: nc.jetstream(),
     jsm: await nc.jetstreamManager(),
@@ -69,24 +68,21 @@ export async function startRunIntake(opts: RunIntakeOptions): Promise<RunIntake>
     maxResultBytes: opts.maxAsyncResultBytes,
   });
   const lost = await followLostRuns(nc, runs.store, runs.transfer, logger, opts.ackWaitMs);
-  const websockets = new WebSocketDispatch({ nc, runner, logger });
   const stopFollowing = followDeployedApps(runner, registry, {
     added(app) {
-      dispatch.add(app);
+      server.add(app);
       worker.add(app);
-      websockets.add(app);
     },
     removed(app) {
-      dispatch.remove(app);
+      server.remove(app);
       worker.remove(app);
-      websockets.remove(app);
     },
   });
   return {
     async close() {
       stopFollowing();
       lost.stop();
-      await Promise.all([websockets.close(), dispatch.close(), worker.close()]);
+      await Promise.all([server.close(), worker.close()]);
       purger.close();
     },
   };

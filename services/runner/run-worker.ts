@@ -43,8 +43,6 @@ import {
   type RunOutcome,
   isFinal,
   type RunStore,
-  decodeRequestFrame,
-  type RequestMeta,
   type BodyTransfer,
   AppNotFound,
   Cancelled,
@@ -54,6 +52,7 @@ import {
   revisionsOf,
   runKey,
 } from "../runs/index.js";
+import { decodeRequestFrame, type RequestMeta } from "../runner-client/index.js";
 import type { AppRef } from "./deployed-apps.js";
 import { tooLargeAnswer } from "./responses.js";
 import type { Runner } from "./runner.js";

@@ -7,26 +7,17 @@
 //   if (answer.kind === "upgraded") pipe(answer.socket) … answer.release() is automatic on close
 import http from "node:http";
 import type { Duplex } from "node:stream";
+import type { UpgradeAnswer, UpgradeRequest } from "../runner-client/index.js";
 import { appRequestHeaders } from "../server/index.js";
 
-export interface UpgradeRequest {
-  runId: string;
-  /** The app's path as the caller wrote it, with its leading "/". */
-  path: string;
-  /** The caller's query, less skiff's own parameters; "" for none. */
-  query: string;
-  /** The caller's headers that apps get (see server/headers.ts); Connection and Upgrade are set here. */
-  headers: Record<string, string>;
-  /** Aborted when the caller goes away while its connection is being set up. */
-  signal?: AbortSignal;
-}
+export type { UpgradeAnswer, UpgradeRequest };
 
+/** The app's 101 and its connection, before the pool gives it a replica id. */
 interface Upgraded {
   kind: "upgraded";
-  /** The app's 101 answer. */
   status: number;
   headers: http.IncomingHttpHeaders;
-  /** The connection to the app (a socket, or a NatsByteStream to another process's); its replica slot is given back when it closes. */
+  /** The connection to the app; its replica slot is given back when it closes. */
   socket: Duplex;
   /** Bytes the app sent right after its 101. */
   head: Buffer;
@@ -38,14 +29,6 @@ interface Answered {
   headers: http.IncomingHttpHeaders;
   body: Buffer;
 }
-
-export type UpgradeAnswer =
-  | (Upgraded & {
-      replicaId: string;
-      /** Settles when the replica's process has ended (at once if it has). */
-      replicaExited(): Promise<void>;
-    })
-  | (Answered & { replicaId: string });
 
 /** The app did not answer the handshake in time (its replica is not taken for broken). */
 export class UpgradeTimeout extends Error {

@@ -7,7 +7,7 @@ import type { NatsConnection } from "nats";
 import { RunControl } from "./control.js";
 import { RunResults } from "./results.js";
 import { RunStore } from "./store.js";
-import { BodyTransfer } from "./wire.js";
+import { BodyTransfer } from "./transfer.js";
 
 export interface RunContext {
   store: RunStore;

@@ -1,6 +1,6 @@
 // Runs: their states and records, their protobuf messages, events, results,
 // how a run ended, the invoke contract between gateway and runner (and its
-// errors), the wire format on NATS, cancelling a run from any process, the
+// errors), moving large bodies through the object store, cancelling a run from any process, the
 // set of these helpers that a process builds once (RunContext), and the run
 // history (every run, projected into SQL for listing and stats).
 export { openRunContext } from "./context.js";
@@ -39,18 +39,4 @@ export { RUN_STATUSES, isFinal } from "./status.js";
 export type { RunStatus } from "./status.js";
 export { RunStore, decodeRunRecord, isWrongRevision, revisionsOf, runKey } from "./store.js";
 export type { RunRecord } from "./store.js";
-export {
-  BodyTransfer,
-  decodeReply,
-  decodeRequest,
-  decodeRequestFrame,
-  encodeErrorReply,
-  encodeReply,
-  encodeRequest,
-  errorMeta,
-  runnerError,
-  requestMeta,
-} from "./wire.js";
-export type { ErrorMeta, RequestMeta } from "./wire.js";
-export { StreamReceiver, StreamSender } from "./stream-wire.js";
-export { BodyReceiver, BodySender } from "./body-wire.js";
+export { BodyTransfer } from "./transfer.js";

@@ -1,5 +1,5 @@
 // What a run asks of a runner and what it gets back: the contract between the
-// gateway (in-process or over NATS, see wire.ts) and the runner.
+// gateway and the runner, in-process or over NATS (see runner-client/).
 import type { StreamedRequestBody } from "../server/index.js";
 
 /**
@@ -22,7 +22,7 @@ export interface InvokeRequest {
   /**
    * A Custom app's body as the caller sends it (`body` is empty then): the
    * runner streams it to the replica. Across NATS it follows the request
-   * on frames of its own (body-wire.ts).
+   * on the run's byte stream (runner-client/nats.ts).
    */
   bodyStream?: StreamedRequestBody;
   signal?: AbortSignal;

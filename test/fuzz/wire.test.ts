@@ -1,15 +1,25 @@
-// Fuzzing the run wire format (runs/wire.ts, runs/stream-wire.ts): arbitrary
-// bytes, and frames around arbitrary or almost-right JSON metadata, given to
-// decodeRequest and decodeReply; arbitrary frames sent to a StreamReceiver's
-// inbox. Each either decodes to values of the declared types or throws an
-// Error (a stream: rejects with one), and none hangs. A real nats-server
+// Fuzzing the frames between gateway and runner (runner-client/codec.ts):
+// arbitrary bytes, and frames around arbitrary or almost-right JSON
+// metadata, given to decodeRequest and decodeReply; arbitrary stream frames
+// sent to the gateway's side of a streamed answer (runner-client/nats.ts
+// answerStream). Each either decodes to values of the declared types or
+// throws an Error (a stream: rejects with one), and none hangs. A real nats-server
 // holds the object store that frames naming a body object are read from.
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "nats";
-import { BodyTransfer, decodeReply, decodeRequest, frame, requestMeta } from "../../services/runs/wire.js";
-import { StreamReceiver } from "../../services/runs/stream-wire.js";
+import { ByteStream } from "../../services/runner-client/byte-stream.js";
+import {
+  decodeReply,
+  decodeRequest,
+  encodeStreamFrame,
+  frame,
+  requestMeta,
+  StreamKind,
+} from "../../services/runner-client/codec.js";
+import { answerStream } from "../../services/runner-client/nats.js";
+import { BodyTransfer } from "../../services/runs/transfer.js";
 import { RunnerError } from "../../services/runs/errors.js";
 import { startProvisionedNats } from "../helpers/nats-server.js";
 import { FUZZ_RUNS, fuzzTimeout } from "./runs.js";
@@ -48,7 +58,11 @@ const requestMetaArb = fc.record({
     { weight: 1, arbitrary: fc.oneof(fc.constantFrom("transfer.none", "", ".", "a b", "transfer.>"), fc.string()) },
     { weight: 1, arbitrary: wrong },
   ),
-  stream_to: fc.oneof({ weight: 6, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: field(fc.string()) }),
+  stream: fc.oneof(
+    { weight: 6, arbitrary: fc.constant(undefined) },
+    { weight: 1, arbitrary: field(fc.oneof(fc.stringMatching(/^[A-Za-z0-9]{1,22}$/), fc.string())) },
+  ),
+  accept_stream: fc.oneof({ weight: 6, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: wrong }),
   record: fc.oneof({ weight: 6, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: wrong }),
 });
 const replyMetaArb = fc.oneof(
@@ -69,10 +83,7 @@ const replyMetaArb = fc.oneof(
       { weight: 8, arbitrary: fc.constant(undefined) },
       { weight: 1, arbitrary: field(fc.string()) },
     ),
-    stream: fc.oneof(
-      { weight: 6, arbitrary: fc.constant(undefined) },
-      { weight: 1, arbitrary: field(fc.record({ credit_to: field(fc.string()) })) },
-    ),
+    streams: fc.oneof({ weight: 6, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: field(fc.boolean()) }),
   }),
   fc.record({
     error: field(
@@ -141,9 +152,9 @@ describe("fuzz: run wire format", () => {
           assert.equal(typeof req.query, "string");
           assert.ok(isStringRecord(req.headers, isString), `headers ${JSON.stringify(req.headers)}`);
           assert.ok(req.body instanceof Uint8Array);
-          assert.ok(req.streamTo === undefined || typeof req.streamTo === "string");
           // requestMeta reads the same frame without failing.
           const meta = requestMeta(bytes);
+          assert.ok(meta.stream === undefined || /^[A-Za-z0-9]+$/.test(meta.stream), `stream ${meta.stream}`);
           assert.equal(meta.run_id, req.runId);
           assert.ok(meta.record === undefined || (typeof meta.record === "object" && meta.record !== null));
         }),
@@ -177,7 +188,7 @@ describe("fuzz: run wire format", () => {
           assert.ok(Number.isFinite(res.runTimeMs) && res.runTimeMs >= 0, `run_time_ms ${res.runTimeMs}`);
           assert.equal(typeof res.replicaId, "string");
           assert.ok(res.body instanceof Uint8Array);
-          assert.ok(res.creditTo === undefined || typeof res.creditTo === "string");
+          assert.ok(res.streams === undefined || res.streams === true);
         }),
         { numRuns: FUZZ_RUNS },
       );
@@ -186,59 +197,70 @@ describe("fuzz: run wire format", () => {
     fuzzTimeout(20),
   );
 
-  const streamMeta = fc.oneof(
-    fc.record({ seq: fc.nat(4), kind: field(fc.constantFrom("chunk", "beat", "end", "fail", "other")) }),
+  const endTrailer = fc.oneof(
     fc.record({
-      seq: fc.nat(4),
-      kind: fc.constant("end"),
       run_time_ms: field(fc.nat()),
       error: fc.option(field(fc.record({ type: field(fc.string()), message: field(fc.string()) })), { nil: undefined }),
     }),
-    fc.record({ seq: fc.nat(4), kind: fc.constant("fail"), error: field(fc.string()), message: field(fc.string()) }),
+    fc.record({ error: field(fc.string()), message: field(fc.string()) }),
     json,
   );
-  const streamFrame = fc.oneof(
-    { weight: 4, arbitrary: fc.tuple(streamMeta, body).map(([m, b]) => frame(m as object, b)) },
-    { weight: 1, arbitrary: fc.uint8Array({ maxLength: 40 }) },
+  const payload = fc.oneof(
+    body,
+    endTrailer.map((t) => encoder.encode(JSON.stringify(t))),
+    fc.uint8Array({ minLength: 4, maxLength: 4 }),
   );
+  const streamFrame = fc.oneof(
+    {
+      weight: 4,
+      arbitrary: fc
+        .tuple(fc.integer({ min: 0, max: 7 }), fc.option(fc.nat(6), { nil: undefined }), payload)
+        .map(([kind, seq, p]) => ({ kind, seq, p })),
+    },
+    { weight: 1, arbitrary: fc.uint8Array({ maxLength: 40 }).map((raw) => ({ raw })) },
+  );
+  let streams = 0;
 
   it(
-    `StreamReceiver: arbitrary frames give chunks and an end of the declared types, or an Error; never a hang (${FUZZ_RUNS} cases)`,
+    `a streamed answer: arbitrary frames give chunks and an end of the declared types, or an Error; never a hang (${FUZZ_RUNS} cases)`,
     async () => {
       let ended = 0;
       await fc.assert(
         fc.asyncProperty(fc.array(streamFrame, { maxLength: 5 }), async (frames) => {
-          const receiver = new StreamReceiver(nc);
-          const stream = receiver.stream("skiff.fuzz.credit", () => undefined);
-          // The fuzzed frames, then a proper end: whatever came before, the stream finishes.
-          for (const f of frames) nc.publish(receiver.inbox, f);
-          nc.publish(receiver.inbox, frame({ seq: frames.length + 1, kind: "end", run_time_ms: 1 }, new Uint8Array()));
+          const id = `fuzz.stream.${streams++}`;
+          const stream = new ByteStream({ nc, send: `${id}.up`, receive: `${id}.down`, heartbeatMs: 200 });
+          const answer = answerStream(stream, () => undefined);
+          await nc.flush();
+          // The fuzzed frames (a frame's seq, when not given, counts on from the last), then a proper end:
+          // whatever came before, the stream finishes or fails.
+          let seq = 0;
+          for (const f of frames) {
+            if ("raw" in f) nc.publish(`${id}.down`, f.raw);
+            else nc.publish(`${id}.down`, encodeStreamFrame(f.kind as StreamKind, (seq = f.seq ?? seq + 1), f.p));
+          }
+          nc.publish(`${id}.down`, encodeStreamFrame(StreamKind.End, seq + 1, encoder.encode('{"run_time_ms":1}')));
           let failure: unknown;
           try {
-            for await (const chunk of stream.chunks) assert.ok(chunk instanceof Uint8Array);
+            for await (const chunk of answer.chunks) assert.ok(chunk instanceof Uint8Array);
           } catch (err) {
             failure = err;
           }
+          stream.destroy();
           if (failure !== undefined) {
             assert.ok(failure instanceof Error, `threw a non-Error: ${String(failure)}`);
-            const settled = await stream.ended.then(
+            const settled = await answer.ended.then(
               () => "resolved",
               (e: unknown) => e,
             );
             assert.ok(settled instanceof Error, "the body failed but its end did not reject with an Error");
-            receiver.close();
             return;
           }
-          try {
-            const end = await stream.ended;
-            ended++;
-            assert.ok(Number.isFinite(end.runTimeMs) && end.runTimeMs >= 0, `run_time_ms ${end.runTimeMs}`);
-            if (end.error !== undefined) {
-              assert.equal(typeof end.error.type, "string");
-              assert.equal(typeof end.error.message, "string");
-            }
-          } finally {
-            receiver.close();
+          const end = await answer.ended;
+          ended++;
+          assert.ok(Number.isFinite(end.runTimeMs) && end.runTimeMs >= 0, `run_time_ms ${end.runTimeMs}`);
+          if (end.error !== undefined) {
+            assert.equal(typeof end.error.type, "string");
+            assert.equal(typeof end.error.message, "string");
           }
         }),
         { numRuns: FUZZ_RUNS },
