@@ -6,11 +6,12 @@ import path from "node:path";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
-import { bearer, startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
-import { cortexApp, deploy, P, post, UUID_V7 } from "./helpers/run-apps.js";
+import { InvocationService } from "../../gen/skiff/invocation/v4/invocation_pb.js";
+import { bearer, startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { cortexApp, deploy, P, post, UUID_V7 } from "../helpers/run-apps.js";
+import { TEST_ROOT } from "../helpers/paths.js";
 
-const ROOT = path.resolve(import.meta.dirname, "..");
+const ROOT = path.resolve(TEST_ROOT, "..");
 let t: TestSkiff;
 let tmp: string;
 const v4 = (app: string, rest: string) => `${t.url}/v4/${P}/${app}/${rest}`;
@@ -23,7 +24,7 @@ beforeAll(async () => {
     t.management(),
     cortexApp("calc", { max_replicas: 2, replica_concurrency: 4, response_grace_period: 2 }),
   );
-  const { packApp } = await import("../services/apps/bundle.js");
+  const { packApp } = await import("../../services/apps/bundle.js");
   await t.management().deployApp({
     projectId: P,
     bundle: {

@@ -1,17 +1,18 @@
 // Streamed answers across NATS: the gateway here runs no runner, so a sync
 // run goes to a runner process over NATS and a streamed answer's body comes
 // back on the run's byte stream, with credit-based flow control
-// (runner-client/nats.ts, byte-stream.ts). The same app as test/streaming.test.ts.
+// (runner-client/nats.ts, byte-stream.ts). The same app as test/invocation/streamed.test.ts.
 import path from "node:path";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { InvocationService } from "../gen/skiff/invocation/v4/invocation_pb.js";
-import { packApp } from "../services/apps/bundle.js";
-import { bearer, startTestRunner, startTestSkiff, type TestRunner, type TestSkiff } from "./helpers/skiff.js";
-import { P, post } from "./helpers/run-apps.js";
+import { InvocationService } from "../../gen/skiff/invocation/v4/invocation_pb.js";
+import { packApp } from "../../services/apps/bundle.js";
+import { bearer, startTestRunner, startTestSkiff, type TestRunner, type TestSkiff } from "../helpers/skiff.js";
+import { P, post } from "../helpers/run-apps.js";
+import { TEST_ROOT } from "../helpers/paths.js";
 
-const ROOT = path.resolve(import.meta.dirname, "..");
+const ROOT = path.resolve(TEST_ROOT, "..");
 const APP = "stream-events";
 let gateway: TestSkiff;
 let runner: TestRunner;

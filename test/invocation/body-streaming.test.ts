@@ -14,11 +14,11 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { STREAM_BODIES_ABOVE } from "../services/runs/index.js";
-import { startTestRunner, startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
-import { P, cortexApp, deploy, post } from "./helpers/run-apps.js";
-import { followRunRecords, type RunRecords } from "./helpers/run-records.js";
-import { skiffToml } from "./helpers/apps.js";
+import { STREAM_BODIES_ABOVE } from "../../services/runs/index.js";
+import { startTestRunner, startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { P, cortexApp, deploy, post } from "../helpers/run-apps.js";
+import { followRunRecords, type RunRecords } from "../helpers/run-records.js";
+import { skiffToml } from "../helpers/apps.js";
 
 const LIMIT = 4 * 1024 * 1024;
 const APP = "bodies";

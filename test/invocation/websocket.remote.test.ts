@@ -1,22 +1,23 @@
 // WebSockets across NATS: the gateway here runs no runner, so the handshake
 // goes to a runner process over NATS and the bytes travel on the runner
 // client's byte stream with flow control (runner-client/nats.ts,
-// byte-stream.ts). The same example app as test/websocket.test.ts.
+// byte-stream.ts). The same example app as test/invocation/websocket.test.ts.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import WebSocket from "ws";
-import { packApp } from "../services/apps/bundle.js";
-import { loadConfig } from "../services/config/config.js";
-import { silentLogger } from "../services/config/logger.js";
-import type { RunRecord } from "../services/runs/store.js";
-import { startSkiff } from "../services/start.js";
-import { P, UUID_V7 } from "./helpers/run-apps.js";
-import { followRunRecords, type RunRecords } from "./helpers/run-records.js";
-import { startTestRunner, startTestSkiff, type TestRunner, type TestSkiff } from "./helpers/skiff.js";
+import { packApp } from "../../services/apps/bundle.js";
+import { loadConfig } from "../../services/config/config.js";
+import { silentLogger } from "../../services/config/logger.js";
+import type { RunRecord } from "../../services/runs/store.js";
+import { startSkiff } from "../../services/start.js";
+import { P, UUID_V7 } from "../helpers/run-apps.js";
+import { followRunRecords, type RunRecords } from "../helpers/run-records.js";
+import { startTestRunner, startTestSkiff, type TestRunner, type TestSkiff } from "../helpers/skiff.js";
+import { TEST_ROOT } from "../helpers/paths.js";
 
-const ROOT = path.resolve(import.meta.dirname, "..");
+const ROOT = path.resolve(TEST_ROOT, "..");
 const APP = "ws-echo";
 const MAX_MESSAGE = 8 * 1024 * 1024;
 let gateway: TestSkiff;
