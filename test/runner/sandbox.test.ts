@@ -2,7 +2,7 @@
 // and Node) deployed next to a victim app attacks the platform and the
 // victim from inside its sandbox, and every attack fails. Real processes,
 // real bwrap sandboxes, a real nats-server. Outbound network (slirp4netns):
-// sandbox-network.test.ts.
+// test/runner/sandbox-network.test.ts.
 import { cp, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import http from "node:http";
 import { networkInterfaces, tmpdir } from "node:os";
