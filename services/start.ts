@@ -20,7 +20,7 @@ import {
   type SandboxOptions,
 } from "./runner/index.js";
 import { newRunId, openRunContext, queuedRuns, STREAM_BODIES_ABOVE, type RunContext } from "./runs/index.js";
-import { AppRegistry, inspectBundle, type PrepareBundle } from "./apps/index.js";
+import { AppRegistry, type PrepareBundle } from "./apps/index.js";
 import { sameToken, startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
 import type { Config, Role, Logger } from "./config/index.js";
@@ -209,11 +209,7 @@ function bundleCheck(
   check: { maxBytes: number; logger: Logger },
 ): PrepareBundle {
   return async (digest, bytes, projectId) => {
-    if (cache) {
-      const ready = await cache.get(digest, async () => bytes, projectId);
-      // A folder prepared before its size was kept: the bundle says it.
-      return { ...ready, unpackedBytes: ready.unpackedBytes ?? (await inspectBundle(bytes, check)).tar.length };
-    }
+    if (cache) return cache.get(digest, async () => bytes, projectId);
     const dir = await mkdtemp(path.join(tmpdir(), "skiff-check-"));
     try {
       return await prepareBundle(bytes, path.join(dir, "app"), { ...check, project: projectId, sandbox });

@@ -40,8 +40,8 @@ export interface PreparedBundle {
   dir: string;
   config: AppConfig;
   prepared: PreparedDeployment;
-  /** What the bundle unpacked to (its tar), bytes; undefined for folders prepared before it was kept. */
-  unpackedBytes: number | undefined;
+  /** What the deployment takes on disk: its files as unpacked and built, bytes. */
+  unpackedBytes: number;
 }
 
 interface Marker {
@@ -50,7 +50,7 @@ interface Marker {
   functions?: string[];
   /** The venv's interpreter, relative to the folder: the folder moves after preparing. */
   python?: string;
-  unpacked_bytes?: number;
+  unpacked_bytes: number;
 }
 
 /**
@@ -165,7 +165,7 @@ export class DeploymentCache {
     const prepared: PreparedDeployment = {};
     if (marker.functions) prepared.functions = marker.functions;
     if (marker.python) prepared.python = path.join(dir, marker.python);
-    if (typeof marker.config !== "string") return undefined;
+    if (typeof marker.config !== "string" || typeof marker.unpacked_bytes !== "number") return undefined;
     this.known.add(digest);
     return { dir, config: parseAppConfig(marker.config), prepared, unpackedBytes: marker.unpacked_bytes };
   }

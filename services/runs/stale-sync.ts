@@ -7,8 +7,7 @@
 // Every management process looks, every `everyMs`, at the sync runs its run
 // history holds as `running` (a partial index keeps that cheap) and asks each
 // gateway named (`skiff.control.holds.{id}`, one request per gateway) which
-// of them it still holds. A run whose gateway is gone (no responders, on
-// that subject and on its cancel subject, which older versions answer) or no
+// of them it still holds. A run whose gateway is gone (no responders) or no
 // longer holds it, on two looks at least `confirmMs` apart, is set `failure`
 // (`gateway_lost`) when the history still holds it `running` from that
 // gateway: its terminal event is published, which is its record (its
@@ -17,7 +16,7 @@
 // that does not answer in time is left alone.
 import type { NatsConnection } from "nats";
 import type { Logger } from "../config/index.js";
-import { heldRuns, requestCancel } from "./control.js";
+import { heldRuns } from "./control.js";
 import { publishRunEvent } from "./events.js";
 import type { RunHistory } from "./history/index.js";
 import type { RunRecord } from "./store.js";
@@ -83,8 +82,6 @@ export function sweepStaleSyncRuns(opts: StaleSyncOptions): StaleSyncSweep {
         records.map((r) => r.run_id),
       );
       if (held === undefined) continue;
-      // A process of an older version answers cancels but not `holds`: alive, it is left alone.
-      if (held === "gone" && (await requestCancel(nc, gateway, "")) !== "gone") continue;
       for (const record of records)
         if (held === "gone" || !held.has(record.run_id))
           orphans.push({ record, why: held === "gone" ? "gone" : "not held" });
