@@ -180,8 +180,13 @@ const ROLES: Record<Role, RoleSpec> = {
         signingKey: config.signingKey,
         adminToken: config.adminToken,
         maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
+        maxAppsPerProject: config.maxAppsPerProject,
         runs: await shared.runs(),
-        prepareBundle: bundleCheck(shared.deployments, shared.sandbox, { maxBytes: config.maxBundleBytes, logger }),
+        prepareBundle: bundleCheck(shared.deployments, shared.sandbox, {
+          maxBytes: config.maxBundleBytes,
+          maxFiles: config.maxBundleFiles,
+          logger,
+        }),
         logger,
       });
     },
@@ -206,7 +211,7 @@ function onFirstUse<T>(build: () => Promise<T>, close: (part: T) => void, closer
 function bundleCheck(
   cache: DeploymentCache | undefined,
   sandbox: SandboxOptions | undefined,
-  check: { maxBytes: number; logger: Logger },
+  check: { maxBytes: number; maxFiles: number; logger: Logger },
 ): PrepareBundle {
   return async (digest, bytes, projectId) => {
     if (cache) return cache.get(digest, async () => bytes, projectId);
@@ -314,7 +319,12 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       webhookAllowedCidrs: webhookAllowedCidrs(config, logger),
       sandbox,
       deployments: config.roles.includes("runner")
-        ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger, sandbox })
+        ? new DeploymentCache(deploymentsDir(config.dataDir), {
+            maxBytes: config.maxBundleBytes,
+            maxFiles: config.maxBundleFiles,
+            logger,
+            sandbox,
+          })
         : undefined,
       registry: onFirstUse(
         () => AppRegistry.start(nats.nc, logger),

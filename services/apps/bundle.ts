@@ -37,7 +37,6 @@ const IGNORE_FILES = [".gitignore", ".skiffignore"];
 /** Most entries in a bundle when the caller names no limit (SKIFF_MAX_BUNDLE_FILES). */
 const DEFAULT_MAX_BUNDLE_FILES = 20_000;
 /** The bundle limits of this process, set once at start from the configuration. */
-export const bundleLimits = { maxFiles: DEFAULT_MAX_BUNDLE_FILES, maxAppsPerProject: 100 };
 /** A folder of the app that skiff writes (dependencies' venv, its marker); never in a bundle. */
 const RESERVED = ".skiff";
 /** Stamped on every packed entry so that packing is reproducible. */
@@ -220,7 +219,7 @@ export async function inspectBundle(
   bytes: Uint8Array,
   opts: { maxBytes: number; maxFiles?: number },
 ): Promise<BundleInfo> {
-  const maxFiles = opts.maxFiles ?? bundleLimits.maxFiles;
+  const maxFiles = opts.maxFiles ?? DEFAULT_MAX_BUNDLE_FILES;
   if (bytes.length === 0) throw new BundleError("invalid", "the bundle is empty: send a gzipped tar of the app folder");
   if (bytes.length > opts.maxBytes)
     throw new BundleError(

@@ -4,7 +4,7 @@
 // replicas (KV skiff-replicas) and log lines (SKIFF_LOGS).
 export { APP_NAME_PATTERN, AppConfigError, loadAppConfig, parseAppConfig } from "./app-config.js";
 export type { AppConfig } from "./app-config.js";
-export { APP_CONFIG_FILE, BundleError, bundleLimits, inspectBundle, packApp, sha256, unpackBundle } from "./bundle.js";
+export { APP_CONFIG_FILE, BundleError, inspectBundle, packApp, sha256, unpackBundle } from "./bundle.js";
 export { AppRegistry, appKey, decodeAppRecord } from "./registry.js";
 export type { AppRecord, DeploymentRecord } from "./registry.js";
 export type { PrepareBundle, PreparedDeployment } from "./prepared.js";

@@ -6,7 +6,7 @@
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { PrepareFailed } from "../runs/index.js";
-import { APP_NAME_PATTERN, AppConfigError, BundleError, bundleLimits, sha256 } from "../apps/index.js";
+import { APP_NAME_PATTERN, AppConfigError, BundleError, sha256 } from "../apps/index.js";
 import { actorOf, principalOf } from "../auth/index.js";
 import { DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT } from "./app-observe.js";
 import { audit } from "./audit.js";
@@ -62,7 +62,7 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
       }
       const appName = ready.config.app.name;
       const others = (await store.list(projectId)).filter((r) => r.app_name !== appName);
-      if (others.length >= bundleLimits.maxAppsPerProject && !(await store.get(projectId, appName)))
+      if (others.length >= deps.apps.maxAppsPerProject && !(await store.get(projectId, appName)))
         throw new ConnectError(
           `project ${projectId} has ${others.length} apps, the most it may have (SKIFF_MAX_APPS_PER_PROJECT): delete one, or deploy a new version of an existing app`,
           Code.ResourceExhausted,

@@ -15,6 +15,8 @@ export interface AppDeps {
   prepare: PrepareBundle;
   /** SKIFF_MAX_PROJECT_UNPACKED_BYTES: what the current deployments of a project's apps may unpack to together. */
   maxProjectUnpackedBytes: number;
+  /** SKIFF_MAX_APPS_PER_PROJECT: a project's apps at most. */
+  maxAppsPerProject: number;
 }
 
 export interface ManagementDeps {

@@ -28,6 +28,7 @@ interface ManagementRoleOptions {
   adminToken: string | undefined;
   /** SKIFF_MAX_PROJECT_UNPACKED_BYTES. */
   maxProjectUnpackedBytes: number;
+  maxAppsPerProject: number;
   /** The process's run helpers. */
   runs: RunContext;
   /**
@@ -94,6 +95,7 @@ async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {
     store,
     observer: await AppObserver.start(opts.nc),
     maxProjectUnpackedBytes: opts.maxProjectUnpackedBytes,
+    maxAppsPerProject: opts.maxAppsPerProject,
     prepare: opts.prepareBundle,
   };
 }

@@ -60,9 +60,9 @@ interface Marker {
 export async function prepareBundle(
   bytes: Uint8Array,
   dir: string,
-  opts: { maxBytes: number; logger: Logger; project?: string; sandbox?: SandboxOptions },
+  opts: { maxBytes: number; maxFiles?: number; logger: Logger; project?: string; sandbox?: SandboxOptions },
 ): Promise<{ config: AppConfig; configText: string; prepared: PreparedDeployment; unpackedBytes: number }> {
-  const { tar } = await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes });
+  const { tar } = await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes, maxFiles: opts.maxFiles });
   const config = await loadAppConfig(dir);
   // Read now, from what skiff unpacked: after the build the folder holds what the build left.
   const configText = await readFile(path.join(dir, APP_CONFIG_FILE), "utf8");
@@ -98,7 +98,7 @@ export class DeploymentCache {
   constructor(
     readonly root: string,
     /** `sandbox`: where deploy-time steps run (default: prepareDeployment's). */
-    private readonly opts: { maxBytes: number; logger: Logger; sandbox?: SandboxOptions },
+    private readonly opts: { maxBytes: number; maxFiles?: number; logger: Logger; sandbox?: SandboxOptions },
   ) {}
 
   dirOf(digest: string): string {

@@ -19,7 +19,6 @@ import {
 } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { bundleLimits } from "../apps/index.js";
 import type { Config } from "../config/index.js";
 import { reapLeftovers, type WarnLogger } from "./cgroups.js";
 import {
@@ -112,8 +111,6 @@ export type SandboxSettings = Pick<
   Partial<
     Pick<
       Config,
-      | "maxBundleFiles"
-      | "maxAppsPerProject"
       | "replicaNetwork"
       | "bwrap"
       | "replicaDeniedCidrs"
@@ -182,8 +179,6 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
     openFiles: settings.replicaOpenFiles,
     cpuSeconds: settings.replicaCpuSeconds,
   };
-  if (settings.maxBundleFiles !== undefined) bundleLimits.maxFiles = settings.maxBundleFiles;
-  if (settings.maxAppsPerProject !== undefined) bundleLimits.maxAppsPerProject = settings.maxAppsPerProject;
   const host = new SandboxHost({ bwrap: settings.bwrap, deniedCidrs: settings.replicaDeniedCidrs });
   const wanted = settings.replicaNetwork ?? "none";
   let network: SandboxNetwork = wanted === "auto" ? (slirpPath() ? "slirp4netns" : "none") : wanted;

@@ -48,6 +48,18 @@ describe("sandbox - seen from a running skiff", () => {
     expect((err as ConnectError).rawMessage).toMatch(/SKIFF_MAX_APPS_PER_PROJECT/);
   });
 
+  it("SKIFF_MAX_BUNDLE_FILES reaches the bundle check: a bundle of more entries is 400 naming it", async () => {
+    const few = await startTestSkiff({ env: { SKIFF_MAX_BUNDLE_FILES: "3" } });
+    try {
+      const err = await deploy(few, await bundle("many", { "a.txt": "a", "b.txt": "b" })).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(ConnectError);
+      expect((err as ConnectError).code).toBe(Code.InvalidArgument);
+      expect((err as ConnectError).rawMessage).toMatch(/more than 3 entries.*SKIFF_MAX_BUNDLE_FILES/);
+    } finally {
+      await few.close();
+    }
+  });
+
   it("a module that raises with a file's contents: the answer names the app's file and line, not the contents", async () => {
     const err = await deploy(
       t!,
