@@ -13,8 +13,12 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { silentLogger } from "../../services/config/logger.js";
 import { CONNECTS_PER_NAMESPACE, NetnsConnector } from "../../services/runner/netns-connect.js";
 import { RELAY_PYTHON } from "../../services/runner/replica-factory.js";
+import { machineCan } from "../helpers/machine.js";
 
-const asRoot = process.getuid?.() === 0;
+const usable = machineCan(
+  "security/netns-connect",
+  process.getuid?.() !== 0 ? "skiff is not root" : RELAY_PYTHON === undefined ? "no python3 for the helper" : undefined,
+);
 const STUCK_PORT = 8200;
 const HEALTHY_PORT = 8300;
 
@@ -91,85 +95,82 @@ function readAll(socket: net.Socket): Promise<string> {
   });
 }
 
-describe.skipIf(!asRoot || RELAY_PYTHON === undefined)(
-  "the namespace-connect helper and an app that accepts nothing",
-  () => {
-    let stuck: ChildProcess;
-    let healthy: ChildProcess;
-    let netns: NetnsConnector;
+describe.skipIf(!usable)("the namespace-connect helper and an app that accepts nothing", () => {
+  let stuck: ChildProcess;
+  let healthy: ChildProcess;
+  let netns: NetnsConnector;
 
-    beforeAll(async () => {
-      [stuck, healthy] = await Promise.all([inNamespace(STUCK), inNamespace(HEALTHY)]);
-    });
-    afterAll(() => {
-      stuck?.kill("SIGKILL");
-      healthy?.kill("SIGKILL");
-    });
+  beforeAll(async () => {
+    [stuck, healthy] = await Promise.all([inNamespace(STUCK), inNamespace(HEALTHY)]);
+  });
+  afterAll(() => {
+    stuck?.kill("SIGKILL");
+    healthy?.kill("SIGKILL");
+  });
 
-    /** Asks for `n` connections to the stuck server; `events` gets one entry as each settles. */
-    function connectStuck(n: number, events: string[]): Promise<Error[]> {
-      return Promise.all(
-        Array.from({ length: n }, () =>
-          netns.connect("stuck", STUCK_PORT).then(
-            (socket) => {
-              socket.destroy();
-              events.push("stuck connected");
-              return new Error("connected");
-            },
-            (err: Error) => {
-              events.push("stuck failed");
-              return err;
-            },
-          ),
+  /** Asks for `n` connections to the stuck server; `events` gets one entry as each settles. */
+  function connectStuck(n: number, events: string[]): Promise<Error[]> {
+    return Promise.all(
+      Array.from({ length: n }, () =>
+        netns.connect("stuck", STUCK_PORT).then(
+          (socket) => {
+            socket.destroy();
+            events.push("stuck connected");
+            return new Error("connected");
+          },
+          (err: Error) => {
+            events.push("stuck failed");
+            return err;
+          },
         ),
-      );
+      ),
+    );
+  }
+
+  it("connections to another namespace are made while the stuck ones are pending; the stuck ones fail after the deadline", async () => {
+    netns = new NetnsConnector(RELAY_PYTHON!, silentLogger);
+    try {
+      expect(await netns.open("stuck", stuck.pid!)).toBeUndefined();
+      expect(await netns.open("healthy", healthy.pid!)).toBeUndefined();
+      const events: string[] = [];
+      // Asked for first: a helper that waits on each in turn answers them before anything asked later.
+      const stuckOnes = connectStuck(3, events);
+      const socket = await netns.connect("healthy", HEALTHY_PORT);
+      events.push("healthy connected");
+      expect(events).toEqual(["healthy connected"]);
+      expect(await readAll(socket)).toBe("healthy");
+      const errors = await stuckOnes;
+      expect(events).toEqual(["healthy connected", "stuck failed", "stuck failed", "stuck failed"]);
+      for (const err of errors)
+        expect(err.message).toMatch(new RegExp(`^cannot connect to port ${STUCK_PORT} in the sandbox: .*within`));
+    } finally {
+      netns.stop();
     }
+  });
 
-    it("connections to another namespace are made while the stuck ones are pending; the stuck ones fail after the deadline", async () => {
-      netns = new NetnsConnector(RELAY_PYTHON!, silentLogger);
-      try {
-        expect(await netns.open("stuck", stuck.pid!)).toBeUndefined();
-        expect(await netns.open("healthy", healthy.pid!)).toBeUndefined();
-        const events: string[] = [];
-        // Asked for first: a helper that waits on each in turn answers them before anything asked later.
-        const stuckOnes = connectStuck(3, events);
-        const socket = await netns.connect("healthy", HEALTHY_PORT);
-        events.push("healthy connected");
-        expect(events).toEqual(["healthy connected"]);
-        expect(await readAll(socket)).toBe("healthy");
-        const errors = await stuckOnes;
-        expect(events).toEqual(["healthy connected", "stuck failed", "stuck failed", "stuck failed"]);
-        for (const err of errors)
-          expect(err.message).toMatch(new RegExp(`^cannot connect to port ${STUCK_PORT} in the sandbox: .*within`));
-      } finally {
-        netns.stop();
-      }
-    });
-
-    it("a burst to the stuck app holds at most CONNECTS_PER_NAMESPACE connects; a larger burst to a healthy app all connect", async () => {
-      netns = new NetnsConnector(RELAY_PYTHON!, silentLogger);
-      try {
-        expect(await netns.open("stuck", stuck.pid!)).toBeUndefined();
-        expect(await netns.open("healthy", healthy.pid!)).toBeUndefined();
-        const n = CONNECTS_PER_NAMESPACE + 8;
-        const events: string[] = [];
-        const stuckOnes = connectStuck(n, events);
-        // Beyond the cap too: those wait for a free slot of their namespace, not for the stuck one.
-        const sockets = await Promise.all(Array.from({ length: n }, () => netns.connect("healthy", HEALTHY_PORT)));
-        expect(events).toEqual([]);
-        // Every stuck request reached the helper before the healthy ones (one channel, in order): the cap is full.
-        expect(await connecting(stuck.pid!, STUCK_PORT)).toBe(CONNECTS_PER_NAMESPACE);
-        expect(await Promise.all(sockets.map(readAll))).toEqual(Array(n).fill("healthy"));
-        const errors = await stuckOnes;
-        expect(events).toEqual(Array(n).fill("stuck failed"));
-        for (const err of errors) expect(err.message).toMatch(/within/);
-        // The helper closed every socket it gave up on.
-        for (let i = 0; i < 100 && (await connecting(stuck.pid!, STUCK_PORT)) > 0; i++)
-          await new Promise((r) => setTimeout(r, 20));
-        expect(await connecting(stuck.pid!, STUCK_PORT)).toBe(0);
-      } finally {
-        netns.stop();
-      }
-    });
-  },
-);
+  it("a burst to the stuck app holds at most CONNECTS_PER_NAMESPACE connects; a larger burst to a healthy app all connect", async () => {
+    netns = new NetnsConnector(RELAY_PYTHON!, silentLogger);
+    try {
+      expect(await netns.open("stuck", stuck.pid!)).toBeUndefined();
+      expect(await netns.open("healthy", healthy.pid!)).toBeUndefined();
+      const n = CONNECTS_PER_NAMESPACE + 8;
+      const events: string[] = [];
+      const stuckOnes = connectStuck(n, events);
+      // Beyond the cap too: those wait for a free slot of their namespace, not for the stuck one.
+      const sockets = await Promise.all(Array.from({ length: n }, () => netns.connect("healthy", HEALTHY_PORT)));
+      expect(events).toEqual([]);
+      // Every stuck request reached the helper before the healthy ones (one channel, in order): the cap is full.
+      expect(await connecting(stuck.pid!, STUCK_PORT)).toBe(CONNECTS_PER_NAMESPACE);
+      expect(await Promise.all(sockets.map(readAll))).toEqual(Array(n).fill("healthy"));
+      const errors = await stuckOnes;
+      expect(events).toEqual(Array(n).fill("stuck failed"));
+      for (const err of errors) expect(err.message).toMatch(/within/);
+      // The helper closed every socket it gave up on.
+      for (let i = 0; i < 100 && (await connecting(stuck.pid!, STUCK_PORT)) > 0; i++)
+        await new Promise((r) => setTimeout(r, 20));
+      expect(await connecting(stuck.pid!, STUCK_PORT)).toBe(0);
+    } finally {
+      netns.stop();
+    }
+  });
+});
