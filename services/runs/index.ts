@@ -21,7 +21,14 @@ export {
   StartFailed,
 } from "./errors.js";
 export { PGLITE_FOLDER, openRunHistory, timeOfId } from "./history/index.js";
-export type { ListQuery, MinuteStats, RunHistory, RunHistoryOptions, RunPage } from "./history/index.js";
+export type {
+  HistoryBudgetOptions,
+  ListQuery,
+  MinuteStats,
+  RunHistory,
+  RunHistoryOptions,
+  RunPage,
+} from "./history/index.js";
 export {
   DELIVERY_RECORD_HEADER,
   publishRunEvent,
