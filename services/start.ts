@@ -22,7 +22,7 @@ import {
   createStaticFiles,
   type UpgradeHandler,
 } from "./server/index.js";
-import { connectNats, provision, type NatsHandle } from "./nats/index.js";
+import { connectNats, provision, StoreWatch, type NatsHandle } from "./nats/index.js";
 import { Metrics } from "./metrics/index.js";
 
 export interface Skiff {
@@ -55,6 +55,8 @@ interface Shared {
   /** The runner role's runner, once that role started. */
   runner: Runner | undefined;
   metrics: Metrics;
+  /** Every store's bytes against its budget. */
+  storeWatch: StoreWatch;
 }
 
 /** A role once started. */
@@ -139,6 +141,7 @@ const ROLES: Record<Role, RoleSpec> = {
         runs: await shared.runs(),
         runner: shared.runner,
         maxQueuedRuns: config.maxQueuedRuns,
+        storeWatch: shared.storeWatch,
         webhookAllowedCidrs: shared.webhookAllowedCidrs,
         secretsKey: config.secretsKey,
         websocket: {
@@ -167,6 +170,11 @@ const ROLES: Record<Role, RoleSpec> = {
         adminToken: config.adminToken,
         maxBundleBytes: config.maxBundleBytes,
         maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
+        historyBudget: {
+          maxBytes: config.historyMaxBytes,
+          storageShare: config.storageShare,
+          watch: shared.storeWatch,
+        },
         runs: await shared.runs(),
         deployments: shared.deployments,
         logger,
@@ -267,8 +275,21 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     watchNats(nats, health, logger, metrics);
     const stopQueueDepths = metrics.queueDepths(() => queueDepths(nats));
     closeShared.push(stopQueueDepths);
-    await provision(nats.nc, logger, { replicas: config.natsReplicas, resultTtlSeconds: config.resultTtlSeconds });
+    await provision(nats.nc, logger, {
+      replicas: config.natsReplicas,
+      resultTtlSeconds: config.resultTtlSeconds,
+      budgets: { settings: config, dataDir: config.dataDir },
+    });
     health.setProvisioned();
+    // Every store's bytes against its budget: /metrics, a warning at 80 %, /readyz names the full ones.
+    const storeWatch = new StoreWatch(nats.nc, logger);
+    storeWatch.onFull = (full) => (health.fullStores = full);
+    const stopStoreFigures = metrics.storeFigures(() => storeWatch.snapshot());
+    storeWatch.start();
+    closeShared.push(() => {
+      stopStoreFigures();
+      void storeWatch.stop();
+    });
 
     const shared: Shared = {
       config,
@@ -300,6 +321,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       ),
       runner: undefined,
       metrics,
+      storeWatch,
     };
     const rpc: { service: DescService; routes: (router: ConnectRouter) => void }[] = [];
     for (const name of Object.keys(ROLES) as Role[]) {

@@ -10,7 +10,7 @@ import { type Auth, issueToken } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets, objectStores } from "../nats/index.js";
 import { prepareBundle, type DeploymentCache } from "../runner/index.js";
-import type { RunContext } from "../runs/index.js";
+import type { HistoryBudgetOptions, RunContext } from "../runs/index.js";
 import { ensureAdminToken, ensureDevAccount } from "./bootstrap.js";
 import { AppObserver } from "./app-observe.js";
 import { AppStore } from "./app-store.js";
@@ -32,6 +32,8 @@ export interface ManagementRoleOptions {
   adminToken: string | undefined;
   /** SKIFF_MAX_BUNDLE_BYTES. */
   maxBundleBytes: number;
+  /** SKIFF_HISTORY_MAX_BYTES and how its default is made; without, the run history is bounded by age only. */
+  historyBudget?: HistoryBudgetOptions;
   /** SKIFF_MAX_PROJECT_UNPACKED_BYTES. */
   maxProjectUnpackedBytes: number;
   /** The process's run helpers. */
@@ -67,6 +69,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
       runs: opts.runs,
       databaseUrl: opts.databaseUrl,
       dataDir: opts.dataDir,
+      historyBudget: opts.historyBudget,
     }),
     issueToken: (subject) => issueToken(key, subject),
     logger: opts.logger,

@@ -34,6 +34,7 @@ import {
   sweepStaleSyncRuns,
   timeOfId,
   type RunContext,
+  type HistoryBudgetOptions,
   type RunHistory,
   type RunRecord,
   type RunStatus,
@@ -70,6 +71,8 @@ export interface RunApiOptions {
   /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, PGlite in `dataDir`. */
   databaseUrl: string | undefined;
   dataDir: string;
+  /** The run history's byte budget. */
+  historyBudget?: HistoryBudgetOptions;
 }
 
 export interface RunApi {
@@ -114,6 +117,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     logger,
     databaseUrl: opts.databaseUrl,
     dataDir: opts.dataDir,
+    budget: opts.historyBudget,
     signal: stopping.signal,
   });
   opening.catch((err: unknown) => {

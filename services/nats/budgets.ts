@@ -176,6 +176,9 @@ export class StoreWatch {
   private lastFull = "";
   /** Bytes this process added to a store since the measure under way or last made began. */
   private added = new Map<string, number>();
+  /** Stores hasRoom() said no for since the measure under way or last made began. */
+  private refused = new Set<string>();
+  private fullNow: string[] = [];
 
   constructor(
     private readonly nc: NatsConnection,
@@ -225,7 +228,9 @@ export class StoreWatch {
   hasRoom(store: string, bytes: number): boolean {
     const u = this.usage.get(store);
     if (u === undefined || u.budget <= 0) return true;
-    return u.bytes + (this.added.get(store) ?? 0) + bytes <= u.budget * FULL_AT;
+    const room = u.bytes + (this.added.get(store) ?? 0) + bytes <= u.budget * FULL_AT;
+    if (!room) this.refused.add(store);
+    return room;
   }
 
   /** Counts bytes this process stored in a store, until the next measure sees them. */
@@ -233,9 +238,13 @@ export class StoreWatch {
     this.added.set(store, (this.added.get(store) ?? 0) + bytes);
   }
 
-  /** Stores that refuse new writes and are (nearly) at their budget. */
+  /**
+   * Stores that refuse new writes and are (nearly) at their budget, or
+   * that hasRoom() refused a write for since the last measure and are still
+   * past 80 % of it, as the last measure found them.
+   */
   full(): string[] {
-    return [...this.usage.values()].filter(isFull).map((u) => u.store);
+    return this.fullNow;
   }
 
   /** Measures every store now (one round at a time); resolves when done. */
@@ -246,8 +255,9 @@ export class StoreWatch {
   private async measureAll(): Promise<void> {
     const next = new Map<string, StoreUsage>();
     // What is added from here on is counted again until the next measure; what came before, this one sees.
-    const added = new Map<string, number>();
-    this.added = added;
+    this.added = new Map<string, number>();
+    const refused = this.refused;
+    this.refused = new Set<string>();
     try {
       const jsm = await (this.jsm ??= this.nc.jetstreamManager().catch((err: unknown) => {
         this.jsm = undefined;
@@ -275,15 +285,18 @@ export class StoreWatch {
       }
     }
     this.usage = next;
-    for (const u of next.values()) this.judge(u);
-    const full = this.full();
+    const full = [...next.values()]
+      .filter((u) => isFull(u) || (refused.has(u.store) && u.budget > 0 && u.bytes >= u.budget * WARN_AT))
+      .map((u) => u.store);
+    this.fullNow = full;
+    for (const u of next.values()) this.judge(u, full.includes(u.store));
     if (full.join() !== this.lastFull) {
       this.lastFull = full.join();
       this.onFull?.(full);
     }
   }
 
-  private judge(u: StoreUsage): void {
+  private judge(u: StoreUsage, full: boolean): void {
     if (u.budget <= 0) return;
     const part = u.bytes / u.budget;
     if (part >= WARN_AT && !this.warned.has(u.store)) {
@@ -292,7 +305,7 @@ export class StoreWatch {
         u.atBudget === "drops oldest"
           ? "at its budget its oldest entries are dropped first"
           : "at its budget it refuses new writes";
-      const log = isFull(u) ? this.logger.error.bind(this.logger) : this.logger.warn.bind(this.logger);
+      const log = full ? this.logger.error.bind(this.logger) : this.logger.warn.bind(this.logger);
       log(
         { store: u.store, kind: u.kind, bytes: u.bytes, budget: u.budget, percent: Math.round(part * 100) },
         `${u.kind} ${u.store} holds ${Math.round(part * 100)} % of its budget (${mib(u.bytes)} of ${mib(u.budget)}, ${settingOf(u.store)}); ${what}`,
