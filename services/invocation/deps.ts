@@ -3,6 +3,7 @@ import type { JetStreamClient, KV, NatsConnection } from "nats";
 import type { Runner } from "../runner/index.js";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
+import type { StoreWatch } from "../nats/index.js";
 import type { RunControl, RunResults, RunStore, BodyTransfer } from "../runs/index.js";
 import type { SecretBox, AddressGuard } from "../webhook/index.js";
 import type { QueueDepths } from "./queue-depth.js";
@@ -23,6 +24,8 @@ export interface InvocationDeps {
   box: SecretBox;
   idempotency: KV;
   guard: AddressGuard;
+  /** Every store's bytes against its budget: an async run is refused (503) when SKIFF_RUNS has no room for it. */
+  storeWatch: StoreWatch | undefined;
   /** SKIFF_MAX_QUEUED_RUNS: async runs one app may have in its queue (running ones included). */
   maxQueuedRuns: number;
   logger: Logger;
