@@ -375,7 +375,7 @@ const STORE_BUDGET_SETTINGS: Setting<keyof Config>[] = [
     key: "resultsMaxBytes",
     env: "SKIFF_RESULTS_MAX_BYTES",
     fallback: "",
-    doc: `Bytes object store \`skiff-results\` (large bodies in transit and large results) may hold. Nothing in it is dropped to make room (an accepted async run's large body waits there): at it a body or result that does not fit is refused and the call or run that needed it fails; results past their keep (\`SKIFF_RESULT_TTL\`, at least the events' age) are removed every hour. ${BUDGET_DEFAULT}`,
+    doc: `Bytes object store \`skiff-results\` (large bodies in transit and large results) may hold. From 80 % of it the results of ended runs are removed, oldest first, down to 60 % (GetRun then shows no result, as past \`SKIFF_RESULT_TTL\`); bodies of accepted runs on their way to a runner are never removed, and a body or result that does not fit is refused (the call or run that needed it fails). ${BUDGET_DEFAULT}`,
     parse: optional(parseByteSize),
   },
   {
@@ -396,7 +396,7 @@ const STORE_BUDGET_SETTINGS: Setting<keyof Config>[] = [
     key: "historyMaxBytes",
     env: "SKIFF_HISTORY_MAX_BYTES",
     fallback: "",
-    doc: `Bytes the run history's tables and indexes may take (what ListRuns, the dashboard and app stats read); from 80 % of it the oldest runs are deleted, as runs past 30 days are. ${BUDGET_DEFAULT}`,
+    doc: "Bytes the run history's tables and indexes may take (what ListRuns, the dashboard and app stats read); every 2 s the oldest runs past what 70 % of it holds are deleted (as runs past 30 days are), and their room is reused. Unset: its share of `SKIFF_STORAGE_SHARE` of the free space on the data folder's disk and of what it takes, made at each start and said in the log.",
     parse: optional(parseByteSize),
   },
 ];

@@ -46,6 +46,7 @@ export { queuedRuns } from "./queue.js";
 export { newRunId } from "./run-id.js";
 export type { QueuedRuns } from "./queue.js";
 export { RunResults } from "./results.js";
+export { TRIM_FROM, TRIM_TO, trimResults } from "./results-budget.js";
 export type { Body } from "./results.js";
 export { STALE_SYNC_CONFIRM_MS, STALE_SYNC_EVERY_MS, sweepStaleSyncRuns } from "./stale-sync.js";
 export type { StaleSyncOptions, StaleSyncSweep } from "./stale-sync.js";
