@@ -396,7 +396,7 @@ const STORE_BUDGET_SETTINGS: Setting<keyof Config>[] = [
     key: "historyMaxBytes",
     env: "SKIFF_HISTORY_MAX_BYTES",
     fallback: "",
-    doc: "Bytes the run history's tables and indexes may take (what ListRuns, the dashboard and app stats read); every 2 s the oldest runs past what 70 % of it holds are deleted (as runs past 30 days are), and their room is reused. Unset: its share of `SKIFF_STORAGE_SHARE` of the free space on the data folder's disk and of what it takes, made at each start and said in the log.",
+    doc: "Bytes the run history's tables and indexes may take (what ListRuns, the dashboard and app stats read); every 2 s the oldest runs past what 60 % of it holds are deleted (as runs past 30 days are), and their room is reused. Unset: its share of `SKIFF_STORAGE_SHARE` of the free space on the data folder's disk and of what it takes, made at each start and said in the log.",
     parse: optional(parseByteSize),
   },
 ];

@@ -74,7 +74,7 @@ export interface RunApiOptions {
   /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, PGlite in `dataDir`. */
   databaseUrl: string | undefined;
   dataDir: string;
-  /** The run history's byte budget. */
+  /** The run history's byte budget, and the store watch, whose figures of skiff-results its trimming reads too. */
   historyBudget?: HistoryBudgetOptions;
 }
 

@@ -13,7 +13,7 @@ import { mib } from "../../nats/index.js";
 import type { HistoryQueries } from "./history.js";
 
 /** Part of the budget the rows are kept to: the rest absorbs what arrives between two checks. */
-export const PRUNE_TO = 0.7;
+export const PRUNE_TO = 0.6;
 /** Below this part of the budget nothing is counted or walked. */
 const LOOK_FROM = 0.5;
 /** Runs of the primary key walked per second of check interval, at most: a large cap is checked less often. */
