@@ -263,10 +263,10 @@ export class StoreWatch {
         this.jsm = undefined;
         throw err;
       }));
-      for (const spec of STORE_SPECS) {
-        if (spec.stream === undefined) continue;
-        const info = await jsm.streams.info(spec.stream).catch(() => undefined);
-        if (info === undefined) continue;
+      // One listing (a page of up to 256 streams a request) rather than a request per store.
+      for await (const info of jsm.streams.list()) {
+        const spec = specOfStream(info.config.name);
+        if (spec === undefined) continue;
         const budget = info.config.max_bytes > 0 ? info.config.max_bytes : 0;
         next.set(spec.store, usageOf(spec, info.state.bytes, budget));
       }

@@ -245,10 +245,6 @@ function objectStoreTarget(js: JetStreamClient, spec: ObjectStoreSpec, replicas:
   return { kind: "object store", name: spec.name, want, create };
 }
 
-async function ensure(jsm: JetStreamManager, target: Target, logger: Logger): Promise<void> {
-  return ensureOnce(jsm, target, logger);
-}
-
 /** Sets the target's `max_bytes`: the setting's, else the one the stream has, else its share of the free disk. */
 async function chooseBudget(target: Target, existing: StreamInfo | undefined, logger: Logger): Promise<void> {
   const b = target.budget;
@@ -271,7 +267,7 @@ async function chooseBudget(target: Target, existing: StreamInfo | undefined, lo
   );
 }
 
-async function ensureOnce(jsm: JetStreamManager, target: Target, logger: Logger): Promise<void> {
+async function ensure(jsm: JetStreamManager, target: Target, logger: Logger): Promise<void> {
   try {
     const existing = await streamInfo(jsm, target.want.name);
     await chooseBudget(target, existing, logger);
