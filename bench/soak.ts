@@ -13,7 +13,14 @@
 // Every SOAK_SAMPLE_SECONDS (default 60) it prints, and keeps in the results
 // as `samples`, each process's RSS and the state of every JetStream stream
 // (messages, bytes, subjects, interior deletes, consumers): what grows, and
-// whether it levels off.
+// whether it levels off; and every store's bytes against its budget (streams,
+// buckets and object stores from NATS, the run history from /metrics). A
+// store past its budget at any sample fails the soak, as does an accepted
+// async run that never ended (lost), counted once the queue has drained.
+//
+// SOAK_BUDGET (e.g. `20MB`) sets every store's budget (SKIFF_*_MAX_BYTES) to
+// it, so that a short soak runs with every store at its budget; unset, each
+// has its default (a share of the free disk).
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import http from "node:http";
@@ -38,6 +45,21 @@ const WARMUP_SECONDS = Number(
   process.env.SOAK_WARMUP_SECONDS ?? (SECONDS >= 600 ? 180 : Math.max(5, Math.round(SECONDS / 10))),
 );
 const P = "p-dev";
+/** Every store's budget, when SOAK_BUDGET names one. */
+const BUDGET_ENV: Record<string, string> = process.env.SOAK_BUDGET
+  ? Object.fromEntries(
+      [
+        "SKIFF_EVENTS_MAX_BYTES",
+        "SKIFF_WEBHOOKS_MAX_BYTES",
+        "SKIFF_RUN_QUEUE_MAX_BYTES",
+        "SKIFF_LOGS_MAX_BYTES",
+        "SKIFF_RESULTS_MAX_BYTES",
+        "SKIFF_BUNDLES_MAX_BYTES",
+        "SKIFF_KV_MAX_BYTES",
+        "SKIFF_HISTORY_MAX_BYTES",
+      ].map((name) => [name, process.env.SOAK_BUDGET!]),
+    )
+  : {};
 const CLUSTER = process.argv.includes("--cluster");
 const ROOT = path.resolve(import.meta.dirname, "..");
 
@@ -47,6 +69,8 @@ interface Target {
   devToken: string;
   /** How to reach its NATS (one node of the cluster). */
   nats: ConnectionOptions;
+  /** A token that may read /metrics. */
+  adminToken(): Promise<string>;
   /** Process name to pid, for the RSS figures. */
   processes(): Promise<Record<string, number>>;
   stop(): Promise<void>;
@@ -57,12 +81,13 @@ async function single(tmp: string): Promise<Target> {
   const skiff = await startSkiffProcess({
     natsUrl: nats.url,
     dataDir: path.join(tmp, "data"),
-    env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
+    env: { SKIFF_MAX_QUEUED_RUNS: "10000000", ...BUDGET_ENV },
   });
   return {
     url: skiff.url,
     devToken: skiff.devToken,
     nats: { servers: nats.url },
+    adminToken: async () => skiff.adminToken,
     processes: async () => ({ skiff: skiff.pid, "nats-server": nats.pid }),
     async stop() {
       await skiff.stop();
@@ -84,6 +109,7 @@ async function cluster(tmp: string): Promise<Target> {
       SKIFF_CLUSTER_DIR: dir,
       SKIFF_CLUSTER_PORT: String(port),
       SKIFF_MAX_QUEUED_RUNS: "10000000",
+      ...BUDGET_ENV,
     },
     stdio: ["ignore", "pipe", "inherit"],
   });
@@ -105,6 +131,7 @@ async function cluster(tmp: string): Promise<Target> {
     url: `http://127.0.0.1:${port}`,
     devToken: (await readFile(path.join(dir, "dev-token"), "utf8")).trim(),
     nats: { servers: `nats://${field("listen")}`, user: field("user"), pass: field("password") },
+    adminToken: async () => (await readFile(path.join(dir, "admin-token"), "utf8")).trim(),
     processes: () => clusterProcesses(dir),
     async stop() {
       const exited = new Promise((r) => child.once("exit", r));
@@ -168,8 +195,70 @@ async function streamStates(opts: ConnectionOptions): Promise<Record<string, Str
   }
 }
 
+interface StoreSample {
+  mb: number;
+  budget_mb: number;
+}
+
+/** One /metrics sample of a skiff process: value by metric name and the labels given. */
+function metric(text: string, name: string, labels: Record<string, string>): number | undefined {
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(`${name}{`)) continue;
+    if (Object.entries(labels).every(([k, v]) => line.includes(`${k}="${v}"`)))
+      return Number(line.slice(line.lastIndexOf(" ") + 1));
+  }
+  return undefined;
+}
+
+async function metricsText(target: Target): Promise<string> {
+  const res = await fetch(`${target.url}/metrics`, {
+    headers: { authorization: `Bearer ${await target.adminToken()}` },
+  });
+  return res.ok ? res.text() : "";
+}
+
+/**
+ * Every store's bytes and budget: the streams (and buckets and object stores,
+ * streams too) as NATS says now, the run history as skiff last measured it.
+ */
+async function storeStates(target: Target): Promise<Record<string, StoreSample>> {
+  const out: Record<string, StoreSample> = {};
+  const nc = await connect({ ...target.nats, timeout: 5_000 });
+  try {
+    const jsm = await nc.jetstreamManager({ timeout: 10_000 });
+    for await (const si of jsm.streams.list()) {
+      const name = si.config.name.replace(/^(KV|OBJ)_/, "");
+      out[name] = {
+        mb: round(si.state.bytes / 2 ** 20, 2),
+        budget_mb: round(Math.max(0, si.config.max_bytes) / 2 ** 20, 2),
+      };
+    }
+  } finally {
+    await nc.close();
+  }
+  const text = await metricsText(target);
+  const bytes = metric(text, "skiff_store_bytes", { store: "run-history" });
+  const budget = metric(text, "skiff_store_budget_bytes", { store: "run-history" });
+  if (bytes !== undefined && budget !== undefined)
+    out["run-history"] = { mb: round(bytes / 2 ** 20, 2), budget_mb: round(budget / 2 ** 20, 2) };
+  return out;
+}
+
+/** Stores past their budget in a sample, as "name mb/budget". */
+const overBudget = (stores: Record<string, StoreSample>) =>
+  Object.entries(stores)
+    .filter(([, s]) => s.budget_mb > 0 && s.mb > s.budget_mb)
+    .map(([n, s]) => `${n} ${s.mb}/${s.budget_mb} MB`);
+
 const SAMPLE_SECONDS = Number(process.env.SOAK_SAMPLE_SECONDS ?? 60);
-const samples: { seconds: number; rss_mb: Record<string, number>; streams: Record<string, StreamSample> }[] = [];
+const samples: {
+  seconds: number;
+  rss_mb: Record<string, number>;
+  streams: Record<string, StreamSample>;
+  stores: Record<string, StoreSample>;
+}[] = [];
+/** Every sample in which a store was past its budget. */
+const overruns: string[] = [];
 
 /**
  * Samples RSS and streams every SAMPLE_SECONDS until the returned function is
@@ -184,13 +273,21 @@ function sampleEvery(target: Target, startsInSeconds: number): () => Promise<voi
         seconds: Math.round((Date.now() - from) / 1000),
         rss_mb: await rssOf(target),
         streams: await streamStates(target.nats).catch(() => ({})),
+        stores: await storeStates(target).catch(() => ({})),
       };
       samples.push(sample);
+      const over = overBudget(sample.stores);
+      if (over.length > 0) overruns.push(`${sample.seconds} s: ${over.join(", ")}`);
+      const storeText = Object.entries(sample.stores)
+        .filter(([, s]) => s.mb >= 0.1)
+        .map(([n, s]) => `${n} ${s.mb}/${s.budget_mb}`)
+        .join("; ");
       const streamText = Object.entries(sample.streams)
         .filter(([, s]) => s.subjects > 100 || s.mb > 10)
         .map(([n, s]) => `${n} ${s.messages} msgs/${s.subjects} subjects/${s.mb} MB/${s.deleted} deleted`)
         .join("; ");
       console.log(`soak: ${sample.seconds} s rss ${JSON.stringify(sample.rss_mb)} streams: ${streamText}`);
+      console.log(`soak: ${sample.seconds} s stores (MB used/budget): ${storeText}`);
     }));
   void take();
   const timer = setInterval(take, SAMPLE_SECONDS * 1000);
@@ -271,11 +368,26 @@ try {
     `soak: warm-up ${WARMUP_SECONDS} s (samples from -${WARMUP_SECONDS} s), then ${SECONDS} s of mixed load${CLUSTER ? " on the cluster" : ""}`,
   );
   const sampled = sampleEvery(target, WARMUP_SECONDS);
-  await mix(WARMUP_SECONDS);
+  const warm = await mix(WARMUP_SECONDS);
   const start = await rssOf(target);
   const [sync, cortex, accepted, hooked] = await mix(SECONDS);
   await sampled();
   const end = await rssOf(target);
+  // Lost runs: async runs accepted (202; wrk counts the answers it got) that never ended, once the queue is empty.
+  const acceptedRuns = warm[2].requests - warm[2].errors + accepted.requests - accepted.errors;
+  // Counted from this process's runs_total: on the cluster, runners record their runs in their own processes.
+  const drainDeadline = Date.now() + 120_000;
+  let ended = 0;
+  for (; !CLUSTER;) {
+    const text = await metricsText(target);
+    ended = ["success", "failure", "cancelled"]
+      .map((status) => metric(text, "skiff_runs_total", { app: "soak-add", status, mode: "async" }) ?? 0)
+      .reduce((a, b) => a + b, 0);
+    const queued = (await streamStates(target.nats))["SKIFF_RUNS"]?.messages ?? 0;
+    if ((queued === 0 && ended >= acceptedRuns) || Date.now() > drainDeadline) break;
+    await new Promise((r) => setTimeout(r, 1000));
+  }
+  const lost = CLUSTER ? 0 : Math.max(0, acceptedRuns - ended);
   const total = (r: Record<string, number>) => Object.values(r).reduce((a, b) => a + b, 0);
   const ratios = Object.fromEntries(Object.keys(end).map((k) => [k, Number((end[k] / start[k]).toFixed(2))]));
   const result = {
@@ -285,6 +397,9 @@ try {
     seconds: SECONDS,
     requests: { custom: sync.requests, cortex: cortex.requests, async: accepted.requests, webhook: hooked.requests },
     errors: { custom: sync.errors, cortex: cortex.errors, async: accepted.errors, webhook: hooked.errors },
+    async_runs: CLUSTER ? "not counted on the cluster" : { accepted: acceptedRuns, ended, lost },
+    budget: process.env.SOAK_BUDGET ?? "defaults",
+    stores_over_budget: overruns,
     rss_mb: CLUSTER
       ? { start, end, ratio_by_process: ratios, ratio: Number((total(end) / total(start)).toFixed(2)) }
       : { start: start.skiff, end: end.skiff, ratio: ratios.skiff },
@@ -292,6 +407,14 @@ try {
   };
   console.log(JSON.stringify(result, null, 2));
   await writeResults(CLUSTER ? "soak-cluster.json" : "soak.json", result);
+  const failures = [
+    ...overruns.map((o) => `a store past its budget at ${o}`),
+    ...(lost > 0 ? [`${lost} accepted async runs never ended`] : []),
+  ];
+  if (failures.length > 0) {
+    console.error(`soak: FAILED: ${failures.join("; ")}`);
+    process.exitCode = 1;
+  }
 } finally {
   receiver.close();
   await target.stop();

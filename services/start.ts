@@ -32,7 +32,7 @@ import {
   createStaticFiles,
   type UpgradeHandler,
 } from "./server/index.js";
-import { connectNats, provision, type NatsHandle } from "./nats/index.js";
+import { connectNats, provision, StoreWatch, type NatsHandle } from "./nats/index.js";
 import { Metrics } from "./metrics/index.js";
 import { SKIFF_APIS } from "./apis.js";
 
@@ -68,6 +68,8 @@ interface Shared {
   /** The runner role's runner, once that role started. */
   runner: Runner | undefined;
   metrics: Metrics;
+  /** Every store's bytes against its budget. */
+  storeWatch: StoreWatch;
 }
 
 /** A role once started. */
@@ -153,6 +155,7 @@ const ROLES: Record<Role, RoleSpec> = {
         runs: await shared.runs(),
         runner: shared.runner,
         maxQueuedRuns: config.maxQueuedRuns,
+        storeWatch: shared.storeWatch,
         webhookAllowedCidrs: shared.webhookAllowedCidrs,
         secretsKey: config.secretsKey,
         websocket: {
@@ -181,6 +184,11 @@ const ROLES: Record<Role, RoleSpec> = {
         adminToken: config.adminToken,
         maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
         maxAppsPerProject: config.maxAppsPerProject,
+        historyBudget: {
+          maxBytes: config.historyMaxBytes,
+          storageShare: config.storageShare,
+          watch: shared.storeWatch,
+        },
         runs: await shared.runs(),
         prepareBundle: bundleCheck(shared.deployments, shared.sandbox, {
           maxBytes: config.maxBundleBytes,
@@ -309,8 +317,21 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     watchNats(nats, health, logger, metrics);
     const stopQueueDepths = metrics.queueDepths(() => queueDepths(nats));
     closeShared.push(stopQueueDepths);
-    await provision(nats.nc, logger, { replicas: config.natsReplicas, resultTtlSeconds: config.resultTtlSeconds });
+    await provision(nats.nc, logger, {
+      replicas: config.natsReplicas,
+      resultTtlSeconds: config.resultTtlSeconds,
+      budgets: { settings: config, dataDir: config.dataDir },
+    });
     health.setProvisioned();
+    // Every store's bytes against its budget: /metrics, a warning at 80 %, /readyz names the full ones.
+    const storeWatch = new StoreWatch(nats.nc, logger);
+    storeWatch.onFull = (full) => (health.fullStores = full);
+    const stopStoreFigures = metrics.storeFigures(() => storeWatch.snapshot());
+    storeWatch.start();
+    closeShared.push(() => {
+      stopStoreFigures();
+      void storeWatch.stop();
+    });
 
     const shared: Shared = {
       config,
@@ -348,6 +369,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       ),
       runner: undefined,
       metrics,
+      storeWatch,
     };
     const rpc: { service: DescService; routes: (router: ConnectRouter) => void }[] = [];
     for (const name of Object.keys(ROLES) as Role[]) {

@@ -68,7 +68,54 @@ describe("config", () => {
       websocketIdleTimeoutMs: 300_000,
       websocketMaxMessageBytes: 1024 * 1024,
       websocketMaxConnectionsPerApp: 1000,
+      storageShare: 50,
+      eventsMaxBytes: undefined,
+      webhooksMaxBytes: undefined,
+      runQueueMaxBytes: undefined,
+      logsMaxBytes: undefined,
+      resultsMaxBytes: undefined,
+      bundlesMaxBytes: undefined,
+      kvMaxBytes: undefined,
+      historyMaxBytes: undefined,
     });
+  });
+
+  it("store budgets are sizes in bytes, with units of 1024 as nats-server reads them; a bad one names its variable", () => {
+    const c = loadConfig({
+      SKIFF_EVENTS_MAX_BYTES: "100MB",
+      SKIFF_WEBHOOKS_MAX_BYTES: "20 MiB",
+      SKIFF_RUN_QUEUE_MAX_BYTES: "1.5G",
+      SKIFF_LOGS_MAX_BYTES: "2097152",
+      SKIFF_RESULTS_MAX_BYTES: "1TB",
+      SKIFF_BUNDLES_MAX_BYTES: "64m",
+      SKIFF_KV_MAX_BYTES: "8MB",
+      SKIFF_HISTORY_MAX_BYTES: "3GiB",
+      SKIFF_STORAGE_SHARE: "25",
+    });
+    expect(c).toMatchObject({
+      eventsMaxBytes: 100 * 2 ** 20,
+      webhooksMaxBytes: 20 * 2 ** 20,
+      runQueueMaxBytes: 1.5 * 2 ** 30,
+      logsMaxBytes: 2 * 2 ** 20,
+      resultsMaxBytes: 2 ** 40,
+      bundlesMaxBytes: 64 * 2 ** 20,
+      kvMaxBytes: 8 * 2 ** 20,
+      historyMaxBytes: 3 * 2 ** 30,
+      storageShare: 25,
+    });
+    const bad: [Record<string, string>, RegExp][] = [
+      [{ SKIFF_EVENTS_MAX_BYTES: "lots" }, /^SKIFF_EVENTS_MAX_BYTES: expected a size in bytes such as .*got "lots"/],
+      [{ SKIFF_KV_MAX_BYTES: "-5MB" }, /^SKIFF_KV_MAX_BYTES: expected a size in bytes/],
+      [{ SKIFF_HISTORY_MAX_BYTES: "10PB" }, /^SKIFF_HISTORY_MAX_BYTES: expected a size in bytes/],
+      [
+        { SKIFF_RUN_QUEUE_MAX_BYTES: "1000" },
+        /^SKIFF_RUN_QUEUE_MAX_BYTES: must be at least 1048576 bytes \(1 MiB\), got 1000/,
+      ],
+      [{ SKIFF_LOGS_MAX_BYTES: "99999999999999999999" }, /^SKIFF_LOGS_MAX_BYTES: is too large/],
+      [{ SKIFF_STORAGE_SHARE: "95" }, /^SKIFF_STORAGE_SHARE: must be between 1 and 90, got 95/],
+      [{ SKIFF_STORAGE_SHARE: "0" }, /^SKIFF_STORAGE_SHARE: must be between 1 and 90, got 0/],
+    ];
+    for (const [env, message] of bad) expect(() => loadConfig(env), JSON.stringify(env)).toThrow(message);
   });
 
   it("SKIFF_* variables override the defaults", () => {

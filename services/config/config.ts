@@ -134,6 +134,24 @@ export interface Config {
   websocketMaxMessageBytes: number;
   /** Open WebSocket connections to one app through one process; 429 beyond. */
   websocketMaxConnectionsPerApp: number;
+  /** Percent of the free space on SKIFF_DATA_DIR's disk at first start that the stores' default budgets share. */
+  storageShare: number;
+  /** Byte budget of SKIFF_EVENTS; undefined: its share of the free space at first start (nats/budgets.ts). */
+  eventsMaxBytes: number | undefined;
+  /** Byte budget of SKIFF_WEBHOOKS; undefined: derived. */
+  webhooksMaxBytes: number | undefined;
+  /** Byte budget of the async run queue SKIFF_RUNS (a tenth of it more for SKIFF_LOST_RUNS); undefined: derived. */
+  runQueueMaxBytes: number | undefined;
+  /** Byte budget of SKIFF_LOGS, the replicas' log lines; undefined: derived. */
+  logsMaxBytes: number | undefined;
+  /** Byte budget of object store skiff-results (large bodies and results); undefined: derived. */
+  resultsMaxBytes: number | undefined;
+  /** Byte budget of object store skiff-bundles; undefined: derived. */
+  bundlesMaxBytes: number | undefined;
+  /** Byte budget of each KV bucket; undefined: derived. */
+  kvMaxBytes: number | undefined;
+  /** Byte budget of the run history's tables and indexes; undefined: derived. */
+  historyMaxBytes: number | undefined;
 }
 
 export class ConfigError extends Error {
@@ -294,6 +312,94 @@ export function parseRoles(raw: string, variable: string): Role[] {
   }
   return [...new Set(names)] as Role[];
 }
+
+/** Powers of 1024, as nats-server reads sizes: `20MB` and `20MiB` are both 20 × 1024². */
+const BYTE_UNITS: Record<string, number> = { "": 1, b: 1, k: 2 ** 10, m: 2 ** 20, g: 2 ** 30, t: 2 ** 40 };
+/** Smallest budget of a store: room for a few of its largest messages. */
+export const MIN_STORE_BUDGET_BYTES = 1024 * 1024;
+
+/** A size in bytes: a whole number, or one with a unit (`512MB`, `20 MiB`, `1.5G`, `2TB`). */
+export function parseByteSize(raw: string, variable: string, min = MIN_STORE_BUDGET_BYTES): number {
+  const m = /^(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|(b))?$/i.exec(raw.trim());
+  if (!m) throw new ConfigError(variable, `expected a size in bytes such as 536870912, 512MB or 20GiB, got "${raw}"`);
+  const n = Math.floor(Number(m[1]) * BYTE_UNITS[(m[2] ?? m[3] ?? "").toLowerCase()]);
+  if (n < min) throw new ConfigError(variable, `must be at least ${min} bytes (${min / 2 ** 20} MiB), got ${n}`);
+  if (!Number.isSafeInteger(n)) throw new ConfigError(variable, `is too large: ${raw}`);
+  return n;
+}
+
+const BUDGET_DEFAULT =
+  'Unset: a share of `SKIFF_STORAGE_SHARE` (see docs/deploy.md, "Storage budgets"), fixed at first start and said in the log.';
+
+/**
+ * The byte budget of every store (streams, buckets, object stores, the run
+ * history): what each holds and what it drops, or refuses, at its budget.
+ */
+const STORE_BUDGET_SETTINGS: Setting<keyof Config>[] = [
+  {
+    key: "storageShare",
+    env: "SKIFF_STORAGE_SHARE",
+    fallback: "50",
+    doc: "Percent of the free space on the disk of `SKIFF_DATA_DIR`, measured when a store is first made, that the stores whose budget is unset share (NATS's streams, buckets and object stores, and the run history), each its fixed part of it. The budget so made is kept in the store (a stream's `max_bytes`) and not made again at later starts, so it does not shrink as the disk fills. Where NATS or PostgreSQL run on other machines, set the budgets below instead.",
+    parse: integer(1, 90),
+  },
+  {
+    key: "eventsMaxBytes",
+    env: "SKIFF_EVENTS_MAX_BYTES",
+    fallback: "",
+    doc: `Bytes stream \`SKIFF_EVENTS\` (every run's events, ended async runs' results, webhook delivery records) may hold (a size such as \`20GB\`); at it the oldest events are dropped first, whatever their age. ${BUDGET_DEFAULT}`,
+    parse: optional(parseByteSize),
+  },
+  {
+    key: "webhooksMaxBytes",
+    env: "SKIFF_WEBHOOKS_MAX_BYTES",
+    fallback: "",
+    doc: `Bytes stream \`SKIFF_WEBHOOKS\` (terminal events of runs that named a webhook, until delivered) may hold; at it the oldest are dropped first (a delivery that far behind is lost). ${BUDGET_DEFAULT}`,
+    parse: optional(parseByteSize),
+  },
+  {
+    key: "runQueueMaxBytes",
+    env: "SKIFF_RUN_QUEUE_MAX_BYTES",
+    fallback: "",
+    doc: `Bytes the async run queue \`SKIFF_RUNS\` may hold (a tenth more for \`SKIFF_LOST_RUNS\`). An accepted run is never dropped: near it a new async call gets 503 with Retry-After, saying the queue is full, until runners take runs out. ${BUDGET_DEFAULT}`,
+    parse: optional(parseByteSize),
+  },
+  {
+    key: "logsMaxBytes",
+    env: "SKIFF_LOGS_MAX_BYTES",
+    fallback: "",
+    doc: `Bytes stream \`SKIFF_LOGS\` (replicas' log lines) may hold; at it the oldest lines are dropped first. ${BUDGET_DEFAULT}`,
+    parse: optional(parseByteSize),
+  },
+  {
+    key: "resultsMaxBytes",
+    env: "SKIFF_RESULTS_MAX_BYTES",
+    fallback: "",
+    doc: `Bytes object store \`skiff-results\` (large bodies in transit and large results) may hold. From 80 % of it the results of ended runs are removed, oldest first, down to 60 % (GetRun then shows no result, as past \`SKIFF_RESULT_TTL\`); bodies of accepted runs on their way to a runner are never removed, and a body or result that does not fit is refused (the call or run that needed it fails). ${BUDGET_DEFAULT}`,
+    parse: optional(parseByteSize),
+  },
+  {
+    key: "bundlesMaxBytes",
+    env: "SKIFF_BUNDLES_MAX_BYTES",
+    fallback: "",
+    doc: `Bytes object store \`skiff-bundles\` (app bundles) may hold; a deploy that does not fit is refused. ${BUDGET_DEFAULT}`,
+    parse: optional(parseByteSize),
+  },
+  {
+    key: "kvMaxBytes",
+    env: "SKIFF_KV_MAX_BYTES",
+    fallback: "",
+    doc: `Bytes each KV bucket (\`skiff-runs\`, \`skiff-idempotency\`, \`skiff-webhooks\`, …) may hold; a write past it is refused and the operation that made it fails; nothing in a bucket is dropped to make room. ${BUDGET_DEFAULT}`,
+    parse: optional(parseByteSize),
+  },
+  {
+    key: "historyMaxBytes",
+    env: "SKIFF_HISTORY_MAX_BYTES",
+    fallback: "",
+    doc: "Bytes the run history's tables and indexes may take (what ListRuns, the dashboard and app stats read); every 2 s the oldest runs past what 60 % of it holds are deleted (as runs past 30 days are), and their room is reused. Unset: its share of `SKIFF_STORAGE_SHARE` of the free space on the data folder's disk and of what it takes, made at each start and said in the log.",
+    parse: optional(parseByteSize),
+  },
+];
 
 /** Every setting, in the order README's configuration table lists them. */
 const SETTINGS: Setting<keyof Config>[] = [
@@ -731,6 +837,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     doc: "Open WebSocket connections to one app through one skiff process; a handshake beyond it is refused with 429. Each connection also holds one of the app's replica slots while it lasts (`replica_concurrency` per replica, up to `max_replicas`).",
     parse: integer(1, 1_000_000),
   },
+  ...STORE_BUDGET_SETTINGS,
 ];
 
 /** Reads and validates the configuration. Throws ConfigError naming the variable at fault. */

@@ -5,6 +5,7 @@
 import type { JetStreamClient, KV, NatsConnection } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
+import type { StoreWatch } from "../nats/index.js";
 import type { RunnerClient } from "../runner-client/index.js";
 import type { RunControl, RunOutcome, RunRecord, RunResults, RunStore, BodyTransfer } from "../runs/index.js";
 import type { SecretBox, AddressGuard } from "../webhooks/index.js";
@@ -36,6 +37,8 @@ export interface InvocationDeps {
   box: SecretBox;
   idempotency: KV;
   guard: AddressGuard;
+  /** Every store's bytes against its budget: an async run is refused (503) when SKIFF_RUNS has no room for it. */
+  storeWatch: StoreWatch | undefined;
   /** SKIFF_MAX_QUEUED_RUNS: async runs one app may have in its queue (running ones included). */
   maxQueuedRuns: number;
   logger: Logger;

@@ -10,6 +10,9 @@
 // No KV record is written: the queue message is the queued run's record
 // (a backlog of queued runs costs NATS no subject per run), and the runner
 // that takes the run writes the first one, `running`.
+// The queue is never made to drop an accepted run: SKIFF_RUNS refuses new
+// messages at its byte budget (discard new), and before it would, a call
+// gets 503 with Retry-After saying the queue is full.
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
 import { RunResponseSchema, type RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
@@ -17,12 +20,25 @@ import { type InvokeRequest, publishRunEvent, publishRunEventUnacked, type RunRe
 import { encodeRequest } from "../runner-client/index.js";
 import type { AppRecord } from "../apps/index.js";
 import { setHttpStatus } from "../server/index.js";
-import { publishAcked, subjects } from "../nats/index.js";
+import { isStreamFull, mib, publishAcked, streams, subjects } from "../nats/index.js";
 import { storeWebhookSecret } from "../webhooks/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { claimIdempotencyKey, releaseIdempotencyKey } from "./idempotency.js";
 
 const QUEUE_FULL_RETRY_AFTER_SECONDS = 5;
+/** What a queue message takes in SKIFF_RUNS besides its data: subject, headers, JetStream's framing. */
+const QUEUE_MESSAGE_OVERHEAD_BYTES = 256;
+
+/** 503: SKIFF_RUNS is at its byte budget; an accepted run is never dropped to make room. */
+function queueFullError(deps: InvocationDeps): ConnectError {
+  const u = deps.storeWatch?.get(streams.runs.name);
+  const held = u && u.budget > 0 ? ` (it holds ${mib(u.bytes)} of its ${mib(u.budget)} budget)` : "";
+  return new ConnectError(
+    `the async run queue ${streams.runs.name} is full${held}, set by SKIFF_RUN_QUEUE_MAX_BYTES; no run is dropped to make room: try again once runners have taken runs from it`,
+    Code.Unavailable,
+    { "retry-after": String(QUEUE_FULL_RETRY_AFTER_SECONDS) },
+  );
+}
 
 export interface AsyncCall {
   /** The id the run gets when accepted (already the call's X-Request-Id). */
@@ -63,6 +79,9 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
         { "retry-after": String(QUEUE_FULL_RETRY_AFTER_SECONDS) },
       );
     }
+    // Checked before anything is stored for the run; a body past a NATS message travels in the object store.
+    const size = Math.min(invoke.body.length, deps.nc.info?.max_payload ?? Infinity) + QUEUE_MESSAGE_OVERHEAD_BYTES;
+    if (deps.storeWatch?.hasRoom(streams.runs.name, size) === false) throw queueFullError(deps);
     if (call.secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, runId, call.secret);
     // One acknowledged publish: the queue message, which carries the `queued`
     // record (a run has no KV record until a runner takes it, or a cancel
@@ -72,12 +91,17 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
     written = true;
     const { data } = await encodeRequest(deps.transfer, invoke, { record });
     await publishAcked(deps.nc, subject, data, { msgId: runId });
+    deps.storeWatch?.add(streams.runs.name, data.length + QUEUE_MESSAGE_OVERHEAD_BYTES);
     deps.queueDepths.accepted(queue);
   } catch (err) {
     if (call.idempotencyKey !== undefined)
       await releaseIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);
     if (written) await markUnqueued(deps, record, err);
     if (err instanceof ConnectError) throw err;
+    if (isStreamFull(err)) {
+      deps.logger.debug({ runId }, `an async run was refused: ${streams.runs.name} is at its budget`);
+      throw queueFullError(deps);
+    }
     deps.logger.error({ err, runId }, "cannot queue an async run");
     throw new ConnectError("the run could not be queued; try again", Code.Unavailable);
   }

@@ -6,7 +6,7 @@ import type { ConnectRouter } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
 import type { AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { buckets } from "../nats/index.js";
+import { buckets, type StoreWatch } from "../nats/index.js";
 import { NatsRunnerClient, runnerClient, type HostedRunner } from "../runner-client/index.js";
 import { finishSync, publishRunEventUnacked, type RunContext } from "../runs/index.js";
 import type { UpgradeHandler } from "../server/index.js";
@@ -27,6 +27,8 @@ export interface InvocationRoleOptions {
   runner?: HostedRunner;
   /** SKIFF_MAX_QUEUED_RUNS. */
   maxQueuedRuns: number;
+  /** The stores' bytes and budgets: a full SKIFF_RUNS refuses async runs with 503. */
+  storeWatch?: StoreWatch;
   /** SKIFF_WEBHOOK_ALLOWED_CIDRS. */
   webhookAllowedCidrs: readonly string[];
   /** SKIFF_SECRETS_KEY. */
@@ -66,6 +68,7 @@ export async function startInvocationRole(opts: InvocationRoleOptions): Promise<
     idempotency: await js.views.kv(buckets.idempotency.name, { bindOnly: true }),
     guard: new AddressGuard(opts.webhookAllowedCidrs),
     maxQueuedRuns: opts.maxQueuedRuns,
+    storeWatch: opts.storeWatch,
     logger,
   };
   const websockets = webSockets(deps, opts.websocket);

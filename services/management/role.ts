@@ -6,7 +6,7 @@ import type { PrepareBundle } from "../apps/index.js";
 import { type Auth, issueToken } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets, objectStores } from "../nats/index.js";
-import type { RunContext } from "../runs/index.js";
+import type { HistoryBudgetOptions, RunContext } from "../runs/index.js";
 import { ensureAdminToken, ensureDevAccount } from "./bootstrap.js";
 import { AppObserver } from "./app-observe.js";
 import { AppStore } from "./app-store.js";
@@ -26,6 +26,8 @@ interface ManagementRoleOptions {
   signingKey: string | undefined;
   /** SKIFF_ADMIN_TOKEN. */
   adminToken: string | undefined;
+  /** SKIFF_HISTORY_MAX_BYTES and how its default is made; without, the run history is bounded by age only. */
+  historyBudget?: HistoryBudgetOptions;
   /** SKIFF_MAX_PROJECT_UNPACKED_BYTES. */
   maxProjectUnpackedBytes: number;
   maxAppsPerProject: number;
@@ -62,6 +64,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
       runs: opts.runs,
       databaseUrl: opts.databaseUrl,
       dataDir: opts.dataDir,
+      historyBudget: opts.historyBudget,
     }),
     issueToken: (subject) => issueToken(key, subject),
     logger: opts.logger,

@@ -23,17 +23,19 @@ import {
   type WatchRunsResponse,
 } from "../../gen/skiff/management/v2/management_pb.js";
 import type { Logger } from "../config/index.js";
-import { streams, subjects } from "../nats/index.js";
+import { objectStores, streams, subjects } from "../nats/index.js";
 import {
   recordOfEvent,
   requestCancel,
   publishRunEvent,
   isFinal,
   openRunHistory,
+  trimResults,
   RUN_STATUSES,
   sweepStaleSyncRuns,
   timeOfId,
   type RunContext,
+  type HistoryBudgetOptions,
   type RunHistory,
   type RunRecord,
   type RunStatus,
@@ -58,6 +60,8 @@ const FRESH_RUN_WAIT_MS = 3_000;
 
 /** How often objects in `skiff-results` past their keep are removed. */
 const SWEEP_EVERY_MS = 60 * 60 * 1000;
+/** How often the results' object store is checked against its budget. */
+const TRIM_EVERY_MS = 10_000;
 const NAME = /^[a-z][a-z0-9-]{0,62}$/;
 const RUN_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
@@ -69,6 +73,8 @@ interface RunApiOptions {
   /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, PGlite in `dataDir`. */
   databaseUrl: string | undefined;
   dataDir: string;
+  /** The run history's byte budget, and the store watch, whose figures of skiff-results its trimming reads too. */
+  historyBudget?: HistoryBudgetOptions;
 }
 
 export interface RunApi {
@@ -113,6 +119,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     logger,
     databaseUrl: opts.databaseUrl,
     dataDir: opts.dataDir,
+    budget: opts.historyBudget,
     signal: stopping.signal,
   });
   opening.catch((err: unknown) => {
@@ -127,6 +134,17 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       results.sweep(logger).catch((err: unknown) => logger.warn({ err }, "cannot sweep expired results"));
   }, SWEEP_EVERY_MS);
   sweeper.unref();
+  // At its budget, skiff-results makes room by removing the results of ended runs, oldest first.
+  const watch = opts.historyBudget?.watch;
+  let trimming = false;
+  const trimmer = setInterval(() => {
+    if (trimming || nc.isClosed() || watch === undefined) return;
+    trimming = true;
+    trimResults(results, watch.get(objectStores.results.name), logger)
+      .catch((err: unknown) => logger.warn({ err }, "cannot make room in the results' object store"))
+      .finally(() => (trimming = false));
+  }, TRIM_EVERY_MS);
+  trimmer.unref();
   // Sync runs left `running` by a gateway that died: failed once it is seen gone (runs/stale-sync.ts).
   const staleSync = sweepStaleSyncRuns({ nc, history: () => opening, logger });
 
@@ -318,6 +336,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     history,
     async close() {
       clearInterval(sweeper);
+      clearInterval(trimmer);
       staleSync.stop();
       stopping.abort(new Error("the process is stopping"));
       await (await opening.catch(() => undefined))?.close();

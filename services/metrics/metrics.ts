@@ -14,6 +14,16 @@ const RUN_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 
 type GaugeSource = () =>
   Iterable<[Record<string, string>, number]> | Promise<Iterable<[Record<string, string>, number]>>;
 
+/** One store's bytes and byte budget (0: none), by its name and kind. */
+export interface StoreFigure {
+  store: string;
+  kind: string;
+  bytes: number;
+  budget: number;
+}
+/** The stores' figures, read when Prometheus scrapes. */
+export type StoreSource = () => Iterable<StoreFigure>;
+
 export class Metrics {
   readonly registry = new Registry();
 
@@ -73,6 +83,7 @@ export class Metrics {
 
   private readonly queueSources = new Set<GaugeSource>();
   private readonly replicaSources = new Set<GaugeSource>();
+  private readonly storeSources = new Set<StoreSource>();
 
   constructor() {
     collectDefaultMetrics({ register: this.registry, prefix: "skiff_" });
@@ -95,6 +106,27 @@ export class Metrics {
       registers: [this.registry],
       collect: sources(this.replicaSources),
     });
+    const stores = (figure: (f: StoreFigure) => number) =>
+      function (this: Gauge<string>) {
+        this.reset();
+        for (const source of storeSources)
+          for (const f of source()) this.set({ store: f.store, kind: f.kind }, figure(f));
+      };
+    const storeSources = this.storeSources;
+    new Gauge({
+      name: "skiff_store_bytes",
+      help: "Bytes each store holds (streams, KV buckets, object stores, the run history), as last measured",
+      labelNames: ["store", "kind"] as const,
+      registers: [this.registry],
+      collect: stores((f) => f.bytes),
+    });
+    new Gauge({
+      name: "skiff_store_budget_bytes",
+      help: "Byte budget of each store (SKIFF_*_MAX_BYTES); 0: none",
+      labelNames: ["store", "kind"] as const,
+      registers: [this.registry],
+      collect: stores((f) => f.budget),
+    });
   }
 
   /** A run reached its final state. */
@@ -114,6 +146,12 @@ export class Metrics {
   replicaCounts(source: GaugeSource): () => void {
     this.replicaSources.add(source);
     return () => this.replicaSources.delete(source);
+  }
+
+  /** Registers a reader of the stores' bytes and budgets; returns a function that removes it. */
+  storeFigures(source: StoreSource): () => void {
+    this.storeSources.add(source);
+    return () => this.storeSources.delete(source);
   }
 
   /** The exposition text. */

@@ -36,6 +36,8 @@ export function messageOf(err: unknown): string {
  */
 export enum JsErrorCode {
   ConsumerNotFound = 10014,
+  /** The server cannot reserve a stream's `max_bytes` (its store is smaller than the budgets together). */
+  InsufficientResources = 10047,
   NoMessageFound = 10037,
   StreamNameInUse = 10058,
   StreamNotFound = 10059,
@@ -43,6 +45,8 @@ export enum JsErrorCode {
   StreamSubjectOverlap = 10065,
   /** A compare-and-set (expected last sequence, a KV update or create) lost to another write. */
   WrongLastSequence = 10071,
+  /** A message was not stored; with the description "maximum bytes exceeded", a discard-new stream is at its `max_bytes`. */
+  StreamStoreFailed = 10077,
 }
 
 /** The JetStream API error code of an error nats.js threw, or undefined when it is not an API error. */
@@ -54,4 +58,10 @@ export function jsErrorCode(err: unknown): number | undefined {
 /** Whether `err` is the JetStream API's answer `code`. */
 export function isJsError(err: unknown, code: JsErrorCode): boolean {
   return jsErrorCode(err) === code;
+}
+
+/** Whether a publish was refused because its stream (discard new) is at its `max_bytes`: its budget. */
+export function isStreamFull(err: unknown): boolean {
+  if (jsErrorCode(err) !== JsErrorCode.StreamStoreFailed) return false;
+  return /maximum bytes exceeded/i.test(err instanceof Error ? err.message : String(err));
 }

@@ -8,7 +8,19 @@ export { BACKGROUND_FLUSH_MS, publishInBackground } from "./coalesce.js";
 export { connectNats, provision } from "./connect.js";
 export type { NatsHandle } from "./connect.js";
 export { ensureConsumer } from "./consumers.js";
-export { JsErrorCode, isJsError } from "./errors.js";
+export { JsErrorCode, isJsError, isStreamFull, jsErrorCode } from "./errors.js";
+export {
+  FULL_AT,
+  HISTORY_STORE,
+  STORE_SPECS,
+  StoreWatch,
+  WARN_AT,
+  derivedBudget,
+  explicitBudget,
+  freeDiskBytes,
+  mib,
+} from "./budgets.js";
+export type { AtBudget, BudgetPlan, BudgetSettings, StoreMeasure, StoreSpec, StoreUsage } from "./budgets.js";
 export { kvGetLatest, streamMessage } from "./kv-get.js";
 export { KvPurger, allRevisions, keepAfterAckMs, kvPurgeKey, kvRemoveKey } from "./kv-purge.js";
 export type { KvGetEntry } from "./kv-get.js";

@@ -2,7 +2,14 @@
 // brings existing ones back to the layout's settings. Every process runs it at
 // start, several at once when a cluster boots, so a lost race is normal:
 // whoever loses re-reads what the winner made and carries on.
+//
+// With budgets (budgets.ts), every stream gets its `max_bytes`: the setting's,
+// or, unset, the one it already has, or, with none yet, its share of the free
+// space on SKIFF_DATA_DIR's disk, said in the log. Streams whose oldest
+// messages may go discard old at it; the run queue, the buckets and the object
+// stores discard new (refuse), so nothing accepted is ever dropped.
 import {
+  DiscardPolicy,
   ErrorCode,
   NatsError,
   RetentionPolicy,
@@ -15,7 +22,16 @@ import {
   type StreamInfo,
   type StreamUpdateConfig,
 } from "nats";
-import type { Logger } from "../config/index.js";
+import { MIN_STORE_BUDGET_BYTES, type Logger } from "../config/index.js";
+import {
+  derivedBudget,
+  explicitBudget,
+  freeDiskBytes,
+  mib,
+  specOfStream,
+  type BudgetPlan,
+  type StoreSpec,
+} from "./budgets.js";
 import { JsErrorCode, NatsProvisionError, isJsError, jsErrorCode, messageOf } from "./errors.js";
 import {
   buckets,
@@ -38,6 +54,8 @@ const UPDATABLE = [
   "duplicate_window",
   "max_msgs_per_subject",
   "num_replicas",
+  "max_bytes",
+  "discard",
 ] as const satisfies readonly (keyof StreamUpdateConfig)[];
 /** Settings fixed at creation: a difference is reported, never "fixed" by deleting data. */
 const FIXED = ["retention", "storage"] as const satisfies readonly (keyof StreamConfig)[];
@@ -51,6 +69,15 @@ interface Target {
   name: string;
   want: Wanted;
   create: () => Promise<unknown>;
+  /** Its budget: the store's spec, and the budget its setting gives (undefined: kept, or derived). */
+  budget?: {
+    spec: StoreSpec;
+    explicit: number | undefined;
+    /** Its share of the free disk. */
+    derived: () => Promise<number>;
+    /** Whether this provisioning derived it (rather than keeping the stream's). */
+    derivedHere?: boolean;
+  };
 }
 
 export interface ProvisionOptions {
@@ -62,6 +89,8 @@ export interface ProvisionOptions {
   replicas?: number;
   /** SKIFF_RESULT_TTL, which SKIFF_EVENTS keeps events at least as long as (eventsMaxAgeMs); default a day. */
   resultTtlSeconds?: number;
+  /** The byte budgets of the streams, buckets and object stores; without, none is given or changed. */
+  budgets?: BudgetPlan;
 }
 
 export async function provision(nc: NatsConnection, logger: Logger, opts: ProvisionOptions = {}): Promise<void> {
@@ -82,7 +111,62 @@ export async function provision(nc: NatsConnection, logger: Logger, opts: Provis
     ...Object.values(buckets).map((spec) => bucketTarget(js, spec, replicas)),
     ...Object.values(objectStores).map((spec) => objectStoreTarget(js, spec, replicas)),
   ];
-  await Promise.all(targets.map((target) => ensureWithRetries(jsm, target, logger)));
+  const plan = opts.budgets;
+  const scale = { now: 1 };
+  if (plan !== undefined) {
+    let free: Promise<number> | undefined;
+    for (const target of targets) {
+      const spec = specOfStream(target.want.name);
+      if (spec === undefined) continue;
+      target.budget = {
+        spec,
+        explicit: explicitBudget(spec, plan.settings),
+        derived: async () =>
+          Math.max(
+            MIN_STORE_BUDGET_BYTES,
+            Math.floor(
+              scale.now * derivedBudget(spec, plan.settings.storageShare, await (free ??= freeDiskBytes(plan.dataDir))),
+            ),
+          ),
+      };
+      // JetStream's own kind for each: a KV bucket or object store is refused at its budget, as nats.js makes them.
+      target.want.discard = spec.atBudget === "drops oldest" ? DiscardPolicy.Old : DiscardPolicy.New;
+    }
+  }
+  // A NATS server reserves every stream's max_bytes in its store: when it cannot reserve the derived budgets,
+  // they are all halved together (those already made shrink too), so each keeps its part.
+  for (let halvings = 0; ; halvings++) {
+    const results = await Promise.allSettled(targets.map((target) => ensureWithRetries(jsm, target, logger)));
+    const failed = results.flatMap((r, i) => (r.status === "rejected" ? [[targets[i], r.reason] as const] : []));
+    if (failed.length === 0) return;
+    const [target, err] =
+      failed.find(([t, e]) => !cannotReserve(t, e) || t.budget?.explicit !== undefined) ?? failed[0];
+    if (!cannotReserve(target, err) || target.budget?.explicit !== undefined || halvings >= RESERVE_HALVINGS) {
+      if (!cannotReserve(target, err)) throw err;
+      const b = target.budget!;
+      throw new NatsProvisionError(
+        `${target.kind} ${target.name}: the NATS server cannot reserve ${mib(target.want.max_bytes ?? 0)} of storage for its budget` +
+          (b.explicit !== undefined
+            ? `; lower ${b.spec.setting}, or give the NATS server more (its jetstream max_file_store)`
+            : `; set ${b.spec.setting} and the other budgets (docs/deploy.md, "Storage budgets")`),
+        { cause: err instanceof NatsProvisionError ? err.cause : err },
+      );
+    }
+    scale.now /= 2;
+    logger.warn(
+      { stores: failed.map(([t]) => t.name), scale: scale.now },
+      `the NATS server cannot reserve the budgets of ${failed.map(([t]) => t.name).join(", ")}; every derived budget is halved (SKIFF_*_MAX_BYTES set them)`,
+    );
+  }
+}
+
+/** Times the derived budgets are halved together before provisioning gives up. */
+const RESERVE_HALVINGS = 12;
+
+/** Whether provisioning `target` failed because the NATS server cannot reserve its budget. */
+function cannotReserve(target: Target, err: unknown): boolean {
+  const cause = err instanceof NatsProvisionError ? err.cause : err;
+  return target.budget !== undefined && isJsError(cause, JsErrorCode.InsufficientResources);
 }
 
 /** Attempts at one target when JetStream's API does not answer in time (a cluster busy placing copies). */
@@ -138,6 +222,7 @@ function bucketTarget(js: JetStreamClient, spec: BucketSpec, replicas: number): 
       storage: StorageType.File,
       description: spec.description,
       replicas,
+      ...(want.max_bytes !== undefined ? { max_bytes: want.max_bytes } : {}),
     });
   return { kind: "KV bucket", name: spec.name, want, create };
 }
@@ -150,13 +235,42 @@ function objectStoreTarget(js: JetStreamClient, spec: ObjectStoreSpec, replicas:
     storage: StorageType.File,
     description: spec.description,
   };
-  const create = () => js.views.os(spec.name, { storage: StorageType.File, description: spec.description, replicas });
+  const create = () =>
+    js.views.os(spec.name, {
+      storage: StorageType.File,
+      description: spec.description,
+      replicas,
+      ...(want.max_bytes !== undefined ? { max_bytes: want.max_bytes } : {}),
+    });
   return { kind: "object store", name: spec.name, want, create };
+}
+
+/** Sets the target's `max_bytes`: the setting's, else the one the stream has, else its share of the free disk. */
+async function chooseBudget(target: Target, existing: StreamInfo | undefined, logger: Logger): Promise<void> {
+  const b = target.budget;
+  if (b === undefined) return;
+  if (b.explicit !== undefined) {
+    target.want.max_bytes = b.explicit;
+    return;
+  }
+  const kept = existing?.config.max_bytes ?? -1;
+  if (kept > 0 && !b.derivedHere) {
+    target.want.max_bytes = kept;
+    return;
+  }
+  const bytes = await b.derived();
+  target.want.max_bytes = bytes;
+  b.derivedHere = true;
+  logger.info(
+    { kind: target.kind, name: target.name, budget: bytes, setting: b.spec.setting, atBudget: b.spec.atBudget },
+    `${target.kind} ${target.name}: budget ${mib(bytes)}, its part of SKIFF_STORAGE_SHARE of the free space on the data folder's disk, kept from now on (${b.spec.setting} sets another); at it, it ${b.spec.atBudget}`,
+  );
 }
 
 async function ensure(jsm: JetStreamManager, target: Target, logger: Logger): Promise<void> {
   try {
     const existing = await streamInfo(jsm, target.want.name);
+    await chooseBudget(target, existing, logger);
     if (existing !== undefined) return await reconcile(jsm, target, existing, logger);
     try {
       await target.create();
@@ -169,6 +283,9 @@ async function ensure(jsm: JetStreamManager, target: Target, logger: Logger): Pr
       if (code !== JsErrorCode.StreamNameInUse && code !== JsErrorCode.StreamSubjectOverlap) throw err;
       const winner = await streamInfo(jsm, target.want.name);
       if (winner === undefined) throw err;
+      // The winner's budget stands unless a setting names another.
+      if (target.budget?.explicit === undefined && winner.config.max_bytes > 0)
+        target.want.max_bytes = winner.config.max_bytes;
       await reconcile(jsm, target, winner, logger);
     }
   } catch (err) {

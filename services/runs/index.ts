@@ -21,7 +21,14 @@ export {
   StartFailed,
 } from "./errors.js";
 export { PGLITE_FOLDER, openRunHistory, timeOfId } from "./history/index.js";
-export type { MinuteStats, RunHistory, RunHistoryOptions, RunPage } from "./history/index.js";
+export type {
+  HistoryBudgetOptions,
+  ListQuery,
+  MinuteStats,
+  RunHistory,
+  RunHistoryOptions,
+  RunPage,
+} from "./history/index.js";
 export { DELIVERY_RECORD_HEADER, publishRunEvent, publishRunEventUnacked, recordOfEvent } from "./events.js";
 export { finishAsync, finishSync, republishFinal } from "./finish.js";
 export type { FinishDeps } from "./finish.js";
@@ -32,6 +39,7 @@ export type { RunOutcome } from "./outcome.js";
 export { queuedRuns } from "./queue.js";
 export { newRunId } from "./run-id.js";
 export { RunResults } from "./results.js";
+export { TRIM_FROM, TRIM_TO, trimResults } from "./results-budget.js";
 export type { Body } from "./results.js";
 export { sweepStaleSyncRuns } from "./stale-sync.js";
 export type { StaleSyncSweep } from "./stale-sync.js";

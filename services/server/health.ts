@@ -1,6 +1,7 @@
 // Health: one state that feeds the standard grpc.health.v1.Health service,
 // GET /healthz (NATS connected) and GET /readyz (connected, provisioned and
-// not shutting down).
+// not shutting down; it names the stores that are full, which refuse new
+// writes, without failing: the calls that write nothing there still work).
 import { EventEmitter, on } from "node:events";
 import { Code, ConnectError, type ConnectRouter } from "@connectrpc/connect";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../gen/grpc/health/v1/health_pb.js";
@@ -14,6 +15,8 @@ export class HealthState {
   natsAuth: boolean | undefined;
   /** Whether apps run sandboxed; /readyz says `"sandbox": "off"` when they do not. */
   sandbox: boolean | undefined;
+  /** Stores at their byte budget that refuse new writes (an async queue, a bucket); /readyz names them. */
+  fullStores: string[] = [];
   /** Fully-qualified names of the services this process serves. */
   readonly services = new Set<string>();
 

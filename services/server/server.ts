@@ -251,6 +251,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
           status: health.ready ? "ready" : "not ready",
           ...(health.natsAuth === false ? { nats_auth: false } : {}),
           ...(health.sandbox === false ? { sandbox: "off" } : {}),
+          ...(health.fullStores.length > 0 ? { full_stores: health.fullStores } : {}),
         }),
     ],
   ]);

@@ -1,6 +1,7 @@
 // Reading the run history: pages of runs newest first (ListRuns, the
 // dashboard), per-minute figures of an app's last hour (GetAppStats), and
-// deleting runs past their retention. Every query walks one index from a
+// deleting runs past their retention or beyond the newest that fit its byte
+// budget. Every query walks one index from a
 // known point and reads at most a page (or an hour of one app), so what it
 // costs does not depend on how many runs are stored.
 import type { RunRecord, RunStatus } from "../store.js";
@@ -44,6 +45,8 @@ export interface MinuteStats {
 /** Rows deleted by one statement of the retention sweep. */
 const PRUNE_BATCH = 10_000;
 const MINUTE_MS = 60_000;
+/** Below this many rows (by the planner's estimate) rows() counts them. */
+const ROWS_COUNTED_BELOW = 200_000;
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
@@ -152,27 +155,80 @@ export class HistoryQueries {
 
   /** Deletes runs made before `beforeMs` (by the time in their ids), PRUNE_BATCH rows a statement; says how many. */
   async prune(beforeMs: number, batch = PRUNE_BATCH): Promise<number> {
-    const total = await this.deleteBefore(this.t.runs, "run_id", beforeMs, batch);
+    return this.deleteBelow(idAt(beforeMs), batch);
+  }
+
+  /**
+   * Deletes every run but the newest `keep` (by run id, which is time), and
+   * their deliveries; says how many. Walks `keep` entries of the primary key.
+   */
+  async pruneToNewest(keep: number, batch = PRUNE_BATCH): Promise<number> {
+    const [row] = await this.db.query<{ run_id: string }>(
+      `SELECT run_id FROM ${this.t.runs} ORDER BY run_id DESC OFFSET $1 LIMIT 1`,
+      [Math.max(0, Math.floor(keep))],
+    );
+    if (row === undefined) return 0;
+    // The newest run to go, and every one below it.
+    return this.deleteBelow(row.run_id, batch, true);
+  }
+
+  /** Deletes runs whose id is below `bound` (or at it, `inclusive`), and their deliveries; says how many runs. */
+  private async deleteBelow(bound: string, batch: number, inclusive = false): Promise<number> {
+    const total = await this.deleteRows(this.t.runs, "run_id", bound, batch, inclusive);
     // Their deliveries, by the same measure (a delivery's run id is its run's).
-    await this.deleteBefore(this.t.deliveries, "run_id, delivery_id", beforeMs, batch);
+    await this.deleteRows(this.t.deliveries, "run_id, delivery_id", bound, batch, inclusive);
     return total;
   }
 
-  /** Deletes the rows of `table` whose run id is older than `beforeMs`, `batch` at a time by its key; says how many. */
-  private async deleteBefore(table: string, key: string, beforeMs: number, batch: number): Promise<number> {
+  /** Deletes the rows of `table` whose run id is below `bound`, `batch` at a time by its key; says how many. */
+  private async deleteRows(
+    table: string,
+    key: string,
+    bound: string,
+    batch: number,
+    inclusive: boolean,
+  ): Promise<number> {
     let total = 0;
     for (;;) {
       const [{ n }] = await this.db.query<{ n: number }>(
         `WITH gone AS (
            DELETE FROM ${table} WHERE (${key}) IN (
-             SELECT ${key} FROM ${table} WHERE run_id < $1::uuid ORDER BY run_id LIMIT ${batch})
+             SELECT ${key} FROM ${table} WHERE run_id ${inclusive ? "<=" : "<"} $1::uuid ORDER BY run_id LIMIT ${batch})
            RETURNING 1)
          SELECT count(*)::int AS n FROM gone`,
-        [idAt(beforeMs)],
+        [bound],
       );
       total += n;
       if (n < batch) return total;
     }
+  }
+
+  /** Bytes the history's tables take with their indexes and TOAST: what its budget counts. */
+  async size(): Promise<number> {
+    const [{ n }] = await this.db.query<{ n: string | number }>(
+      `SELECT (pg_total_relation_size($1::regclass) + pg_total_relation_size($2::regclass))::float8 AS n`,
+      [this.t.runs, this.t.deliveries],
+    );
+    return Number(n);
+  }
+
+  /** Rows of the runs table: counted when few, else the planner's estimate (kept by ANALYZE and VACUUM). */
+  async rows(): Promise<number> {
+    const [{ n }] = await this.db.query<{ n: number }>(
+      "SELECT reltuples::float8 AS n FROM pg_class WHERE oid = $1::regclass",
+      [this.t.runs],
+    );
+    return Number(n) >= ROWS_COUNTED_BELOW ? Number(n) : this.count();
+  }
+
+  /**
+   * Makes the room of deleted rows reusable (plain VACUUM: reads and writes go
+   * on): PGlite has no autovacuum, and without it the files grow with every
+   * update and delete.
+   */
+  async vacuum(): Promise<void> {
+    await this.db.query(`VACUUM ${this.t.runs}`);
+    await this.db.query(`VACUUM ${this.t.deliveries}`);
   }
 
   /** How many runs the history holds (a count over the table: for tests and tools, not for requests). */

@@ -3,10 +3,20 @@
 // page from an index instead of any process holding the runs in memory.
 // Embedded PGlite under SKIFF_DATA_DIR when SKIFF_DATABASE_URL is unset; a
 // PostgreSQL server, shared by every process that names it, when it is set.
+// Runs are kept 30 days, and no more than its byte budget holds (budget.ts).
 import path from "node:path";
 import type { NatsConnection } from "nats";
 import type { Logger } from "../../config/index.js";
-import { RUN_RETENTION_MS } from "../../nats/index.js";
+import {
+  HISTORY_STORE,
+  RUN_RETENTION_MS,
+  STORE_SPECS,
+  derivedBudget,
+  freeDiskBytes,
+  mib,
+  type StoreWatch,
+} from "../../nats/index.js";
+import { HistoryBudget } from "./budget.js";
 import type { RunRecord } from "../store.js";
 import { HistoryQueries, type HistoryRun, type ListQuery, type MinuteStats, type RunPage } from "./history.js";
 import { RunProjector, RUNS_STREAM, type ProjectorOptions } from "./projector.js";
@@ -16,9 +26,12 @@ import { openPglite, openPostgres, type Database } from "./sql.js";
 export type { ListQuery, MinuteStats, RunPage } from "./history.js";
 export { timeOfId } from "./history.js";
 export { RUNS_STREAM } from "./projector.js";
+export { HistoryBudget, PRUNE_TO } from "./budget.js";
 
 /** How often runs past RUN_RETENTION_MS are deleted. */
 export const PRUNE_EVERY_MS = 60 * 60 * 1000;
+/** How often the history's size is checked against its budget. */
+export const SIZE_CHECK_EVERY_MS = 2_000;
 /** The folder under SKIFF_DATA_DIR that holds the embedded database. */
 export const PGLITE_FOLDER = "run-history";
 
@@ -39,6 +52,12 @@ export interface RunHistory {
   position(): Promise<number>;
   /** Deletes the runs made more than RUN_RETENTION_MS before `now`; says how many. */
   prune(now?: number): Promise<number>;
+  /** Bytes its tables and their indexes take. */
+  size(): Promise<number>;
+  /** Its byte budget; 0: none. */
+  readonly budget: number;
+  /** Deletes the oldest runs past what its budget holds (done every SIZE_CHECK_EVERY_MS); says how many. */
+  pruneToBudget(): Promise<number>;
   /** The projector of this process, when it runs one. */
   readonly projector: RunProjector | undefined;
   readonly kind: Database["kind"];
@@ -57,8 +76,34 @@ export interface RunHistoryOptions {
   project?: boolean;
   projector?: Pick<ProjectorOptions, "batchSize" | "batchMs" | "leaderRetryMs">;
   pruneEveryMs?: number;
+  /** Its byte budget and the watch that reports it; without, it is bounded by age only. */
+  budget?: HistoryBudgetOptions;
+  sizeCheckEveryMs?: number;
   /** Gives up opening (a process stopping while a new embedded database is still being made). */
   signal?: AbortSignal;
+}
+
+export interface HistoryBudgetOptions {
+  /** SKIFF_HISTORY_MAX_BYTES; undefined: its share of SKIFF_STORAGE_SHARE of the free disk (and what it takes). */
+  maxBytes: number | undefined;
+  /** SKIFF_STORAGE_SHARE, percent. */
+  storageShare: number;
+  /** Measures it with the other stores (/metrics, warnings). */
+  watch?: StoreWatch;
+}
+
+/** The budget given, or the history's part of the free space of the data folder's disk and of what it takes. */
+async function historyBudget(opts: RunHistoryOptions, queries: HistoryQueries): Promise<number> {
+  const b = opts.budget;
+  if (b === undefined) return 0;
+  if (b.maxBytes !== undefined) return b.maxBytes;
+  const spec = STORE_SPECS.find((s) => s.store === HISTORY_STORE)!;
+  const bytes = derivedBudget(spec, b.storageShare, (await freeDiskBytes(opts.dataDir)) + (await queries.size()));
+  opts.logger.info(
+    { budget: bytes, setting: spec.setting },
+    `run history: budget ${mib(bytes)}, its part of SKIFF_STORAGE_SHARE of the free space on the data folder's disk (${spec.setting} sets another); past it the oldest runs are deleted`,
+  );
+  return bytes;
 }
 
 /** Opens (and creates when missing) the history's tables and starts projecting; does not wait for the projection. */
@@ -75,6 +120,13 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
     throw err;
   }
   const queries = new HistoryQueries(db, t);
+  let budget: number;
+  try {
+    budget = await historyBudget(opts, queries);
+  } catch (err) {
+    await db.close();
+    throw err;
+  }
   const projector =
     opts.project === false
       ? undefined
@@ -89,6 +141,27 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
   };
   const pruner = setInterval(sweep, opts.pruneEveryMs ?? PRUNE_EVERY_MS);
   pruner.unref();
+  const sizeCheckEveryMs = opts.sizeCheckEveryMs ?? SIZE_CHECK_EVERY_MS;
+  const sizer = budget > 0 ? new HistoryBudget(queries, budget, opts.logger) : undefined;
+  // One check at a time, chained behind the age sweep's deletes.
+  let sizing: Promise<number> = Promise.resolve(0);
+  const pruneToBudget = () =>
+    (sizing = sizing.then(
+      () => sizer?.check() ?? 0,
+      () => sizer?.check() ?? 0,
+    ));
+  const sizeTimer =
+    sizer && projector
+      ? setInterval(
+          () =>
+            void pruneToBudget().catch((err: unknown) =>
+              opts.logger.warn({ err }, "run history: cannot keep it within its budget"),
+            ),
+          sizeCheckEveryMs,
+        )
+      : undefined;
+  sizeTimer?.unref();
+  const unwatch = budget > 0 ? opts.budget?.watch?.addStore(HISTORY_STORE, budget, () => queries.size()) : undefined;
   let closing: Promise<void> | undefined;
   return {
     kind: db.kind,
@@ -107,9 +180,15 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
       return row ? Number(row.last_seq) : 0;
     },
     prune,
+    size: () => queries.size(),
+    budget,
+    pruneToBudget,
     close() {
       closing ??= (async () => {
         clearInterval(pruner);
+        clearInterval(sizeTimer);
+        unwatch?.();
+        await sizing.catch(() => undefined);
         await projector?.stop();
         await pruning;
         await db.close();
