@@ -203,10 +203,21 @@ function replicaCounts(runner: Runner, registry: AppRegistry): [Record<string, s
   return out;
 }
 
-/** Async runs waiting or running per app, for the queue-depth gauge. */
-async function queueDepths(nats: NatsHandle): Promise<[Record<string, string>, number][]> {
-  const queued = await queuedRuns(await nats.nc.jetstreamManager());
-  return queued.map(({ project, app, count }) => [{ project, app }, count]);
+/**
+ * Async runs waiting or running per app, for the queue-depth gauge: every app
+ * the registry holds reads 0 when its queue is empty (the stream lists only
+ * subjects that hold messages), and an app it does not hold yet still shows.
+ */
+export async function queueDepths(
+  nats: NatsHandle,
+  registry: AppRegistry | undefined,
+): Promise<[Record<string, string>, number][]> {
+  const depths = new Map<string, [Record<string, string>, number]>();
+  for (const app of registry?.list() ?? [])
+    depths.set(`${app.project_id}.${app.app_name}`, [{ project: app.project_id, app: app.app_name }, 0]);
+  for (const { project, app, count } of await queuedRuns(await nats.nc.jetstreamManager()))
+    depths.set(`${project}.${app}`, [{ project, app }, count]);
+  return [...depths.values()];
 }
 
 function watchNats(handle: NatsHandle, health: HealthState, logger: Logger, metrics: Metrics): void {
@@ -265,7 +276,8 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     health.setNatsConnected(true);
     health.natsAuth = nats.authRequired;
     watchNats(nats, health, logger, metrics);
-    const stopQueueDepths = metrics.queueDepths(() => queueDepths(nats));
+    let registry: AppRegistry | undefined;
+    const stopQueueDepths = metrics.queueDepths(() => queueDepths(nats, registry));
     closeShared.push(stopQueueDepths);
     await provision(nats.nc, logger, { replicas: config.natsReplicas, resultTtlSeconds: config.resultTtlSeconds });
     health.setProvisioned();
@@ -279,7 +291,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
         ? new DeploymentCache(deploymentsDir(config.dataDir), { maxBytes: config.maxBundleBytes, logger })
         : undefined,
       registry: onFirstUse(
-        () => AppRegistry.start(nats.nc, logger),
+        async () => (registry = await AppRegistry.start(nats.nc, logger)),
         (registry) => registry.close(),
         closeShared,
       ),
