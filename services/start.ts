@@ -34,6 +34,8 @@ export interface Skiff {
   runner: Runner | undefined;
   /** Graceful stop: no new requests, in-flight ones finish (up to the shutdown timeout), NATS closes. */
   close(): Promise<void>;
+  /** What a close() under way is still waiting for, in words; empty when none is. */
+  waitingFor(): string[];
 }
 
 /**
@@ -266,11 +268,24 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     logger,
     name: `skiff ${config.roles.join(",")}`,
   });
-  const started: StartedRole[] = [];
+  const started: [Role, StartedRole][] = [];
   const closeShared: (() => void)[] = [];
+  // The steps of a stop under way, for a stop that overruns SKIFF_STOP_DEADLINE_MS to name.
+  const waiting = new Set<string>();
+  const step = async (what: string, run: () => void | Promise<void>) => {
+    waiting.add(what);
+    try {
+      await run();
+    } finally {
+      waiting.delete(what);
+    }
+  };
   const stopRoles = async () => {
-    for (const role of started.splice(0).reverse()) await role.close?.();
-    for (const close of closeShared.splice(0).reverse()) close();
+    for (const [name, role] of started.splice(0).reverse())
+      await step(`stopping the ${name} role`, () => role.close?.());
+    await step("closing the app registry, run helpers and auth", () => {
+      for (const close of closeShared.splice(0).reverse()) close();
+    });
   };
   try {
     health.setNatsConnected(true);
@@ -322,7 +337,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
           cause: err,
         });
       });
-      started.push(role);
+      started.push([name, role]);
       if (spec.service && role.routes) rpc.push({ service: spec.service, routes: role.routes });
     }
     // Every RPC is authenticated; the views behind it are loaded before the port opens.
@@ -350,7 +365,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       // The dashboard comes with the management role, whose API it uses.
       site: config.roles.includes("management") ? dashboardSite() : undefined,
       interceptors: auth ? [auth.interceptor] : [],
-      upgrade: started.find((role) => role.upgrade)?.upgrade,
+      upgrade: started.find(([, role]) => role.upgrade)?.[1].upgrade,
       metrics: {
         metrics,
         authorize: (token) =>
@@ -369,10 +384,17 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       health,
       runner: shared.runner,
       async close() {
-        await server.close(config.shutdownTimeoutMs);
+        await step(
+          `in-flight requests on the port (up to SKIFF_SHUTDOWN_TIMEOUT_MS, ${config.shutdownTimeoutMs} ms)`,
+          () => server.close(config.shutdownTimeoutMs),
+        );
         await stopRoles();
-        await nats.close();
+        await step(
+          `NATS: draining the connection to ${nats.url}${nats.embedded ? " and stopping its nats-server" : ""}`,
+          () => nats.close(),
+        );
       },
+      waitingFor: () => [...waiting],
     };
   } catch (err) {
     await stopRoles();

@@ -13,7 +13,8 @@ export const DEFAULT_MAX_PROJECT_UNPACKED_BYTES = 1024 * 1024 * 1024;
 export const DEFAULT_REPLICA_DENIED_CIDRS = ["169.254.0.0/16"];
 export const DEFAULT_LOG_LEVEL = "info";
 export const DEFAULT_NATS_PROBE_URL = "nats://127.0.0.1:4222";
-export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
+export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 15_000;
+export const DEFAULT_STOP_DEADLINE_MS = 25_000;
 export const DEFAULT_FIRST_BYTES_TIMEOUT_MS = 10_000;
 export const DEFAULT_HEADERS_TIMEOUT_MS = 20_000;
 export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 5_000;
@@ -70,6 +71,8 @@ export interface Config {
   logLevel: string;
   roles: Role[];
   shutdownTimeoutMs: number;
+  /** A graceful stop still under way this long after SIGTERM ends the process with exit code 1. */
+  stopDeadlineMs: number;
   /** Ed25519 private key that signs tokens; undefined: the cluster's key in KV skiff-keys. */
   signingKey: string | undefined;
   /** Admin token; undefined: the one in <dataDir>/admin-token, made on first start. */
@@ -452,8 +455,15 @@ export const SETTINGS: Setting<keyof Config>[] = [
     key: "shutdownTimeoutMs",
     env: "SKIFF_SHUTDOWN_TIMEOUT_MS",
     fallback: String(DEFAULT_SHUTDOWN_TIMEOUT_MS),
-    doc: "On SIGTERM, how long in-flight requests may finish before connections are closed.",
+    doc: "On SIGTERM, how long in-flight requests may finish before connections are closed; less than `SKIFF_STOP_DEADLINE_MS`.",
     parse: integer(0, MAX_RUN_SECONDS * 1000),
+  },
+  {
+    key: "stopDeadlineMs",
+    env: "SKIFF_STOP_DEADLINE_MS",
+    fallback: String(DEFAULT_STOP_DEADLINE_MS),
+    doc: "On SIGTERM or SIGINT, how long the whole graceful stop may take (in-flight requests, then the roles, then NATS); a stop still under way then ends the process with exit code 1, after a log line naming what it was still waiting for. Under the grace of systemd (90 s) and Kubernetes (30 s), so that skiff, not their SIGKILL, says why.",
+    parse: integer(1000, MAX_RUN_SECONDS * 1000),
   },
   {
     key: "signingKey",
@@ -745,6 +755,11 @@ export function loadConfig(env: Env = process.env, overrides: Partial<Config> = 
     throw new ConfigError(
       "SKIFF_PROJECT_MEMORY_MB",
       `must be at least SKIFF_REPLICA_MEMORY_MB (${config.replicaMemoryMb}), got ${config.projectMemoryMb}: no replica could start`,
+    );
+  if (config.stopDeadlineMs <= config.shutdownTimeoutMs)
+    throw new ConfigError(
+      "SKIFF_STOP_DEADLINE_MS",
+      `must be more than SKIFF_SHUTDOWN_TIMEOUT_MS (${config.shutdownTimeoutMs}), got ${config.stopDeadlineMs}: the stop would end before in-flight requests had their time`,
     );
   natsAuth(config); // conflicting NATS credentials stop skiff here, before it connects anywhere
   return config;
