@@ -1,6 +1,7 @@
 // Composes a skiff process from its configuration: NATS, provisioning, the
 // roles it runs (one table, ROLES, says what each starts, serves and
 // closes) and the one port that serves them.
+import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter } from "@connectrpc/connect";
@@ -13,7 +14,7 @@ import { newRunId, openRunContext, queuedRuns, STREAM_BODIES_ABOVE, type RunCont
 import { AppRegistry } from "./apps/index.js";
 import { sameToken, startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
-import type { Config, Role, Logger } from "./config/index.js";
+import { ADDRESS_FILE, type Config, type Role, type Logger } from "./config/index.js";
 import {
   HealthState,
   healthRoutes,
@@ -237,6 +238,34 @@ function watchNats(handle: NatsHandle, health: HealthState, logger: Logger, metr
   })();
 }
 
+/**
+ * The URL a client on this machine reaches `url` at: a server bound to every
+ * address (0.0.0.0, ::) is reached on loopback.
+ */
+export function localUrl(url: string): string {
+  const u = new URL(url);
+  if (u.hostname === "0.0.0.0") u.hostname = "127.0.0.1";
+  else if (u.hostname === "[::]") u.hostname = "[::1]";
+  return u.origin;
+}
+
+/**
+ * Writes the URL this process serves into `<dataDir>/address`, where the CLI
+ * finds it (with the admin token); the returned function removes it, unless
+ * another process has written its own meanwhile.
+ */
+async function writeAddressFile(dataDir: string, url: string): Promise<() => Promise<void>> {
+  const file = path.join(dataDir, ADDRESS_FILE);
+  const text = `${localUrl(url)}\n`;
+  await mkdir(dataDir, { recursive: true });
+  // Written aside and renamed: a CLI never reads half of it.
+  await writeFile(`${file}.${process.pid}.tmp`, text);
+  await rename(`${file}.${process.pid}.tmp`, file);
+  return async () => {
+    if ((await readFile(file, "utf8").catch(() => "")) === text) await rm(file, { force: true });
+  };
+}
+
 const LOOPBACK_CIDRS = ["127.0.0.0/8", "::1/128"];
 
 /**
@@ -373,6 +402,10 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
           (config.metricsToken !== undefined && sameToken(token, config.metricsToken)),
       },
     });
+    const removeAddressFile = await writeAddressFile(config.dataDir, server.url).catch(async (err: unknown) => {
+      await server.close(0);
+      throw err;
+    });
     logger.info(
       { url: server.url, roles: config.roles, nats: nats.url },
       `skiff serves ${server.url} (REST, Connect, gRPC-Web on HTTP/1.1; gRPC on h2c)`,
@@ -388,6 +421,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
           `in-flight requests on the port (up to SKIFF_SHUTDOWN_TIMEOUT_MS, ${config.shutdownTimeoutMs} ms)`,
           () => server.close(config.shutdownTimeoutMs),
         );
+        await removeAddressFile().catch(() => undefined);
         await stopRoles();
         await step(
           `NATS: draining the connection to ${nats.url}${nats.embedded ? " and stopping its nats-server" : ""}`,

@@ -6,6 +6,8 @@ import { parseCidr, parsePrivateKey, parseSecretsKey } from "./parse.js";
 export const DEFAULT_HOST = "127.0.0.1";
 export const DEFAULT_PORT = 8080;
 export const DEFAULT_DATA_DIR = ".data";
+/** The file in the data folder where a running skiff writes the URL it serves, for the CLI to read. */
+export const ADDRESS_FILE = "address";
 export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
 export const DEFAULT_MAX_BUNDLE_BYTES = 100 * 1024 * 1024;
 export const DEFAULT_MAX_PROJECT_UNPACKED_BYTES = 1024 * 1024 * 1024;
@@ -318,7 +320,7 @@ export const SETTINGS: Setting<keyof Config>[] = [
     key: "dataDir",
     env: "SKIFF_DATA_DIR",
     fallback: DEFAULT_DATA_DIR,
-    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).",
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).",
     parse: nonEmpty,
   },
   {
@@ -332,7 +334,7 @@ export const SETTINGS: Setting<keyof Config>[] = [
     key: "natsUrl",
     env: "SKIFF_NATS_URL",
     fallback: "",
-    doc: `NATS server(s), comma-separated. Unset: use ${DEFAULT_NATS_PROBE_URL} when a server answers there, else start \`nats-server\` with JetStream in the data folder, admitting only an nkey that skiff generates (seed in \`SKIFF_DATA_DIR/nats/skiff.nk\`).`,
+    doc: `NATS server(s), comma-separated. Unset: skiff starts \`nats-server\` with JetStream in the data folder, admitting only an nkey that skiff generates (seed in \`SKIFF_DATA_DIR/nats/skiff.nk\`), so that two installs with different data folders share nothing; or, when NATS credentials are set, uses ${DEFAULT_NATS_PROBE_URL} with them if a server answers there.`,
     parse: (raw) => (raw.trim() === "" ? undefined : raw.trim()),
   },
   {
