@@ -188,12 +188,45 @@ function onFirstUse<T>(build: () => Promise<T>, close: (part: T) => void, closer
     }));
 }
 
-/** The built dashboard (`npm run build:dashboard`, run by `npm start`). */
-const dashboardSite = () =>
-  createStaticFiles({
+/** Where the dashboard's sign-in page asks where to find the admin token. */
+export const SIGN_IN_HINT_PATH = "/sign-in-hint.json";
+
+const isLoopback = (address: string | undefined) =>
+  address !== undefined && (address === "::1" || /^(::ffff:)?127\./.test(address));
+
+/**
+ * The built dashboard (`npm run build:dashboard`, run by `npm start`), and the
+ * sign-in page's hint: the admin token file of this process's data folder, or
+ * that SKIFF_ADMIN_TOKEN holds it. The file's path is told to a browser on
+ * this machine only (a loopback peer); others hear where it is in general.
+ */
+function dashboardSite(config: Config): ReturnType<typeof createStaticFiles> {
+  const files = createStaticFiles({
     root: path.join(import.meta.dirname, "dashboard", "dist"),
     buildCommand: "npm run build:dashboard",
   });
+  return (req, res) => {
+    if ((req.url ?? "").split("?", 1)[0] !== SIGN_IN_HINT_PATH) return files(req, res);
+    const hint =
+      config.adminToken !== undefined
+        ? { adminToken: "SKIFF_ADMIN_TOKEN" }
+        : {
+            adminToken: "file",
+            file: isLoopback(req.socket.remoteAddress) ? adminTokenFile(config.dataDir) : undefined,
+          };
+    const body = JSON.stringify(hint);
+    res.writeHead(200, {
+      "content-type": "application/json",
+      "content-length": Buffer.byteLength(body),
+      "cache-control": "no-store",
+      "x-content-type-options": "nosniff",
+    });
+    if (req.method === "HEAD") res.end();
+    else res.end(body);
+  };
+}
+
+const adminTokenFile = (dataDir: string) => path.resolve(dataDir, "admin-token");
 
 /** Live replicas of this process's runner, by app and state, for the replicas gauge. */
 function replicaCounts(runner: Runner, registry: AppRegistry): [Record<string, string>, number][] {
@@ -392,7 +425,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       },
       documents: openapiDocuments(),
       // The dashboard comes with the management role, whose API it uses.
-      site: config.roles.includes("management") ? dashboardSite() : undefined,
+      site: config.roles.includes("management") ? dashboardSite(config) : undefined,
       interceptors: auth ? [auth.interceptor] : [],
       upgrade: started.find(([, role]) => role.upgrade)?.[1].upgrade,
       metrics: {
