@@ -11,7 +11,7 @@
 // gRPC-Web, WebSockets) over the two gateways (the config is written to
 // <dir>/nginx.conf; without nginx, call a gateway directly; gRPC callers,
 // h2c, call a gateway's own port). The run history is shared through PostgreSQL when one answers
-// at 127.0.0.1:5432 (database skiff_cluster), else each gateway keeps its
+// at 127.0.0.1:5432 (a database of this folder's own, skiff_cluster_<hash of the folder>), else each gateway keeps its
 // own. The example apps are deployed into p-dev once everything is up;
 // <dir>/admin-token and <dir>/dev-token hold the tokens. Ctrl-C stops it all.
 //
@@ -26,6 +26,7 @@ import pg from "pg";
 import { createLogger } from "../services/config/index.js";
 import { deployExamples } from "../services/management/index.js";
 import { startNatsCluster, type NatsCluster } from "../services/nats/cluster-process.js";
+import { claimClusterDatabase } from "./cluster-database.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
 const dir = path.resolve(process.env.SKIFF_CLUSTER_DIR ?? path.join(ROOT, ".data", "cluster"));
@@ -60,17 +61,21 @@ function relay(name: string, stream: NodeJS.ReadableStream | null): void {
   });
 }
 
-/** The run history's database: PostgreSQL at 127.0.0.1:5432 when it answers (database skiff_cluster made if missing). */
+/**
+ * The run history's database: PostgreSQL at 127.0.0.1:5432 when it answers, in
+ * a database of this cluster folder's own (cluster-database.ts).
+ */
 async function databaseUrl(): Promise<string | undefined> {
   if (process.env.SKIFF_DATABASE_URL) return process.env.SKIFF_DATABASE_URL;
   const admin = new pg.Client({ host: "127.0.0.1", port: 5432, user: "postgres", database: "postgres" });
   try {
     await admin.connect();
-    const found = await admin.query("SELECT 1 FROM pg_database WHERE datname = 'skiff_cluster'");
-    if (found.rowCount === 0) await admin.query("CREATE DATABASE skiff_cluster");
-    return "postgres://postgres@127.0.0.1:5432/skiff_cluster";
   } catch {
+    await admin.end().catch(() => undefined);
     return undefined;
+  }
+  try {
+    return `postgres://postgres@127.0.0.1:5432/${await claimClusterDatabase(admin, dir)}`;
   } finally {
     await admin.end().catch(() => undefined);
   }

@@ -28,7 +28,19 @@ async function main(): Promise<void> {
   const stop = (signal: string) => {
     if (stopping) return;
     stopping = true;
-    logger.info({ signal }, "stopping: no new requests, finishing in-flight ones");
+    logger.info(
+      { signal, stopDeadlineMs: config.stopDeadlineMs },
+      "stopping: no new requests, finishing in-flight ones",
+    );
+    // A stop that cannot finish (NATS gone, a blocked read) ends here, saying what it still waited for.
+    setTimeout(() => {
+      const waitingFor = skiff.waitingFor();
+      logger.error(
+        { waitingFor, stopDeadlineMs: config.stopDeadlineMs },
+        `stop deadline passed (SKIFF_STOP_DEADLINE_MS=${config.stopDeadlineMs}): exiting with code 1, still waiting for ${waitingFor.join("; ") || "nothing named"}`,
+      );
+      process.exit(1);
+    }, config.stopDeadlineMs);
     skiff.close().then(
       () => {
         logger.info("stopped");

@@ -1,7 +1,7 @@
 // Composes a skiff process from its configuration: NATS, provisioning, the
 // roles it runs (one table, ROLES, says what each starts, serves and
 // closes) and the one port that serves them.
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
@@ -23,7 +23,7 @@ import { newRunId, openRunContext, queuedRuns, STREAM_BODIES_ABOVE, type RunCont
 import { AppRegistry, type PrepareBundle } from "./apps/index.js";
 import { sameToken, startAuth, type Auth } from "./auth/index.js";
 import { startWebhookRole } from "./webhook/index.js";
-import type { Config, Role, Logger } from "./config/index.js";
+import { ADDRESS_FILE, type Config, type Role, type Logger } from "./config/index.js";
 import {
   HealthState,
   healthRoutes,
@@ -45,6 +45,8 @@ export interface Skiff {
   runner: Runner | undefined;
   /** Graceful stop: no new requests, in-flight ones finish (up to the shutdown timeout), NATS closes. */
   close(): Promise<void>;
+  /** What a close() under way is still waiting for, in words; empty when none is. */
+  waitingFor(): string[];
 }
 
 /**
@@ -232,12 +234,45 @@ function bundleCheck(
   };
 }
 
-/** The built dashboard (`npm run build:dashboard`, run by `npm start`). */
-const dashboardSite = () =>
-  createStaticFiles({
+/** Where the dashboard's sign-in page asks where to find the admin token. */
+export const SIGN_IN_HINT_PATH = "/sign-in-hint.json";
+
+const isLoopback = (address: string | undefined) =>
+  address !== undefined && (address === "::1" || /^(::ffff:)?127\./.test(address));
+
+/**
+ * The built dashboard (`npm run build:dashboard`, run by `npm start`), and the
+ * sign-in page's hint: the admin token file of this process's data folder, or
+ * that SKIFF_ADMIN_TOKEN holds it. The file's path is told to a browser on
+ * this machine only (a loopback peer); others hear where it is in general.
+ */
+function dashboardSite(config: Config): ReturnType<typeof createStaticFiles> {
+  const files = createStaticFiles({
     root: path.join(import.meta.dirname, "dashboard", "dist"),
     buildCommand: "npm run build:dashboard",
   });
+  return (req, res) => {
+    if ((req.url ?? "").split("?", 1)[0] !== SIGN_IN_HINT_PATH) return files(req, res);
+    const hint =
+      config.adminToken !== undefined
+        ? { adminToken: "SKIFF_ADMIN_TOKEN" }
+        : {
+            adminToken: "file",
+            file: isLoopback(req.socket.remoteAddress) ? adminTokenFile(config.dataDir) : undefined,
+          };
+    const body = JSON.stringify(hint);
+    res.writeHead(200, {
+      "content-type": "application/json",
+      "content-length": Buffer.byteLength(body),
+      "cache-control": "no-store",
+      "x-content-type-options": "nosniff",
+    });
+    if (req.method === "HEAD") res.end();
+    else res.end(body);
+  };
+}
+
+const adminTokenFile = (dataDir: string) => path.resolve(dataDir, "admin-token");
 
 /** Live replicas of this process's runner, by app and state, for the replicas gauge. */
 function replicaCounts(runner: Runner, registry: AppRegistry): [Record<string, string>, number][] {
@@ -250,10 +285,21 @@ function replicaCounts(runner: Runner, registry: AppRegistry): [Record<string, s
   return out;
 }
 
-/** Async runs waiting or running per app, for the queue-depth gauge. */
-async function queueDepths(nats: NatsHandle): Promise<[Record<string, string>, number][]> {
-  const queued = await queuedRuns(await nats.nc.jetstreamManager());
-  return queued.map(({ project, app, count }) => [{ project, app }, count]);
+/**
+ * Async runs waiting or running per app, for the queue-depth gauge: every app
+ * the registry holds reads 0 when its queue is empty (the stream lists only
+ * subjects that hold messages), and an app it does not hold yet still shows.
+ */
+export async function queueDepths(
+  nats: NatsHandle,
+  registry: AppRegistry | undefined,
+): Promise<[Record<string, string>, number][]> {
+  const depths = new Map<string, [Record<string, string>, number]>();
+  for (const app of registry?.list() ?? [])
+    depths.set(`${app.project_id}.${app.app_name}`, [{ project: app.project_id, app: app.app_name }, 0]);
+  for (const { project, app, count } of await queuedRuns(await nats.nc.jetstreamManager()))
+    depths.set(`${project}.${app}`, [{ project, app }, count]);
+  return [...depths.values()];
 }
 
 function watchNats(handle: NatsHandle, health: HealthState, logger: Logger, metrics: Metrics): void {
@@ -269,6 +315,34 @@ function watchNats(handle: NatsHandle, health: HealthState, logger: Logger, metr
       }
     }
   })();
+}
+
+/**
+ * The URL a client on this machine reaches `url` at: a server bound to every
+ * address (0.0.0.0, ::) is reached on loopback.
+ */
+export function localUrl(url: string): string {
+  const u = new URL(url);
+  if (u.hostname === "0.0.0.0") u.hostname = "127.0.0.1";
+  else if (u.hostname === "[::]") u.hostname = "[::1]";
+  return u.origin;
+}
+
+/**
+ * Writes the URL this process serves into `<dataDir>/address`, where the CLI
+ * finds it (with the admin token); the returned function removes it, unless
+ * another process has written its own meanwhile.
+ */
+async function writeAddressFile(dataDir: string, url: string): Promise<() => Promise<void>> {
+  const file = path.join(dataDir, ADDRESS_FILE);
+  const text = `${localUrl(url)}\n`;
+  await mkdir(dataDir, { recursive: true });
+  // Written aside and renamed: a CLI never reads half of it.
+  await writeFile(`${file}.${process.pid}.tmp`, text);
+  await rename(`${file}.${process.pid}.tmp`, file);
+  return async () => {
+    if ((await readFile(file, "utf8").catch(() => "")) === text) await rm(file, { force: true });
+  };
 }
 
 const LOOPBACK_CIDRS = ["127.0.0.0/8", "::1/128"];
@@ -305,17 +379,31 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
     logger,
     name: `skiff ${config.roles.join(",")}`,
   });
-  const started: StartedRole[] = [];
+  const started: [Role, StartedRole][] = [];
   const closeShared: (() => void)[] = [];
+  // The steps of a stop under way, for a stop that overruns SKIFF_STOP_DEADLINE_MS to name.
+  const waiting = new Set<string>();
+  const step = async (what: string, run: () => void | Promise<void>) => {
+    waiting.add(what);
+    try {
+      await run();
+    } finally {
+      waiting.delete(what);
+    }
+  };
   const stopRoles = async () => {
-    for (const role of started.splice(0).reverse()) await role.close?.();
-    for (const close of closeShared.splice(0).reverse()) close();
+    for (const [name, role] of started.splice(0).reverse())
+      await step(`stopping the ${name} role`, () => role.close?.());
+    await step("closing the app registry, run helpers and auth", () => {
+      for (const close of closeShared.splice(0).reverse()) close();
+    });
   };
   try {
     health.setNatsConnected(true);
     health.natsAuth = nats.authRequired;
     watchNats(nats, health, logger, metrics);
-    const stopQueueDepths = metrics.queueDepths(() => queueDepths(nats));
+    let registry: AppRegistry | undefined;
+    const stopQueueDepths = metrics.queueDepths(() => queueDepths(nats, registry));
     closeShared.push(stopQueueDepths);
     await provision(nats.nc, logger, {
       replicas: config.natsReplicas,
@@ -348,7 +436,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
           })
         : undefined,
       registry: onFirstUse(
-        () => AppRegistry.start(nats.nc, logger),
+        async () => (registry = await AppRegistry.start(nats.nc, logger)),
         (registry) => registry.close(),
         closeShared,
       ),
@@ -380,7 +468,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
           cause: err,
         });
       });
-      started.push(role);
+      started.push([name, role]);
       if (spec.service && role.routes) rpc.push({ service: spec.service, routes: role.routes });
     }
     // Every RPC is authenticated; the views behind it are loaded before the port opens.
@@ -406,15 +494,19 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       },
       documents: openapiDocuments(SKIFF_APIS),
       // The dashboard comes with the management role, whose API it uses.
-      site: config.roles.includes("management") ? dashboardSite() : undefined,
+      site: config.roles.includes("management") ? dashboardSite(config) : undefined,
       interceptors: auth ? [auth.interceptor] : [],
-      upgrade: started.find((role) => role.upgrade)?.upgrade,
+      upgrade: started.find(([, role]) => role.upgrade)?.[1].upgrade,
       metrics: {
         metrics,
         authorize: (token) =>
           (auth?.admins.accepts(token) ?? false) ||
           (config.metricsToken !== undefined && sameToken(token, config.metricsToken)),
       },
+    });
+    const removeAddressFile = await writeAddressFile(config.dataDir, server.url).catch(async (err: unknown) => {
+      await server.close(0);
+      throw err;
     });
     logger.info(
       { url: server.url, roles: config.roles, nats: nats.url },
@@ -427,10 +519,18 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       health,
       runner: shared.runner,
       async close() {
-        await server.close(config.shutdownTimeoutMs);
+        await step(
+          `in-flight requests on the port (up to SKIFF_SHUTDOWN_TIMEOUT_MS, ${config.shutdownTimeoutMs} ms)`,
+          () => server.close(config.shutdownTimeoutMs),
+        );
+        await removeAddressFile().catch(() => undefined);
         await stopRoles();
-        await nats.close();
+        await step(
+          `NATS: draining the connection to ${nats.url}${nats.embedded ? " and stopping its nats-server" : ""}`,
+          () => nats.close(),
+        );
       },
+      waitingFor: () => [...waiting],
     };
   } catch (err) {
     await stopRoles();

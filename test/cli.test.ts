@@ -1,9 +1,10 @@
 // The `skiff` command (bin/skiff.js) against a test skiff.
-import { mkdtemp, mkdir, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { runCli } from "./helpers/cli.js";
+import { cortexApp, deploy, P } from "./helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
 describe("skiff CLI", () => {
@@ -17,7 +18,9 @@ describe("skiff CLI", () => {
   beforeAll(async () => {
     t = await startTestSkiff();
     cwd = await mkdtemp(path.join(tmpdir(), "skiff-cli-"));
-  });
+    await deploy(cwd, t.management(), cortexApp("answers", { max_replicas: 1 }));
+    await vi.waitUntil(() => t.skiff.runner!.version(P, "answers") === 1, { timeout: 30_000 });
+  }, 60_000);
   afterAll(async () => {
     await t?.close();
     await rm(cwd, { recursive: true, force: true });
@@ -102,6 +105,42 @@ describe("skiff CLI", () => {
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  });
+
+  it("goes to SKIFF_PORT, as npm start reads it, when no URL is given", async () => {
+    const port = new URL(t.url).port;
+    const res = await skiff(["projects", "list"], { SKIFF_PORT: port, SKIFF_TOKEN: t.adminToken });
+    expect(res).toMatchObject({ code: 0, stdout: expect.stringContaining("p-dev") });
+  });
+
+  it("finds the address and admin token a running skiff keeps in SKIFF_DATA_DIR", async () => {
+    expect((await readFile(path.join(t.dataDir, "address"), "utf8")).trim()).toBe(t.url);
+    const res = await skiff(["projects", "list"], { SKIFF_DATA_DIR: t.dataDir });
+    expect(res).toMatchObject({ code: 0, stdout: expect.stringContaining("p-dev") });
+    // A folder whose skiff is gone: the message names where the address came from.
+    const gone = await mkdtemp(path.join(tmpdir(), "skiff-cli-gone-"));
+    try {
+      await writeFile(path.join(gone, "address"), "http://127.0.0.1:1\n");
+      await writeFile(path.join(gone, "admin-token"), t.adminToken);
+      const refused = await skiff(["projects", "list"], { SKIFF_DATA_DIR: gone });
+      expect(refused.code).toBe(1);
+      expect(refused.stderr).toContain(`cannot reach skiff at http://127.0.0.1:1 (from ${path.join(gone, "address")})`);
+    } finally {
+      await rm(gone, { recursive: true, force: true });
+    }
+  });
+
+  it("says an app's error answer and a server error in sentences, never a Connect code name", async () => {
+    const failed = await asAdmin(["run", "answers/fail"]);
+    expect(failed.code).toBe(1);
+    expect(failed.stdout).toContain("TypeError");
+    expect(failed.stderr).toMatch(/^skiff: the app answered 500 \(run [0-9a-f-]{36}\)\n$/);
+    const missing = await asAdmin(["run", "answers/nope"]);
+    expect(missing.code).toBe(1);
+    for (const res of [failed, missing])
+      expect(res.stderr).not.toMatch(
+        /\b(Unknown|Internal|Unavailable|NotFound|InvalidArgument|FailedPrecondition|Canceled|DeadlineExceeded|Unimplemented|DataLoss|Aborted|OutOfRange|ResourceExhausted|PermissionDenied|Unauthenticated|AlreadyExists):/,
+      );
   });
 
   it.each([

@@ -8,8 +8,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
+import pg from "pg";
 import type { Browser, BrowserContext, Locator, Page } from "playwright-core";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { packApp } from "../services/apps/bundle.js";
 import { skiffToml, writeApp } from "./helpers/apps.js";
 import {
@@ -603,5 +604,218 @@ describe("dashboard - keyboard", () => {
     await page.keyboard.press("Enter");
     await page.getByRole("heading", { name: "API Keys" }).waitFor();
     expect(problems).toEqual([]);
+  });
+});
+
+/**
+ * Places in the text of the elements `selector` matches where a line breaks
+ * between two letters or digits of a word shorter than the element's line:
+ * a word cut although it would fit on a line of its own.
+ */
+function midWordBreaks(page: Page, selector: string): Promise<string[]> {
+  return page.evaluate<string[]>(`(() => {
+    const problems = [];
+    for (const el of document.querySelectorAll(${JSON.stringify(selector)})) {
+      const node = el.firstChild;
+      if (!node || node.nodeType !== 3 || el.getBoundingClientRect().width === 0) continue;
+      const text = node.textContent;
+      const lineWidth = el.parentElement.getBoundingClientRect().width;
+      const top = (i) => { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1); return r.getClientRects()[0]?.top; };
+      for (const m of text.matchAll(/\\S+/g)) {
+        const word = m[0];
+        const r = document.createRange(); r.setStart(node, m.index); r.setEnd(node, m.index + word.length);
+        if (r.getBoundingClientRect().width >= lineWidth) continue; // too long for any line: it must break
+        for (let i = m.index; i < m.index + word.length - 1; i++) {
+          if (/[A-Za-z0-9]/.test(text[i]) && /[A-Za-z0-9]/.test(text[i + 1]) && top(i) !== top(i + 1))
+            problems.push(JSON.stringify(word) + " breaks after " + JSON.stringify(text.slice(m.index, i + 1)));
+        }
+      }
+    }
+    return problems;
+  })()`);
+}
+
+/** Screenshots of these tests go to the test's own temporary folder. */
+async function shot(name: string): Promise<void> {
+  await page.screenshot({ path: path.join(tmp, "screenshots", `${name}.png`), fullPage: true });
+}
+
+describe("dashboard - layout at 1280 and 390 px", () => {
+  it("the sign-in hint names the admin-token file of this skiff's data folder", async () => {
+    for (const device of ["desktop", "phone"] as const) {
+      await freshPage(device);
+      await page.goto(t.url + "/");
+      const hint = page.locator("#token-help");
+      await hint.getByText(path.join(t.dataDir, "admin-token")).waitFor();
+      expect(await hint.textContent()).not.toContain(".data/admin-token");
+      await shot(`sign-in-${device}`);
+      expect(await midWordBreaks(page, "#token-help code")).toEqual([]);
+      await context.close();
+    }
+  });
+
+  it("at 1280 px the all-apps runs table fits its frame: every column, Run time and Webhook included, is in view", async () => {
+    if (t.skiff.runner!.version(P, WEB) === undefined) await deployWeb();
+    await vi.waitUntil(() => t.skiff.runner!.version(P, WEB) !== undefined, { timeout: 30_000 });
+    const long = await call(WEB, "some/long/path/of/a/custom/app", {
+      webhookEndpoint: receiver.url + "/a-fairly-long-hook-path",
+    });
+    expect(long.status).toBe(200);
+    expect(
+      (await invoke("hello", { async: "true", webhookEndpoint: receiver.url + "/hook" }, { name: "W" })).status,
+    ).toBe(202);
+    // In the run history before the page opens.
+    await vi.waitUntil(
+      async () =>
+        (await t.management().listRuns({ projectId: P, appName: WEB, pageSize: 50 })).runs.some(
+          (r) => r.runId === long.runId,
+        ),
+      { timeout: 20_000 },
+    );
+    await freshPage();
+    await signIn(t.adminToken);
+    await page.goto(`${t.url}/projects/${P}/runs?app=-`);
+    await page.getByRole("row", { name: new RegExp(long.runId) }).waitFor();
+    await page.getByRole("columnheader", { name: "App", exact: true }).waitFor();
+    await shot("runs-all-apps-1280");
+    const layout = await page.evaluate<{
+      table: number;
+      frame: number;
+      frameRight: number;
+      headers: [string, number][];
+    }>(
+      `(() => {
+        const frame = document.querySelector(".table-wrap");
+        const table = frame.querySelector("table");
+        return {
+          table: table.getBoundingClientRect().width,
+          frame: frame.clientWidth,
+          frameRight: frame.getBoundingClientRect().right,
+          headers: [...table.querySelectorAll("th")].map((th) => [th.textContent, th.getBoundingClientRect().right]),
+        };
+      })()`,
+    );
+    expect(layout.table).toBeLessThanOrEqual(layout.frame + 0.5);
+    expect(layout.headers.map(([name]) => name)).toContain("Webhook");
+    for (const [name, right] of layout.headers) expect(right, name).toBeLessThanOrEqual(layout.frameRight + 0.5);
+    expect(problems).toEqual([]);
+  });
+
+  it("at 390 px code text breaks between words, never inside one", async () => {
+    await freshPage("phone");
+    await signIn(t.adminToken);
+    const pages = [`/projects/${P}/apps`, `/projects/${P}/keys`];
+    const runs = (await t.management().listRuns({ projectId: P, appName: APP, pageSize: 1 })).runs;
+    if (runs[0]) pages.push(`/projects/${P}/apps/${APP}/runs/${runs[0].runId}`);
+    for (const [i, where] of pages.entries()) {
+      await page.goto(t.url + where);
+      await page.locator("main h1").waitFor();
+      await page.waitForLoadState("networkidle");
+      await shot(`code-390-${i}`);
+      expect(await midWordBreaks(page, "code"), where).toEqual([]);
+    }
+    // The page of a project without apps shows a long command in code.
+    await t.management().createProject({ projectId: "p-bare", name: "Bare" });
+    await page.goto(`${t.url}/projects/p-bare/runs`);
+    await page.getByText("has no apps yet").waitFor();
+    await shot("code-390-no-apps");
+    expect(await midWordBreaks(page, "code")).toEqual([]);
+  });
+
+  it("the latency chart joins the minutes that have runs into one line per percentile, at 1280 and 390 px", async () => {
+    // A skiff whose run history is on PostgreSQL, where runs of earlier minutes can be written as they would have been
+    // recorded: minutes with runs, and minutes without any between them.
+    const admin = new pg.Client({ host: "127.0.0.1", port: 5432, user: "postgres", database: "postgres" });
+    await admin.connect();
+    const database = `skiff_dash_${process.pid}_${Date.now()}`;
+    await admin.query(`CREATE DATABASE ${database}`);
+    let other: TestSkiff | undefined;
+    try {
+      other = await startTestSkiff({ env: { SKIFF_DATABASE_URL: `postgres://postgres@127.0.0.1:5432/${database}` } });
+      const dir = await writeApp(tmp, {
+        "skiff.toml": skiffToml({ name: "charted", runtime: { kind: "cortex", language: "node", entry: "index.mjs" } }),
+        "index.mjs": "export const f = () => 1;",
+      });
+      await other
+        .management()
+        .deployApp({ projectId: P, bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes } });
+      const db = new pg.Client({ host: "127.0.0.1", port: 5432, user: "postgres", database });
+      await db.connect();
+      const minute = Math.floor(Date.now() / 60_000) * 60_000;
+      const measured = [-9, -7, -6, -3, -1];
+      for (const [k, m] of measured.entries()) {
+        for (let j = 0; j < 3; j++) {
+          const at = minute + m * 60_000 + 1_000 * (j + 1);
+          const hex = at.toString(16).padStart(12, "0");
+          const id = `${hex.slice(0, 8)}-${hex.slice(8)}-7000-8000-${String(k * 10 + j).padStart(12, "0")}`;
+          await db.query(
+            `INSERT INTO skiff.runs (run_id, project_id, app_name, status, async, queued_at, started_at, finished_at, run_time_ms, status_code, record, revision)
+             VALUES ($1, $2, 'charted', 'success', false, to_timestamp($3 / 1000.0), to_timestamp($3 / 1000.0), to_timestamp($3 / 1000.0), $4, 200, '{}', 1)`,
+            [id, P, at, 5 + 10 * k + j],
+          );
+        }
+      }
+      await db.end();
+      for (const device of ["desktop", "phone"] as const) {
+        await freshPage(device);
+        await page.goto(other.url + "/");
+        await page.getByLabel("API token").fill(other.adminToken);
+        await page.getByRole("button", { name: "Sign in" }).click();
+        await page.getByRole("button", { name: "Sign out" }).waitFor();
+        await page.goto(`${other.url}/projects/${P}/apps`);
+        const chart = page.getByRole("article", { name: "charted" }).locator("figure.chart").nth(1);
+        await chart.getByRole("img", { name: /worst p99/ }).waitFor();
+        await chart.scrollIntoViewIfNeeded();
+        await shot(`latency-${device}`);
+        for (const series of ["p50", "p95", "p99"]) {
+          const g = chart.locator(`.series.${series}`);
+          expect(await g.locator("polyline").count(), series).toBe(1);
+          const points = (await g.locator("polyline").getAttribute("points"))!.trim().split(/\s+/);
+          expect(points, series).toHaveLength(measured.length);
+          expect(await g.locator("circle").count(), series).toBe(measured.length);
+          // The line stays inside the chart.
+          const box = (await g.locator("polyline").boundingBox())!;
+          const frame = (await chart.locator("svg").boundingBox())!;
+          expect(box.x).toBeGreaterThanOrEqual(frame.x);
+          expect(box.x + box.width).toBeLessThanOrEqual(frame.x + frame.width + 0.5);
+        }
+        expect(problems).toEqual([]);
+        await context.close();
+      }
+    } finally {
+      await other?.close();
+      await admin.query(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`);
+      await admin.end();
+    }
+  }, 120_000);
+
+  it("the confirmation dialog dims and blocks the page behind it, at 1280 and 390 px", async () => {
+    for (const device of ["desktop", "phone"] as const) {
+      await freshPage(device);
+      await signIn(t.adminToken);
+      await page.goto(`${t.url}/projects/${P}/keys`);
+      await page.getByLabel("Name").fill(`dim-${device}`);
+      await page.getByRole("button", { name: "Create service account" }).click();
+      await page.getByLabel("Token", { exact: true }).waitFor();
+      await page.getByRole("button", { name: `Delete service account dim-${device}` }).click();
+      const dialog = page.getByRole("dialog", { name: `Delete dim-${device}?` });
+      await dialog.waitFor();
+      await shot(`confirm-${device}`);
+      const backdrop = await dialog.evaluate(
+        (el) =>
+          (
+            globalThis as unknown as { getComputedStyle(e: unknown, p: string): Record<string, string> }
+          ).getComputedStyle(el, "::backdrop").backgroundColor,
+      );
+      const alpha = Number(/rgba\([^)]*,\s*([\d.]+)\)/.exec(backdrop)?.[1] ?? (backdrop.startsWith("rgb(") ? 1 : 0));
+      expect(alpha, backdrop).toBeGreaterThanOrEqual(0.3);
+      // What is behind cannot be clicked: the topmost element at the page's corner is the backdrop (the dialog's).
+      const corner = await page.evaluate<string>(
+        `(() => { const el = document.elementFromPoint(2, 2); return el ? el.tagName : "none"; })()`,
+      );
+      expect(corner).toBe("DIALOG");
+      await dialog.getByRole("button", { name: "Cancel" }).click();
+      await context.close();
+    }
   });
 });

@@ -75,8 +75,43 @@ describe("skiff process", () => {
     expect(await exited(child)).toBe(0);
   });
 
+  it("a stop that cannot finish ends at SKIFF_STOP_DEADLINE_MS with exit code 1, naming what it waited for", async () => {
+    // A NATS server of its own, frozen (SIGSTOP) once skiff runs: the stop's drain can never finish.
+    const frozen = await startNatsServer();
+    try {
+      const child = startMain({
+        SKIFF_NATS_URL: frozen.url,
+        SKIFF_PORT: "0",
+        SKIFF_DATA_DIR: dataDir,
+        SKIFF_ROLES: "webhook",
+        SKIFF_SHUTDOWN_TIMEOUT_MS: "500",
+        SKIFF_STOP_DEADLINE_MS: "2000",
+      });
+      await logLine(child, (l) => String(l.msg).startsWith("skiff serves"));
+      process.kill(frozen.pid, "SIGSTOP");
+      const overrun = logLine(child, (l) => String(l.msg).startsWith("stop deadline passed"));
+      const code = exited(child);
+      const sent = Date.now();
+      child.kill("SIGTERM");
+      const line = await overrun;
+      expect(await code).toBe(1);
+      expect(Date.now() - sent).toBeLessThan(6_000);
+      expect(line.level).toBe(50);
+      expect(line.waitingFor).toEqual([expect.stringContaining(`NATS: draining the connection to ${frozen.url}`)]);
+      expect(line.msg).toContain("SKIFF_STOP_DEADLINE_MS=2000");
+    } finally {
+      process.kill(frozen.pid, "SIGCONT");
+      await frozen.stop();
+    }
+  });
+
   it.each([
     [{ SKIFF_PORT: "eighty" }, [], /SKIFF_PORT/],
+    [
+      { SKIFF_STOP_DEADLINE_MS: "5000", SKIFF_SHUTDOWN_TIMEOUT_MS: "5000" },
+      [],
+      /SKIFF_STOP_DEADLINE_MS: must be more than SKIFF_SHUTDOWN_TIMEOUT_MS/,
+    ],
     [{}, ["--roles", "chef"], /--roles: unknown role "chef"/],
     [{ SKIFF_NATS_USER: "skiff" }, [], /SKIFF_NATS_PASSWORD: SKIFF_NATS_USER is set but SKIFF_NATS_PASSWORD is not/],
   ])("a bad setting %j %j stops it with exit code 2 and a message naming it", async (env, args, message) => {

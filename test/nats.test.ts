@@ -204,17 +204,15 @@ describe("nats - provision", () => {
 });
 
 describe("nats - connectNats", () => {
-  test("connectNats uses the probe URL when a server answers there", async () => {
+  test("connectNats without SKIFF_NATS_URL or credentials starts its own server even when one answers at the probe URL", async () => {
     const nats = await server();
     const dataDir = await tempDir();
     const handle = track(await connectNats({ probeUrl: nats.url, dataDir, logger: silentLogger }));
 
-    expect({ url: handle.url, embedded: handle.embedded, serverPid: handle.serverPid }).toEqual({
-      url: nats.url,
-      embedded: false,
-      serverPid: undefined,
-    });
-    expect(handle.nc.info?.port).toBe(nats.port);
+    expect(handle.url).not.toBe(nats.url);
+    expect(handle.embedded).toBe(true);
+    expect(handle.authRequired).toBe(true);
+    expect(handle.nc.info?.port).not.toBe(nats.port);
     await handle.close();
     expect(handle.nc.isClosed()).toBe(true);
     expect(isRunning(nats.pid)).toBe(true);

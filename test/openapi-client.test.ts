@@ -10,6 +10,7 @@ import path from "node:path";
 import { promisify } from "node:util";
 import openapiTS from "openapi-typescript";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { packApp } from "../services/apps/bundle.js";
 import { cortexApp, deploy, P } from "./helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
 
@@ -27,7 +28,7 @@ import createClient from "openapi-fetch";
 import type { paths as Invocation } from "./invocation.js";
 import type { paths as Management } from "./management.js";
 
-const [baseUrl, adminToken, project, app] = process.argv.slice(2);
+const [baseUrl, adminToken, project, app, customApp] = process.argv.slice(2);
 const management = createClient<Management>({ baseUrl, headers: { Authorization: \`Bearer \${adminToken}\` } });
 const invocation = createClient<Invocation>({ baseUrl });
 
@@ -62,6 +63,14 @@ const queued = await invocation.POST("/v4/{project_id}/{app_name}/{path}", {
 if (queued.error) throw new Error(\`Run async: \${JSON.stringify(queued.error)}\`);
 const asyncRunId: string = queued.data.run_id;
 
+// A Custom app's path of several segments, a space and a "%" among them: the client encodes the value whole.
+const deep = await invocation.POST("/v4/{project_id}/{app_name}/{path}", {
+  params: { path: { project_id: project, app_name: customApp, path: "echo/a b/50%" } },
+  headers: auth,
+  parseAs: "text",
+});
+if (deep.error) throw new Error(\`Run deep: \${JSON.stringify(deep.error)}\`);
+
 const deleted = await management.DELETE("/v2/projects/{project_id}/service-accounts/{service_account_id}", {
   params: { path: { project_id: project, service_account_id: serviceAccountId } },
 });
@@ -72,6 +81,7 @@ console.log(JSON.stringify({
   expiresAt,
   sync: { status: sync.response.status, runId: syncRunId, body: sync.data, requestId: sync.response.headers.get("x-request-id") },
   async: { status: queued.response.status, runId: asyncRunId, body: queued.data, requestId: queued.response.headers.get("x-request-id") },
+  deep: { status: deep.response.status, url: deep.response.url, body: JSON.parse(deep.data) },
   deleteStatus: deleted.response.status,
 }));
 `;
@@ -108,6 +118,13 @@ describe("openapi - a generated client", () => {
     t = await startTestSkiff();
     appTmp = await mkdtemp(path.join(tmpdir(), "skiff-openapi-client-"));
     await deploy(appTmp, t.management(), cortexApp("calc", { min_replicas: 0, max_replicas: 1 }));
+    await t.management().deployApp({
+      projectId: P,
+      bundle: {
+        contentType: "application/gzip",
+        data: (await packApp(path.join(root, "examples", "custom-http"))).bytes,
+      },
+    });
     // Inside the repository, so that openapi-fetch and @types/node resolve from its node_modules.
     await mkdir(path.join(root, "test-results"), { recursive: true });
     dir = await mkdtemp(path.join(root, "test-results", "openapi-client-"));
@@ -146,13 +163,16 @@ describe("openapi - a generated client", () => {
 
   it("runs against a real skiff: lists projects, creates and deletes a service account, runs an app sync and async", async () => {
     await writeFile(path.join(dir, "program.ts"), PROGRAM);
-    const { stdout } = await run(bin("tsx"), ["program.ts", t.url, t.adminToken, P, "calc"], { cwd: dir });
+    const { stdout } = await run(bin("tsx"), ["program.ts", t.url, t.adminToken, P, "calc", "custom-http"], {
+      cwd: dir,
+    });
     const seen = JSON.parse(stdout) as {
       projectIds: string[];
       serviceAccountId: string;
       expiresAt: string;
       sync: { status: number; runId: string; body: { run_id: string; result: unknown }; requestId: string };
       async: { status: number; runId: string; body: unknown; requestId: string };
+      deep: { status: number; url: string; body: { path: string } };
       deleteStatus: number;
     };
     expect(seen.projectIds).toContain(P);
@@ -164,6 +184,9 @@ describe("openapi - a generated client", () => {
     expect(seen.async.body).toEqual({ run_id: seen.async.runId });
     expect(seen.async.runId).toBe(seen.async.requestId);
     expect(seen.deleteStatus).toBe(200);
+    // The client wrote every "/" of the value as %2F; the app gets the segments, other escapes as written.
+    expect(seen.deep.url).toContain("/custom-http/echo%2Fa%20b%2F50%25");
+    expect(seen.deep).toMatchObject({ status: 200, body: { path: "/echo/a%20b/50%25" } });
   }, 120_000);
 });
 

@@ -44,9 +44,12 @@ Commands:
 
 Options:
   -p, --project <id>   project of the app and service account commands (default $SKIFF_PROJECT or ${DEFAULT_PROJECT})
-  --url <url>          skiff server (default $SKIFF_URL or ${DEFAULT_URL})
+  --url <url>          skiff server (default $SKIFF_URL, else http://$SKIFF_HOST:$SKIFF_PORT
+                       when SKIFF_PORT is set, else the address a running skiff wrote
+                       into its data folder, else ${DEFAULT_URL})
   --token <token>      bearer token (default $SKIFF_TOKEN, else the admin token file
-                       .data/admin-token of this folder or of the skiff checkout)
+                       of the data folder)
+  The data folder: $SKIFF_DATA_DIR, else .data of this folder or of the skiff checkout.
   --json               print JSON instead of tables
   -h, --help           show this help`;
 
@@ -74,10 +77,11 @@ const GROUPS: Record<string, Record<string, Command>> = { ...COMMANDS, apps };
 /** Commands of one word, whose first positional is their argument. */
 const SINGLE: Record<string, Command> = { deploy, logs, run, runs, "run-status": runStatus };
 
+/** A refusal or failure of the server, said as a sentence with its HTTP status; never a code name. */
 function explain(err: ConnectError, target: Target): string {
   switch (err.code) {
     case Code.Unavailable:
-      return `cannot reach skiff at ${target.url}: ${err.rawMessage} (is it running? set --url or SKIFF_URL)`;
+      return `cannot reach skiff at ${target.url} (from ${target.urlSource}): ${err.rawMessage}; is it running? Set --url, SKIFF_URL, SKIFF_PORT or SKIFF_DATA_DIR`;
     case Code.Unauthenticated:
       return `the server refused the token (401 unauthenticated: ${err.rawMessage}); token from ${target.tokenSource}`;
     case Code.PermissionDenied:
@@ -92,8 +96,21 @@ function explain(err: ConnectError, target: Target): string {
       return `not found (404): ${err.rawMessage}`;
     case Code.AlreadyExists:
       return `already exists (409): ${err.rawMessage}`;
-    default:
-      return `${Code[err.code]}: ${err.rawMessage}`;
+    case Code.Canceled:
+      return `the call was cancelled: ${err.rawMessage}`;
+    case Code.DeadlineExceeded:
+      return `the call took too long (504): ${err.rawMessage}`;
+    case Code.Aborted:
+      return `the call was cut short by a conflicting change (409): ${err.rawMessage}`;
+    case Code.OutOfRange:
+      return `out of range (400): ${err.rawMessage}`;
+    case Code.Unimplemented:
+      return `the server at ${target.url} does not offer this call (is it skiff, and as new as this CLI?): ${err.rawMessage}`;
+    case Code.Internal:
+    case Code.DataLoss:
+      return `the server failed (500): ${err.rawMessage}`;
+    case Code.Unknown:
+      return `the server answered with an error: ${err.rawMessage}`;
   }
 }
 
@@ -123,7 +140,9 @@ export async function main(argv: string[]): Promise<number> {
 
     target = resolveTarget(values, process.env, process.cwd());
     if (target.token === undefined)
-      throw new UsageError("no token: pass --token, set SKIFF_TOKEN, or run where `npm start` keeps .data/admin-token");
+      throw new UsageError(
+        "no token: pass --token, set SKIFF_TOKEN, or set SKIFF_DATA_DIR to the data folder of the skiff you started (it keeps admin-token there)",
+      );
     const token = target.token;
     const transport = createConnectTransport({
       baseUrl: target.url,
@@ -149,7 +168,14 @@ export async function main(argv: string[]): Promise<number> {
       err(`skiff: ${e.message}\nRun "skiff --help" for usage.`);
       return 2;
     }
-    err(`skiff: ${target ? explain(ConnectError.from(e), target) : String(e)}`);
+    // The CLI's own failures (an app that answered an error, a file it cannot read) say themselves.
+    const message =
+      target !== undefined && e instanceof ConnectError
+        ? explain(e, target)
+        : e instanceof Error
+          ? e.message
+          : String(e);
+    err(`skiff: ${message}`);
     return 1;
   }
 }

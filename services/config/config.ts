@@ -6,6 +6,8 @@ import { parseCidr, parsePrivateKey, parseSecretsKey } from "./parse.js";
 export const DEFAULT_HOST = "127.0.0.1";
 export const DEFAULT_PORT = 8080;
 export const DEFAULT_DATA_DIR = ".data";
+/** The file in the data folder where a running skiff writes the URL it serves, for the CLI to read. */
+export const ADDRESS_FILE = "address";
 export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
 export const DEFAULT_MAX_BUNDLE_BYTES = 100 * 1024 * 1024;
 export const DEFAULT_MAX_PROJECT_UNPACKED_BYTES = 1024 * 1024 * 1024;
@@ -13,7 +15,8 @@ export const DEFAULT_MAX_PROJECT_UNPACKED_BYTES = 1024 * 1024 * 1024;
 export const DEFAULT_REPLICA_DENIED_CIDRS = ["169.254.0.0/16"];
 const DEFAULT_LOG_LEVEL = "info";
 export const DEFAULT_NATS_PROBE_URL = "nats://127.0.0.1:4222";
-const DEFAULT_SHUTDOWN_TIMEOUT_MS = 30_000;
+export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 15_000;
+export const DEFAULT_STOP_DEADLINE_MS = 25_000;
 export const DEFAULT_FIRST_BYTES_TIMEOUT_MS = 10_000;
 export const DEFAULT_HEADERS_TIMEOUT_MS = 20_000;
 export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 5_000;
@@ -70,6 +73,8 @@ export interface Config {
   logLevel: string;
   roles: Role[];
   shutdownTimeoutMs: number;
+  /** A graceful stop still under way this long after SIGTERM ends the process with exit code 1. */
+  stopDeadlineMs: number;
   /** Ed25519 private key that signs tokens; undefined: the cluster's key in KV skiff-keys. */
   signingKey: string | undefined;
   /** Admin token; undefined: the one in <dataDir>/admin-token, made on first start. */
@@ -421,7 +426,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "dataDir",
     env: "SKIFF_DATA_DIR",
     fallback: DEFAULT_DATA_DIR,
-    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).",
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).",
     parse: nonEmpty,
   },
   {
@@ -435,7 +440,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "natsUrl",
     env: "SKIFF_NATS_URL",
     fallback: "",
-    doc: `NATS server(s), comma-separated. Unset: use ${DEFAULT_NATS_PROBE_URL} when a server answers there, else start \`nats-server\` with JetStream in the data folder, admitting only an nkey that skiff generates (seed in \`SKIFF_DATA_DIR/nats/skiff.nk\`).`,
+    doc: `NATS server(s), comma-separated. Unset: skiff starts \`nats-server\` with JetStream in the data folder, admitting only an nkey that skiff generates (seed in \`SKIFF_DATA_DIR/nats/skiff.nk\`), so that two installs with different data folders share nothing; or, when NATS credentials are set, uses ${DEFAULT_NATS_PROBE_URL} with them if a server answers there.`,
     parse: (raw) => (raw.trim() === "" ? undefined : raw.trim()),
   },
   {
@@ -558,8 +563,15 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "shutdownTimeoutMs",
     env: "SKIFF_SHUTDOWN_TIMEOUT_MS",
     fallback: String(DEFAULT_SHUTDOWN_TIMEOUT_MS),
-    doc: "On SIGTERM, how long in-flight requests may finish before connections are closed.",
+    doc: "On SIGTERM, how long in-flight requests may finish before connections are closed; less than `SKIFF_STOP_DEADLINE_MS`.",
     parse: integer(0, MAX_RUN_SECONDS * 1000),
+  },
+  {
+    key: "stopDeadlineMs",
+    env: "SKIFF_STOP_DEADLINE_MS",
+    fallback: String(DEFAULT_STOP_DEADLINE_MS),
+    doc: "On SIGTERM or SIGINT, how long the whole graceful stop may take (in-flight requests, then the roles, then NATS); a stop still under way then ends the process with exit code 1, after a log line naming what it was still waiting for. Under the grace of systemd (90 s) and Kubernetes (30 s), so that skiff, not their SIGKILL, says why.",
+    parse: integer(1000, MAX_RUN_SECONDS * 1000),
   },
   {
     key: "signingKey",
@@ -852,6 +864,11 @@ export function loadConfig(env: Env = process.env, overrides: Partial<Config> = 
     throw new ConfigError(
       "SKIFF_PROJECT_MEMORY_MB",
       `must be at least SKIFF_REPLICA_MEMORY_MB (${config.replicaMemoryMb}), got ${config.projectMemoryMb}: no replica could start`,
+    );
+  if (config.stopDeadlineMs <= config.shutdownTimeoutMs)
+    throw new ConfigError(
+      "SKIFF_STOP_DEADLINE_MS",
+      `must be more than SKIFF_SHUTDOWN_TIMEOUT_MS (${config.shutdownTimeoutMs}), got ${config.stopDeadlineMs}: the stop would end before in-flight requests had their time`,
     );
   natsAuth(config); // conflicting NATS credentials stop skiff here, before it connects anywhere
   return config;

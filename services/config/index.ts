@@ -1,6 +1,7 @@
 // The bottom layer: settings (defaults, SKIFF_* variables, validation),
 // logging and the clock of timers. Imports nothing of skiff's own.
 export {
+  ADDRESS_FILE,
   ConfigError,
   DEFAULT_DATA_DIR,
   DEFAULT_FIRST_BYTES_TIMEOUT_MS,

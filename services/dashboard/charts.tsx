@@ -147,22 +147,17 @@ export function LatencyChart({ buckets, title }: { buckets: StatsBucket[]; title
           W={W}
         />
         {SERIES.map((s) => {
-          // Minutes without runs leave gaps instead of dropping to zero.
-          const segments: string[][] = [[]];
-          buckets.forEach((b, i) => {
-            if (b.runs === 0) segments.push([]);
-            else
-              segments[segments.length - 1].push(`${PAD.left + i * step},${PAD.top + PLOT_H * (1 - b[s.key] / max)}`);
-          });
+          // One line through the minutes that have runs: a minute without runs has no percentile, so the line
+          // passes over it rather than dropping to zero or breaking into pieces; a dot marks each measured minute.
+          const points = buckets.flatMap((b, i) =>
+            b.runs === 0 ? [] : [[PAD.left + i * step, PAD.top + PLOT_H * (1 - b[s.key] / max)] as const],
+          );
           return (
             <g key={s.key} className={`series ${s.className}`}>
-              {segments.map((pts, j) =>
-                pts.length === 1 ? (
-                  <circle key={j} cx={pts[0].split(",")[0]} cy={pts[0].split(",")[1]} r={2.5} />
-                ) : (
-                  pts.length > 1 && <polyline key={j} points={pts.join(" ")} />
-                ),
-              )}
+              {points.length > 1 && <polyline points={points.map(([x, y]) => `${x},${y}`).join(" ")} />}
+              {points.map(([x, y], j) => (
+                <circle key={j} cx={x} cy={y} r={2.5} />
+              ))}
             </g>
           );
         })}

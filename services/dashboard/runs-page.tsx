@@ -1,7 +1,7 @@
 // Runs of one app or of every app of the project (?app=-), newest first and
 // live, with the async and status filters kept in the URL
 // (?app=…&async=1&status=failure).
-import { useEffect, useId, useState } from "react";
+import { useEffect, useId, useState, type ReactNode } from "react";
 import type { Run } from "../../gen/skiff/management/v2/management_pb.js";
 import { AsyncBadge, OutcomeBadge, StatusBadge } from "./badges.js";
 import { dateOf, formatDuration, formatTime } from "./format.js";
@@ -83,18 +83,27 @@ function Webhook({ project, run }: { project: string; run: Run }) {
   );
 }
 
+/** A path with a line break allowed after each "/", so a long one wraps at its segments. */
+function breakable(path: string): ReactNode[] {
+  return path.split("/").flatMap((part, i) => (i === 0 ? [part] : [<wbr key={i} />, `/${part}`]));
+}
+
 function RunRow({ project, run, showApp }: { project: string; run: Run; showApp: boolean }) {
   const final = isFinal(run.status);
   return (
     <tr className={run.status === "failure" ? "row-failure" : undefined}>
-      <td data-label="Run">
+      <td data-label="Run" className="wraps">
         <Link href={href("projects", project, "apps", run.appName, "runs", run.runId)} className="mono">
           {run.runId}
         </Link>
       </td>
-      {showApp && <td data-label="App">{run.appName}</td>}
-      <td className="mono" data-label="Function">
-        {run.path}
+      {showApp && (
+        <td data-label="App" className="wraps">
+          {run.appName}
+        </td>
+      )}
+      <td className="mono wraps" data-label="Function">
+        {breakable(run.path)}
       </td>
       <td data-label="Mode">{run.async ? <AsyncBadge /> : <span className="muted">sync</span>}</td>
       <td data-label="Status">
@@ -104,7 +113,7 @@ function RunRow({ project, run, showApp }: { project: string; run: Run; showApp:
       <td className="num" data-label="Run time">
         {final && run.startedAt ? formatDuration(run.runTimeMs) : "—"}
       </td>
-      <td data-label="Webhook">
+      <td data-label="Webhook" className="wraps">
         <Webhook project={project} run={run} />
       </td>
     </tr>

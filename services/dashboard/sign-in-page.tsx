@@ -1,8 +1,40 @@
 // Sign in by pasting a token: an admin token or a service account's token.
 // GetIdentity checks it before anything is kept.
-import { useState, type FormEvent } from "react";
+import { useEffect, useState, type FormEvent } from "react";
 import { describeError } from "./api.js";
 import { FormError } from "./notices.js";
+
+/** Where this skiff keeps its admin token, as the server tells (start.ts, /sign-in-hint.json). */
+type Hint = { adminToken: "SKIFF_ADMIN_TOKEN" } | { adminToken: "file"; file?: string };
+
+function useHint(): Hint | undefined {
+  const [hint, setHint] = useState<Hint>();
+  useEffect(() => {
+    const controller = new AbortController();
+    fetch("/sign-in-hint.json", { signal: controller.signal })
+      .then((res) => (res.ok ? (res.json() as Promise<Hint>) : undefined))
+      .then(setHint)
+      .catch(() => undefined); // the general hint stays
+    return () => controller.abort();
+  }, []);
+  return hint;
+}
+
+function AdminTokenHint({ hint }: { hint: Hint | undefined }) {
+  if (hint?.adminToken === "SKIFF_ADMIN_TOKEN")
+    return <>The admin token (the one skiff was given in SKIFF_ADMIN_TOKEN)</>;
+  if (hint?.adminToken === "file" && hint.file !== undefined)
+    return (
+      <>
+        The admin token (in <code>{hint.file}</code>)
+      </>
+    );
+  return (
+    <>
+      The admin token (the file <code>admin-token</code> in skiff&apos;s data folder, <code>SKIFF_DATA_DIR</code>)
+    </>
+  );
+}
 
 export function SignInPage({
   signIn,
@@ -14,6 +46,7 @@ export function SignInPage({
   const [token, setToken] = useState("");
   const [error, setError] = useState<string>();
   const [busy, setBusy] = useState(false);
+  const hint = useHint();
 
   const submit = async (e: FormEvent) => {
     e.preventDefault();
@@ -58,8 +91,8 @@ export function SignInPage({
           autoFocus
         />
         <p id="token-help" className="help">
-          The admin token (in <code>.data/admin-token</code> where skiff runs) or a service account's token. It is kept
-          in this browser tab only, until you sign out or close the tab.
+          <AdminTokenHint hint={hint} /> or a service account&apos;s token. It is kept in this browser tab only, until
+          you sign out or close the tab.
         </p>
         <FormError message={error} />
         <button type="submit" className="primary" disabled={busy}>

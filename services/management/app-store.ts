@@ -5,7 +5,7 @@
 // the app's entry and retried on a lost race, so versions never repeat.
 import type { JetStreamManager, KV, ObjectStore } from "nats";
 import { type AppConfig, appKey, decodeAppRecord, type AppRecord, type DeploymentRecord } from "../apps/index.js";
-import { buckets, jsonOf, kvKeys } from "../nats/index.js";
+import { buckets, consumers, isJsError, JsErrorCode, jsonOf, kvKeys } from "../nats/index.js";
 
 /** Deployments (and their bundles) kept per app, the current one included. */
 const KEPT_DEPLOYMENTS = 10;
@@ -96,6 +96,7 @@ export class AppStore {
         continue; // changed meanwhile (a deploy): delete what is there now
       }
       await this.dropBundles(found.record.deployments, []);
+      await this.dropRunQueue(projectId, appName);
       return found.record;
     }
   }
@@ -112,6 +113,14 @@ export class AppStore {
       if (now?.revision !== revision) return false;
       throw err;
     }
+  }
+
+  /** Deletes the app's durable consumer on SKIFF_RUNS (runners make it again for an app deployed anew). */
+  private async dropRunQueue(projectId: string, appName: string): Promise<void> {
+    const spec = consumers.runQueue(projectId, appName);
+    await this.jsm.consumers.delete(spec.stream, spec.name).catch((err: unknown) => {
+      if (!isJsError(err, JsErrorCode.ConsumerNotFound)) throw err;
+    });
   }
 
   /** Deletes the bundles of `dropped` that no kept deployment still uses. */

@@ -14,7 +14,7 @@ import type { Logger } from "../config/index.js";
 import { DEV_PROJECT_ID, devTokenFile } from "./bootstrap.js";
 
 const EXAMPLES_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../examples");
-const EXAMPLE_APPS = ["hello-python", "hello-node", "custom-http"];
+export const EXAMPLE_APPS = ["hello-python", "hello-node", "custom-http"];
 
 export async function deployExamples(opts: { url: string; dataDir: string; logger: Logger }): Promise<void> {
   const token = (await readFile(devTokenFile(opts.dataDir), "utf8")).trim();

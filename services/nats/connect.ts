@@ -1,6 +1,10 @@
-// NATS wiring: which server to use (SKIFF_NATS_URL, else one answering at the
-// probe URL, else a nats-server started here), with which credentials, and
-// provisioning of every stream, KV bucket and object store that layout.ts lists.
+// NATS wiring: which server to use, with which credentials, and provisioning
+// of every stream, KV bucket and object store that layout.ts lists. The server
+// is the one SKIFF_NATS_URL names; else, when NATS credentials are set, the one
+// answering at the probe URL (127.0.0.1:4222) with them; else a nats-server
+// started here, in the data folder. Without either setting skiff never joins a
+// server it finds: two installs on one machine, each with its data folder,
+// must never share state (keys, tokens, apps, queues).
 //
 // A started server admits one user, identified by an nkey that skiff generates
 // once and keeps in `<dataDir>/nats/skiff.nk` (the seed, mode 0600); its config
@@ -45,6 +49,7 @@ export const STARTED_SERVER_SEED_FILE = "skiff.nk";
 export interface ConnectNatsOptions {
   /** SKIFF_NATS_URL: one URL or several, comma-separated. */
   url?: string;
+  /** Where a server is looked for when credentials are set and `url` is not; default 127.0.0.1:4222. */
   probeUrl?: string;
   /** The started server keeps its config and JetStream store in `<dataDir>/nats`. */
   dataDir: string;
@@ -90,6 +95,7 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsHandle>
   }
 
   const probeUrl = opts.probeUrl ?? DEFAULT_NATS_PROBE_URL;
+  if (auth === undefined) return startInDataFolder(opts, name);
   const probed = await dial(probeUrl, name, DEFAULT_NATS_PROBE_TIMEOUT_MS, authenticator(auth)).catch(
     (err: unknown) => {
       // A server answers there but turns skiff away: starting another one would split the cluster's state.
@@ -103,13 +109,16 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsHandle>
     },
   );
   if (probed !== undefined) return ready(probed, probeUrl, undefined, opts.logger, "probe");
-  if (auth !== undefined)
-    opts.logger.warn(
-      { probeUrl },
-      `NATS credentials are set (SKIFF_NATS_*) but no server answers at ${probeUrl}: starting nats-server with credentials of its own; set SKIFF_NATS_URL to use a particular server`,
-    );
+  opts.logger.warn(
+    { probeUrl },
+    `NATS credentials are set (SKIFF_NATS_*) but no server answers at ${probeUrl}: starting nats-server with credentials of its own; set SKIFF_NATS_URL to use a particular server`,
+  );
+  return startInDataFolder(opts, name);
+}
 
-  const { server, seed } = await startServer(opts, probeUrl);
+/** A nats-server of this data folder's own, admitting only its generated nkey. */
+async function startInDataFolder(opts: ConnectNatsOptions, name: string): Promise<NatsHandle> {
+  const { server, seed } = await startServer(opts);
   const nc = await dial(server.url, name, DEFAULT_NATS_CONNECT_TIMEOUT_MS, nkeyAuthenticator(seed)).catch(
     async (err: unknown) => {
       await server.stop();
@@ -214,7 +223,7 @@ async function ready(
   const authRequired = nc.info?.auth_required === true;
   const via = {
     SKIFF_NATS_URL: "given by SKIFF_NATS_URL",
-    probe: "answering at the probe URL",
+    probe: "answering at the probe URL, with the SKIFF_NATS_* credentials",
     started: "started in the data folder",
   }[how];
   logger.info(
@@ -244,14 +253,11 @@ async function shutdown(nc: NatsConnection, server: NatsServerProcess | undefine
   await server?.stop();
 }
 
-async function startServer(
-  opts: ConnectNatsOptions,
-  probeUrl: string,
-): Promise<{ server: NatsServerProcess; seed: Uint8Array }> {
+async function startServer(opts: ConnectNatsOptions): Promise<{ server: NatsServerProcess; seed: Uint8Array }> {
   const binary = await findOnPath(NATS_SERVER_BINARY, opts.searchPath);
   if (binary === undefined) {
     throw new NatsStartError(
-      `no NATS server answers at ${probeUrl} and nats-server is not on the PATH: install it (apt-get install nats-server) or set SKIFF_NATS_URL to a NATS server with JetStream`,
+      `skiff starts a nats-server of its own when SKIFF_NATS_URL is unset, and nats-server is not on the PATH: install it (apt-get install nats-server) or set SKIFF_NATS_URL to a NATS server with JetStream`,
     );
   }
   // The folder holds the seed and the JetStream store (signing keys among it): owner only.

@@ -105,6 +105,8 @@ class AppQueue {
   async loop(): Promise<void> {
     const { deps } = this.worker;
     while (!this.stopped) {
+      // A deleted app's consumer is deleted with it: never made again here.
+      if (deps.registry.get(this.app.projectId, this.app.appName) === undefined) return;
       try {
         const spec = consumers.runQueue(this.app.projectId, this.app.appName);
         await ensureConsumer(deps.jsm, spec, deps.ackWaitMs);

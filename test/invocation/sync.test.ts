@@ -90,10 +90,10 @@ describe("invocation - sync", () => {
     expect(missing.status).toBe(404);
   });
 
-  it("a Custom app gets the path as the caller wrote it: %2F stays one segment, and the run records it so", async () => {
+  it("a Custom app gets the path as the caller wrote it, %2F as / (as generated clients write it), and the run records it so", async () => {
     const res = await post(v4("custom-http", "echo%2Fdeep/x%20y"), t.devToken, "");
     expect(res.status).toBe(200);
-    expect(res.json.path).toBe("/echo%2Fdeep/x%20y");
+    expect(res.json.path).toBe("/echo/deep/x%20y");
     const runId = res.headers.get("x-request-id")!;
     const run = await vi.waitUntil(
       async () => {
@@ -105,7 +105,7 @@ describe("invocation - sync", () => {
       },
       { timeout: 20_000 },
     );
-    expect(run.path).toBe("/echo%2Fdeep/x%20y");
+    expect(run.path).toBe("/echo/deep/x%20y");
   });
 
   it("past response_grace_period: 504 deadline_exceeded, the run reads failure with reason timeout", async () => {

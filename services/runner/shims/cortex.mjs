@@ -190,6 +190,8 @@ async function main(argv) {
     return 0;
   }
   const server = http.createServer((req, res) => {
+    // No Date of the shim's own: a streamed answer passes its headers to the caller, whose Date is skiff's.
+    res.sendDate = false;
     if (req.method === "GET" && req.url === "/health") return reply(res, 200, '{"status":"ok"}');
     if (req.method !== "POST") return reply(res, 404, errorBody("NotFound", "call a function with POST /{function}"));
     const chunks = [];

@@ -117,6 +117,11 @@ class Handler(BaseHTTPRequestHandler):
     def address_string(self):
         return "runner"  # a Unix socket peer has no address
 
+    def send_response(self, code, message=None):
+        # The status line alone: BaseHTTPRequestHandler would add Server (naming the shim and
+        # Python's version) and Date, which a streamed answer would carry to the caller.
+        self.send_response_only(code, message)
+
     def setup(self):
         super().setup()
         self.server.connections.add(self)

@@ -437,7 +437,11 @@ function pathParameters(binding: HttpBinding): ParameterObject[] {
       name: variable.fieldPath.join("."),
       in: "path",
       required: true,
-      ...(spans && { description: `May span several path segments, "/" included (template \`${pattern}\`).` }),
+      // Reserved expansion ({+path}): a generated client encodes the value whole, each "/" as %2F, and skiff reads that as "/".
+      ...(spans && {
+        description: `May span several path segments (template \`${pattern}\`): each "/" may be written as it is or as %2F, as generated clients write it; both separate segments.`,
+        allowReserved: true,
+      }),
       schema: scalarLikeSchema(field),
     };
   });

@@ -8,7 +8,11 @@
 // HTTP to a request message and a response message (or error) back to HTTP.
 //
 // Mapping, after google/api/http.proto:
-//   - path variables set the fields they name (percent-decoded);
+//   - path variables set the fields they name (percent-decoded). A variable
+//     that ends the path with `**` ({path=**}) is reserved expansion, as
+//     RFC 6570's {+path}: "/" separates segments whether it comes as is or
+//     as %2F, which is how a generated OpenAPI client writes every "/" of a
+//     value (its path parameters are encoded whole);
 //   - query parameters set the fields that neither the path nor the body
 //     binds, by proto name or JSON name, nested with dots, repeated by
 //     repeating the key. Unknown parameters are ignored on purpose: the
@@ -220,7 +224,7 @@ async function transcode(
       requestId,
       rawPathVariable: (fieldPath) => {
         const found = route.variables.find((v) => v.variable.fieldPath.join(".") === fieldPath);
-        return found && rawVariableValue(found.variable, match.segments);
+        return found && rawVariableValue(found.variable, expandSlashes(found.variable, match.segments));
       },
       requestBody: pending,
       abort: (reason) => controller.abort(reason),
@@ -272,9 +276,21 @@ function requestMessage(
   const r = reflect(input, msg);
   if (route.body !== "json-all" && route.body !== "raw-all") applyQuery(r, route, query);
   for (const { variable, path } of route.variables) {
-    setFromText(r, path, variableValue(variable, segments), `path variable "${variable.fieldPath.join(".")}"`);
+    const value = variableValue(variable, expandSlashes(variable, segments));
+    setFromText(r, path, value, `path variable "${variable.fieldPath.join(".")}"`);
   }
   return msg;
+}
+
+/**
+ * The request's segments with each %2F of a `**` variable's (the path's end)
+ * made a separator: such a variable is reserved expansion, and a generated
+ * client writes its "/" as %2F. Other variables keep their segments.
+ */
+function expandSlashes(variable: Variable, segments: readonly string[]): readonly string[] {
+  if (variable.length >= 0) return segments;
+  const tail = segments.slice(variable.start).flatMap((segment) => segment.split(/%2F/i));
+  return [...segments.slice(0, variable.start), ...tail];
 }
 
 function applyQuery(r: ReflectMessage, route: Route, query: URLSearchParams): void {

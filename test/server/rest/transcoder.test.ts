@@ -135,12 +135,12 @@ const cases: Case[] = [
     check: (_res, fx) => expect(runOf(fx).path).toBe("a//b/"),
   },
   {
-    name: "path variables are percent-decoded; %2F stays encoded inside {path=**}",
+    name: "path variables are percent-decoded; inside {path=**} (reserved expansion) %2F separates segments as / does",
     method: "POST",
     path: "/v4/p%2Ddev/my%20app/x%20y/a%2Fb/%C3%A9",
     status: 200,
     check: (_res, fx) =>
-      expect([runOf(fx).projectId, runOf(fx).appName, runOf(fx).path]).toEqual(["p-dev", "my app", "x y/a%2Fb/é"]),
+      expect([runOf(fx).projectId, runOf(fx).appName, runOf(fx).path]).toEqual(["p-dev", "my app", "x y/a/b/é"]),
   },
   {
     name: "a one-segment variable decodes %2F to /",
