@@ -12,7 +12,7 @@ const UNIT = [
   "test/apps/bundle.test.ts",
   "test/architecture.test.ts",
   "test/auth/authenticator.test.ts",
-  "test/config.test.ts",
+  "test/config/config.test.ts",
   "test/management/stats.test.ts",
   "test/runner/deployment-cache.test.ts",
   "test/runner/replica-set.test.ts",

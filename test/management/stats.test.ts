@@ -1,7 +1,7 @@
 // GetAppStats, which the Apps page charts: per-minute buckets over the last
 // hour, counted by queue time, with nearest-rank percentiles of finished runs.
 // The figures of each minute come from the run history (its query is tested
-// in run-history.test.ts); here, how they become the hour's 60 buckets.
+// in test/runs/history/history.test.ts); here, how they become the hour's 60 buckets.
 import { describe, expect, it } from "vitest";
 import { hourBuckets, STATS_MINUTES } from "../../services/management/stats.js";
 

@@ -11,8 +11,8 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import pg from "pg";
 import type { Browser, BrowserContext, Locator, Page } from "playwright-core";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
-import { packApp } from "../services/apps/bundle.js";
-import { skiffToml, writeApp } from "./helpers/apps.js";
+import { packApp } from "../../services/apps/bundle.js";
+import { skiffToml, writeApp } from "../helpers/apps.js";
 import {
   collectProblems,
   computedStyle,
@@ -21,9 +21,9 @@ import {
   overflowsViewport,
   screenshot,
   smallestTextHeight,
-} from "./helpers/browser.js";
-import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
-import { startReceiver, type Receiver } from "./helpers/webhook-receiver.js";
+} from "../helpers/browser.js";
+import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { startReceiver, type Receiver } from "../helpers/webhook-receiver.js";
 
 const P = "p-dev";
 const APP = "dash-demo";

@@ -5,9 +5,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
+import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
+import { TEST_ROOT } from "../helpers/paths.js";
 
-const root = join(import.meta.dirname, "..");
+const root = join(TEST_ROOT, "..");
 
 function startMain(env: Record<string, string>, args: string[] = []): ChildProcess {
   return spawn(process.execPath, ["--import", "tsx", "services/main.ts", ...args], {

@@ -11,19 +11,19 @@ import { headers, type NatsConnection } from "nats";
 import pg from "pg";
 import { v7 } from "uuid";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { silentLogger } from "../services/config/logger.js";
-import { RUN_RETENTION_MS, subjects } from "../services/nats/layout.js";
-import { publishRunEvent, publishRunEventUnacked } from "../services/runs/events.js";
+import { silentLogger } from "../../../services/config/logger.js";
+import { RUN_RETENTION_MS, subjects } from "../../../services/nats/layout.js";
+import { publishRunEvent, publishRunEventUnacked } from "../../../services/runs/events.js";
 import {
   openRunHistory,
   PGLITE_FOLDER,
   RUNS_STREAM,
   type RunHistory,
   type RunHistoryOptions,
-} from "../services/runs/history/index.js";
-import { rowOf } from "../services/runs/history/projector.js";
-import type { RunRecord } from "../services/runs/store.js";
-import { startProvisionedNats } from "./helpers/nats-server.js";
+} from "../../../services/runs/history/index.js";
+import { rowOf } from "../../../services/runs/history/projector.js";
+import type { RunRecord } from "../../../services/runs/store.js";
+import { startProvisionedNats } from "../../helpers/nats-server.js";
 
 const DATABASE_URL = process.env.SKIFF_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 

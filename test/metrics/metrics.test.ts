@@ -7,8 +7,8 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { cortexApp, deploy, P, post } from "./helpers/run-apps.js";
-import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
+import { cortexApp, deploy, P, post } from "../helpers/run-apps.js";
+import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 
 const METRICS_TOKEN = "metrics-token-0123456789abcdefghijklmnop";
 let t: TestSkiff;

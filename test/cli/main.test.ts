@@ -3,9 +3,9 @@ import { mkdtemp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { runCli } from "./helpers/cli.js";
-import { cortexApp, deploy, P } from "./helpers/run-apps.js";
-import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
+import { runCli } from "../helpers/cli.js";
+import { cortexApp, deploy, P } from "../helpers/run-apps.js";
+import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 
 describe("skiff CLI", () => {
   let t: TestSkiff;

@@ -10,12 +10,13 @@ import path from "node:path";
 import { promisify } from "node:util";
 import openapiTS from "openapi-typescript";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { packApp } from "../services/apps/bundle.js";
-import { cortexApp, deploy, P } from "./helpers/run-apps.js";
-import { startTestSkiff, type TestSkiff } from "./helpers/skiff.js";
+import { packApp } from "../../../services/apps/bundle.js";
+import { cortexApp, deploy, P } from "../../helpers/run-apps.js";
+import { startTestSkiff, type TestSkiff } from "../../helpers/skiff.js";
+import { TEST_ROOT } from "../../helpers/paths.js";
 
 const run = promisify(execFile);
-const root = path.join(import.meta.dirname, "..");
+const root = path.join(TEST_ROOT, "..");
 const bin = (name: string) => path.join(root, "node_modules", ".bin", name);
 
 /**

@@ -3,10 +3,10 @@ import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { connect, nanos, RetentionPolicy, StorageType, StringCodec, type NatsConnection } from "nats";
-import { capturingLogger } from "./helpers/logs.js";
+import { capturingLogger } from "../helpers/logs.js";
 import { afterEach, beforeEach, describe, expect, test } from "vitest";
-import { silentLogger } from "../services/config/logger.js";
-import { buckets, objectStores, streams } from "../services/nats/layout.js";
+import { silentLogger } from "../../services/config/logger.js";
+import { buckets, objectStores, streams } from "../../services/nats/layout.js";
 import {
   connectNats,
   JetStreamDisabledError,
@@ -15,8 +15,8 @@ import {
   provision,
   STARTED_SERVER_MAX_PAYLOAD_BYTES,
   type NatsHandle,
-} from "../services/nats/connect.js";
-import { startNatsServer, type TestNats } from "./helpers/nats-server.js";
+} from "../../services/nats/connect.js";
+import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
 
 const sc = StringCodec();
 

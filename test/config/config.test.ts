@@ -8,7 +8,7 @@ import {
   loadConfig,
   ROLES,
   settingsTable,
-} from "../services/config/config.js";
+} from "../../services/config/config.js";
 
 describe("config", () => {
   it("defaults apply when no SKIFF_* variable is set", () => {
@@ -189,7 +189,7 @@ describe("config", () => {
 
   it("the README's configuration table is the one the code makes", async () => {
     const { readFile } = await import("node:fs/promises");
-    const readme = await readFile(new URL("../README.md", import.meta.url), "utf8");
+    const readme = await readFile(new URL("../../README.md", import.meta.url), "utf8");
     expect(readme).toContain(settingsTable());
   });
 });
