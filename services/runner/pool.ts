@@ -30,15 +30,12 @@ import {
   type InvokeResponse,
 } from "../runs/index.js";
 import { callerHeaders } from "../server/index.js";
-import type { NetnsConnector } from "./netns-connect.js";
-import type { PortLeases } from "./ports.js";
 import { AnswerTooLarge, type Replica } from "./replica.js";
-import { ProcessReplicas } from "./replica-factory.js";
+import { ProcessReplicas, type ProcessReplicaOptions } from "./replica-factory.js";
 import { exitsWithin, ReplicaSet } from "./replica-set.js";
 import { cortexEnvelope, cortexHeaders, forwardHeaders, tooLargeAnswer } from "./responses.js";
-import type { SandboxOptions } from "./sandbox.js";
 import { SlotQueue, type Slot } from "./slot-queue.js";
-import type { AppDeployment, AppLogLine, PreparedDeployment, ReplicaChange } from "./types.js";
+import type { AppDeployment, PreparedDeployment, ReplicaChange } from "./types.js";
 import { sendUpgrade, UpgradeTimeout, type UpgradeAnswer, type UpgradeRequest } from "./upgrade.js";
 
 /** How long an app may take to answer a WebSocket handshake (bounded by response_grace_period too). */
@@ -46,29 +43,17 @@ const UPGRADE_ANSWER_MS = 30_000;
 /** How long a broken run waits for its sandboxed replica's exit, whose reason (a limit) is the clearer error. */
 const LIMIT_REASON_WAIT_MS = 2_000;
 
-export interface PoolOptions {
-  workDir: string;
-  agent: http.Agent;
-  logger: Logger;
-  ports: PortLeases;
-  onLog?: (line: AppLogLine) => void;
-  /** SKIFF_REPLICA_LOG_LINES_PER_SECOND: lines each replica may log per second; undefined: no limit. */
-  logLinesPerSecond?: number;
-  /** Lines a replica of the app logged past that rate and were dropped. */
-  onLogsDropped?: (projectId: string, appName: string, lines: number) => void;
+/** An app's pool: how its replicas are made (ProcessReplicaOptions), queued for and kept. */
+export interface PoolOptions extends ProcessReplicaOptions {
   /** SKIFF_MAX_RESULT_BYTES: the largest answer of a Cortex function read whole. */
   maxResultBytes: number;
   onReplicaChange?: (change: ReplicaChange) => void;
   queueLimit: number;
   queueWaitMs: number;
-  startTimeoutMs: number;
   /** SIGTERM→SIGKILL grace for a replica stopped as broken (timeout, failed healthcheck). */
   killGraceMs: number;
   healthIntervalMs: number;
   unhealthyAfter: number;
-  sandbox: SandboxOptions;
-  /** Connections made inside sandboxes, for Custom apps' requests to skip their relay. */
-  netns?: NetnsConnector;
   /** Why the pool's project may not start one more replica on this runner (its quota); undefined: it may. */
   projectRefusal?: (pool: AppPool) => string | undefined;
   /** The time of the queue's, the lifecycle's and the runs' timers (default the machine's). */

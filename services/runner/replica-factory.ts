@@ -30,8 +30,9 @@ export interface ProcessReplicaOptions {
   logger: Logger;
   ports: PortLeases;
   onLog?: (line: AppLogLine) => void;
-  /** Lines each replica may log per second; undefined: no limit. */
+  /** SKIFF_REPLICA_LOG_LINES_PER_SECOND: lines each replica may log per second; undefined: no limit. */
   logLinesPerSecond?: number;
+  /** Lines a replica of the app logged past that rate and were dropped. */
   onLogsDropped?: (projectId: string, appName: string, lines: number) => void;
   startTimeoutMs: number;
   sandbox: SandboxOptions;
