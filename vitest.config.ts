@@ -33,10 +33,18 @@ const UNIT = [
  */
 const FUZZ = ["test/fuzz/**/*.test.ts"];
 
-const timeouts = { testTimeout: 30_000, hookTimeout: 60_000 };
+/**
+ * Deadlines of a test and of its hooks: above every wait inside a test (those
+ * wait on events, up to a minute on a loaded machine), so that a wait that
+ * fails says what it waited for.
+ */
+const timeouts = { testTimeout: 120_000, hookTimeout: 120_000 };
 
 export default defineConfig({
   test: {
+    // Files at once. Most integration files spend their time waiting on processes (nats-server, replicas,
+    // skiff itself); vitest's default (one less than the cores) runs them one after another on 2 cores.
+    maxWorkers: 3,
     // `vitest run` runs all three; `--project unit`, `--project integration` or `--project fuzz` one of them.
     projects: [
       { test: { name: "unit", include: UNIT, ...timeouts, pool: "threads" } },

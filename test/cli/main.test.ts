@@ -19,7 +19,7 @@ describe("skiff CLI", () => {
     t = await startTestSkiff();
     cwd = await mkdtemp(path.join(tmpdir(), "skiff-cli-"));
     await deploy(cwd, t.management(), cortexApp("answers", { max_replicas: 1 }));
-    await vi.waitUntil(() => t.skiff.runner!.version(P, "answers") === 1, { timeout: 30_000 });
+    await vi.waitUntil(() => t.skiff.runner!.version(P, "answers") === 1, { timeout: 60_000 });
   }, 60_000);
   afterAll(async () => {
     await t?.close();

@@ -85,12 +85,12 @@ describe("deleting an app", () => {
           () => false,
         ),
       {
-        timeout: 10_000,
+        timeout: 30_000,
       },
     );
 
     await t.management().deleteApp({ projectId: P, appName: "doomed" });
-    await vi.waitUntil(() => t.skiff.runner!.version(P, "doomed") === undefined, { timeout: 10_000 });
+    await vi.waitUntil(() => t.skiff.runner!.version(P, "doomed") === undefined, { timeout: 30_000 });
     // Longer than a runner's pause before it pulls again after an error.
     await new Promise((resolve) => setTimeout(resolve, 3_000));
     const names = [];

@@ -116,7 +116,7 @@ describe("async - runners that die", () => {
         const r = await post(v4("add"), t.devToken, '{"a":1,"b":1}');
         return r.status === 200 ? r : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(again.json).toMatchObject({ run_id: again.headers.get("x-request-id"), result: 2 });
   });

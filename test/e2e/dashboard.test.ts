@@ -318,7 +318,7 @@ describe("dashboard - runs", () => {
     expect(accepted.status).toBe(202);
     const runId = accepted.json.run_id!;
     const row = page.getByRole("row", { name: new RegExp(runId) });
-    await row.getByText("failure").waitFor({ timeout: 20_000 });
+    await row.getByText("failure").waitFor({ timeout: 60_000 });
     expect(await row.getByText("async", { exact: true }).count()).toBe(1);
     expect(await row.locator('[data-status="failure"]').count()).toBe(1);
     expect(await row.getByText("boom").count()).toBe(1);
@@ -355,7 +355,7 @@ describe("dashboard - runs", () => {
     await page.getByRole("button", { name: "Redeliver" }).click();
     await page.getByText("A fresh delivery has started").waitFor();
     const second = page.getByRole("region", { name: "Delivery 2" });
-    await second.locator('[data-outcome="delivered"]').first().waitFor({ timeout: 20_000 });
+    await second.locator('[data-outcome="delivered"]').first().waitFor({ timeout: 60_000 });
     expect(receiver.to("/hook")).toHaveLength(3);
     await screenshot(page, "08-run-redelivered");
     expect(problems).toEqual([]);
@@ -418,7 +418,7 @@ describe("dashboard - every app's runs, HTTP status, sync runs", () => {
     const later = await invoke("hello", { async: "true" }, { name: "Bea" });
     expect(later.status).toBe(202);
     await row(refused.runId).getByRole("cell", { name: WEB, exact: true }).waitFor();
-    await row(later.json.run_id!).getByText("success").waitFor({ timeout: 20_000 });
+    await row(later.json.run_id!).getByText("success").waitFor({ timeout: 60_000 });
     expect(await row(later.json.run_id!).getByRole("cell", { name: APP, exact: true }).count()).toBe(1);
     await screenshot(page, "11-runs-all-apps");
 
@@ -491,7 +491,7 @@ describe("dashboard - every app's runs, HTTP status, sync runs", () => {
     await screenshot(page, "14-run-sync");
 
     await page.goto(`${t.url}/projects/${P}/apps/${APP}/runs/${queued.json.run_id}`);
-    await page.getByText("Hello, Di!").waitFor({ timeout: 20_000 });
+    await page.getByText("Hello, Di!").waitFor({ timeout: 60_000 });
     expect(await page.getByRole("region", { name: "Result" }).textContent()).not.toContain("sync runs");
     expect(problems).toEqual([]);
   });
@@ -656,7 +656,7 @@ describe("dashboard - layout at 1280 and 390 px", () => {
 
   it("at 1280 px the all-apps runs table fits its frame: every column, Run time and Webhook included, is in view", async () => {
     if (t.skiff.runner!.version(P, WEB) === undefined) await deployWeb();
-    await vi.waitUntil(() => t.skiff.runner!.version(P, WEB) !== undefined, { timeout: 30_000 });
+    await vi.waitUntil(() => t.skiff.runner!.version(P, WEB) !== undefined, { timeout: 60_000 });
     const long = await call(WEB, "some/long/path/of/a/custom/app", {
       webhookEndpoint: receiver.url + "/a-fairly-long-hook-path",
     });
@@ -670,7 +670,7 @@ describe("dashboard - layout at 1280 and 390 px", () => {
         (await t.management().listRuns({ projectId: P, appName: WEB, pageSize: 50 })).runs.some(
           (r) => r.runId === long.runId,
         ),
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     await freshPage();
     await signIn(t.adminToken);

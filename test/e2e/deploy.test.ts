@@ -28,7 +28,7 @@ const skiff = (args: string[]) => runCli(args, { env: cliEnv(), cwd: tmp });
 
 /** Resolves once the runner serves `version` of `app`. */
 const served = (app: string, version: number) =>
-  vi.waitUntil(() => runner.version(P, app) === version, { timeout: 20_000 });
+  vi.waitUntil(() => runner.version(P, app) === version, { timeout: 60_000 });
 
 function request(
   fn: string,
@@ -186,7 +186,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
         }
       }),
     );
-    await vi.waitUntil(() => answers.length >= 8, { timeout: 20_000 });
+    await vi.waitUntil(() => answers.length >= 8, { timeout: 60_000 });
     const res = await skiff([
       "deploy",
       await writeApp(tmp, nodeApp("swap", { min_replicas: 1, max_replicas: 4, replica_concurrency: 4 }, "v2")),
@@ -195,7 +195,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
     await served("swap", 2);
     // The 4 callers may each have had a call in flight on version 1 at the switch.
     const at = answers.length + 4;
-    await vi.waitUntil(() => answers.length >= at + 8, { timeout: 20_000 });
+    await vi.waitUntil(() => answers.length >= at + 8, { timeout: 60_000 });
     stop = true;
     await load; // an invoke that failed would have rejected here
     expect(answers.filter((a) => a !== "v1" && a !== "v2")).toEqual([]);
@@ -212,7 +212,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
         const a = (await t.management().getApp({ projectId: P, appName: "hello-python" })).app!;
         return a.replicas.some((r) => r.state === "ready") ? a : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(app).toMatchObject({
       appName: "hello-python",
@@ -244,7 +244,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
         const r = await skiff(["logs", "hello-python", "--run", "run-logs-1"]);
         return r.stdout.includes("greeting Logs") ? r : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(res.stdout.trim().split("\n")).toEqual([
       expect.stringMatching(/^\S+Z hello-python-v1-\w+ \[run-logs-1\] greeting Logs$/),
@@ -254,9 +254,9 @@ describe("deploy - versions, replicas, logs, delete", () => {
     let out = "";
     follow.stdout!.on("data", (c: Buffer) => (out += c.toString()));
     try {
-      await vi.waitUntil(() => out.includes("greeting Logs"), { timeout: 20_000 });
+      await vi.waitUntil(() => out.includes("greeting Logs"), { timeout: 60_000 });
       await runner.invoke(P, "hello-python", request("/run", { name: "Tail" }, "run-tail-1"));
-      await vi.waitUntil(() => out.includes("[run-tail-1] greeting Tail"), { timeout: 20_000 });
+      await vi.waitUntil(() => out.includes("[run-tail-1] greeting Tail"), { timeout: 60_000 });
     } finally {
       follow.kill("SIGTERM");
     }
@@ -267,13 +267,13 @@ describe("deploy - versions, replicas, logs, delete", () => {
       code: 0,
     });
     await served("doomed", 1);
-    await vi.waitUntil(() => runner.replicas(P, "doomed").length > 0, { timeout: 20_000 });
+    await vi.waitUntil(() => runner.replicas(P, "doomed").length > 0, { timeout: 60_000 });
     expect(await skiff(["apps", "delete", "doomed"])).toMatchObject({
       code: 0,
       stdout: expect.stringContaining("deleted app doomed"),
     });
     await vi.waitUntil(() => runner.replicas(P, "doomed").length === 0 && runner.version(P, "doomed") === undefined, {
-      timeout: 20_000,
+      timeout: 60_000,
     });
     const err = await t
       .management()
@@ -318,7 +318,7 @@ describe("deploy - a second runner process", () => {
           const a = (await t.management().getApp({ projectId: P, appName: "warm" })).app!;
           return a.replicas.filter((r) => r.state === "ready").length === 2 ? a : undefined;
         },
-        { timeout: 30_000 },
+        { timeout: 60_000 },
       );
       const here = runner.replicas(P, "warm").map((r) => r.replicaId);
       const there = app.replicas.filter((r) => !here.includes(r.replicaId));

@@ -86,7 +86,7 @@ describe("skiff's SIGTERM with a setsid orphan inside a replica", () => {
       body: JSON.stringify({ marker }),
     });
     expect(res.status, await res.clone().text()).toBe(200);
-    await expect.poll(() => hostProcessesWith(marker), { timeout: 5000 }).toHaveLength(1);
+    await expect.poll(() => hostProcessesWith(marker), { timeout: 30_000 }).toHaveLength(1);
 
     s.child.kill("SIGTERM");
     const code = await Promise.race([

@@ -80,7 +80,7 @@ describe("store budgets, end to end", () => {
 
     // /readyz stays 200 (sync calls still work) and names the full store.
     await vi.waitUntil(async () => ((await readyz()).body.full_stores as string[] | undefined)?.length === 1, {
-      timeout: 15_000,
+      timeout: 45_000,
       interval: 250,
     });
     expect(await readyz()).toEqual({
@@ -92,15 +92,15 @@ describe("store budgets, end to end", () => {
     await (await nc.jetstreamManager()).streams.purge(streams.runs.name);
     await vi.waitUntil(
       async () => (await post(`${t.url}/v4/${P}/queued/add?async=true`, t.devToken, body)).status === 202,
-      { timeout: 15_000, interval: 500 },
+      { timeout: 45_000, interval: 500 },
     );
-    await vi.waitUntil(async () => (await readyz()).body.full_stores === undefined, { timeout: 15_000, interval: 250 });
+    await vi.waitUntil(async () => (await readyz()).body.full_stores === undefined, { timeout: 45_000, interval: 250 });
   });
 
   it("a queue filled by another process between two measures: JetStream's refusal is the same clear 503", async () => {
     await (await nc.jetstreamManager()).streams.purge(streams.runs.name);
     // Let this process measure the empty queue, then fill it behind its back.
-    await vi.waitUntil(async () => (await readyz()).body.full_stores === undefined, { timeout: 15_000 });
+    await vi.waitUntil(async () => (await readyz()).body.full_stores === undefined, { timeout: 45_000 });
     await new Promise((r) => setTimeout(r, 5_500));
     // Large messages, then small ones, until not even a small one fits.
     for (const size of [8 * 1024, 16]) {
@@ -134,7 +134,7 @@ describe("store budgets, end to end", () => {
         text = await res.text();
         return value("skiff_store_bytes", "run-history")! > 0 && value("skiff_store_bytes", streams.events.name)! > 0;
       },
-      { timeout: 30_000, interval: 500 },
+      { timeout: 60_000, interval: 500 },
     );
     for (const spec of STORE_SPECS) {
       expect(value("skiff_store_budget_bytes", spec.store), spec.store).toBeGreaterThan(0);

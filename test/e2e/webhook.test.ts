@@ -83,7 +83,7 @@ describe("webhooks end to end", () => {
     expect(res.json.result).toBe(5);
     const runId = res.headers.get("x-request-id");
     const [delivery] = await vi.waitUntil(() => (receiver.held.length >= 1 ? receiver.held : undefined), {
-      timeout: 20_000,
+      timeout: 60_000,
     });
     expect(delivery.headers["content-type"]).toBe("application/json");
     expect(delivery.headers["x-request-id"]).toBe(runId);
@@ -96,7 +96,7 @@ describe("webhooks end to end", () => {
       async () =>
         (await admin.listWebhookDeliveries({ projectId: P, appName: "hooks", runId: runId! })).deliveries[0]?.state ===
         "delivered",
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     receiver.held.length = 0;
   });
@@ -142,7 +142,7 @@ describe("webhooks end to end", () => {
     const res = await callWithSecretBytes(Buffer.from(secret, "utf8"), "utf8");
     expect(res.status).toBe(200);
     const [delivery] = await vi.waitUntil(() => (receiver.held.length >= 1 ? receiver.held : undefined), {
-      timeout: 20_000,
+      timeout: 60_000,
     });
     expect(delivery.headers["x-request-id"]).toBe(res.runId);
     expect(verifyWebhook({ secret, headers: delivery.headers, body: delivery.body })).toBe(res.runId);
@@ -167,7 +167,7 @@ describe("webhooks end to end", () => {
     expect(res.status).toBe(202);
     const runId = res.json.run_id as string;
     const [first] = await vi.waitUntil(() => (receiver.held.length >= 1 ? receiver.held : undefined), {
-      timeout: 20_000,
+      timeout: 60_000,
     });
     expect(first.headers["x-request-id"]).toBe(runId);
     expect(first.headers["x-service-webhook-signature"]).toBeUndefined(); // no secret, no signature
@@ -180,7 +180,7 @@ describe("webhooks end to end", () => {
         const r = (await admin.getRun({ projectId: P, appName: "hooks", runId })).run;
         return r?.webhookDeliveries[0]?.state === "delivered" ? r : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(run.status).toBe("failure");
     expect(run.async).toBe(true);
@@ -194,7 +194,7 @@ describe("webhooks end to end", () => {
     });
     expect(again.status).toBe(200);
     const [, second] = await vi.waitUntil(() => (receiver.held.length >= 2 ? receiver.held : undefined), {
-      timeout: 20_000,
+      timeout: 60_000,
     });
     expect(second.headers["x-request-id"]).toBe(runId);
     expect(second.body.equals(first.body)).toBe(true);
@@ -204,7 +204,7 @@ describe("webhooks end to end", () => {
         const list = (await admin.listWebhookDeliveries({ projectId: P, appName: "hooks", runId })).deliveries;
         return list.length === 2 && list.every((d) => d.state === "delivered");
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     receiver.held.length = 0;
   });
@@ -220,7 +220,7 @@ describe("webhooks end to end", () => {
             .getRun({ projectId: P, appName: "hooks", runId })
             .catch(() => undefined)
         )?.run?.status === "success",
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     const again = await fetch(`${t.url}/v2/projects/${P}/apps/hooks/runs/${runId}/webhook:redeliver`, {
       method: "POST",

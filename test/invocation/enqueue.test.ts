@@ -21,7 +21,7 @@ beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-accept-"));
   t = await startTestSkiff();
   await deploy(tmp, t.management(), cortexApp("accept", { max_replicas: 1 }));
-  await vi.waitUntil(() => t.skiff.runner!.version(P, "accept") === 1, { timeout: 30_000 });
+  await vi.waitUntil(() => t.skiff.runner!.version(P, "accept") === 1, { timeout: 60_000 });
 }, 60_000);
 afterAll(async () => {
   await t?.close();
@@ -62,7 +62,7 @@ describe("async accept", () => {
           .catch(() => undefined);
         return r?.run?.status === "success" ? r.run : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(run).toMatchObject({ async: true, attempts: 1, statusCode: 200 });
   });
@@ -75,7 +75,7 @@ describe("async accept", () => {
     expect(res.status).toBe(202);
     const accepted = res.json.run_id as string;
     await vi.waitUntil(async () => (await store.get(P, "accept", accepted))?.record.status === "success", {
-      timeout: 20_000,
+      timeout: 60_000,
     });
     const subject = `$KV.skiff-runs.${P}.accept.${accepted}`;
     const jsm = await t.skiff.nats.nc.jetstreamManager();
@@ -93,7 +93,7 @@ describe("async accept", () => {
         const info = await jsm.consumers.info("SKIFF_RUNS", `runs-${P}-accept`);
         return info.num_pending === 0 && info.num_ack_pending === 0;
       },
-      { timeout: 20_000, interval: 100 },
+      { timeout: 60_000, interval: 100 },
     );
     expect((await store.get(P, "accept", runId))?.record).toMatchObject({ status: "cancelled", attempts: 0 });
   });

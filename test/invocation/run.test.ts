@@ -59,7 +59,7 @@ function setUp(apps: AppRecord[], runner: FakeRunner) {
     createRouterTransport((router) => routes(router, deps)),
   );
   const finished = (runId: string) =>
-    vi.waitUntil(() => recorded.finished.find((f) => f.record.run_id === runId), { timeout: 5_000 });
+    vi.waitUntil(() => recorded.finished.find((f) => f.record.run_id === runId), { timeout: 30_000 });
   return { client, recorded, finished };
 }
 

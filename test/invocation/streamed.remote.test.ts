@@ -53,7 +53,7 @@ const runOf = (runId: string, status: string) =>
         .catch(() => undefined);
       return got?.run?.status === status ? got.run : undefined;
     },
-    { timeout: 20_000 },
+    { timeout: 60_000 },
   );
 
 describe("streamed answers through a runner over NATS", () => {
@@ -96,7 +96,7 @@ describe("streamed answers through a runner over NATS", () => {
         last = now;
         return still ? now : undefined;
       },
-      { timeout: 20_000, interval: 300 },
+      { timeout: 60_000, interval: 300 },
     );
     expect(stalled).toBeLessThan((mb * 1024 * 1024) / 2);
     for (const part of await readAll(reader)) got += part.byteLength;
@@ -114,7 +114,7 @@ describe("streamed answers through a runner over NATS", () => {
         ((await post(v4("state"), gateway.devToken, "")).json as { closedEarly: string[] }).closedEarly.includes(
           "gone",
         ),
-      { timeout: 10_000 },
+      { timeout: 30_000 },
     );
   });
 

@@ -119,7 +119,7 @@ async function runOf(runId: string, status: string, app = APP) {
       )?.run;
       return run?.status === status ? run : undefined;
     },
-    { timeout: 20_000 },
+    { timeout: 60_000 },
   );
 }
 
@@ -160,7 +160,7 @@ describe("streamed answers", () => {
     const exited = new Promise<number | null>((resolve) => curl.once("exit", resolve));
     try {
       // The app ends only once opened: without -N's unbuffered reads (or a buffering skiff) this never shows.
-      await vi.waitUntil(() => out.includes('data: {"waiting":"curl"}'), { timeout: 15_000 });
+      await vi.waitUntil(() => out.includes('data: {"waiting":"curl"}'), { timeout: 45_000 });
       expect(out).toMatch(/^HTTP\/1\.1 200/);
       expect(out.toLowerCase()).toContain("content-type: text/event-stream");
       expect(out).not.toContain("opened");
@@ -195,7 +195,7 @@ describe("streamed answers", () => {
         last = now;
         return still ? now : undefined;
       },
-      { timeout: 20_000, interval: 300 },
+      { timeout: 60_000, interval: 300 },
     );
     expect(stalled).toBeLessThan((mb * 1024 * 1024) / 2);
     let bytes = 0;
@@ -219,7 +219,7 @@ describe("streamed answers", () => {
     await vi.waitUntil(
       async () =>
         ((await post(v4("state"), t.devToken, "")).json as { closedEarly: string[] }).closedEarly.includes("left"),
-      { timeout: 10_000 },
+      { timeout: 30_000 },
     );
   });
 

@@ -35,7 +35,7 @@ beforeAll(async () => {
   // The apps on the runner.
   await vi.waitUntil(
     () => t.skiff.runner!.version(P, "calc") === 1 && t.skiff.runner!.version(P, "custom-http") === 1,
-    { timeout: 30_000 },
+    { timeout: 60_000 },
   );
 }, 60_000);
 afterAll(async () => {
@@ -64,7 +64,7 @@ describe("invocation - sync", () => {
         const r = (await t.management().getRun({ projectId: P, appName: "calc", runId: res.json.run_id })).run!;
         return r.status === "failure" ? r : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(run).toMatchObject({ async: false, statusCode: 500, error: { type: "TypeError" } });
   });
@@ -103,7 +103,7 @@ describe("invocation - sync", () => {
           .catch(() => undefined);
         return r?.run?.status === "success" ? r.run : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(run.path).toBe("/echo/deep/x%20y");
   });
@@ -118,7 +118,7 @@ describe("invocation - sync", () => {
         const r = (await t.management().getRun({ projectId: P, appName: "calc", runId })).run!;
         return r.status === "failure" ? r : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(run.error).toMatchObject({ type: "timeout" });
   });
@@ -223,7 +223,7 @@ describe("invocation - async", () => {
         const r = (await t.management().getRun({ projectId: P, appName: "calc", runId })).run!;
         return r.status === "success" ? r : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(run).toMatchObject({ async: true, attempts: 1, statusCode: 200 });
     expect(run.result?.kind.case).toBe("structValue");
@@ -243,7 +243,7 @@ describe("invocation - async", () => {
         const r = (await t.management().getRun({ projectId: P, appName: "calc", runId })).run!;
         return r.status === "failure" ? r : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(run.error).toMatchObject({ type: "TypeError", message: "nope" });
   });

@@ -154,7 +154,7 @@ describe("WebSockets across NATS (a gateway without a runner)", () => {
   });
 
   it("with the runner gone, open connections close and a handshake gets 503", async () => {
-    const { ws } = await vi.waitUntil(() => open().catch(() => undefined), { timeout: 20_000 });
+    const { ws } = await vi.waitUntil(() => open().catch(() => undefined), { timeout: 60_000 });
     const done = closed(ws);
     await runner.close();
     // The app, stopped with SIGTERM, says "going away"; its connection ends.

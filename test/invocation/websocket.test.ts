@@ -118,7 +118,7 @@ beforeAll(async () => {
   await deploy(tmp, t.management(), cortexApp("calc", {}));
   await vi.waitUntil(
     () => ["ws-echo", "ws-short", "ws-cap", "calc"].every((app) => t.skiff.runner!.version(P, app) === 1),
-    { timeout: 30_000 },
+    { timeout: 60_000 },
   );
 }, 90_000);
 
@@ -321,7 +321,7 @@ describe("WebSockets - refusals before the upgrade", () => {
           .then(({ ws }) => (ws.close(), true))
           .catch(() => false),
       {
-        timeout: 5_000,
+        timeout: 30_000,
       },
     );
   });
@@ -393,7 +393,7 @@ describe("WebSockets - limits and failures", () => {
     expect(record).toMatchObject({ status: "failure", error: { type: "replica_crashed" } });
     expect(record.websocket).toMatchObject({ close_code: 1006, closed_by: "app" });
     // The pool replaces the replica: the next connection works.
-    const again = await vi.waitUntil(() => open(wsUrl("ws-echo")).catch(() => undefined), { timeout: 20_000 });
+    const again = await vi.waitUntil(() => open(wsUrl("ws-echo")).catch(() => undefined), { timeout: 60_000 });
     again.ws.send("still here");
     expect((await nextMessage(again.ws)).data.toString()).toBe("still here");
     again.ws.close();
@@ -434,7 +434,7 @@ describe("WebSockets - limits and failures", () => {
     const done = closed(ws);
     // The running record is written at the 101; the cancel finds the process that holds the connection.
     await vi.waitUntil(() => runs.latest(runId)?.status === "running", {
-      timeout: 5_000,
+      timeout: 30_000,
     });
     const { run } = await t.management().cancelRun({ projectId: P, appName: "ws-echo", runId });
     expect(run?.status).toBe("cancelled");

@@ -33,7 +33,7 @@ beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-metrics-"));
   t = await startTestSkiff({ env: { SKIFF_METRICS_TOKEN: METRICS_TOKEN } });
   await deploy(tmp, t.management(), cortexApp("measured", { min_replicas: 1, max_replicas: 2 }));
-  await vi.waitUntil(() => t.skiff.runner!.version(P, "measured") === 1, { timeout: 30_000 });
+  await vi.waitUntil(() => t.skiff.runner!.version(P, "measured") === 1, { timeout: 60_000 });
 }, 60_000);
 afterAll(async () => {
   await t?.close();
@@ -66,7 +66,7 @@ describe("metrics", () => {
         const { text } = await scrape(METRICS_TOKEN);
         return (sample(text, "skiff_runs_total", { app: "measured", mode: "async" }) ?? 0) >= 1 ? text : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     const run = "POST /v4/{project_id}/{app_name}/{path=**}";
     expect(sample(text, "skiff_http_requests_total", { route: run, code: "200" })).toBeGreaterThanOrEqual(1);
@@ -91,7 +91,7 @@ describe("metrics", () => {
     }
     expect(await depth()).toBeGreaterThanOrEqual(1);
     // An emptied queue still has its series, reading 0, so a graph or an alert sees it drain.
-    await vi.waitUntil(async () => (await depth()) !== undefined && (await depth()) === 0, { timeout: 20_000 });
+    await vi.waitUntil(async () => (await depth()) !== undefined && (await depth()) === 0, { timeout: 60_000 });
   }, 30_000);
 
   it("counts webhook attempts by outcome", async () => {
@@ -108,7 +108,7 @@ describe("metrics", () => {
         async () =>
           (sample((await scrape(METRICS_TOKEN)).text, "skiff_webhook_attempts_total", { outcome: "delivered" }) ?? 0) >=
           1,
-        { timeout: 20_000 },
+        { timeout: 60_000 },
       );
     } finally {
       receiver.close();
@@ -120,7 +120,7 @@ describe("metrics", () => {
     await t.nats.restart();
     await vi.waitUntil(
       async () => (sample((await scrape(METRICS_TOKEN)).text, "skiff_nats_reconnects_total") ?? 0) > before,
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
   });
 });

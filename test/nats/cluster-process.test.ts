@@ -56,7 +56,7 @@ describe("a three-node JetStream cluster", () => {
           return undefined;
         }
       },
-      { timeout: 20_000, interval: 250 },
+      { timeout: 60_000, interval: 250 },
     );
     expect(put).toBeGreaterThan(0);
     await victim.start();
@@ -68,7 +68,7 @@ describe("a three-node JetStream cluster", () => {
           .catch(() => undefined);
         return (info?.cluster?.replicas ?? []).length === 2 && info!.cluster!.replicas!.every((r) => r.current);
       },
-      { timeout: 30_000, interval: 250 },
+      { timeout: 60_000, interval: 250 },
     );
   }, 90_000);
 });

@@ -86,7 +86,7 @@ describe("kvPurgeKey and KvPurger", () => {
       await new Promise((r) => setTimeout(r, 150));
       purger.drain();
       expect(Object.keys(await subjectsOf("$KV.purge-test.many.>"))).toHaveLength(300);
-      await vi.waitUntil(() => purger.purged === 300, { timeout: 5_000, interval: 50 });
+      await vi.waitUntil(() => purger.purged === 300, { timeout: 30_000, interval: 50 });
       expect(await subjectsOf("$KV.purge-test.many.>")).toEqual({});
       expect(purger.pending).toBe(0);
     } finally {
@@ -103,7 +103,7 @@ describe("kvPurgeKey and KvPurger", () => {
     const { logger, lines } = capturingLogger();
     const purger = new KvPurger(purge, logger, 1, "test keys");
     purger.schedule("failing");
-    await vi.waitUntil(() => purger.abandoned === 1, { timeout: 20_000, interval: 50 });
+    await vi.waitUntil(() => purger.abandoned === 1, { timeout: 60_000, interval: 50 });
     expect(tries).toEqual(["failing", "failing", "failing"]);
     expect(lines.filter((l) => l.level === 40).map((l) => l.msg)).toEqual([
       expect.stringMatching(/cannot take test keys out of KV/),
@@ -153,7 +153,7 @@ describe("an async run after its record left KV", () => {
     const before = new Map<string, Awaited<ReturnType<typeof getRun>>>();
     for (const id of ids) {
       await vi.waitUntil(async () => ["success", "failure"].includes((await getRun(id)).status), {
-        timeout: 30_000,
+        timeout: 60_000,
         interval: 100,
       });
       // Read while the record is still in KV (it stays 2 s after the run's ack).
@@ -161,7 +161,7 @@ describe("an async run after its record left KV", () => {
       before.set(id, await getRun(id));
     }
     for (const id of ids)
-      await vi.waitUntil(async () => (await store.get(P, "pur", id)) === undefined, { timeout: 15_000, interval: 100 });
+      await vi.waitUntil(async () => (await store.get(P, "pur", id)) === undefined, { timeout: 45_000, interval: 100 });
     const jsm = await t.skiff.nats.nc.jetstreamManager();
     const left = (await jsm.streams.info("KV_skiff-runs", { subjects_filter: `$KV.skiff-runs.${P}.pur.>` })).state;
     expect(left.subjects ?? {}).toEqual({});
@@ -240,7 +240,7 @@ describe("a run's webhook deliveries after they left KV", () => {
     expect(before.get(down)![0]).toMatchObject({ deliveryId: "1", state: "failed" });
     expect(before.get(down)![0].attempts).toHaveLength(3);
     for (const id of [ok, down]) {
-      await vi.waitUntil(async () => !(await inKv(id)), { timeout: 15_000, interval: 100 });
+      await vi.waitUntil(async () => !(await inKv(id)), { timeout: 45_000, interval: 100 });
       expect(await deliveriesOf(id)).toEqual(before.get(id));
     }
     const again = await t.management().redeliverWebhook({ projectId: P, appName: "hook", runId: ok });
@@ -251,7 +251,7 @@ describe("a run's webhook deliveries after they left KV", () => {
       ["2", "delivered"],
     ]);
     expect(rx.to("/ok")).toHaveLength(2);
-    await vi.waitUntil(async () => !(await inKv(ok)), { timeout: 15_000, interval: 100 });
+    await vi.waitUntil(async () => !(await inKv(ok)), { timeout: 45_000, interval: 100 });
     expect(await deliveriesOf(ok)).toEqual(both);
     const jsm = await t.skiff.nats.nc.jetstreamManager();
     const left = (await jsm.streams.info("KV_skiff-webhooks", { subjects_filter: ">" })).state;

@@ -290,7 +290,7 @@ describe("nats - connectNats", () => {
     await expect(attempt).rejects.toThrow(/JetStream disabled/);
   });
 
-  test("a connection survives the server being restarted", { timeout: 10_000 }, async () => {
+  test("a connection survives the server being restarted", { timeout: 30_000 }, async () => {
     const nats = await server();
     const handle = track(await connectNats({ url: nats.url, dataDir: await tempDir(), logger: silentLogger }));
     await provision(handle.nc, silentLogger);

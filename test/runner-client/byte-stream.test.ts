@@ -100,13 +100,13 @@ describe("byte stream", () => {
     let written = false;
     left.write(Buffer.alloc(3 * WINDOW_BYTES), () => (written = true));
     await first;
-    await vi.waitUntil(() => right.readableLength >= WINDOW_BYTES / 2, { timeout: 10_000 });
+    await vi.waitUntil(() => right.readableLength >= WINDOW_BYTES / 2, { timeout: 30_000 });
     // Give credit in flight, if any was sent, time to land: none may release the write.
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(written).toBe(false);
     expect(right.readableLength).toBeLessThanOrEqual(WINDOW_BYTES);
     right.resume();
-    await vi.waitUntil(() => written, { timeout: 10_000 });
+    await vi.waitUntil(() => written, { timeout: 30_000 });
     left.destroy();
     right.destroy();
   });

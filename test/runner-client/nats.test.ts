@@ -194,7 +194,7 @@ describe("runner client over NATS: streamed answers", () => {
     await chunks.return!(undefined);
     await expect(res.stream!.ended).rejects.toBeInstanceOf(Cancelled);
     await cancelled;
-    await vi.waitUntil(() => runSignal?.aborted, { timeout: 5_000 });
+    await vi.waitUntil(() => runSignal?.aborted, { timeout: 30_000 });
   });
 
   it("a runner that goes silent fails the answer after three heartbeats", async () => {
@@ -324,7 +324,7 @@ describe("runner client over NATS: WebSockets", () => {
     up.socket.end(data);
     await ended; // the echo ends when its input ended
     expect(Buffer.concat(back).equals(data)).toBe(true);
-    await vi.waitUntil(() => up.socket.destroyed, { timeout: 5_000 });
+    await vi.waitUntil(() => up.socket.destroyed, { timeout: 30_000 });
   });
 
   it("an app that refuses the handshake answers over NATS as an HTTP answer", async () => {

@@ -103,7 +103,7 @@ describe.skipIf(!usable)("a cgroup per replica", () => {
             () => true,
             () => false,
           ),
-        { timeout: 5000 },
+        { timeout: 30_000 },
       )
       .toBe(false);
     await expect
@@ -113,7 +113,7 @@ describe.skipIf(!usable)("a cgroup per replica", () => {
             () => true,
             () => false,
           ),
-        { timeout: 5000 },
+        { timeout: 30_000 },
       )
       .toBe(false);
   });

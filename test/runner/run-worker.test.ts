@@ -59,7 +59,7 @@ async function finishedWithoutEvent(path: string, alsoEvent: boolean): Promise<R
   expect(res.status).toBe(202);
   const runId = res.json.run_id as string;
   // No runner yet: the run's record is its queue message, and its `queued` event.
-  const queued = await vi.waitUntil(() => records.latest(runId), { timeout: 10_000 });
+  const queued = await vi.waitUntil(() => records.latest(runId), { timeout: 30_000 });
   const now = new Date();
   const body = JSON.stringify({ run_id: runId, result: 42, run_time_ms: 3 });
   const written = await store.create({
@@ -114,7 +114,7 @@ describe("an async run found final when its message comes again", () => {
         const info = await jsm.consumers.info("SKIFF_RUNS", `runs-${P}-fin`);
         return info.num_pending === 0 && info.num_ack_pending === 0;
       },
-      { timeout: 30_000, interval: 200 },
+      { timeout: 60_000, interval: 200 },
     );
     await new Promise((r) => setTimeout(r, 1_500));
     // Stored in SKIFF_EVENTS: one success event each (the landed run's second publish was deduplicated).

@@ -26,7 +26,7 @@ const reaches = (app: string, runId: string, status: string) =>
       const r = await getRun(app, runId);
       return r.status === status ? r : undefined;
     },
-    { timeout: 20_000 },
+    { timeout: 60_000 },
   );
 const sleepAsync = async (app: string, ms: number, headers: Record<string, string> = {}) =>
   (await post(`${v4(app, "sleep")}?async=true`, t.devToken, JSON.stringify({ ms }), headers)).json.run_id as string;
@@ -46,7 +46,7 @@ beforeAll(async () => {
   );
   // The apps on the runner.
   await vi.waitUntil(() => t.skiff.runner!.version(P, "one") === 1 && t.skiff.runner!.version(P, "many") === 1, {
-    timeout: 30_000,
+    timeout: 60_000,
   });
 }, 60_000);
 afterAll(async () => {
@@ -73,7 +73,7 @@ describe("runs - events", () => {
           const e = events.filter((x) => x.runId === runId);
           return e.length >= 3 ? e : undefined;
         },
-        { timeout: 20_000 },
+        { timeout: 60_000 },
       );
       expect(mine.map((e) => [e.status, e.attempt, e.async])).toEqual([
         ["queued", 1, true],
@@ -89,7 +89,7 @@ describe("runs - events", () => {
           const e = events.filter((x) => x.runId === sync.json.run_id);
           return e.length >= 1 ? e : undefined;
         },
-        { timeout: 20_000 },
+        { timeout: 60_000 },
       );
       expect(syncEvents.map((e) => e.status)).toEqual(["success"]);
       expect(new TextDecoder().decode(syncEvents[0].response!.data)).toBe(sync.text);
@@ -108,7 +108,7 @@ describe("runs - events", () => {
           const e = events.filter((x) => x.runId === slow.json.run_id);
           return e.length >= 2 ? e : undefined;
         },
-        { timeout: 20_000 },
+        { timeout: 60_000 },
       );
       expect(slowEvents.map((e) => e.status)).toEqual(["running", "success"]);
     } finally {
@@ -153,7 +153,7 @@ describe("runs - cancel, idempotency, queue cap", () => {
         const page = await t.management().listRuns({ projectId: P, appName: "many", status: "running" });
         return page.runs.find((r) => !r.async)?.runId;
       },
-      { timeout: 20_000, interval: 100 },
+      { timeout: 60_000, interval: 100 },
     );
     const r = await t.management().cancelRun({ projectId: P, appName: "many", runId: running });
     expect(r.run).toMatchObject({ status: "cancelled", error: { type: "cancelled" } });
@@ -187,7 +187,7 @@ describe("runs - cancel, idempotency, queue cap", () => {
         const l = await t.management().listRuns({ projectId: P, appName: "many", asyncOnly: true, pageSize: 500 });
         return l.runs.some((x) => x.runId === other.json.run_id) ? l : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(listed.runs.filter((x) => x.runId === answers[0].json.run_id)).toHaveLength(1);
   });
@@ -214,7 +214,7 @@ describe("runs - listing", () => {
     await vi.waitUntil(
       async () =>
         (await t.management().listRuns({ projectId: P, appName: "many", pageSize: 1 })).runs[0]?.runId === ids[2],
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     const first = await t.management().listRuns({ projectId: P, appName: "many", pageSize: 2, asyncOnly: true });
     expect(first.runs.map((r) => r.runId)).toEqual([ids[2], ids[1]]);
@@ -252,13 +252,13 @@ describe("runs - listing", () => {
         const page = await t.management().listRuns({ projectId: P, appName: "-", pageSize: 2 });
         return page.runs[0]?.runId === inOne ? page : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(listed.runs.map((r) => [r.appName, r.runId])).toEqual([
       ["one", inOne],
       ["many", inMany],
     ]);
-    await vi.waitUntil(() => seen.includes(`many:${inMany}`) && seen.includes(`one:${inOne}`), { timeout: 20_000 });
+    await vi.waitUntil(() => seen.includes(`many:${inMany}`) && seen.includes(`one:${inOne}`), { timeout: 60_000 });
     const rest = await fetch(`${t.url}/v2/projects/${P}/apps/-/runs?page_size=2`, {
       headers: { authorization: `Bearer ${t.devToken}` },
     });
@@ -278,7 +278,7 @@ describe("runs - listing", () => {
     })().catch(() => undefined);
     await new Promise((r) => setTimeout(r, 200));
     const id = await sleepAsync("many", 1);
-    await vi.waitUntil(() => seen.includes(`${id}:success`), { timeout: 20_000 });
+    await vi.waitUntil(() => seen.includes(`${id}:success`), { timeout: 60_000 });
     expect(seen.filter((s) => s.startsWith(id))).toEqual([`${id}:queued`, `${id}:running`, `${id}:success`]);
     expect(seen.filter((s) => s.startsWith(earlier))).toEqual([]);
     controller.abort();
@@ -305,7 +305,7 @@ describe("runs - CLI", () => {
         const r = await cli(["runs", "many", "--async", "--status", "success"]);
         return r.stdout.includes(runId) ? r : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     expect(list.stdout).toMatch(new RegExp(`${runId}\\s+success\\s+async\\s+add`));
     const failed = await cli(["run", "many/fail"]);
@@ -400,13 +400,13 @@ describe("runs - record retention", () => {
     // Listed through the run API of the running skiff, which projects the events into its own history.
     await vi.waitUntil(
       async () => (await t.management().listRuns({ projectId: P, appName: "aged" })).runs.length === 2,
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
     // A second history of the same events (in a folder of its own) prunes by the time in the run ids.
     const history = await openRunHistory({ nc, logger: silentLogger, databaseUrl: undefined, dataDir: tmp });
     try {
       await vi.waitUntil(async () => (await history.list(P, "aged", { pageSize: 10 })).runs.length === 2, {
-        timeout: 20_000,
+        timeout: 60_000,
       });
       expect(await history.prune(now)).toBe(1);
       expect((await history.list(P, "aged", { pageSize: 10 })).runs.map((r) => r.run_id)).toEqual([recent]);

@@ -17,7 +17,7 @@ import type { RunRecord } from "../../services/runs/store.js";
 import { startProvisionedNats } from "../helpers/nats-server.js";
 
 const CONFIRM_MS = 300;
-const WAIT = { timeout: 30_000, interval: 50 };
+const WAIT = { timeout: 60_000, interval: 50 };
 let n: Awaited<ReturnType<typeof startProvisionedNats>>;
 let dir: string;
 let history: RunHistory;

@@ -72,7 +72,7 @@ describe("a project's share of a runner", () => {
     const hold = new AbortController();
     const held = [1, 2].map(() => r.invoke("p", "a", sleep(600_000, { signal: hold.signal })).catch((e: unknown) => e));
     await vi.waitUntil(() => r.replicas("p", "a").filter((x) => x.state === "ready" && x.inFlight === 1).length === 2, {
-      timeout: 20_000,
+      timeout: 60_000,
     });
 
     const refused = await r.invoke("p", "b", sleep(0)).catch((e: unknown) => e);
@@ -157,7 +157,7 @@ describe("log floods and large results", () => {
       ].join("\n"),
     });
     await vi.waitUntil(() => ["flood", "results", "answers"].every((app) => t.skiff.runner!.version(P, app) === 1), {
-      timeout: 30_000,
+      timeout: 60_000,
     });
   }, 60_000);
   afterAll(() => t?.close());
@@ -170,7 +170,7 @@ describe("log floods and large results", () => {
         const r = await getRun(app, runId);
         return r.status === "success" || r.status === "failure" ? r : undefined;
       },
-      { timeout: 20_000 },
+      { timeout: 60_000 },
     );
   const stored = async (runId: string) =>
     (await (await t.skiff.nats.nc.jetstream().views.os(objectStores.results.name)).info(runId)) !== null;
@@ -191,7 +191,7 @@ describe("log floods and large results", () => {
       const res = await post(v4("flood", "flood"), t.devToken, JSON.stringify({ n: N }));
       expect(res.status).toBe(200);
       // Every line is either published or counted in a report line.
-      await vi.waitUntil(() => kept() + dropped() === N, { timeout: 20_000 });
+      await vi.waitUntil(() => kept() + dropped() === N, { timeout: 60_000 });
     } finally {
       sub.unsubscribe();
     }

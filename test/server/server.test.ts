@@ -98,12 +98,12 @@ describe("skiff server", () => {
         if (ConnectError.from(err).code !== Code.Canceled) throw err;
       }
     })();
-    await expect.poll(() => seen, { timeout: 5_000 }).toEqual([Serving.SERVING]);
+    await expect.poll(() => seen, { timeout: 30_000 }).toEqual([Serving.SERVING]);
     await nats.kill();
-    await expect.poll(async () => (await fetch(`${skiff.url}/healthz`)).status, { timeout: 10_000 }).toBe(503);
+    await expect.poll(async () => (await fetch(`${skiff.url}/healthz`)).status, { timeout: 30_000 }).toBe(503);
     await nats.restart();
-    await expect.poll(async () => (await fetch(`${skiff.url}/healthz`)).status, { timeout: 15_000 }).toBe(200);
-    await expect.poll(() => seen, { timeout: 5_000 }).toEqual([Serving.SERVING, Serving.NOT_SERVING, Serving.SERVING]);
+    await expect.poll(async () => (await fetch(`${skiff.url}/healthz`)).status, { timeout: 45_000 }).toBe(200);
+    await expect.poll(() => seen, { timeout: 30_000 }).toEqual([Serving.SERVING, Serving.NOT_SERVING, Serving.SERVING]);
     abort.abort();
     await watching;
   });

@@ -38,7 +38,7 @@ describe("public run events", () => {
       ],
       {
         env: { ...process.env, SKIFF_NATS_URL: server.nats.url },
-        timeout: 20_000,
+        timeout: 60_000,
       },
     );
     const lines = stdout.trim().split("\n");

@@ -68,7 +68,7 @@ test("webhook - a process killed between attempts is replaced, and the next one 
   await publishRunEvent(h.nc, e);
   // Killed once attempt 1 is recorded and before attempt 2 (due 1 s later) starts.
   await vi.waitUntil(async () => (await listDeliveries(h.nc, e.runId))[0]?.attempts[0]?.outcome === "retry", {
-    timeout: 10_000,
+    timeout: 30_000,
     interval: 20,
   });
   const killedAt = await sigkill(first);

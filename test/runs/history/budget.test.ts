@@ -67,7 +67,7 @@ const lastSeq = async () => (await (await nc.jetstreamManager()).streams.info(RU
 
 async function caughtUp(h: RunHistory): Promise<void> {
   const last = await lastSeq();
-  await vi.waitUntil(async () => (await h.position()) >= last, { timeout: 30_000, interval: 20 });
+  await vi.waitUntil(async () => (await h.position()) >= last, { timeout: 60_000, interval: 20 });
 }
 
 /** `n` runs of one app, each queued then ended (two events, as an async run has), with a record of some size. */

@@ -93,7 +93,7 @@ const lastSeq = async () => (await (await nc.jetstreamManager()).streams.info(RU
 /** Waits until the history has applied everything the run stream holds now. */
 async function caughtUp(h: RunHistory): Promise<number> {
   const last = await lastSeq();
-  await vi.waitUntil(async () => (await h.position()) >= last, { timeout: 20_000, interval: 20 });
+  await vi.waitUntil(async () => (await h.position()) >= last, { timeout: 60_000, interval: 20 });
   return last;
 }
 
@@ -415,7 +415,7 @@ describe("run history - NATS restarts", () => {
             return false;
           }
         },
-        { timeout: 20_000, interval: 200 },
+        { timeout: 60_000, interval: 200 },
       );
       for (const r of after.slice(1)) await publishRunEvent(nc, r);
       await caughtUp(h);
