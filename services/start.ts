@@ -241,10 +241,24 @@ const isLoopback = (address: string | undefined) =>
   address !== undefined && (address === "::1" || /^(::ffff:)?127\./.test(address));
 
 /**
+ * Whether a request's Host (or HTTP/2 :authority) names this machine's
+ * loopback: `localhost`, 127.x.x.x or [::1], any port. A page of another
+ * site that points its own name at 127.0.0.1 (DNS rebinding) reaches skiff
+ * from a loopback peer, but with its own name here.
+ */
+function loopbackHost(req: { headers: Record<string, string | string[] | undefined> }): boolean {
+  const authority = req.headers[":authority"] ?? req.headers.host;
+  if (typeof authority !== "string") return false;
+  const host = /^(\[[^\]]*\]|[^:]*)(:\d*)?$/.exec(authority.toLowerCase())?.[1];
+  return host === "localhost" || host === "[::1]" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host ?? "");
+}
+
+/**
  * The built dashboard (`npm run build:dashboard`, run by `npm start`), and the
  * sign-in page's hint: the admin token file of this process's data folder, or
  * that SKIFF_ADMIN_TOKEN holds it. The file's path is told to a browser on
- * this machine only (a loopback peer); others hear where it is in general.
+ * this machine only (a loopback peer that asked for a loopback name); others
+ * hear where it is in general.
  */
 function dashboardSite(config: Config): ReturnType<typeof createStaticFiles> {
   const files = createStaticFiles({
@@ -258,7 +272,8 @@ function dashboardSite(config: Config): ReturnType<typeof createStaticFiles> {
         ? { adminToken: "SKIFF_ADMIN_TOKEN" }
         : {
             adminToken: "file",
-            file: isLoopback(req.socket.remoteAddress) ? adminTokenFile(config.dataDir) : undefined,
+            file:
+              isLoopback(req.socket.remoteAddress) && loopbackHost(req) ? adminTokenFile(config.dataDir) : undefined,
           };
     const body = JSON.stringify(hint);
     res.writeHead(200, {

@@ -17,11 +17,6 @@ export function dataDirs(env: NodeJS.ProcessEnv, cwd: string): string[] {
   return [...new Set(dirs.filter((d): d is string => d !== undefined && d !== "").map((d) => path.resolve(cwd, d)))];
 }
 
-/** Candidate admin token files, most specific first. */
-export function adminTokenFiles(env: NodeJS.ProcessEnv, cwd: string): string[] {
-  return dataDirs(env, cwd).map((d) => path.join(d, "admin-token"));
-}
-
 export interface Target {
   url: string;
   /** Where the URL came from, for error messages. */
@@ -44,26 +39,40 @@ function firstLine(file: string): string | undefined {
  * The server: --url, SKIFF_URL, SKIFF_PORT (with SKIFF_HOST) as `npm start`
  * reads them, the address a running skiff wrote into its data folder, else
  * the default. The token: --token, SKIFF_TOKEN, else the data folder's admin
- * token.
+ * token. A token found in a data folder goes only to that folder's skiff:
+ * to the address in that folder, unless the URL is given; without one (its
+ * skiff is stopped) the CLI refuses, since another folder's address or the
+ * default port may be another install's, or any local process's, which
+ * would then hold this install's admin token.
  */
 export function resolveTarget(flags: { url?: string; token?: string }, env: NodeJS.ProcessEnv, cwd: string): Target {
-  const { url, urlSource } = serverUrl(flags, env, cwd);
-  const target = (token: string | undefined, tokenSource: string): Target => ({
-    url: url.replace(/\/+$/, ""),
-    urlSource,
+  const given = givenUrl(flags, env);
+  const target = (server: { url: string; urlSource: string }, token: string | undefined, tokenSource: string) => ({
+    url: server.url.replace(/\/+$/, ""),
+    urlSource: server.urlSource,
     token,
     tokenSource,
   });
-  if (flags.token !== undefined) return target(flags.token, "--token");
-  if (env.SKIFF_TOKEN) return target(env.SKIFF_TOKEN, "SKIFF_TOKEN");
-  for (const file of adminTokenFiles(env, cwd)) {
+  if (flags.token !== undefined) return target(given ?? foundUrl(env, cwd), flags.token, "--token");
+  if (env.SKIFF_TOKEN) return target(given ?? foundUrl(env, cwd), env.SKIFF_TOKEN, "SKIFF_TOKEN");
+  for (const dir of dataDirs(env, cwd)) {
+    const file = path.join(dir, "admin-token");
     const token = firstLine(file);
-    if (token !== undefined) return target(token, file);
+    if (token === undefined) continue;
+    if (given) return target(given, token, file);
+    const addressFile = path.join(dir, ADDRESS_FILE);
+    const url = firstLine(addressFile);
+    if (url === undefined)
+      throw new Error(
+        `no skiff is running from ${dir}: it writes ${addressFile} while it runs, and its admin token (${file}) goes to that address only; start it, or give its URL with --url, SKIFF_URL or SKIFF_PORT`,
+      );
+    return target({ url, urlSource: addressFile }, token, file);
   }
-  return target(undefined, "none");
+  return target(given ?? foundUrl(env, cwd), undefined, "none");
 }
 
-function serverUrl(flags: { url?: string }, env: NodeJS.ProcessEnv, cwd: string): { url: string; urlSource: string } {
+/** The URL given by --url, SKIFF_URL or SKIFF_PORT (with SKIFF_HOST), if any. */
+function givenUrl(flags: { url?: string }, env: NodeJS.ProcessEnv): { url: string; urlSource: string } | undefined {
   if (flags.url !== undefined) return { url: flags.url, urlSource: "--url" };
   if (env.SKIFF_URL) return { url: env.SKIFF_URL, urlSource: "SKIFF_URL" };
   // SKIFF_PORT=0 picks a free port: only the address file knows which.
@@ -73,6 +82,11 @@ function serverUrl(flags: { url?: string }, env: NodeJS.ProcessEnv, cwd: string)
     const shown = reachable.includes(":") ? `[${reachable}]` : reachable;
     return { url: `http://${shown}:${env.SKIFF_PORT.trim()}`, urlSource: "SKIFF_PORT" };
   }
+  return undefined;
+}
+
+/** The address a running skiff wrote into the first data folder that has one, else the default. */
+function foundUrl(env: NodeJS.ProcessEnv, cwd: string): { url: string; urlSource: string } {
   for (const dir of dataDirs(env, cwd)) {
     const file = path.join(dir, ADDRESS_FILE);
     const url = firstLine(file);

@@ -48,7 +48,7 @@ Options:
                        when SKIFF_PORT is set, else the address a running skiff wrote
                        into its data folder, else ${DEFAULT_URL})
   --token <token>      bearer token (default $SKIFF_TOKEN, else the admin token file
-                       of the data folder)
+                       of the data folder, sent only to the address in that folder)
   The data folder: $SKIFF_DATA_DIR, else .data of this folder or of the skiff checkout.
   --json               print JSON instead of tables
   -h, --help           show this help`;

@@ -40,6 +40,15 @@ export const SYSTEM_PYTHON = "python3";
 export const DEFAULT_INSTALL_TIMEOUT_MS = 10 * 60_000;
 /** How much of a failed command's output an error message quotes. */
 const TAIL_CHARS = 2000;
+/** How much of a failed command's output is kept, from its end. */
+const KEPT_CHARS = 1_000_000;
+/**
+ * Output of a step read in a second; past it, reading waits for the next
+ * second (and the step's writes wait on the full pipe). A step runs the
+ * tenant's code, and reading a flood costs the thread that serves every
+ * caller, as a replica's does (LOG_BYTES_PER_SECOND).
+ */
+const OUTPUT_BYTES_PER_SECOND = 4 * 1024 * 1024;
 
 export interface CommandResult {
   code: number | null;
@@ -83,14 +92,39 @@ export function runCommand(command: string, args: string[], opts: StepOptions): 
         stdio: ["ignore", "pipe", "pipe"],
         detached: true,
       });
-    let stdout = "";
-    let stderr = "";
-    child.stdout!.setEncoding("utf8").on("data", (c: string) => (stdout = (stdout + c).slice(-1_000_000)));
-    child.stderr!.setEncoding("utf8").on("data", (c: string) => (stderr = (stderr + c).slice(-1_000_000)));
+    const stdout = new Tail(KEPT_CHARS);
+    const stderr = new Tail(KEPT_CHARS);
+    const outputs = [child.stdout!, child.stderr!];
+    let second = 0;
+    let read = 0;
+    let paused = false;
+    const counted = (chars: number) => {
+      const now = Date.now();
+      if (now - second >= 1000) [second, read] = [now, 0];
+      read += chars;
+      if (read <= OUTPUT_BYTES_PER_SECOND || paused) return;
+      paused = true;
+      for (const o of outputs) o.pause();
+      setTimeout(
+        () => {
+          paused = false;
+          for (const o of outputs) o.resume();
+        },
+        second + 1000 - now,
+      ).unref();
+    };
+    child.stdout!.setEncoding("utf8").on("data", (c: string) => {
+      stdout.push(c);
+      counted(c.length);
+    });
+    child.stderr!.setEncoding("utf8").on("data", (c: string) => {
+      stderr.push(c);
+      counted(c.length);
+    });
     let timedOut = false;
     const timer = setTimeout(() => {
       timedOut = true;
-      stderr += `\n(stopped after ${opts.timeoutMs} ms)`;
+      stderr.push(`\n(stopped after ${opts.timeoutMs} ms)`);
       if (sandboxed) signalSandbox(sandboxed, "SIGKILL");
       else if (child.pid !== undefined) process.kill(-child.pid, "SIGKILL");
     }, opts.timeoutMs);
@@ -100,9 +134,28 @@ export function runCommand(command: string, args: string[], opts: StepOptions): 
     });
     child.on("close", (code) => {
       clearTimeout(timer);
-      resolve({ code: timedOut ? null : code, stdout, stderr });
+      resolve({ code: timedOut ? null : code, stdout: stdout.text(), stderr: stderr.text() });
     });
   });
+}
+
+/** The last `max` characters of a text that comes in pieces, kept without copying them at every piece. */
+class Tail {
+  private readonly parts: string[] = [];
+  private length = 0;
+
+  constructor(private readonly max: number) {}
+
+  push(piece: string): void {
+    this.parts.push(piece);
+    this.length += piece.length;
+    while (this.parts.length > 1 && this.length - this.parts[0].length >= this.max)
+      this.length -= this.parts.shift()!.length;
+  }
+
+  text(): string {
+    return this.parts.join("").slice(-this.max);
+  }
 }
 
 function tail(text: string): string {

@@ -157,8 +157,13 @@ export class FrameReader {
     this.payloadAt = 0;
     if (this.opcode === OP_TEXT || this.opcode === OP_BINARY) this.messageBytes = length;
     else if (this.opcode === OP_CONTINUATION) this.messageBytes += length;
+    // Every frame counts against the limit: a data frame toward its message, any other (a control frame, or one
+    // of a reserved opcode) on its own, allowed a control frame's 125 bytes; else such a frame would carry any
+    // number of bytes past the limit to the app.
+    const data = this.opcode === OP_TEXT || this.opcode === OP_BINARY || this.opcode === OP_CONTINUATION;
     const limit = this.opts.maxMessageBytes;
-    if (limit !== undefined && this.opcode < OP_CLOSE && this.messageBytes > limit) return { limit };
+    if (limit !== undefined && (data ? this.messageBytes > limit : length > Math.max(limit, MAX_CONTROL_PAYLOAD)))
+      return { limit };
     this.closePayload = this.opcode === OP_CLOSE ? Buffer.alloc(Math.min(length, MAX_CONTROL_PAYLOAD)) : undefined;
     return undefined;
   }
