@@ -33,7 +33,7 @@ import { callerHeaders } from "../server/index.js";
 import { AnswerTooLarge, type Replica } from "./replica.js";
 import { ProcessReplicas, type ProcessReplicaOptions } from "./replica-factory.js";
 import { exitsWithin, ReplicaSet } from "./replica-set.js";
-import { cortexEnvelope, cortexHeaders, forwardHeaders, tooLargeAnswer } from "./responses.js";
+import { badStatusAnswer, cortexEnvelope, cortexHeaders, forwardHeaders, tooLargeAnswer } from "./responses.js";
 import { SlotQueue, type Slot } from "./slot-queue.js";
 import type { AppDeployment, PreparedDeployment, ReplicaChange } from "./types.js";
 import { sendUpgrade, UpgradeTimeout, type UpgradeAnswer, type UpgradeRequest } from "./upgrade.js";
@@ -255,6 +255,12 @@ export class AppPool {
             );
       const runTimeMs = Math.round(performance.now() - started);
       this.set.answered();
+      if (ex.status < 100 || ex.status > 599) {
+        // Not an HTTP status: no caller could be given it. The answer is not read; the replica goes on.
+        ex.stream?.destroy();
+        request?.destroy();
+        return { ...badStatusAnswer(req.runId, ex.status, this.owner), runTimeMs, replicaId: r.id };
+      }
       if (ex.stream) {
         streaming = true;
         const stream = answerStream(ex.stream, started, {

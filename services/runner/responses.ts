@@ -81,3 +81,21 @@ export function tooLargeAnswer(
     body: Buffer.from(JSON.stringify({ run_id: runId, error })),
   };
 }
+
+/**
+ * What a run gets in place of an answer whose status is not HTTP's (outside
+ * 100-599): 502 {"run_id", "error": {"type": "bad_status", "message"}}, on
+ * every path alike (a status the runner cannot pass on is no answer).
+ */
+export function badStatusAnswer(
+  runId: string,
+  status: number,
+  app: string,
+): { status: number; headers: Record<string, string>; body: Buffer } {
+  const error = { type: "bad_status", message: `app ${app} answered status ${status}, outside HTTP's 100-599` };
+  return {
+    status: 502,
+    headers: { ...JSON_HEADERS },
+    body: Buffer.from(JSON.stringify({ run_id: runId, error })),
+  };
+}

@@ -63,6 +63,7 @@ async function serve(req, res) {
     return res.end(half);
   }
   if (url.pathname === "/open") { gate?.(); return res.end("opened"); }
+  if (url.pathname === "/status") { res.writeHead(Number(url.searchParams.get("s"))); return res.end("odd"); }
   res.statusCode = 404;
   res.end();
 }
@@ -114,6 +115,15 @@ describe.each([
   });
   requestBodies();
   if (!remote) answers();
+  it("an app's status outside HTTP's 100-599 is answered 502 bad_status, on every path alike", async () => {
+    for (const status of [600, 999]) {
+      const res = await post(url(`status?s=${status}`), t.devToken, "{}");
+      expect(res.status, res.text).toBe(502);
+      expect(res.json.error).toMatchObject({ type: "bad_status" });
+      expect(res.json.error.message).toContain(String(status));
+    }
+    expect((await post(url("status?s=599"), t.devToken, "{}")).status).toBe(599);
+  });
 });
 
 /** A REST call whose body the test writes piece by piece (chunked unless `length` is given). */
