@@ -7,7 +7,11 @@
 // largest size so far (their files are then full of rows, dead versions of
 // updated ones included, so the figure is on the safe side). Runs beyond the
 // cap, oldest first, are deleted, then the tables are vacuumed, so that what
-// comes next fills the room they left instead of growing the files.
+// comes next fills the room they left instead of growing the files. Files
+// that pass the budget all the same (dead versions and index pages a plain
+// VACUUM cannot give back, most with a small budget) are rewritten compactly
+// once the oldest runs are gone, and the bytes a run takes are measured
+// again on what remains.
 import type { Logger } from "../../config/index.js";
 import { mib } from "../../nats/index.js";
 import type { HistoryQueries } from "./history.js";
@@ -27,7 +31,7 @@ export class HistoryBudget {
   private lastWalk = 0;
 
   constructor(
-    private readonly queries: Pick<HistoryQueries, "size" | "rows" | "pruneToNewest" | "vacuum">,
+    private readonly queries: Pick<HistoryQueries, "size" | "rows" | "pruneToNewest" | "vacuum" | "compact">,
     /** Bytes the tables and their indexes may take. */
     readonly budget: number,
     private readonly logger: Logger,
@@ -50,15 +54,31 @@ export class HistoryBudget {
     }
     if (this.bytesPerRow === 0 || this.highWater < this.budget * LOOK_FROM) return 0;
     const cap = this.cap;
-    // A walk of `cap` index entries; a large cap is walked less often.
-    if (now - this.lastWalk < (cap / WALK_PER_SECOND) * 1000) return 0;
+    const over = size > this.budget;
+    // A walk of `cap` index entries; a large cap is walked less often (at once when the files are past the budget).
+    if (!over && now - this.lastWalk < (cap / WALK_PER_SECOND) * 1000) return 0;
     this.lastWalk = now;
     const deleted = await this.queries.pruneToNewest(cap);
+    if (over) return this.compact(deleted, size);
     if (deleted === 0) return 0;
     await this.queries.vacuum();
     this.logger.info(
       { deleted, kept: cap, bytes: size, budget: this.budget, bytesPerRun: Math.round(this.bytesPerRow) },
       `run history: ${deleted} oldest runs deleted to stay within its budget (${mib(this.budget)}, SKIFF_HISTORY_MAX_BYTES); it keeps the newest ${cap}`,
+    );
+    return deleted;
+  }
+
+  /** Files past the budget: rewritten compactly, and the bytes a run takes measured on what is left. */
+  private async compact(deleted: number, size: number): Promise<number> {
+    await this.queries.compact();
+    const after = await this.queries.size();
+    const rows = await this.queries.rows();
+    if (rows > 0) this.bytesPerRow = after / rows;
+    this.highWater = after;
+    this.logger.warn(
+      { deleted, bytes: size, after, budget: this.budget, bytesPerRun: Math.round(this.bytesPerRow) },
+      `run history: its files passed its budget (${mib(this.budget)}, SKIFF_HISTORY_MAX_BYTES); ${deleted} oldest runs deleted and the tables rewritten compactly (${mib(after)})`,
     );
     return deleted;
   }
