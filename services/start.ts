@@ -3,6 +3,7 @@
 // closes) and the one port that serves them.
 import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
+import { randomBytes } from "node:crypto";
 import path from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter } from "@connectrpc/connect";
@@ -353,8 +354,10 @@ async function writeAddressFile(dataDir: string, url: string): Promise<() => Pro
   const text = `${localUrl(url)}\n`;
   await mkdir(dataDir, { recursive: true });
   // Written aside and renamed: a CLI never reads half of it.
-  await writeFile(`${file}.${process.pid}.tmp`, text);
-  await rename(`${file}.${process.pid}.tmp`, file);
+  // Named apart per write: two skiffs of one process (tests) may start on one folder at once.
+  const aside = `${file}.${process.pid}.${randomBytes(4).toString("hex")}.tmp`;
+  await writeFile(aside, text);
+  await rename(aside, file);
   return async () => {
     if ((await readFile(file, "utf8").catch(() => "")) === text) await rm(file, { force: true });
   };

@@ -69,7 +69,7 @@ const runningOn = (runId: string, attempt: number) =>
       const r = await getRun(runId);
       return r.status === "running" && r.attempts === attempt ? r : undefined;
     },
-    { timeout: 45_000 },
+    { timeout: 90_000 },
   );
 /** The run once it has `status`. */
 const reaches = (runId: string, status: string, timeout: number) =>
@@ -142,7 +142,7 @@ describe("async - runners that die", () => {
       await kill([...runners][0]);
       await startRunner();
     }
-    const failed = await reaches(runId, "failure", 30_000);
+    const failed = await reaches(runId, "failure", 60_000);
     expect(failed).toMatchObject({ attempts: 3, error: { type: "runner_lost" } });
-  }, 180_000);
+  }, 400_000);
 });

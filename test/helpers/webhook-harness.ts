@@ -41,7 +41,7 @@ export async function startWebhookHarness(): Promise<WebhookHarness> {
       roles.push(role);
       return role;
     },
-    waitForDeliveries(runId, done, timeoutMs = 20_000) {
+    waitForDeliveries(runId, done, timeoutMs = 60_000) {
       return vi.waitFor(
         async () => {
           const d = await listDeliveries(nc, runId);
