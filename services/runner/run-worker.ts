@@ -58,7 +58,11 @@ import { tooLargeAnswer } from "./responses.js";
 import type { Runner } from "./runner.js";
 import { failLostRun } from "./run-advisories.js";
 
-/** How long one pull waits for messages before pulling again. */
+/**
+ * How long one pull waits for messages before pulling again, at most: never
+ * longer than ack_wait, so that the pull of a runner that died takes no more
+ * than one redelivery meant for a live one (each counts toward max_deliver).
+ */
 const PULL_EXPIRES_MS = 5_000;
 const RETRY_AFTER_ERROR_MS = 2_000;
 const CLOSE_GRACE_MS = 5_000;
@@ -117,7 +121,10 @@ class AppQueue {
             await new Promise<void>((resolve) => (this.freed = resolve));
             continue;
           }
-          this.batch = await consumer.fetch({ max_messages: free, expires: PULL_EXPIRES_MS });
+          this.batch = await consumer.fetch({
+            max_messages: free,
+            expires: Math.max(1_000, Math.min(PULL_EXPIRES_MS, deps.ackWaitMs)),
+          });
           for await (const msg of this.batch) {
             this.inflight++;
             void this.worker.handle(this, msg).finally(() => {
