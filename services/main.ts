@@ -14,6 +14,12 @@ async function main(): Promise<void> {
     process.exit(2);
   }
   const logger = createLogger(config.logLevel);
+  // Taken from the start: a signal while skiff starts (it says it serves before this function goes on) is held,
+  // and the stop begins once it has started, instead of the signal's default ending the process at once.
+  let signalled: string | undefined;
+  let onSignal: (signal: string) => void = (signal) => void (signalled ??= signal);
+  process.on("SIGTERM", () => onSignal("SIGTERM"));
+  process.on("SIGINT", () => onSignal("SIGINT"));
   let skiff;
   try {
     skiff = await startSkiff(config, logger);
@@ -52,8 +58,8 @@ async function main(): Promise<void> {
       },
     );
   };
-  process.on("SIGTERM", () => stop("SIGTERM"));
-  process.on("SIGINT", () => stop("SIGINT"));
+  onSignal = stop;
+  if (signalled !== undefined) stop(signalled);
 }
 
 void main();
