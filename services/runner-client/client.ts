@@ -114,10 +114,16 @@ export function noRunner(app: Pick<AppRecord, "project_id" | "app_name">): NoRun
  */
 export function runnerClient({ local, remote }: { local?: HostedRunner; remote?: RunnerClient }): RunnerClient {
   const inProcess = local && new InProcessClient(local);
+  const elsewhere = remote ?? NOWHERE;
   const pick = async (app: AppRecord, signal: AbortSignal | undefined): Promise<RunnerClient> =>
-    local && inProcess && (await hosts(local, app, signal)) ? inProcess : (remote ?? NOWHERE);
+    local && inProcess && (await hosts(local, app, signal)) ? inProcess : elsewhere;
+  // The usual call: this process's runner has the app's version already, decided without a wait.
+  const ready = (app: AppRecord) =>
+    inProcess !== undefined && (local!.version(app.project_id, app.app_name) ?? 0) >= app.deployment.version;
   return {
-    invoke: async (app, req) => (await pick(app, req.signal)).invoke(app, req),
-    upgrade: async (app, req) => (await pick(app, req.signal)).upgrade(app, req),
+    invoke: (app, req) =>
+      ready(app) ? inProcess!.invoke(app, req) : pick(app, req.signal).then((c) => c.invoke(app, req)),
+    upgrade: (app, req) =>
+      ready(app) ? inProcess!.upgrade(app, req) : pick(app, req.signal).then((c) => c.upgrade(app, req)),
   };
 }
