@@ -21,8 +21,8 @@ const NO_HEADERS: Record<string, string> = {};
 /** The methods an app may be called with (a Cortex app: POST only). */
 export const APP_METHODS: ReadonlySet<string> = new Set(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]);
 
-/** Characters a query string may hold as it is written (RFC 3986's query, "%" for percent-encoding; no "#"). */
-const QUERY_TEXT = /^[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*$/;
+/** A query string as a request line carries it: printable ASCII (no space, no control character), no "#". */
+const QUERY_TEXT = /^[\x21-\x22\x24-\x7e]*$/;
 
 /**
  * The query string a Custom app gets: the caller's, as written and in its

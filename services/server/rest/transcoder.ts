@@ -35,7 +35,8 @@
 //     with a list, the transcoder answers preflights itself (before any
 //     interceptor: a browser's preflight carries no credentials) and marks
 //     the answers to allowed origins, errors included. Without one, nothing
-//     is added and OPTIONS goes to the handler like any method.
+//     is added and OPTIONS goes to the handler like any method. A request
+//     without an Origin header is no CORS request and is left alone.
 //
 // Errors are `{"code", "message"}` with the status of the Connect code;
 // the transcoder's own are 404 not_found (no route), 405 unimplemented with
@@ -234,9 +235,11 @@ async function transcode(
   // Set before anything can fail: an error answer's headers are merged with it.
   if (requestId !== undefined) res.setHeader("x-request-id", requestId);
   const route = match.route;
-  const cors = opts.cors?.methods.has(route.binding.method)
-    ? applyCors(req, res, match, table, path, opts.cors)
-    : "none";
+  // Only a request with an Origin (a browser's) is a CORS request: the others cost no lookup.
+  const cors =
+    req.headers.origin !== undefined && opts.cors?.methods.has(route.binding.method)
+      ? applyCors(req, res, match, table, path, opts.cors)
+      : "none";
   if (cors === "answered") return;
   const limit = opts.bodyLimits?.get(route.binding.method) ?? opts.maxBodyBytes;
   const pending = streamedBody(req, route, limit, opts);
@@ -318,9 +321,9 @@ function applyCors(
     setFromText(r, fields, variableValue(variable, expandSlashes(variable, match.segments)), "path");
   const allowed = cors.origins(pathOnly);
   if (allowed === undefined) return "none";
-  const origin = header(req, "origin");
-  const ok = origin !== undefined && (allowed.includes("*") || allowed.includes(origin)) ? origin : undefined;
-  const preflight = req.method === "OPTIONS" && origin !== undefined && header(req, "access-control-request-method");
+  const origin = header(req, "origin") ?? "";
+  const ok = allowed.includes("*") || allowed.includes(origin) ? origin : undefined;
+  const preflight = req.method === "OPTIONS" && header(req, "access-control-request-method") !== undefined;
   if (preflight) {
     const headers: Record<string, string> = {
       vary: "Origin, Access-Control-Request-Method, Access-Control-Request-Headers",

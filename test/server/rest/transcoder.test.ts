@@ -807,6 +807,9 @@ describe("transcoder - CORS of a method's resources", () => {
     });
     expect(denied.status).toBe(401);
     expect(denied.headers["access-control-allow-origin"]).toBe(ORIGIN);
+    const noOrigin = await rest(fx.url, "GET", "/v4/p-dev/web/items");
+    expect(noOrigin.headers.vary).toBeUndefined();
+    expect(noOrigin.headers["access-control-allow-origin"]).toBeUndefined();
     const other = await rest(fx.url, "GET", "/v4/p-dev/web/items", { headers: { origin: "https://evil.example" } });
     expect(other.headers["access-control-allow-origin"]).toBeUndefined();
     expect(other.headers.vary).toBe("Origin");

@@ -65,7 +65,7 @@ export type RunRequest = Message<"skiff.invocation.v4.RunRequest"> & {
   /**
    * The HTTP method the app gets: GET, HEAD, POST, PUT, PATCH, DELETE or
    * OPTIONS; empty means POST. A Cortex app takes POST only. A REST call's
-   * is its own request method (this field is not read from its query).
+   * is its request line's: a query parameter of this name is the app's.
    *
    * @generated from field: string method = 40;
    */
@@ -73,9 +73,9 @@ export type RunRequest = Message<"skiff.invocation.v4.RunRequest"> & {
 
   /**
    * The query string the app gets, without the leading "?", as it is written
-   * (percent-encoded); `async` and `webhookEndpoint` in it are left out, as
-   * they are of a REST call's. A REST call's is its own query string (this
-   * field is not read from its query).
+   * (percent-encoded: printable ASCII, no "#"); `async` and `webhookEndpoint`
+   * in it are left out, as they are of a REST call's. A REST call's is its
+   * request line's: a query parameter of this name is the app's.
    *
    * @generated from field: string query = 41;
    */
@@ -175,7 +175,7 @@ export type RunStreamRequest = Message<"skiff.invocation.v4.RunStreamRequest"> &
   /**
    * The HTTP method the app gets: GET, HEAD, POST, PUT, PATCH, DELETE or
    * OPTIONS; empty means POST. A Cortex app takes POST only. A REST call's
-   * is its own request method (this field is not read from its query).
+   * is its request line's: a query parameter of this name is the app's.
    *
    * @generated from field: string method = 40;
    */
@@ -183,9 +183,9 @@ export type RunStreamRequest = Message<"skiff.invocation.v4.RunStreamRequest"> &
 
   /**
    * The query string the app gets, without the leading "?", as it is written
-   * (percent-encoded); `async` and `webhookEndpoint` in it are left out, as
-   * they are of a REST call's. A REST call's is its own query string (this
-   * field is not read from its query).
+   * (percent-encoded: printable ASCII, no "#"); `async` and `webhookEndpoint`
+   * in it are left out, as they are of a REST call's. A REST call's is its
+   * request line's: a query parameter of this name is the app's.
    *
    * @generated from field: string query = 41;
    */
