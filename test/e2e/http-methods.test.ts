@@ -163,6 +163,20 @@ beforeAll(async () => {
     }),
     "main.py": FASTAPI_MAIN,
   });
+  // The shape such apps are published in: uvicorn's own command on a fixed port.
+  await deploy(tmp, client, {
+    "skiff.toml": skiffToml({
+      name: "shop-cli",
+      runtime: {
+        kind: "custom",
+        command: ["uvicorn", "main:app", "--host", "0.0.0.0", "--port", "5000"],
+        healthcheck: "/health",
+        port: 5000,
+      },
+      scaling,
+    }),
+    "main.py": FASTAPI_MAIN,
+  });
   const node = { kind: "custom" as const, command: ["node", "server.mjs"], healthcheck: "/health" };
   await deploy(tmp, client, {
     "skiff.toml": skiffToml({ name: "plain", runtime: node, scaling }),
@@ -240,6 +254,13 @@ describe("http methods - a FastAPI app under uvicorn", () => {
     expect(json(again)).toMatchObject({ value: null, limit: 10 });
     const wrong = await call("PATCH", v4("shop", "items/a1"));
     expect(wrong.status).toBe(405); // FastAPI's own answer, passed through
+  });
+
+  it("served by uvicorn's own command on a fixed port, it answers the same", async () => {
+    const got = await call("GET", v4("shop-cli", "items/b2?tag=t&limit=1"));
+    expect(json(got)).toEqual({ item_id: "b2", value: null, limit: 1, tags: ["t"], query: "tag=t&limit=1" });
+    const deleted = await call("DELETE", v4("shop-cli", "items/b2"));
+    expect(json(deleted)).toEqual({ deleted: "b2", existed: false });
   });
 
   it("a page and its static assets load with GET, as a Gradio-like UI's do", async () => {
