@@ -400,6 +400,9 @@ describe("http methods - a Node server", () => {
     const stranger = await call("GET", v4("web", "thing"), { headers: { origin: "https://other.example" } });
     expect(stranger.status).toBe(200);
     expect(stranger.headers.get("access-control-allow-origin")).toBeNull();
+    // The management API shows the list.
+    const app = (await t.management().getApp({ projectId: P, appName: "web" })).app!;
+    expect(app.runtime?.corsAllowOrigins).toEqual([WEB_ORIGIN]);
     // An OPTIONS that is no preflight still reaches the app.
     const plainOptions = await call("OPTIONS", v4("web", "thing"));
     expect(plainOptions.headers.get("x-app-options")).toBe("yes");
