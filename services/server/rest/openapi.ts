@@ -339,7 +339,7 @@ export function openapiDocument(services: readonly DescService[], info: OpenApiI
     const method = openapiMethod(binding);
     const item = (paths[path] ??= {});
     if (item[method]) throw new OpenApiError(`two http rules bind ${method.toUpperCase()} ${path}`);
-    item[method] = operation(binding, uniqueOperationId(operationIds, binding.method.name), schemas);
+    item[method] = operation(binding, uniqueOperationId(operationIds, binding.method.name, method), schemas);
   }
   const extraSchemas: Record<string, SchemaObject> = {};
   for (const binding of httpBindings(services))
@@ -361,11 +361,20 @@ export function openapiDocument(services: readonly DescService[], info: OpenApiI
   };
 }
 
-/** The method name; additional bindings of the same method get a numeric suffix so ids stay unique. */
-function uniqueOperationId(seen: Map<string, number>, name: string): string {
+/**
+ * The method name; an additional binding of the same method gets its HTTP
+ * method as suffix (`RunGet`), or a number where that is taken, so ids stay unique.
+ */
+function uniqueOperationId(seen: Map<string, number>, name: string, httpMethod: string): string {
   const count = (seen.get(name) ?? 0) + 1;
   seen.set(name, count);
-  return count === 1 ? name : `${name}${count}`;
+  if (count === 1) return name;
+  const named = `${name}${httpMethod[0].toUpperCase()}${httpMethod.slice(1)}`;
+  if (!seen.has(named)) {
+    seen.set(named, 1);
+    return named;
+  }
+  return `${name}${count}`;
 }
 
 function openapiMethod(binding: HttpBinding): OpenApiMethod {

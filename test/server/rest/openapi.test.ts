@@ -277,6 +277,15 @@ describe("openapi - invocation document", () => {
   it("documents every method of the run path, each with the same parameters, none for the request line", () => {
     const item = invocation.paths[runPath] ?? {};
     expect(Object.keys(item)).toEqual(["post", "get", "put", "patch", "delete", "head", "options"]);
+    expect(Object.values(item).map((op) => op?.operationId)).toEqual([
+      "Run",
+      "RunGet",
+      "RunPut",
+      "RunPatch",
+      "RunDelete",
+      "RunHead",
+      "RunOptions",
+    ]);
     const names = (m: keyof typeof item) => item[m]?.parameters.map((p) => p.name);
     for (const m of Object.keys(item) as (keyof typeof item)[]) expect(names(m)).toEqual(names("post"));
     expect(names("post")).toEqual(expect.arrayContaining(["async", "webhookEndpoint"]));
