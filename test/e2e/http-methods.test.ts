@@ -20,6 +20,7 @@ import { InvocationService } from "../../gen/skiff/invocation/v4/invocation_pb.j
 import { skiffToml } from "../helpers/apps.js";
 import { deploy, P, UUID_V7 } from "../helpers/run-apps.js";
 import { bearer, startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { startReceiver, type Receiver } from "../helpers/webhook-receiver.js";
 
 const FASTAPI_MAIN = `
 import os
@@ -113,6 +114,7 @@ const WEB_ORIGIN = "https://shop.example";
 
 let t: TestSkiff;
 let tmp: string;
+let receiver: Receiver;
 let invocation: Client<typeof InvocationService>;
 const v4 = (app: string, rest: string) => `${t.url}/v4/${P}/${app}/${rest}`;
 
@@ -148,7 +150,9 @@ async function finalRun(app: string, runId: string) {
 
 beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-http-methods-"));
-  t = await startTestSkiff();
+  // The webhook receiver is on this machine.
+  t = await startTestSkiff({ env: { SKIFF_WEBHOOK_ALLOWED_CIDRS: "127.0.0.0/8" } });
+  receiver = await startReceiver(() => 200);
   invocation = createClient(
     InvocationService,
     createConnectTransport({ baseUrl: t.url, httpVersion: "1.1", interceptors: [bearer(t.devToken)] }),
@@ -215,6 +219,7 @@ beforeAll(async () => {
 }, 120_000);
 
 afterAll(async () => {
+  await receiver?.close();
   await t?.close();
   if (tmp) await rm(tmp, { recursive: true, force: true });
 });
@@ -335,6 +340,26 @@ describe("http methods - a Node server", () => {
       url: "/report?month=2026-11&sort=-date",
       body: "",
     });
+  });
+
+  it("webhookEndpoint works on any method: a sync PUT's answer and a queued DELETE's are POSTed to it", async () => {
+    const hook = encodeURIComponent(`${receiver.url}/hooks`);
+    const put = await call("PUT", v4("plain", `doc?v=1&webhookEndpoint=${hook}`), { body: "new" });
+    expect(json(put)).toEqual({ method: "PUT", url: "/doc?v=1", body: "new" });
+    const del = await call("DELETE", v4("plain", `doc?webhookEndpoint=${hook}&async=true`));
+    expect(del.status).toBe(202);
+    const got = await receiver.waitFor("/hooks", 2, 60_000);
+    const bodies = got.map((r) => JSON.parse(r.body.toString()) as unknown);
+    expect(got.every((r) => r.method === "POST")).toBe(true);
+    expect(bodies).toEqual(
+      expect.arrayContaining([
+        { method: "PUT", url: "/doc?v=1", body: "new" },
+        { method: "DELETE", url: "/doc", body: "" },
+      ]),
+    );
+    expect(new Set(got.map((r) => r.headers["x-request-id"]))).toEqual(
+      new Set([put.headers.get("x-request-id"), del.headers.get("x-request-id")]),
+    );
   });
 
   it("Connect's Run and RunStream carry the method and query; a method skiff does not know is invalid_argument", async () => {
