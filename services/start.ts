@@ -32,6 +32,7 @@ import {
   startServer,
   createStaticFiles,
   type UpgradeHandler,
+  type Cors,
 } from "./server/index.js";
 import { connectNats, provision, StoreWatch, type NatsHandle } from "./nats/index.js";
 import { Metrics } from "./metrics/index.js";
@@ -81,6 +82,8 @@ interface StartedRole {
   routes?: (router: ConnectRouter) => void;
   /** Takes the port's HTTP/1.1 upgrade requests (the invocation role's WebSockets). */
   upgrade?: UpgradeHandler;
+  /** The CORS allow-lists of the resources its REST routes name (the invocation role's apps). */
+  cors?: Cors;
   /** Stops it; called once the port is closed, in the reverse of the start order. */
   close?: () => void | Promise<void>;
 }
@@ -515,6 +518,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       site: config.roles.includes("management") ? dashboardSite(config) : undefined,
       interceptors: auth ? [auth.interceptor] : [],
       upgrade: started.find(([, role]) => role.upgrade)?.[1].upgrade,
+      cors: started.find(([, role]) => role.cors)?.[1].cors,
       metrics: {
         metrics,
         authorize: (token) =>

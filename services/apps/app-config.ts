@@ -55,7 +55,12 @@ export interface AppConfig {
   /** The app's own environment, given to its replicas as it is. */
   env: Record<string, string>;
   scaling: Scaling;
+  /** `[cors]`: origins whose browsers may call the app (skiff answers their preflights); absent: CORS is the app's. */
+  cors?: { allowOrigins: string[] };
 }
+
+/** The most origins one app's `cors.allow_origins` lists. */
+export const MAX_CORS_ORIGINS = 100;
 
 interface AppConfigIssue {
   /** Dotted key ("scaling.cooldown"), or "" for a TOML syntax error. */
@@ -82,6 +87,7 @@ const KEYS: Record<string, readonly string[]> = {
   app: ["name"],
   runtime: ["kind", "language", "entry", "command", "healthcheck", "readycheck", "port"],
   scaling: ["min_replicas", "max_replicas", "replica_concurrency", "cooldown", "response_grace_period"],
+  cors: ["allow_origins"],
 };
 const CORTEX_KEYS = ["kind", "language", "entry"];
 const CUSTOM_KEYS = ["kind", "command", "healthcheck", "readycheck", "port"];
@@ -341,6 +347,42 @@ function checkScaling(c: Checker, t: Table): Scaling | undefined {
 }
 
 /**
+ * `[cors] allow_origins`: each an origin as a browser sends it
+ * (`https://example.com`, `http://localhost:8080`: scheme, host and port
+ * only) or "*" for any. An empty list is none, as an absent one.
+ */
+function checkCors(c: Checker, t: Table): AppConfig["cors"] {
+  c.unknownKeys(t, "cors", KEYS.cors);
+  const raw = t.allow_origins;
+  if (raw === undefined) return undefined;
+  if (!Array.isArray(raw) || !raw.every((o) => typeof o === "string"))
+    return c.fail("cors.allow_origins", `must be an array of origins (strings), got ${describe(raw)}`);
+  if (raw.length > MAX_CORS_ORIGINS)
+    return c.fail("cors.allow_origins", `lists ${raw.length} origins, more than the ${MAX_CORS_ORIGINS} allowed`);
+  const origins: string[] = [];
+  for (const o of raw as string[]) {
+    if (o !== "*" && !isOrigin(o))
+      return c.fail(
+        "cors.allow_origins",
+        `must hold origins such as "https://example.com" (scheme, host and port; no path) or "*", got ${JSON.stringify(o.slice(0, 100))}`,
+      );
+    if (!origins.includes(o)) origins.push(o);
+  }
+  return origins.length === 0 ? undefined : { allowOrigins: origins };
+}
+
+/** Whether the text is an http(s) origin written as a browser's Origin header writes it. */
+function isOrigin(text: string): boolean {
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    return false;
+  }
+  return (url.protocol === "http:" || url.protocol === "https:") && url.origin === text;
+}
+
+/**
  * Parses and validates a skiff.toml. Throws AppConfigError listing every
  * problem. `file` names the file in messages.
  */
@@ -360,7 +402,7 @@ export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig 
   const c = new Checker(keyLines(text));
   for (const k of Object.keys(doc))
     if (!Object.hasOwn(KEYS, k) && k !== "env")
-      c.fail(k, "is not a known table; tables are [app], [runtime], [env], [scaling]");
+      c.fail(k, "is not a known table; tables are [app], [runtime], [env], [scaling], [cors]");
   const name =
     doc.app === undefined ? c.fail("app", 'is required: [app] with name = "..."') : checkApp(c, c.table(doc, "app"));
   const runtime =
@@ -369,13 +411,14 @@ export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig 
       : checkRuntime(c, c.table(doc, "runtime"));
   const env = checkEnv(c, c.table(doc, "env"));
   const scaling = checkScaling(c, c.table(doc, "scaling"));
+  const cors = checkCors(c, c.table(doc, "cors"));
   if (c.issues.length > 0 || name === undefined || runtime === undefined || scaling === undefined) {
     throw new AppConfigError(
       file,
       c.issues.sort((a, b) => a.line - b.line),
     );
   }
-  return { app: { name }, runtime, env, scaling };
+  return { app: { name }, runtime, env, scaling, ...(cors ? { cors } : {}) };
 }
 
 /**

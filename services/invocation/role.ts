@@ -9,7 +9,8 @@ import type { Logger } from "../config/index.js";
 import { buckets, type StoreWatch } from "../nats/index.js";
 import { NatsRunnerClient, runnerClient, type HostedRunner } from "../runner-client/index.js";
 import { finishSync, publishRunEventUnacked, type RunContext } from "../runs/index.js";
-import type { UpgradeHandler } from "../server/index.js";
+import type { Cors, UpgradeHandler } from "../server/index.js";
+import { InvocationService, type RunRequest } from "../../gen/skiff/invocation/v4/invocation_pb.js";
 import { createSecretBox, secretsBucket, AddressGuard } from "../webhooks/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { QueueDepths } from "./queue-depth.js";
@@ -41,6 +42,8 @@ export interface InvocationRole {
   routes(router: ConnectRouter): void;
   /** WebSocket calls (websocket.ts). */
   upgrade: UpgradeHandler;
+  /** The CORS allow-list of the app a REST call of Run names (its config's `[cors]`). */
+  cors: Cors;
   /** Waits until the WebSocket connections the port closed are recorded. */
   close(): Promise<void>;
 }
@@ -72,5 +75,17 @@ export async function startInvocationRole(opts: InvocationRoleOptions): Promise<
     logger,
   };
   const websockets = webSockets(deps, opts.websocket);
-  return { routes: (router) => routes(router, deps), upgrade: websockets.upgrade, close: () => websockets.close() };
+  const cors: Cors = {
+    methods: new Set([InvocationService.method.run]),
+    origins: (pathOnly) => {
+      const req = pathOnly as unknown as RunRequest;
+      return opts.registry.get(req.projectId, req.appName)?.config.cors?.allowOrigins;
+    },
+  };
+  return {
+    routes: (router) => routes(router, deps),
+    upgrade: websockets.upgrade,
+    cors,
+    close: () => websockets.close(),
+  };
 }

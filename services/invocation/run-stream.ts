@@ -27,6 +27,8 @@ export async function* runStream(
     path: req.path,
     webhookEndpoint: req.webhookEndpoint,
     body: req.body,
+    method: req.method,
+    query: req.query,
   });
   const answer = await run(deps, request, ctx);
   const whole = answer.body?.data;

@@ -3,9 +3,10 @@
 // call's id is made by the transcoder, so that refusals before this handler
 // carry it too), checks it, then runs it synchronously (sync.ts) or queues
 // it (enqueue.ts).
-import type { HandlerContext } from "@connectrpc/connect";
+import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
 import type { RunRequest, RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
 import { newRunId, type InvokeRequest, type RunRecord } from "../runs/index.js";
+import type { AppRecord } from "../apps/index.js";
 import { appRequestHeaders, httpExchange } from "../server/index.js";
 import { cortexBody, cortexFunction, customPath, findApp, webhookEndpoint, webhookSecret } from "./checks.js";
 import type { InvocationDeps } from "./deps.js";
@@ -14,15 +15,80 @@ import { takesStream } from "./streamed.js";
 import { runSync } from "./sync.js";
 
 /** Query parameters that belong to skiff, not to a Custom app. */
-export const OWN_PARAMS = ["async", "webhookEndpoint"];
+export const OWN_PARAMS: ReadonlySet<string> = new Set(["async", "webhookEndpoint"]);
 const NO_HEADERS: Record<string, string> = {};
 
-function forwardedQuery(ctx: HandlerContext): string {
-  const query = httpExchange(ctx)?.query;
-  if (!query || query.size === 0) return "";
-  const params = new URLSearchParams(query);
-  for (const name of OWN_PARAMS) params.delete(name);
-  return params.toString();
+/** The methods an app may be called with (a Cortex app: POST only). */
+export const APP_METHODS: ReadonlySet<string> = new Set(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]);
+
+/** A query string as a request line carries it: printable ASCII (no space, no control character), no "#". */
+const QUERY_TEXT = /^[\x21-\x22\x24-\x7e]*$/;
+
+/**
+ * The query string a Custom app gets: the caller's, as written and in its
+ * order, less skiff's own parameters (by their decoded names, as the
+ * transcoder reads them). A Connect or gRPC call's comes from its `query`
+ * field, without a leading "?".
+ */
+export function forwardedQuery(raw: string): string {
+  if (raw === "") return "";
+  const kept = raw.split("&").filter((pair) => {
+    const eq = pair.indexOf("=");
+    const name = eq < 0 ? pair : pair.slice(0, eq);
+    return !OWN_PARAMS.has(decodedName(name));
+  });
+  return kept.join("&");
+}
+
+function decodedName(name: string): string {
+  const text = name.replaceAll("+", " ");
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    return text;
+  }
+}
+
+/** A Connect or gRPC call's `query` field, checked: text that can follow "?" in a URL. */
+function queryField(query: string): string {
+  const raw = query.startsWith("?") ? query.slice(1) : query;
+  if (!QUERY_TEXT.test(raw))
+    throw new ConnectError(
+      'query must be a query string as a URL writes it (percent-encoded, no spaces, no "#"), without the leading "?"',
+      Code.InvalidArgument,
+    );
+  return raw;
+}
+
+/** A Connect or gRPC call's `method` field, checked; empty is POST. */
+function methodField(method: string): string {
+  if (method === "") return "POST";
+  const upper = method.toUpperCase();
+  if (!APP_METHODS.has(upper))
+    throw new ConnectError(
+      `method must be one of ${[...APP_METHODS].join(", ")}, got ${JSON.stringify(method.slice(0, 20))}`,
+      Code.InvalidArgument,
+    );
+  return upper;
+}
+
+/** The request line's method and query of the call: a REST call's own, or a Connect call's fields. */
+function requestLine(req: RunRequest, ctx: HandlerContext): { method: string; query: string } {
+  const exchange = httpExchange(ctx);
+  if (!exchange) return { method: methodField(req.method), query: queryField(req.query) };
+  const url = ctx.url;
+  const q = url.indexOf("?");
+  return { method: exchange.method, query: q < 0 ? "" : url.slice(q + 1) };
+}
+
+/** A Cortex app's functions are called with POST; another method is refused as the REST path refuses one (405). */
+function cortexMethod(method: string, app: AppRecord): void {
+  if (method !== "POST")
+    throw new ConnectError(
+      `app ${app.app_name} is a Cortex app: its functions are called with POST, not ${method}`,
+      Code.Unimplemented,
+      { allow: "POST" },
+    );
 }
 
 /**
@@ -45,6 +111,8 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
   ctx.responseHeader.set("x-request-id", runId);
   const app = findApp(deps.registry, req.projectId, req.appName);
   const cortex = app.config.runtime.kind === "cortex";
+  const line = requestLine(req, ctx);
+  if (cortex) cortexMethod(line.method, app);
   const contentType = req.body?.contentType ?? "";
   const path = cortex ? cortexFunction(app, req.path) : customPath(req.path, exchange?.rawPathVariable("path"));
   const webhook = req.webhookEndpoint === "" ? undefined : await webhookEndpoint(req.webhookEndpoint, deps.guard);
@@ -58,9 +126,9 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
 
   const invoke: InvokeRequest = {
     runId: "",
-    method: cortex ? "POST" : (exchange?.method ?? "POST"),
+    method: line.method,
     path,
-    query: cortex ? "" : forwardedQuery(ctx),
+    query: cortex ? "" : forwardedQuery(line.query),
     // A Custom app gets the caller's headers that apps get, and the body's content type.
     headers: cortex ? cortexStreamAccept(ctx) : appRequestHeaders(ctx.requestHeader, contentType),
     body,

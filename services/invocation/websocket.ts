@@ -47,7 +47,7 @@ import {
   type UpgradeHandler,
 } from "../server/index.js";
 import type { InvocationDeps } from "./deps.js";
-import { OWN_PARAMS } from "./run.js";
+import { forwardedQuery } from "./run.js";
 
 export interface WebSocketLimits {
   /** SKIFF_WEBSOCKET_IDLE_TIMEOUT_MS */
@@ -193,9 +193,7 @@ function appQuery(raw: string): string {
       "async=true works for HTTP requests only: a WebSocket is a connection, not a run in the background",
       Code.InvalidArgument,
     );
-  if (!OWN_PARAMS.some((name) => query.has(name))) return raw;
-  for (const name of OWN_PARAMS) query.delete(name);
-  return query.toString();
+  return forwardedQuery(raw);
 }
 
 async function principalFor(opts: WebSocketOptions, token: string | undefined, projectId: string): Promise<void> {

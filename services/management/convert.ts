@@ -27,15 +27,18 @@ export function deploymentMessage(d: DeploymentRecord) {
   };
 }
 
-function runtimeMessage(rt: AppConfig["runtime"]) {
+function runtimeMessage(config: AppConfig) {
+  const rt = config.runtime;
+  const corsAllowOrigins = config.cors?.allowOrigins ?? [];
   return rt.kind === "cortex"
-    ? { kind: rt.kind, language: rt.language, entry: rt.entry }
+    ? { kind: rt.kind, language: rt.language, entry: rt.entry, corsAllowOrigins }
     : {
         kind: rt.kind,
         command: rt.command,
         healthcheck: rt.healthcheck,
         readycheck: rt.readycheck ?? "",
         port: rt.port ?? 0,
+        corsAllowOrigins,
       };
 }
 
@@ -55,7 +58,7 @@ export function appMessage(r: AppRecord, replicas: ReplicaRecord[]) {
   return {
     projectId: r.project_id,
     appName: r.app_name,
-    runtime: runtimeMessage(r.config.runtime),
+    runtime: runtimeMessage(r.config),
     scaling: {
       minReplicas: s.minReplicas,
       maxReplicas: s.maxReplicas,

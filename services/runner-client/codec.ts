@@ -13,6 +13,7 @@ import {
   AppNotFound,
   Cancelled,
   FunctionNotFound,
+  InvalidArguments,
   Overloaded,
   ReplicaCrashed,
   RequestBodyFailed,
@@ -331,6 +332,8 @@ function runnerError(meta: ErrorMeta): Error {
       return new ReplicaCrashed(meta.message);
     case "FunctionNotFound":
       return new FunctionNotFound(meta.app ?? "", meta.function ?? "");
+    case "InvalidArguments":
+      return new InvalidArguments(meta.message);
     case "AppNotFound": {
       const [p = "", a = ""] = (meta.app ?? "").split("/");
       return new AppNotFound(p, a);

@@ -19,6 +19,7 @@ import {
   AppNotFound,
   Cancelled,
   FunctionNotFound,
+  InvalidArguments,
   ReplicaCrashed,
   RequestBodyFailed,
   RunTimeout,
@@ -33,7 +34,14 @@ import { callerHeaders } from "../server/index.js";
 import { AnswerTooLarge, type Replica } from "./replica.js";
 import { ProcessReplicas, type ProcessReplicaOptions } from "./replica-factory.js";
 import { exitsWithin, ReplicaSet } from "./replica-set.js";
-import { badStatusAnswer, cortexEnvelope, cortexHeaders, forwardHeaders, tooLargeAnswer } from "./responses.js";
+import {
+  badStatusAnswer,
+  cortexEnvelope,
+  cortexHeaders,
+  forwardHeaders,
+  invalidArguments,
+  tooLargeAnswer,
+} from "./responses.js";
 import { SlotQueue, type Slot } from "./slot-queue.js";
 import type { AppDeployment, PreparedDeployment, ReplicaChange } from "./types.js";
 import { sendUpgrade, UpgradeTimeout, type UpgradeAnswer, type UpgradeRequest } from "./upgrade.js";
@@ -284,9 +292,11 @@ export class AppPool {
       if (fn === undefined)
         return { status: ex.status, headers: callerHeaders(ex.headers), body: ex.body, runTimeMs, replicaId: r.id };
       if (ex.status === 404) throw new FunctionNotFound(this.deployment.appName, fn);
+      const misfit = invalidArguments(ex);
+      if (misfit !== undefined) throw new InvalidArguments(misfit);
       return { ...cortexEnvelope(ex, req.runId, runTimeMs), runTimeMs, replicaId: r.id };
     } catch (err) {
-      if (err instanceof FunctionNotFound) throw err;
+      if (err instanceof FunctionNotFound || err instanceof InvalidArguments) throw err;
       // The answer was cut, not broken: the replica goes on serving.
       if (err instanceof AnswerTooLarge && limit && !failure) {
         const what = fn === undefined ? `the answer of app ${this.owner}` : `the result of function ${fn}`;

@@ -65,6 +65,21 @@ export function cortexEnvelope(
 }
 
 /**
+ * The shim's 400 for a body that does not fit the function's parameters
+ * (`{"error": {"type": "invalid_argument", "message"}}`, message naming the
+ * parameter): its message, or undefined for any other answer.
+ */
+export function invalidArguments(ex: Exchange): string | undefined {
+  if (ex.status !== 400) return undefined;
+  try {
+    const error = (JSON.parse(ex.body.toString("utf8")) as { error?: { type?: unknown; message?: unknown } }).error;
+    return error?.type === "invalid_argument" && typeof error.message === "string" ? error.message : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
  * What a run gets in place of an answer larger than the caller takes (see
  * Replica.send's maxBody): 502 {"run_id", "error": {"type":
  * "result_too_large", "message"}}, the shape of a Cortex function's error,

@@ -1,6 +1,7 @@
 // Why an invocation or a deployment did not produce an app's answer. The
 // gateway maps a run's (outcome.ts) to Connect codes and so to HTTP:
-// FunctionNotFound 404, Overloaded 429 with Retry-After, RunTimeout 504,
+// FunctionNotFound 404, InvalidArguments 400 (a Cortex body that does not
+// fit the function's parameters: the caller's error), Overloaded 429 with Retry-After, RunTimeout 504,
 // Cancelled 499 "canceled", ReplicaCrashed, StartFailed and AppNotFound 503
 // (the app exists, but no runner has it deployed). PrepareFailed is a
 // deployment's: ManagementService answers it with failed_precondition.
@@ -13,6 +14,7 @@ import { ClientGoneError } from "../server/index.js";
 type RunnerErrorName =
   | "AppNotFound"
   | "FunctionNotFound"
+  | "InvalidArguments"
   | "Overloaded"
   | "RunTimeout"
   | "ReplicaCrashed"
@@ -42,6 +44,11 @@ export class FunctionNotFound extends RunnerError {
   ) {
     super(`app ${appName} has no public function "${functionName}"`);
   }
+}
+
+/** A Cortex call's body does not fit its function's parameters (a missing or unknown one): the caller's error. */
+export class InvalidArguments extends RunnerError {
+  override readonly name = "InvalidArguments";
 }
 
 export class Overloaded extends RunnerError {

@@ -11,6 +11,7 @@ export {
   AppNotFound,
   Cancelled,
   FunctionNotFound,
+  InvalidArguments,
   Overloaded,
   PrepareFailed,
   ReplicaCrashed,

@@ -7,6 +7,7 @@ import {
   AppNotFound,
   Cancelled,
   FunctionNotFound,
+  InvalidArguments,
   Overloaded,
   ReplicaCrashed,
   RequestBodyFailed,
@@ -89,6 +90,8 @@ export function runFailure(err: unknown): { connect: ConnectError; type: string 
         : { connect: new ConnectError(err.message, Code.ResourceExhausted), type: "request_too_large" };
   if (err instanceof FunctionNotFound)
     return { connect: new ConnectError(err.message, Code.NotFound), type: "function_not_found" };
+  if (err instanceof InvalidArguments)
+    return { connect: new ConnectError(err.message, Code.InvalidArgument), type: "invalid_argument" };
   if (err instanceof ReplicaCrashed)
     return { connect: new ConnectError(err.message, Code.Unavailable), type: "replica_crashed" };
   if (err instanceof StartFailed)

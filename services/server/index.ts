@@ -10,6 +10,7 @@ export { ClientGoneError, readWhole } from "./rest/body.js";
 export { openapiDocument, openapiDocuments } from "./rest/openapi.js";
 export type { ApiDocument } from "./rest/openapi.js";
 export { startServer } from "./server.js";
+export type { Cors } from "./rest/transcoder.js";
 export type { UpgradeHandler } from "./server.js";
 export { CLOSE, FrameReader, closeFrame } from "./websocket-frames.js";
 export { WebSocketRelay } from "./websocket-relay.js";

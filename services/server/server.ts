@@ -32,6 +32,7 @@ import { isApiPath, type StaticHandler } from "./static-files.js";
 import {
   createTranscoder,
   restRouteOf,
+  type Cors,
   type NodeHandler,
   type RequestIds,
   type TranscoderOptions,
@@ -51,6 +52,8 @@ export interface ServerOptions {
   requestIds?: RequestIds;
   /** Methods whose handler may read a large REST body as it comes (see TranscoderOptions.streamedBodies). */
   streamedBodies?: TranscoderOptions["streamedBodies"];
+  /** CORS of the resources of some methods (an app's allow-list; see TranscoderOptions.cors). */
+  cors?: Cors;
   logger: Logger;
   health: HealthState;
   /** Services whose google.api.http rules become REST routes. */
@@ -301,6 +304,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     bodyLimits: opts.bodyLimits,
     requestIds: opts.requestIds,
     streamedBodies: opts.streamedBodies,
+    cors: opts.cors,
     logger,
   });
 

@@ -248,9 +248,28 @@ describe("app config (skiff.toml)", () => {
   it("a table named like a property of every object ([constructor], [toString]) is still unknown", () => {
     for (const name of ["constructor", "toString", "__proto__", "hasOwnProperty"]) {
       expect(issues(`${CUSTOM}\n["${name}"]\nx = 1\n`)).toEqual([
-        `skiff.toml:8: ${name} is not a known table; tables are [app], [runtime], [env], [scaling]`,
+        `skiff.toml:8: ${name} is not a known table; tables are [app], [runtime], [env], [scaling], [cors]`,
       ]);
     }
+  });
+
+  it("[cors] allow_origins: origins as browsers send them, or *; duplicates once; empty is none", () => {
+    const config = parseAppConfig(
+      `${CUSTOM}\n[cors]\nallow_origins = ["https://app.example", "http://localhost:3000", "*", "https://app.example"]\n`,
+    );
+    expect(config.cors).toEqual({ allowOrigins: ["https://app.example", "http://localhost:3000", "*"] });
+    expect(parseAppConfig(`${CUSTOM}\n[cors]\nallow_origins = []\n`).cors).toBeUndefined();
+    expect(parseAppConfig(CUSTOM).cors).toBeUndefined();
+    for (const bad of ["https://app.example/", "https://app.example/path", "ftp://x.example", "null", "app.example"])
+      expect(issues(`${CUSTOM}\n[cors]\nallow_origins = ["${bad}"]\n`)[0]).toMatch(
+        /^skiff\.toml:9: cors\.allow_origins must hold origins such as "https:\/\/example\.com"/,
+      );
+    expect(issues(`${CUSTOM}\n[cors]\nallow_origins = "*"\n`)).toEqual([
+      'skiff.toml:9: cors.allow_origins must be an array of origins (strings), got a string ("*")',
+    ]);
+    expect(issues(`${CUSTOM}\n[cors]\norigins = ["*"]\n`)).toEqual([
+      "skiff.toml:9: cors.origins is not a known key; keys of [cors] are allow_origins",
+    ]);
   });
 
   it("an env variable named __proto__ is kept like any other", () => {

@@ -59,6 +59,9 @@ export function invocation(calls: Call[]): Partial<ServiceImpl<typeof Invocation
       if (req.appName === "boom") throw new Error("handler bug");
       if (req.appName === "missing")
         throw new ConnectError(`app ${req.projectId}/${req.appName} not found`, Code.NotFound);
+      // As a Cortex app refuses any method but POST.
+      if (req.appName === "post-only" && httpExchange(ctx)?.method !== "POST")
+        throw new ConnectError("POST only", Code.Unimplemented, { allow: "POST" });
       if (req.async) {
         setHttpStatus(ctx, 202);
         const data = new TextEncoder().encode(JSON.stringify({ run_id: "run-0001" }));
@@ -140,7 +143,14 @@ export function interceptor(intercepted: string[]): Interceptor {
   };
 }
 
-export async function startRestFixture(options: { maxBodyBytes?: number; logger?: Logger } = {}): Promise<RestFixture> {
+export async function startRestFixture(
+  options: {
+    maxBodyBytes?: number;
+    logger?: Logger;
+    /** CORS allow-lists of Run's apps, by app name (TranscoderOptions.cors). */
+    cors?: Record<string, string[]>;
+  } = {},
+): Promise<RestFixture> {
   const calls: Call[] = [];
   const intercepted: string[] = [];
   const implementations = new Map<DescMethod, MethodImplSpec>();
@@ -161,6 +171,10 @@ export async function startRestFixture(options: { maxBodyBytes?: number; logger?
     interceptors,
     maxBodyBytes: options.maxBodyBytes ?? 1024,
     logger: options.logger ?? silentLogger,
+    cors: {
+      methods: new Set([InvocationService.method.run]),
+      origins: (pathOnly) => options.cors?.[(pathOnly as unknown as RunRequest).appName],
+    },
   });
   const h1 = http.createServer(adapter);
   const h2 = http2.createServer(adapter);

@@ -7,6 +7,8 @@ import { ByteStream } from "../../services/runner-client/byte-stream.js";
 import {
   decodeReply,
   decodeRequest,
+  encodeErrorReply,
+  encodeRequest,
   encodeStreamFrame,
   frame,
   requestMeta,
@@ -14,6 +16,7 @@ import {
 } from "../../services/runner-client/codec.js";
 import { answerStream } from "../../services/runner-client/nats.js";
 import { BodyTransfer } from "../../services/runs/transfer.js";
+import { InvalidArguments } from "../../services/runs/errors.js";
 import { startProvisionedNats } from "../helpers/nats-server.js";
 
 const none = new Uint8Array(0);
@@ -61,6 +64,16 @@ describe("runner client frames: malformed metadata", () => {
     await expect(decodeReply(transfer, frame({ error: "Cancelled", message: 5 }, none))).rejects.toThrow(
       /^malformed run frame: message/,
     );
+  });
+
+  it("a request keeps its method and query as written; a Cortex body that does not fit comes back as InvalidArguments", async () => {
+    const req = { runId: "r-2", method: "PATCH", path: "/a", query: "b=%2F&c=1+2&d", headers: {}, body: none };
+    const decoded = await decodeRequest(transfer, (await encodeRequest(transfer, req)).data);
+    expect(decoded).toMatchObject({ method: "PATCH", path: "/a", query: "b=%2F&c=1+2&d" });
+    const misfit = new InvalidArguments('the caller\'s body does not fit f(a): missing required parameter "a"');
+    const err = await decodeReply(transfer, encodeErrorReply(misfit)).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(InvalidArguments);
+    expect((err as Error).message).toBe(misfit.message);
   });
 
   it("a streamed answer whose END has no run_time_ms fails instead of ending with undefined", async () => {

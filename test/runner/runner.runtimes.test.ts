@@ -6,7 +6,7 @@ import path from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { parseAppConfig } from "../../services/apps/app-config.js";
 import { silentLogger } from "../../services/config/logger.js";
-import { FunctionNotFound, PrepareFailed, StartFailed } from "../../services/runs/errors.js";
+import { FunctionNotFound, InvalidArguments, PrepareFailed, StartFailed } from "../../services/runs/errors.js";
 import { prepareDeployment } from "../../services/runner/prepare.js";
 import { Runner } from "../../services/runner/runner.js";
 import type { InvokeRequest } from "../../services/runs/invoke.js";
@@ -198,17 +198,13 @@ describe("runner - runtimes", () => {
       cwd_is_home: true,
     });
     expect(json((await runner.invoke("p-test", "exposure", request("/later"))).body).result).toBe("done");
-    const bad = await runner.invoke("p-test", "exposure", request("/public", [1, 2], { runId: "run-bad" }));
-    expect(bad.status).toBe(400);
-    expect(json(bad.body)).toEqual({
-      run_id: "run-bad",
-      error: {
-        type: "BadRequest",
-        message: "the body must be a JSON object whose fields are the function's arguments",
-      },
-    });
-    const wrongArgs = await runner.invoke("p-test", "exposure", request("/public", { y: 1 }));
-    expect(json(wrongArgs.body)).toMatchObject({ error: { type: "TypeError" } });
+    // Bodies that cannot be the function's arguments are the caller's error, found before the function runs.
+    await expect(runner.invoke("p-test", "exposure", request("/public", [1, 2], { runId: "run-bad" }))).rejects.toThrow(
+      new InvalidArguments("the body must be a JSON object whose fields are the function's arguments"),
+    );
+    await expect(runner.invoke("p-test", "exposure", request("/public", { y: 1 }))).rejects.toThrow(
+      /^the caller's body does not fit public\(x\): unknown parameter "y"$/,
+    );
     expect(json((await runner.invoke("p-test", "exposure", request("/fail"))).body)).toMatchObject({
       error: { type: "KeyError", message: "'missing thing'" },
     });

@@ -14,10 +14,20 @@
 // port opens). POST /{function} calls function(body) with the JSON object of
 // the body (an empty body is {}), awaiting it when it is async: 200 with the
 // JSON result, 500 {"error": {"type", "message"}} when it threw (the stack
-// goes to stderr, the app's log, never to the caller), 400 when the body is
-// not a JSON object, 404 for a name that is not public. Public: an exported
+// goes to stderr, the app's log, never to the caller), 400 {"error": {"type":
+// "invalid_argument", "message"}} when the body is not a JSON object or does
+// not fit the function's signature (below), naming the parameter, before the
+// function runs; 404 for a name that is not public. Public: an exported
 // function, not a class, whose name does not start with "_" (the default
 // export has no name and is not exposed).
+//
+// A Node function takes the body as one object, so its signature is its
+// first parameter when that is an object pattern: `({ prompt, n = 1 })`
+// takes `prompt` (required: no default) and `n` (optional), and no other
+// key unless the pattern has a rest element (`...rest`), as **kwargs in
+// Python. No parameter, a first parameter that is a plain name (`(args)`),
+// or a pattern with quoted or computed keys declares nothing: any object is
+// passed.
 //
 // A function that returns a generator (sync or async) streams what it
 // yields when the request's Accept asks for it: text/event-stream as
@@ -45,6 +55,121 @@ async function publicFunctions(entry) {
   return functions;
 }
 
+/** The index of the bracket that closes the one at `open`, skipping strings, templates and comments; -1 if none. */
+function closing(src, open) {
+  const pairs = { "(": ")", "[": "]", "{": "}" };
+  const stack = [];
+  for (let i = open; i < src.length; i++) {
+    const c = src[i];
+    if (c === '"' || c === "'" || c === "`") {
+      for (i++; i < src.length && src[i] !== c; i++) if (src[i] === "\\") i++;
+    } else if (c === "/" && src[i + 1] === "*") {
+      i = src.indexOf("*/", i + 2);
+      if (i < 0) return -1;
+      i++;
+    } else if (c === "/" && src[i + 1] === "/") {
+      i = src.indexOf("\n", i);
+      if (i < 0) return -1;
+    } else if (pairs[c]) stack.push(pairs[c]);
+    else if (c === ")" || c === "]" || c === "}") {
+      if (stack.pop() !== c) return -1;
+      if (stack.length === 0) return i;
+    }
+  }
+  return -1;
+}
+
+/** The text split at the commas outside brackets and strings. */
+function topLevel(text, separator) {
+  const parts = [];
+  let start = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === "/" && (text[i + 1] === "*" || text[i + 1] === "/")) {
+      const end = text[i + 1] === "*" ? text.indexOf("*/", i + 2) + 1 : text.indexOf("\n", i);
+      if (end <= 0) return undefined;
+      i = end;
+    } else if (c === "(" || c === "[" || c === "{" || c === '"' || c === "'" || c === "`") {
+      const end = closingOf(text, i);
+      if (end < 0) return undefined;
+      i = end;
+    } else if (c === separator) {
+      parts.push(text.slice(start, i));
+      start = i + 1;
+    }
+  }
+  parts.push(text.slice(start));
+  return parts;
+}
+
+function closingOf(text, i) {
+  const c = text[i];
+  if (c === '"' || c === "'" || c === "`") {
+    for (let j = i + 1; j < text.length; j++) {
+      if (text[j] === "\\") j++;
+      else if (text[j] === c) return j;
+    }
+    return -1;
+  }
+  return closing(text, i);
+}
+
+/**
+ * The keys a function's first parameter declares (see the head of this
+ * file): a Map of key to whether it is required, and whether a rest element
+ * takes any other key; undefined when it declares none.
+ */
+export function declaredKeys(fn) {
+  const src = Function.prototype.toString.call(fn);
+  const open = src.indexOf("(");
+  const arrow = src.indexOf("=>");
+  if (open < 0 || (arrow >= 0 && arrow < open)) return undefined;
+  const params = src.slice(open + 1);
+  const first = params.search(/\S/);
+  if (params[first] !== "{") return undefined;
+  const end = closing(params, first);
+  if (end < 0) return undefined;
+  const items = topLevel(params.slice(first + 1, end), ",");
+  if (!items) return undefined;
+  const keys = new Map();
+  let rest = false;
+  for (const raw of items) {
+    const item = raw
+      .replace(/\/\*[\s\S]*?\*\//g, "")
+      .replace(/\/\/.*$/gm, "")
+      .trim();
+    if (item === "") continue;
+    if (item.startsWith("...")) {
+      rest = true;
+      continue;
+    }
+    const m = /^([A-Za-z_$][\w$]*)\s*([\s\S]*)$/.exec(item);
+    if (!m) return undefined;
+    const tail = m[2];
+    let required;
+    if (tail === "") required = true;
+    else if (tail.startsWith("=")) required = false;
+    else if (tail.startsWith(":")) required = (topLevel(tail.slice(1), "=") ?? []).length < 2;
+    else return undefined;
+    keys.set(m[1], required);
+  }
+  return { keys, rest };
+}
+
+/** Why `args` does not fit the function's declared keys, naming the key; undefined when it fits. */
+function misfit(name, fn, args) {
+  const declared = declaredKeys(fn);
+  if (!declared) return undefined;
+  const prefix = `the caller's body does not fit ${name}({ ${[...declared.keys.keys()].join(", ")} })`;
+  if (!declared.rest) {
+    const unknown = Object.keys(args).find((k) => !declared.keys.has(k));
+    if (unknown !== undefined) return `${prefix}: unknown parameter "${unknown}"`;
+  }
+  for (const [key, required] of declared.keys)
+    if (required && !Object.hasOwn(args, key)) return `${prefix}: missing required parameter "${key}"`;
+  return undefined;
+}
+
 function errorBody(type, message) {
   return JSON.stringify({ error: { type, message } });
 }
@@ -62,15 +187,17 @@ async function call(functions, req, res, raw) {
   try {
     args = raw.trim() === "" ? {} : JSON.parse(raw);
   } catch (err) {
-    return reply(res, 400, errorBody("BadRequest", `the body is not valid JSON: ${err.message}`));
+    return reply(res, 400, errorBody("invalid_argument", `the body is not valid JSON: ${err.message}`));
   }
   if (typeof args !== "object" || args === null || Array.isArray(args)) {
     return reply(
       res,
       400,
-      errorBody("BadRequest", "the body must be a JSON object whose fields are the function's arguments"),
+      errorBody("invalid_argument", "the body must be a JSON object whose fields are the function's arguments"),
     );
   }
+  const wrong = misfit(name, fn, args);
+  if (wrong !== undefined) return reply(res, 400, errorBody("invalid_argument", wrong));
   let body;
   try {
     const result = await fn(args);

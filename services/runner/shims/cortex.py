@@ -16,8 +16,11 @@ GET /health answers 200 once the module is loaded (it is loaded before the
 port opens). POST /{function} calls function(**body): the body must be a JSON
 object (an empty body is {}); the answer is 200 with the JSON result, or 500
 {"error": {"type", "message"}} when it raised (the traceback goes to stderr,
-the app's log, never to the caller), 400 when the body is not a JSON object,
-404 for a name that is not a public function. Public: a function defined in
+the app's log, never to the caller), 400 {"error": {"type":
+"invalid_argument", "message"}} when the body is not a JSON object or its
+fields do not fit the function's signature (a required parameter missing, a
+name it has no parameter for and no **kwargs to take), naming the parameter,
+before the function runs; 404 for a name that is not a public function. Public: a function defined in
 the module itself whose name does not start with "_"; imported functions,
 classes, modules and other values are not exposed. async functions are run
 to completion.
@@ -103,6 +106,29 @@ def generate(result):
     return drive()
 
 
+def misfit(name, function, kwargs):
+    """Why kwargs cannot be the function's keyword arguments, naming the parameter; None when they can."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    params = signature.parameters.values()
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    prefix = f"the caller's body does not fit {name}({', '.join(named)})"
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        unknown = [k for k in kwargs if k not in named]
+        if unknown:
+            return f'{prefix}: unknown parameter "{unknown[0]}"'
+    for p in params:
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and p.name not in kwargs:
+            return f'{prefix}: missing required parameter "{p.name}"'
+    try:
+        signature.bind(**kwargs)
+    except TypeError as err:
+        return f"{prefix}: {err}"
+    return None
+
+
 def error_body(kind, message):
     return json.dumps({"error": {"type": kind, "message": message}}).encode()
 
@@ -162,9 +188,12 @@ class Handler(BaseHTTPRequestHandler):
         try:
             kwargs = json.loads(raw) if raw.strip() else {}
         except ValueError as err:
-            return self.reply(400, error_body("BadRequest", f"the body is not valid JSON: {err}"))
+            return self.reply(400, error_body("invalid_argument", f"the body is not valid JSON: {err}"))
         if not isinstance(kwargs, dict):
-            return self.reply(400, error_body("BadRequest", "the body must be a JSON object whose fields are the function's arguments"))
+            return self.reply(400, error_body("invalid_argument", "the body must be a JSON object whose fields are the function's arguments"))
+        wrong = misfit(name, function, kwargs)
+        if wrong is not None:
+            return self.reply(400, error_body("invalid_argument", wrong))
         try:
             result = function(**kwargs)
             if inspect.isawaitable(result):

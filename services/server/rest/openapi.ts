@@ -107,6 +107,12 @@ interface OperationExtras {
   responseHeaders?: Record<string, HeaderObject>;
   /** Request headers the handler reads. */
   requestHeaders?: ParameterObject[];
+  /**
+   * Request fields a REST call takes from its own request line (its method,
+   * its query string) rather than from a query parameter: the handler reads
+   * the HTTP exchange for them, so they are not documented as parameters.
+   */
+  fromRequestLine?: string[];
   /** Component schemas the extras refer to. */
   schemas?: Record<string, SchemaObject>;
 }
@@ -182,7 +188,10 @@ const DOCUMENTED_EXTRAS: Readonly<Record<string, OperationExtras>> = {
       "`{run_id, result, run_time_ms}`, or its error envelope `{run_id, error: {type, message}}`. A Custom app's " +
       "answer passes through unchanged (its own status, headers and body, any content type): the schemas below " +
       "describe Cortex apps. With `async=true` the run is durably queued and the answer is 202 `{run_id}`; the " +
-      "result goes to `webhookEndpoint` when given.",
+      "result goes to `webhookEndpoint` when given. Every method reaches a Custom app, with the query string as " +
+      "written less `async` and `webhookEndpoint`, which act the same on every method (a queued run keeps its " +
+      "method and query); a HEAD answer has no body. A Cortex app takes POST only: another method answers 405 " +
+      "with `Allow: POST`. An app whose config lists CORS origins has its preflights answered by skiff.",
     requestBody: {
       description: "What the app receives. Cortex: a JSON object of keyword arguments. Custom: any body.",
       required: false,
@@ -206,7 +215,8 @@ const DOCUMENTED_EXTRAS: Readonly<Record<string, OperationExtras>> = {
       "404": { description: "No such project, app or function.", content: RUN_ERROR_CONTENT },
       "500": { description: "A Cortex function raised (error envelope), or a skiff bug.", content: RUN_ERROR_CONTENT },
     },
-    errors: ["429", "499", "504"],
+    errors: ["405", "429", "499", "504"],
+    fromRequestLine: ["method", "query"],
     responseHeaders: {
       "X-Request-Id": { description: "The run id; equal to run_id of an async call.", schema: { type: "string" } },
     },
@@ -268,6 +278,10 @@ const ERROR_RESPONSES: Readonly<Record<string, ResponseObject>> = {
   "404": errorResponse("Not found (not_found)."),
   "409": errorResponse("Conflict: it already exists, or a concurrent change won; retry (already_exists, aborted)."),
   "413": errorResponse("Request body too large (resource_exhausted)."),
+  "405": {
+    ...errorResponse("This method is not one the app takes (unimplemented); `Allow` names those it does."),
+    headers: { Allow: { description: "The methods the app takes.", schema: { type: "string" } } },
+  },
   "415": errorResponse("The request body is not JSON (its Content-Type says otherwise)."),
   "429": {
     ...errorResponse("Too many requests: the app's queue or replicas are full (resource_exhausted)."),
@@ -325,7 +339,7 @@ export function openapiDocument(services: readonly DescService[], info: OpenApiI
     const method = openapiMethod(binding);
     const item = (paths[path] ??= {});
     if (item[method]) throw new OpenApiError(`two http rules bind ${method.toUpperCase()} ${path}`);
-    item[method] = operation(binding, uniqueOperationId(operationIds, binding.method.name), schemas);
+    item[method] = operation(binding, uniqueOperationId(operationIds, binding.method.name, method), schemas);
   }
   const extraSchemas: Record<string, SchemaObject> = {};
   for (const binding of httpBindings(services))
@@ -347,11 +361,20 @@ export function openapiDocument(services: readonly DescService[], info: OpenApiI
   };
 }
 
-/** The method name; additional bindings of the same method get a numeric suffix so ids stay unique. */
-function uniqueOperationId(seen: Map<string, number>, name: string): string {
+/**
+ * The method name; an additional binding of the same method gets its HTTP
+ * method as suffix (`RunGet`), or a number where that is taken, so ids stay unique.
+ */
+function uniqueOperationId(seen: Map<string, number>, name: string, httpMethod: string): string {
   const count = (seen.get(name) ?? 0) + 1;
   seen.set(name, count);
-  return count === 1 ? name : `${name}${count}`;
+  if (count === 1) return name;
+  const named = `${name}${httpMethod[0].toUpperCase()}${httpMethod.slice(1)}`;
+  if (!seen.has(named)) {
+    seen.set(named, 1);
+    return named;
+  }
+  return `${name}${count}`;
 }
 
 function openapiMethod(binding: HttpBinding): OpenApiMethod {
@@ -404,7 +427,11 @@ function operation(binding: HttpBinding, operationId: string, schemas: SchemaReg
     summary: extras?.summary ?? summaryOf(binding.method.name),
     ...(extras?.description !== undefined && { description: extras.description }),
     tags: [binding.service.name],
-    parameters: [...pathParameters(binding), ...queryParameters(binding), ...(extras?.requestHeaders ?? [])],
+    parameters: [
+      ...pathParameters(binding),
+      ...queryParameters(binding).filter((p) => !extras?.fromRequestLine?.includes(p.name)),
+      ...(extras?.requestHeaders ?? []),
+    ],
     ...(requestBody && { requestBody }),
     responses,
     security: [{ [BEARER]: [] }],

@@ -28,11 +28,20 @@
 //   - the response is JSON with proto field names and implicit fields
 //     emitted, or only its `response_body` field; an HttpBody is written
 //     raw with its content type. The status is the one the handler chose
-//     with setHttpStatus() (http-exchange.ts), else 200.
+//     with setHttpStatus() (http-exchange.ts), else 200. An answer to HEAD
+//     is its head alone.
+//   - CORS, for the methods named in `cors`: the handler's side says which
+//     origins the resource the path names allows (an app's allow-list);
+//     with a list, the transcoder answers preflights itself (before any
+//     interceptor: a browser's preflight carries no credentials) and marks
+//     the answers to allowed origins, errors included. Without one, nothing
+//     is added and OPTIONS goes to the handler like any method. A request
+//     without an Origin header is no CORS request and is left alone.
 //
 // Errors are `{"code", "message"}` with the status of the Connect code;
 // the transcoder's own are 404 not_found (no route), 405 unimplemented with
-// an Allow header (the path exists, not with this method), 400
+// an Allow header (the path exists, not with this method; a handler's
+// unimplemented error that carries an Allow header is answered 405 too), 400
 // invalid_argument (bad parameter, malformed JSON), 413 resource_exhausted
 // (body too large) and 415 invalid_argument (a JSON body that is not JSON).
 import {
@@ -105,8 +114,24 @@ export interface TranscoderOptions {
    * handed to the handler as `httpExchange(ctx).requestId`.
    */
   requestIds?: RequestIds;
+  /** CORS for the resources of some methods (see Cors). */
+  cors?: Cors;
   logger: Logger;
 }
+
+/**
+ * CORS as the resource a REST path names allows it. `origins` gets the
+ * request message with only its path variables set and answers the
+ * origins allowed ("*" for any), or undefined to leave CORS to the handler
+ * (which then gets OPTIONS requests as any other).
+ */
+export interface Cors {
+  methods: ReadonlySet<DescMethod>;
+  origins(pathOnly: Message): readonly string[] | undefined;
+}
+
+/** How long a browser may keep a preflight's answer, in seconds. */
+const PREFLIGHT_MAX_AGE = "600";
 
 /** The methods whose REST answers carry `X-Request-Id`, and what makes the ids (the run id's maker: one id for both). */
 export interface RequestIds {
@@ -210,6 +235,12 @@ async function transcode(
   // Set before anything can fail: an error answer's headers are merged with it.
   if (requestId !== undefined) res.setHeader("x-request-id", requestId);
   const route = match.route;
+  // Only a request with an Origin (a browser's) is a CORS request: the others cost no lookup.
+  const cors =
+    req.headers.origin !== undefined && opts.cors?.methods.has(route.binding.method)
+      ? applyCors(req, res, match, table, path, opts.cors)
+      : "none";
+  if (cors === "answered") return;
   const limit = opts.bodyLimits?.get(route.binding.method) ?? opts.maxBodyBytes;
   const pending = streamedBody(req, route, limit, opts);
   const body = pending ? NO_BODY_BYTES : await readBody(req, limit);
@@ -231,11 +262,17 @@ async function transcode(
     };
     const output = await callMethod(req, res, route, input, exchange, controller, opts, pending);
     const passed = exchange.responseHeaders;
-    // Content-Type is the payload's (an HttpBody's own).
-    if (passed) for (const name in passed) if (name !== "content-type") res.setHeader(name, passed[name]);
+    // Content-Type is the payload's (an HttpBody's own); CORS headers are skiff's where it answers CORS.
+    if (passed)
+      for (const name in passed) {
+        if (name === "content-type" || (cors === "marked" && name.startsWith("access-control-"))) continue;
+        if (cors === "marked" && name === "vary") res.setHeader("vary", `Origin, ${String(passed[name])}`);
+        else res.setHeader(name, passed[name]);
+      }
     const payload = responsePayload(route.binding, output);
-    if (exchange.stream) await writeStreamed(res, exchange.status ?? 200, payload.contentType, exchange.stream);
-    else writeSuccess(res, exchange.status ?? 200, payload);
+    const head = method === "HEAD";
+    if (exchange.stream) await writeStreamed(res, exchange.status ?? 200, payload.contentType, exchange.stream, head);
+    else writeSuccess(res, exchange.status ?? 200, payload, head);
   } finally {
     pending?.finish();
   }
@@ -260,6 +297,57 @@ function pickRoute(matches: RouteMatch<Route>[], method: string, path: string): 
     status: 405,
     headers: { allow },
   });
+}
+
+// --- CORS -------------------------------------------------------------------
+
+/**
+ * Applies the resource's CORS allow-list (see Cors): "answered" when this
+ * was a preflight, now answered; "marked" when the answer is skiff's to mark
+ * (a list is set); "none" when CORS is the handler's.
+ */
+function applyCors(
+  req: NodeRequest,
+  res: NodeResponse,
+  match: RouteMatch<Route>,
+  table: RouteTable<Route>,
+  path: string,
+  cors: Cors,
+): "answered" | "marked" | "none" {
+  const route = match.route;
+  const pathOnly = create(route.binding.method.input);
+  const r = reflect(route.binding.method.input, pathOnly);
+  for (const { variable, path: fields } of route.variables)
+    setFromText(r, fields, variableValue(variable, expandSlashes(variable, match.segments)), "path");
+  const allowed = cors.origins(pathOnly);
+  if (allowed === undefined) return "none";
+  const origin = header(req, "origin") ?? "";
+  const ok = allowed.includes("*") || allowed.includes(origin) ? origin : undefined;
+  const preflight = req.method === "OPTIONS" && header(req, "access-control-request-method") !== undefined;
+  if (preflight) {
+    const headers: Record<string, string> = {
+      vary: "Origin, Access-Control-Request-Method, Access-Control-Request-Headers",
+    };
+    if (ok !== undefined) {
+      headers["access-control-allow-origin"] = ok;
+      headers["access-control-allow-methods"] = [
+        ...new Set(table.match(path).map((m) => m.route.binding.httpMethod)),
+      ].join(", ");
+      const asked = header(req, "access-control-request-headers");
+      if (asked) headers["access-control-allow-headers"] = asked;
+      headers["access-control-max-age"] = PREFLIGHT_MAX_AGE;
+    }
+    res.writeHead(204, headers);
+    res.end();
+    discardRequest(req);
+    return "answered";
+  }
+  res.setHeader("vary", "Origin");
+  if (ok !== undefined) {
+    res.setHeader("access-control-allow-origin", ok);
+    res.setHeader("access-control-expose-headers", "X-Request-Id");
+  }
+  return "marked";
 }
 
 // --- request ----------------------------------------------------------------
@@ -474,6 +562,9 @@ function handlerError(e: unknown, route: Route, logger: Logger, res: NodeRespons
   if (e.code === Code.Internal || e.code === Code.Unknown || e.code === Code.DataLoss) {
     logger.error({ procedure, code: codeString(e.code), message: e.rawMessage }, "handler failed");
   }
+  // The method is one the resource does not take, and the handler named those it does.
+  if (e.code === Code.Unimplemented && e.metadata.has("allow"))
+    return new TranscodeError(e.code, e.rawMessage, { status: 405 });
   return new TranscodeError(e.code, e.rawMessage);
 }
 
@@ -521,10 +612,16 @@ function copyResponseHeaders(from: Headers | undefined, res: NodeResponse): void
 /** Statuses that never carry a body. */
 const NO_BODY = new Set([204, 205, 304]);
 
-function writeSuccess(res: NodeResponse, status: number, payload: Payload): void {
+function writeSuccess(res: NodeResponse, status: number, payload: Payload, head: boolean): void {
   if (isGone(res)) return;
   if (NO_BODY.has(status)) {
     res.writeHead(status);
+    res.end();
+    return;
+  }
+  if (head) {
+    // The head of the answer alone; the payload of an answer to HEAD is empty (an app sends no body to HEAD).
+    res.writeHead(status, { "content-type": payload.contentType });
     res.end();
     return;
   }
@@ -545,6 +642,7 @@ async function writeStreamed(
   status: number,
   contentType: string,
   body: StreamedBody,
+  head: boolean,
 ): Promise<void> {
   if (isGone(res)) return body.cancel();
   let gone = false;
@@ -559,8 +657,10 @@ async function writeStreamed(
   res.once("close", onClose);
   try {
     res.writeHead(status, { "content-type": contentType });
-    if (NO_BODY.has(status)) {
+    if (NO_BODY.has(status) || head) {
       res.end();
+      // An answer to HEAD has no body; whatever the app sent is read to its end and not written.
+      if (head) for await (const chunk of body.chunks) void chunk;
       return;
     }
     if ("flushHeaders" in res) res.flushHeaders(); // HTTP/2's writeHead sends the head by itself

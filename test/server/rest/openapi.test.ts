@@ -274,6 +274,26 @@ describe("openapi - invocation document", () => {
     });
   });
 
+  it("documents every method of the run path, each with the same parameters, none for the request line", () => {
+    const item = invocation.paths[runPath] ?? {};
+    expect(Object.keys(item)).toEqual(["post", "get", "put", "patch", "delete", "head", "options"]);
+    expect(Object.values(item).map((op) => op?.operationId)).toEqual([
+      "Run",
+      "RunGet",
+      "RunPut",
+      "RunPatch",
+      "RunDelete",
+      "RunHead",
+      "RunOptions",
+    ]);
+    const names = (m: keyof typeof item) => item[m]?.parameters.map((p) => p.name);
+    for (const m of Object.keys(item) as (keyof typeof item)[]) expect(names(m)).toEqual(names("post"));
+    expect(names("post")).toEqual(expect.arrayContaining(["async", "webhookEndpoint"]));
+    expect(names("post")).not.toContain("method");
+    expect(names("post")).not.toContain("query");
+    expect(run?.responses["405"]?.headers?.Allow).toMatchObject({ schema: { type: "string" } });
+  });
+
   it("lists the statuses a run can answer, 429 with Retry-After", () => {
     expect(Object.keys(run?.responses ?? {})).toEqual([
       "200",
@@ -282,6 +302,7 @@ describe("openapi - invocation document", () => {
       "401",
       "403",
       "404",
+      "405",
       "413",
       "429",
       "499",

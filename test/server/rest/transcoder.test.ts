@@ -437,12 +437,53 @@ const cases: Case[] = [
     json: { code: "unimplemented", message: "method PUT not allowed; allowed: GET, DELETE" },
     check: (res) => expect(res.headers.allow).toBe("GET, DELETE"),
   },
+  ...["GET", "PUT", "PATCH", "DELETE", "OPTIONS"].map((method): Case => ({
+    name: `${method} on the run path reaches Run with its method, query and body`,
+    method,
+    path: "/v4/p-dev/hello/items/7?b=2&a=1&async=false",
+    headers: { "content-type": "text/plain" },
+    body: "x",
+    status: 200,
+    text: "x",
+    check: (_res, fx) => {
+      const call = lastCall(fx, "Run");
+      expect(call.exchange).toEqual({ method, query: "b=2&a=1&async=false" });
+      expect((call.request as RunRequest).path).toBe("items/7");
+      // The request line is the exchange's: its query parameters never set these fields.
+      expect((call.request as RunRequest).method).toBe("");
+    },
+  })),
   {
-    name: "GET on the run path is 405 with Allow: POST",
+    name: "HEAD on the run path reaches Run; the answer is the head alone",
+    method: "HEAD",
+    path: "/v4/p-dev/hello/items?method=DELETE",
+    headers: { "content-type": "text/plain" },
+    body: "four",
+    status: 200,
+    text: "",
+    contentType: "text/plain",
+    check: (res, fx) => {
+      expect(lastCall(fx, "Run").exchange?.method).toBe("HEAD");
+      expect(res.headers["content-length"]).toBeUndefined();
+    },
+  },
+  {
+    name: "a handler's unimplemented error with an Allow header is 405 with that header",
     method: "GET",
+    path: "/v4/p-dev/post-only/run",
+    status: 405,
+    json: { code: "unimplemented", message: "POST only" },
+    check: (res) => {
+      expect(res.headers.allow).toBe("POST");
+      expect(res.headers["x-request-id"]).toBe("run-0001");
+    },
+  },
+  {
+    name: "TRACE on the run path is 405 with Allow naming every bound method",
+    method: "TRACE",
     path: "/v4/p-dev/hello/run",
     status: 405,
-    check: (res) => expect(res.headers.allow).toBe("POST"),
+    check: (res) => expect(res.headers.allow).toBe("POST, GET, PUT, PATCH, DELETE, HEAD, OPTIONS"),
   },
   {
     name: "a method without implementation is 501 unimplemented",
@@ -715,5 +756,70 @@ describe("transcoder query conversion", () => {
     expect(resolveDotted(r.desc, "replicas.host")).toBeUndefined();
     expect(resolveDotted(r.desc, "runtime.kind.x")).toBeUndefined();
     expect(() => set(r, "replicas", "x")).toThrow("field replicas cannot be set from text");
+  });
+});
+
+describe("transcoder - CORS of a method's resources", () => {
+  let fx: RestFixture;
+  const ORIGIN = "https://app.example";
+  const preflight = (origin: string) => ({
+    origin,
+    "access-control-request-method": "PUT",
+    "access-control-request-headers": "authorization, content-type",
+  });
+
+  beforeAll(async () => {
+    fx = await startRestFixture({ cors: { web: [ORIGIN], any: ["*"] } });
+  });
+  afterAll(() => fx?.close());
+
+  it("a preflight from a listed origin is answered 204 by the transcoder, before any interceptor", async () => {
+    const before = fx.intercepted.length;
+    const res = await rest(fx.url, "OPTIONS", "/v4/p-dev/web/items", { headers: preflight(ORIGIN) });
+    expect(res.status).toBe(204);
+    expect(res.headers["access-control-allow-origin"]).toBe(ORIGIN);
+    expect(res.headers["access-control-allow-methods"]).toBe("POST, GET, PUT, PATCH, DELETE, HEAD, OPTIONS");
+    expect(res.headers["access-control-allow-headers"]).toBe("authorization, content-type");
+    expect(res.headers["access-control-max-age"]).toBe("600");
+    expect(res.headers.vary).toContain("Origin");
+    expect(fx.intercepted.length).toBe(before);
+  });
+
+  it("a preflight from an origin not listed is answered without allowing it; '*' allows any", async () => {
+    const refused = await rest(fx.url, "OPTIONS", "/v4/p-dev/web/items", {
+      headers: preflight("https://evil.example"),
+    });
+    expect(refused.status).toBe(204);
+    expect(refused.headers["access-control-allow-origin"]).toBeUndefined();
+    expect(refused.headers["access-control-allow-methods"]).toBeUndefined();
+    const any = await rest(fx.url, "OPTIONS", "/v4/p-dev/any/items", { headers: preflight("http://localhost:3000") });
+    expect(any.headers["access-control-allow-origin"]).toBe("http://localhost:3000");
+  });
+
+  it("an answer to a listed origin carries Access-Control-Allow-Origin and Vary, errors included", async () => {
+    const ok = await rest(fx.url, "GET", "/v4/p-dev/web/items", { headers: { origin: ORIGIN } });
+    expect(ok.status).toBe(200);
+    expect(ok.headers["access-control-allow-origin"]).toBe(ORIGIN);
+    expect(ok.headers["access-control-expose-headers"]).toBe("X-Request-Id");
+    expect(ok.headers.vary).toBe("Origin");
+    const denied = await rest(fx.url, "POST", "/v4/p-dev/web/run", {
+      headers: { origin: ORIGIN, authorization: "Bearer bad" },
+    });
+    expect(denied.status).toBe(401);
+    expect(denied.headers["access-control-allow-origin"]).toBe(ORIGIN);
+    const noOrigin = await rest(fx.url, "GET", "/v4/p-dev/web/items");
+    expect(noOrigin.headers.vary).toBeUndefined();
+    expect(noOrigin.headers["access-control-allow-origin"]).toBeUndefined();
+    const other = await rest(fx.url, "GET", "/v4/p-dev/web/items", { headers: { origin: "https://evil.example" } });
+    expect(other.headers["access-control-allow-origin"]).toBeUndefined();
+    expect(other.headers.vary).toBe("Origin");
+  });
+
+  it("without a list, OPTIONS (a preflight too) goes to the handler and nothing is added", async () => {
+    const res = await rest(fx.url, "OPTIONS", "/v4/p-dev/hello/items", { headers: preflight(ORIGIN) });
+    expect(res.status).toBe(200);
+    expect(lastCall(fx, "Run").exchange?.method).toBe("OPTIONS");
+    expect(res.headers["access-control-allow-origin"]).toBeUndefined();
+    expect(res.headers.vary).toBeUndefined();
   });
 });

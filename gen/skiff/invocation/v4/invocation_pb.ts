@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file skiff/invocation/v4/invocation.proto.
  */
 export const file_skiff_invocation_v4_invocation: GenFile = /*@__PURE__*/
-  fileDesc("CiRza2lmZi9pbnZvY2F0aW9uL3Y0L2ludm9jYXRpb24ucHJvdG8SE3NraWZmLmludm9jYXRpb24udjQijQEKClJ1blJlcXVlc3QSEgoKcHJvamVjdF9pZBgBIAEoCRIQCghhcHBfbmFtZRgCIAEoCRIMCgRwYXRoGAMgASgJEg0KBWFzeW5jGAQgASgIEhgKEHdlYmhvb2tfZW5kcG9pbnQYBSABKAkSIgoEYm9keRgGIAEoCzIULmdvb2dsZS5hcGkuSHR0cEJvZHkixgEKC1J1blJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRITCgtzdGF0dXNfY29kZRgCIAEoBRI+CgdoZWFkZXJzGAMgAygLMi0uc2tpZmYuaW52b2NhdGlvbi52NC5SdW5SZXNwb25zZS5IZWFkZXJzRW50cnkSIgoEYm9keRgEIAEoCzIULmdvb2dsZS5hcGkuSHR0cEJvZHkaLgoMSGVhZGVyc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEihAEKEFJ1blN0cmVhbVJlcXVlc3QSEgoKcHJvamVjdF9pZBgBIAEoCRIQCghhcHBfbmFtZRgCIAEoCRIMCgRwYXRoGAMgASgJEhgKEHdlYmhvb2tfZW5kcG9pbnQYBSABKAkSIgoEYm9keRgGIAEoCzIULmdvb2dsZS5hcGkuSHR0cEJvZHkiXgoRUnVuU3RyZWFtUmVzcG9uc2USMAoEaGVhZBgBIAEoCzIgLnNraWZmLmludm9jYXRpb24udjQuUnVuUmVzcG9uc2VIABIPCgVjaHVuaxgCIAEoDEgAQgYKBHBhcnQy9wEKEUludm9jYXRpb25TZXJ2aWNlEoMBCgNSdW4SHy5za2lmZi5pbnZvY2F0aW9uLnY0LlJ1blJlcXVlc3QaIC5za2lmZi5pbnZvY2F0aW9uLnY0LlJ1blJlc3BvbnNlIjmC0+STAjM6BGJvZHliBGJvZHkiJS92NC97cHJvamVjdF9pZH0ve2FwcF9uYW1lfS97cGF0aD0qKn0SXAoJUnVuU3RyZWFtEiUuc2tpZmYuaW52b2NhdGlvbi52NC5SdW5TdHJlYW1SZXF1ZXN0GiYuc2tpZmYuaW52b2NhdGlvbi52NC5SdW5TdHJlYW1SZXNwb25zZTABYgZwcm90bzM", [file_google_api_annotations, file_google_api_httpbody]);
+  fileDesc("CiRza2lmZi9pbnZvY2F0aW9uL3Y0L2ludm9jYXRpb24ucHJvdG8SE3NraWZmLmludm9jYXRpb24udjQirAEKClJ1blJlcXVlc3QSEgoKcHJvamVjdF9pZBgBIAEoCRIQCghhcHBfbmFtZRgCIAEoCRIMCgRwYXRoGAMgASgJEg0KBWFzeW5jGAQgASgIEhgKEHdlYmhvb2tfZW5kcG9pbnQYBSABKAkSIgoEYm9keRgGIAEoCzIULmdvb2dsZS5hcGkuSHR0cEJvZHkSDgoGbWV0aG9kGCggASgJEg0KBXF1ZXJ5GCkgASgJIsYBCgtSdW5SZXNwb25zZRIOCgZydW5faWQYASABKAkSEwoLc3RhdHVzX2NvZGUYAiABKAUSPgoHaGVhZGVycxgDIAMoCzItLnNraWZmLmludm9jYXRpb24udjQuUnVuUmVzcG9uc2UuSGVhZGVyc0VudHJ5EiIKBGJvZHkYBCABKAsyFC5nb29nbGUuYXBpLkh0dHBCb2R5Gi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqMBChBSdW5TdHJlYW1SZXF1ZXN0EhIKCnByb2plY3RfaWQYASABKAkSEAoIYXBwX25hbWUYAiABKAkSDAoEcGF0aBgDIAEoCRIYChB3ZWJob29rX2VuZHBvaW50GAUgASgJEiIKBGJvZHkYBiABKAsyFC5nb29nbGUuYXBpLkh0dHBCb2R5Eg4KBm1ldGhvZBgoIAEoCRINCgVxdWVyeRgpIAEoCSJeChFSdW5TdHJlYW1SZXNwb25zZRIwCgRoZWFkGAEgASgLMiAuc2tpZmYuaW52b2NhdGlvbi52NC5SdW5SZXNwb25zZUgAEg8KBWNodW5rGAIgASgMSABCBgoEcGFydDLKBAoRSW52b2NhdGlvblNlcnZpY2US1gMKA1J1bhIfLnNraWZmLmludm9jYXRpb24udjQuUnVuUmVxdWVzdBogLnNraWZmLmludm9jYXRpb24udjQuUnVuUmVzcG9uc2UiiwOC0+STAoQDOgRib2R5WjM6BGJvZHliBGJvZHkSJS92NC97cHJvamVjdF9pZH0ve2FwcF9uYW1lfS97cGF0aD0qKn1aMzoEYm9keWIEYm9keRolL3Y0L3twcm9qZWN0X2lkfS97YXBwX25hbWV9L3twYXRoPSoqfVozOgRib2R5YgRib2R5MiUvdjQve3Byb2plY3RfaWR9L3thcHBfbmFtZX0ve3BhdGg9Kip9WjM6BGJvZHliBGJvZHkqJS92NC97cHJvamVjdF9pZH0ve2FwcF9uYW1lfS97cGF0aD0qKn1aOzoEYm9keWIEYm9keUItCgRIRUFEEiUvdjQve3Byb2plY3RfaWR9L3thcHBfbmFtZX0ve3BhdGg9Kip9Wj46BGJvZHliBGJvZHlCMAoHT1BUSU9OUxIlL3Y0L3twcm9qZWN0X2lkfS97YXBwX25hbWV9L3twYXRoPSoqfWIEYm9keSIlL3Y0L3twcm9qZWN0X2lkfS97YXBwX25hbWV9L3twYXRoPSoqfRJcCglSdW5TdHJlYW0SJS5za2lmZi5pbnZvY2F0aW9uLnY0LlJ1blN0cmVhbVJlcXVlc3QaJi5za2lmZi5pbnZvY2F0aW9uLnY0LlJ1blN0cmVhbVJlc3BvbnNlMAFiBnByb3RvMw", [file_google_api_annotations, file_google_api_httpbody]);
 
 /**
  * @generated from message skiff.invocation.v4.RunRequest
@@ -61,6 +61,25 @@ export type RunRequest = Message<"skiff.invocation.v4.RunRequest"> & {
    * @generated from field: google.api.HttpBody body = 6;
    */
   body?: HttpBody | undefined;
+
+  /**
+   * The HTTP method the app gets: GET, HEAD, POST, PUT, PATCH, DELETE or
+   * OPTIONS; empty means POST. A Cortex app takes POST only. A REST call's
+   * is its request line's: a query parameter of this name is the app's.
+   *
+   * @generated from field: string method = 40;
+   */
+  method: string;
+
+  /**
+   * The query string the app gets, without the leading "?", as it is written
+   * (percent-encoded: printable ASCII, no "#"); `async` and `webhookEndpoint`
+   * in it are left out, as they are of a REST call's. A REST call's is its
+   * request line's: a query parameter of this name is the app's.
+   *
+   * @generated from field: string query = 41;
+   */
+  query: string;
 };
 
 /**
@@ -152,6 +171,25 @@ export type RunStreamRequest = Message<"skiff.invocation.v4.RunStreamRequest"> &
    * @generated from field: google.api.HttpBody body = 6;
    */
   body?: HttpBody | undefined;
+
+  /**
+   * The HTTP method the app gets: GET, HEAD, POST, PUT, PATCH, DELETE or
+   * OPTIONS; empty means POST. A Cortex app takes POST only. A REST call's
+   * is its request line's: a query parameter of this name is the app's.
+   *
+   * @generated from field: string method = 40;
+   */
+  method: string;
+
+  /**
+   * The query string the app gets, without the leading "?", as it is written
+   * (percent-encoded: printable ASCII, no "#"); `async` and `webhookEndpoint`
+   * in it are left out, as they are of a REST call's. A REST call's is its
+   * request line's: a query parameter of this name is the app's.
+   *
+   * @generated from field: string query = 41;
+   */
+  query: string;
 };
 
 /**
@@ -208,6 +246,12 @@ export const InvocationService: GenService<{
    * with a body of exactly `{"run_id": "..."}`. Every answer carries
    * `X-Request-Id` = run id. `X-Webhook-Secret` and `Idempotency-Key` are
    * read from the request headers.
+   *
+   * Over HTTP every method reaches a Custom app with its query string (less
+   * `async` and `webhookEndpoint`, which are skiff's); `async` and
+   * `webhookEndpoint` act the same on every method. A Cortex app takes POST
+   * only: another method answers 405 with `Allow: POST`. Over Connect and
+   * gRPC, `method` and `query` say what the HTTP call would have.
    *
    * @generated from rpc skiff.invocation.v4.InvocationService.Run
    */
