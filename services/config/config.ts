@@ -127,6 +127,10 @@ export interface Config {
   maxConcurrentBuilds: number;
   /** Most apps one project may have; a deploy of a new app beyond it is refused with 429. */
   maxAppsPerProject: number;
+  /** Most secrets one project may have; a new one beyond it is refused with 429. */
+  maxSecretsPerProject: number;
+  /** Size of each project's persistent storage (its own filesystem where skiff is root), bytes. */
+  projectStorageBytes: number;
   /** Network of sandboxes: "auto" (slirp4netns when installed, else none), "slirp4netns" or "none". */
   replicaNetwork: "auto" | "slirp4netns" | "none";
   /** IPv4 ranges replicas with outbound network may not reach, besides the host's own addresses. */
@@ -791,6 +795,20 @@ const SETTINGS: Setting<keyof Config>[] = [
     fallback: "100",
     doc: "Most apps one project may have; deploying a new app beyond it is refused with 429 (a new version of an existing app is not).",
     parse: integer(1, 1_000_000),
+  },
+  {
+    key: "maxSecretsPerProject",
+    env: "SKIFF_MAX_SECRETS_PER_PROJECT",
+    fallback: "100",
+    doc: "Most secrets one project may have; setting a new one beyond it is refused with 429 (a new value for an existing one is not).",
+    parse: integer(1, 10_000),
+  },
+  {
+    key: "projectStorageBytes",
+    env: "SKIFF_PROJECT_STORAGE_BYTES",
+    fallback: String(1024 * 1024 * 1024),
+    doc: "Size of each project's persistent storage (`/persistent-storage` in its replicas), bytes. Where skiff runs as root the folder is a filesystem of its own of this size, made on first use, so a write past it fails with `No space left on device` (ENOSPC); a larger setting applies to projects whose storage is made after it. Without root it is a plain folder and is not bounded.",
+    parse: integer(16 * 1024 * 1024, 1024 * 1024 * 1024 * 1024 * 1024),
   },
   {
     key: "replicaNetwork",

@@ -47,7 +47,7 @@ export interface StoreSpec {
 
 export const HISTORY_STORE = "run-history";
 
-/** Percent of SKIFF_STORAGE_SHARE each KV bucket gets by default (ten buckets: 7 in all). */
+/** Percent of SKIFF_STORAGE_SHARE each KV bucket gets by default (eleven buckets: 7.7 in all). */
 const BUCKET_WEIGHT = 0.7;
 
 /**

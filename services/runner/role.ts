@@ -16,8 +16,11 @@ import { appKey, type AppRecord, type AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { objectStores } from "../nats/index.js";
 import type { RunContext } from "../runs/index.js";
+import { ProjectSecretsView } from "../secrets/index.js";
+import { createSecretBox } from "../webhooks/index.js";
 import { logPublisher } from "./app-logs.js";
 import type { DeploymentCache } from "./deployment-cache.js";
+import { ProjectStorage } from "./project-storage.js";
 import { DEFAULT_REPLICA_REFRESH_MS, ReplicaPublisher } from "./replica-publisher.js";
 import { startRunIntake } from "./run-intake.js";
 import { Runner, type RunnerOptions } from "./runner.js";
@@ -45,6 +48,10 @@ export interface RunnerRoleOptions {
   runnerOptions?: Omit<RunnerOptions, "workDir" | "logger" | "onLog" | "onReplicaChange">;
   /** How often replicas are re-published to KV (default a third of the bucket's TTL). */
   replicaRefreshMs?: number;
+  /** SKIFF_SECRETS_KEY: the platform key that opens project secrets; default the cluster's. */
+  secretsKey?: string;
+  /** SKIFF_PROJECT_STORAGE_BYTES: the size of each project's persistent storage (default 1 GiB). */
+  projectStorageBytes?: number;
 }
 
 export interface RunnerRole {
@@ -58,6 +65,7 @@ export interface RunnerRole {
 }
 
 const PRUNE_EVERY_MS = 60 * 60 * 1000;
+const DEFAULT_STORAGE_BYTES = 1024 * 1024 * 1024;
 
 export const deploymentsDir = (dataDir: string): string => path.join(path.resolve(dataDir), "deployments");
 
@@ -67,8 +75,12 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   const uids = opts.runnerOptions?.uids ?? (await UidRegistry.open(nc));
   const publisher = await ReplicaPublisher.start(nc, logger);
   const publishLog = logPublisher(nc);
+  const secrets = await ProjectSecretsView.start(nc, await createSecretBox(nc, { key: opts.secretsKey }), logger);
+  const storage = new ProjectStorage(opts.dataDir, opts.projectStorageBytes ?? DEFAULT_STORAGE_BYTES, logger);
   const runner = new Runner({
     ...opts.runnerOptions,
+    projectEnv: (projectId) => secrets.env(projectId),
+    projectStorage: storage,
     uids,
     workDir: path.join(path.resolve(opts.dataDir), "replicas"),
     logger,
@@ -164,14 +176,28 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
       : schedule(change.projectId, change.appName),
   );
   for (const record of registry.list()) schedule(record.project_id, record.app_name);
+
+  // A secret set or deleted: the project's apps are deployed again, so new replicas (with the new
+  // values) start and take over before the old ones drain, as for a new version.
+  const stopFollowingSecrets = secrets.onChange((projectId) => {
+    for (const [key, app] of deployed)
+      if (app.projectId === projectId) {
+        deployed.delete(key);
+        logger.info({ app: key }, "a project secret changed; replacing the app's replicas");
+        schedule(app.projectId, app.appName);
+      }
+  });
   logger.info({ apps: registry.list().length }, "runner role follows the app registry");
 
   const stopDeploying = async () => {
     closed = true;
     clearInterval(pruner);
     stopWatching();
+    stopFollowingSecrets();
+    secrets.stop();
     await Promise.allSettled([...queues.values()]);
     await runner.close();
+    await storage.close();
     await publisher.close();
   };
   const intake = await startRunIntake({
