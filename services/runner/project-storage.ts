@@ -8,13 +8,13 @@
 // `<dataDir>/storage/<project>`, its root owned by the project's uid. That is
 // how a replica's own writable folders are bounded (a tmpfs of a fixed size),
 // made to last: a write past the size fails in the writer with ENOSPC ("No
-// space left on device"), and what is used is the filesystem's own count
-// (statfs). No privileged process ever walks the tenant's files, so no link
-// or FIFO it leaves there is followed: usage is read from the filesystem,
-// and removing the storage unmounts it and deletes the image file.
+// space left on device"), and the filesystem itself counts what is used. No
+// privileged process ever walks the tenant's files, so no link or FIFO it
+// leaves there is followed: removing the storage unmounts it and deletes the
+// image file.
 // Without root there is no mount: the folder is a plain one, unbounded.
 import { execFile } from "node:child_process";
-import { readFile, mkdir, open, rm, rmdir, statfs, unlink } from "node:fs/promises";
+import { readFile, mkdir, open, rm, rmdir, unlink } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import type { Logger } from "../config/index.js";
@@ -35,11 +35,6 @@ async function mounted(dir: string): Promise<boolean> {
   // Field 5 is the mount point, with spaces and backslashes escaped as octal.
   const escaped = dir.replace(/[\\ \t\n]/g, (c) => `\\${c.charCodeAt(0).toString(8).padStart(3, "0")}`);
   return info.split("\n").some((line) => line.split(" ")[4] === escaped);
-}
-
-export interface StorageUsage {
-  usedBytes: number;
-  sizeBytes: number;
 }
 
 export class ProjectStorage {
@@ -125,14 +120,6 @@ export class ProjectStorage {
     if (fresh) await rmdir(path.join(mountPoint, "lost+found")).catch(() => undefined);
     this.logger.info({ project: projectId, bytes: this.sizeBytes }, "persistent storage mounted");
     return mountPoint;
-  }
-
-  /** Bytes used and the size of the project's storage, from the filesystem itself; undefined when it has none here. */
-  async usage(projectId: string): Promise<StorageUsage | undefined> {
-    const { mountPoint } = this.paths(projectId);
-    if (!this.ownFilesystem || !(await mounted(mountPoint))) return undefined;
-    const s = await statfs(mountPoint);
-    return { usedBytes: (s.blocks - s.bfree) * s.bsize, sizeBytes: s.blocks * s.bsize };
   }
 
   /**
