@@ -6,6 +6,7 @@ import type { Logger } from "../config/index.js";
 
 type AuditAction =
   | "project.create"
+  | "project.delete"
   | "service_account.create"
   | "service_account.delete"
   | "service_account.renew"

@@ -14,7 +14,7 @@ import path from "node:path";
 import type { NatsConnection, ObjectStore } from "nats";
 import { appKey, type AppRecord, type AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { objectStores } from "../nats/index.js";
+import { buckets, followKv, objectStores } from "../nats/index.js";
 import type { RunContext } from "../runs/index.js";
 import { ProjectSecretsView } from "../secrets/index.js";
 import { createSecretBox } from "../webhooks/index.js";
@@ -189,13 +189,46 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   });
   logger.info({ apps: registry.list().length }, "runner role follows the app registry");
 
+  // A deleted project: its apps are removed here at once (their records' deletions may come later), then its
+  // persistent storage, once no replica of it is left. A deletion made while this runner was away is replayed
+  // by the watch at start (the bucket keeps the delete marker), so its storage goes then.
+  const removals = new Map<string, Promise<void>>();
+  const projectGone = (projectId: string) => {
+    if (removals.has(projectId)) return;
+    const apps = [...deployed.entries()].filter(([, app]) => app.projectId === projectId);
+    const removal = (async () => {
+      await Promise.allSettled(
+        apps.map(([key, app]) => {
+          deployed.delete(key);
+          return runner.remove(app.projectId, app.appName);
+        }),
+      );
+      if (closed) return;
+      await storage.remove(projectId);
+      logger.info({ project: projectId }, "project deleted: its replicas stopped and its persistent storage removed");
+    })()
+      .catch((err: unknown) => logger.error({ err, project: projectId }, "cannot remove a deleted project's storage"))
+      .finally(() => removals.delete(projectId));
+    removals.set(projectId, removal);
+  };
+  const projects = followKv({
+    kv: await nc.jetstream().views.kv(buckets.projects.name, { bindOnly: true }),
+    name: buckets.projects.name,
+    logger,
+    shouldStop: () => nc.isClosed(),
+    onEntry: (entry) => {
+      if (entry.operation !== "PUT") projectGone(entry.key);
+    },
+  });
+
   const stopDeploying = async () => {
     closed = true;
     clearInterval(pruner);
     stopWatching();
     stopFollowingSecrets();
     secrets.stop();
-    await Promise.allSettled([...queues.values()]);
+    projects.stop();
+    await Promise.allSettled([...queues.values(), ...removals.values()]);
     await runner.close();
     await storage.close();
     await publisher.close();

@@ -2,7 +2,8 @@
 // outlives a redeploy; another project's replicas see a folder of their own;
 // a write past SKIFF_PROJECT_STORAGE_BYTES fails in the writer with ENOSPC;
 // links and FIFOs a tenant leaves there are never followed by skiff, which
-// unmounts the storage at its stop and removes it with no walk of its files.
+// unmounts the storage at its stop and removes it (with its project, or by
+// itself) with no walk of its files.
 import { lstat, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -127,6 +128,28 @@ describe.skipIf(!machineCan("persistent storage tests", isRoot ? undefined : "th
       expect(await call("p-other", "write", { name: "b.txt", text: "room" })).toBe("written");
       expect(await call("p-dev", "clear")).toBe("cleared");
       expect(await call("p-dev", "write", { name: "after.txt", text: "fits" })).toBe("written");
+    }, 120_000);
+
+    it("DeleteProject stops the project's replicas and removes its storage without following a link it left", async () => {
+      const bait = path.join(tmp, "bait-other.txt");
+      await writeFile(bait, "host file");
+      expect(await call("p-other", "plant", { target: bait })).toEqual(["b.txt", "escape", "pipe"]);
+      const storage = path.join(t.dataDir, "storage");
+      expect(await readdir(storage)).toEqual(expect.arrayContaining(["p-other", "p-other.img"]));
+      const res = await fetch(`${t.url}/v2/projects/p-other`, {
+        method: "DELETE",
+        headers: { authorization: `Bearer ${token}` },
+      });
+      expect(res.status).toBe(200);
+      expect(await res.json()).toEqual({ apps_deleted: 1, service_accounts_deleted: 0, secrets_deleted: 0 });
+      await expect
+        .poll(() => readdir(storage), { timeout: 60_000 })
+        .not.toEqual(expect.arrayContaining(["p-other.img"]));
+      expect(await readdir(storage)).not.toContain("p-other");
+      expect(await readFile(bait, "utf8")).toBe("host file");
+      expect(t.skiff.runner!.version("p-other", "disk")).toBeUndefined();
+      // The other project's storage is untouched.
+      expect(await call("p-dev", "read", { name: "note.txt" })).toBe("kept");
     }, 120_000);
 
     it("a link and a FIFO the app leaves are not followed when skiff stops and removes the storage", async () => {
