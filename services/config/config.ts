@@ -85,7 +85,7 @@ export interface Config {
   webhookTimeoutMs: number;
   /** Address ranges webhooks may reach despite the SSRF guard; undefined: loopback only when SKIFF_HOST is loopback. */
   webhookAllowedCidrs: string[] | undefined;
-  /** AES-256 key (base64) that seals webhook secrets; undefined: the cluster's key in KV skiff-keys. */
+  /** AES-256 key (base64) that seals webhook and project secrets; undefined: the cluster's key in KV skiff-keys. */
   secretsKey: string | undefined;
   /** Seconds an async run's result is kept for GetRun; 0 keeps none. */
   resultTtlSeconds: number;
@@ -430,7 +430,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "dataDir",
     env: "SKIFF_DATA_DIR",
     fallback: DEFAULT_DATA_DIR,
-    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).",
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`).",
     parse: nonEmpty,
   },
   {
@@ -629,7 +629,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "secretsKey",
     env: "SKIFF_SECRETS_KEY",
     fallback: "",
-    doc: "32-byte AES-256 key, base64, that seals webhook secrets; every process must have the same. Unset: a key made once and kept in KV `skiff-keys`.",
+    doc: "32-byte AES-256 key, base64, that seals webhook secrets and project secrets; every process must have the same (changing it leaves the project secrets sealed before unreadable: set them again). Unset: a key made once and kept in KV `skiff-keys`.",
     parse: optional((raw, variable) => {
       try {
         parseSecretsKey(raw);
