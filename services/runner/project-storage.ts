@@ -12,9 +12,10 @@
 // privileged process ever walks the tenant's files, so no link or FIFO it
 // leaves there is followed: removing the storage unmounts it and deletes the
 // image file.
-// Without root there is no mount: the folder is a plain one, unbounded.
+// Without root, or where the machine cannot make such a filesystem (no loop
+// devices), the folder is a plain one, unbounded, and the log says so once.
 import { execFile } from "node:child_process";
-import { readFile, mkdir, open, rm, rmdir, unlink } from "node:fs/promises";
+import { chown, mkdir, open, readFile, rm, rmdir, unlink } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import type { Logger } from "../config/index.js";
@@ -75,16 +76,7 @@ export class ProjectStorage {
   private async make(projectId: string, uid: number): Promise<string> {
     const { mountPoint, image } = this.paths(projectId);
     await mkdir(this.dir, { recursive: true, mode: 0o700 });
-    if (!this.ownFilesystem) {
-      if (!this.warned) {
-        this.warned = true;
-        this.logger.warn(
-          "persistent storage is a plain folder without root: SKIFF_PROJECT_STORAGE_BYTES is not enforced",
-        );
-      }
-      await mkdir(mountPoint, { recursive: true, mode: 0o700 });
-      return mountPoint;
-    }
+    if (!this.ownFilesystem) return this.plainFolder(mountPoint, undefined, "skiff does not run as root");
     if (await mounted(mountPoint)) {
       this.mounts.add(mountPoint);
       return mountPoint;
@@ -92,7 +84,6 @@ export class ProjectStorage {
     await mkdir(mountPoint, { mode: 0o700 }).catch((err: NodeJS.ErrnoException) => {
       if (err.code !== "EEXIST") throw err;
     });
-    let fresh = false;
     // "wx": made here, never opened through a link; an existing image is the project's, kept.
     const handle = await open(image, "wx", 0o600).catch((err: NodeJS.ErrnoException) => {
       if (err.code === "EEXIST") return undefined;
@@ -108,33 +99,52 @@ export class ProjectStorage {
         await run(MKFS, ["-q", "-F", "-m", "0", "-E", `root_owner=${uid}:${uid}`, "-L", projectId, image], {
           env: TOOL_ENV,
         });
+        await this.mount(image, mountPoint);
       } catch (err) {
+        // Nothing was kept in it yet: the machine cannot make such filesystems (no loop devices, no mkfs.ext4).
         await unlink(image).catch(() => undefined);
-        throw new Error(`cannot make the persistent storage of ${projectId}: ${(err as Error).message}`);
+        return this.plainFolder(mountPoint, uid, (err as Error).message);
       }
-      fresh = true;
-    }
-    await run(MOUNT, ["-t", "ext4", "-o", "loop,nosuid,nodev,noatime", image, mountPoint], { env: TOOL_ENV });
-    this.mounts.add(mountPoint);
-    // A new filesystem's lost+found is root's: the project's folder holds only what the project writes.
-    if (fresh) await rmdir(path.join(mountPoint, "lost+found")).catch(() => undefined);
+      // A new filesystem's lost+found is root's: the project's folder holds only what the project writes.
+      await rmdir(path.join(mountPoint, "lost+found")).catch(() => undefined);
+    } else await this.mount(image, mountPoint);
     this.logger.info({ project: projectId, bytes: this.sizeBytes }, "persistent storage mounted");
     return mountPoint;
   }
 
+  private async mount(image: string, mountPoint: string): Promise<void> {
+    await run(MOUNT, ["-t", "ext4", "-o", "loop,nosuid,nodev,noatime", image, mountPoint], { env: TOOL_ENV });
+    this.mounts.add(mountPoint);
+  }
+
+  /** The storage as a plain folder, unbounded, said once in the log; `uid`: its owner, where skiff is root. */
+  private async plainFolder(folder: string, uid: number | undefined, why: string): Promise<string> {
+    if (!this.warned) {
+      this.warned = true;
+      this.logger.warn(
+        { reason: why },
+        "persistent storage is a plain folder on this machine, so SKIFF_PROJECT_STORAGE_BYTES is not enforced",
+      );
+    }
+    await mkdir(folder, { recursive: true, mode: 0o700 });
+    // The folder was made by skiff in its own 0700 folder: no tenant could have put a link in its place.
+    if (uid !== undefined) await chown(folder, uid, uid);
+    return folder;
+  }
+
   /**
    * Removes the project's storage on this machine: unmounts it and deletes
-   * its image. Nothing inside it is read or followed. Without root, the plain
-   * folder is removed by rm, which does not follow links.
+   * its image. Nothing inside it is read or followed. A plain folder is
+   * removed by rm, which does not follow links.
    */
   async remove(projectId: string): Promise<void> {
     const { mountPoint, image } = this.paths(projectId);
     this.ready.delete(projectId);
-    if (this.ownFilesystem) {
-      await this.unmount(mountPoint);
-      await rm(image, { force: true });
-      await rmdir(mountPoint).catch(() => undefined);
-    } else await rm(mountPoint, { recursive: true, force: true });
+    if (this.ownFilesystem) await this.unmount(mountPoint);
+    await rm(image, { force: true });
+    // Empty once unmounted; a plain folder (no filesystem of its own) is removed by rm, which unlinks links and
+    // FIFOs without following or opening them.
+    await rm(mountPoint, { recursive: true, force: true });
   }
 
   private async unmount(mountPoint: string): Promise<void> {
