@@ -807,7 +807,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "projectStorageBytes",
     env: "SKIFF_PROJECT_STORAGE_BYTES",
     fallback: String(1024 * 1024 * 1024),
-    doc: "Size of each project's persistent storage (`/persistent-storage` in its replicas), bytes. Where skiff runs as root the folder is a filesystem of its own of this size, made on first use, so a write past it fails with `No space left on device` (ENOSPC); a larger setting applies to projects whose storage is made after it. Without root it is a plain folder and is not bounded.",
+    doc: "Size of each project's persistent storage (`/persistent-storage` in its replicas), bytes. Where skiff runs as root the folder is a filesystem of its own of this size, made on first use, so a write past it fails with `No space left on device` (ENOSPC); a larger setting applies to projects whose storage is made after it. Without root, or where the machine cannot make such a filesystem (no loop devices or `mkfs.ext4`), it is a plain folder and is not bounded (the log says so once).",
     parse: integer(16 * 1024 * 1024, 1024 * 1024 * 1024 * 1024 * 1024),
   },
   {
