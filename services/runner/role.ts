@@ -66,6 +66,8 @@ export interface RunnerRole {
 
 const PRUNE_EVERY_MS = 60 * 60 * 1000;
 const DEFAULT_STORAGE_BYTES = 1024 * 1024 * 1024;
+/** How long a project's secrets must stay unchanged before its replicas are replaced. */
+const SECRET_SETTLE_MS = 300;
 
 export const deploymentsDir = (dataDir: string): string => path.join(path.resolve(dataDir), "deployments");
 
@@ -178,15 +180,31 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   for (const record of registry.list()) schedule(record.project_id, record.app_name);
 
   // A secret set or deleted: the project's apps are deployed again, so new replicas (with the new
-  // values) start and take over before the old ones drain, as for a new version.
-  const stopFollowingSecrets = secrets.onChange((projectId) => {
+  // values) start and take over before the old ones drain, as for a new version. Changes within
+  // SECRET_SETTLE_MS of each other (several secrets set at once) make one replacement.
+  const settling = new Map<string, NodeJS.Timeout>();
+  const replaceProject = (projectId: string) => {
+    settling.delete(projectId);
+    if (closed) return;
     for (const [key, app] of deployed)
       if (app.projectId === projectId) {
         deployed.delete(key);
         logger.info({ app: key }, "a project secret changed; replacing the app's replicas");
         schedule(app.projectId, app.appName);
       }
+  };
+  const unfollowSecrets = secrets.onChange((projectId) => {
+    clearTimeout(settling.get(projectId));
+    settling.set(
+      projectId,
+      setTimeout(() => replaceProject(projectId), SECRET_SETTLE_MS),
+    );
   });
+  const stopFollowingSecrets = () => {
+    unfollowSecrets();
+    for (const timer of settling.values()) clearTimeout(timer);
+    settling.clear();
+  };
   logger.info({ apps: registry.list().length }, "runner role follows the app registry");
 
   // A deleted project: its apps are removed here at once (their records' deletions may come later), then its

@@ -100,6 +100,18 @@ describe("project secrets in replicas", () => {
     expect(lines.some((l) => /a project secret changed; replacing the app's replicas/.test(l.msg))).toBe(true);
   }, 150_000);
 
+  it("several secrets set at once replace the replicas once", async () => {
+    const replacing = () => lines.filter((l) => /a project secret changed; replacing/.test(l.msg)).length;
+    const before = replacing();
+    await Promise.all(
+      ["ONE", "TWO", "THREE"].map((name) => api("PUT", `/v2/projects/p-dev/secrets/${name}`, { value: name })),
+    );
+    await until("THREE", sha("THREE"));
+    expect((await call("plain", "ONE")).json.result).toBe("ONE");
+    await new Promise((r) => setTimeout(r, 1000));
+    expect(replacing() - before).toBe(1);
+  }, 150_000);
+
   it("no value is in the run's log lines, the app record, its replicas, its runs or its log", async () => {
     const app = await api("GET", "/v2/projects/p-dev/apps/reader");
     let runs = await api("GET", "/v2/projects/p-dev/apps/reader/runs?page_size=500");
