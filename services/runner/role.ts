@@ -221,6 +221,8 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
           return runner.remove(app.projectId, app.appName);
         }),
       );
+      // An app whose record went first is being removed by its own turn: wait for it too.
+      await Promise.allSettled([...queues.values()]);
       if (closed) return;
       await storage.remove(projectId);
       logger.info({ project: projectId }, "project deleted: its replicas stopped and its persistent storage removed");

@@ -52,7 +52,8 @@ export const NEUTRAL_DIR = existsSync("/run") ? "/run/skiff-sandbox" : "/tmp/ski
  * Run as root with a fixed environment by `unshare --mount --propagation
  * private`, with arguments: the app's folder ("" for none), "ro" or "rw",
  * the shims' folder, the sandbox's uid, "overlay" or "bind", the project's
- * persistent storage ("" for none), then bwrap's command line. It mounts a tmpfs on NEUTRAL_DIR and each folder there: a
+ * persistent storage ("" for none), then bwrap's command line. It mounts a
+ * tmpfs on NEUTRAL_DIR and each folder there: a
  * read-only one through an overlay (whose source and options in mountinfo
  * name only NEUTRAL_DIR) or, where overlays cannot be mounted, a read-only
  * bind; a build's folder (rw), a tmpfs of its own already, bound as it is;
