@@ -6,7 +6,13 @@ import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { principalOf } from "../auth/index.js";
-import { secretNameProblem, secretValueProblem, TooManySecrets, type SecretInfo } from "../secrets/index.js";
+import {
+  secretNameProblem,
+  secretValueProblem,
+  SecretsStoreFull,
+  TooManySecrets,
+  type SecretInfo,
+} from "../secrets/index.js";
 import { audit } from "./audit.js";
 import type { ManagementDeps } from "./deps.js";
 import * as valid from "./validation.js";
@@ -49,6 +55,7 @@ export function secretHandlers(deps: ManagementDeps): Pick<Impl, "setSecret" | "
         return { secret: secretMessage(secret), created };
       } catch (err) {
         if (err instanceof TooManySecrets) throw new ConnectError(err.message, Code.ResourceExhausted);
+        if (err instanceof SecretsStoreFull) throw new ConnectError(err.message, Code.Unavailable);
         throw err;
       }
     },

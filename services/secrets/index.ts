@@ -8,6 +8,6 @@ export {
   secretNameProblem,
   secretValueProblem,
 } from "./names.js";
-export { ProjectSecretStore, TooManySecrets } from "./store.js";
+export { ProjectSecretStore, SecretsStoreFull, TooManySecrets } from "./store.js";
 export type { SecretInfo } from "./store.js";
 export { ProjectSecretsView } from "./view.js";

@@ -5,7 +5,7 @@
 // Values leave this module only unsealed for a replica's environment
 // (ProjectSecretsView.env); listing gives names and times.
 import type { JetStreamManager, KV, KvEntry, NatsConnection } from "nats";
-import { buckets, jsonOf, kvKeys } from "../nats/index.js";
+import { buckets, isStreamFull, jsonOf, kvKeys } from "../nats/index.js";
 import type { SecretBox } from "../webhooks/index.js";
 
 export interface SecretRecord {
@@ -33,6 +33,11 @@ export function decodeSecret(entry: KvEntry): SecretRecord | undefined {
 
 /** A secret as listed: never its value. */
 export type SecretInfo = Omit<SecretRecord, "sealed">;
+
+/** KV skiff-project-secrets is at its byte budget. */
+export class SecretsStoreFull extends Error {
+  override name = "SecretsStoreFull";
+}
 
 /** The project has as many secrets as it may have. */
 export class TooManySecrets extends Error {
@@ -96,6 +101,11 @@ export class ProjectSecretStore {
         const { sealed: _, ...secret } = record;
         return { secret, created: !before };
       } catch (err) {
+        if (isStreamFull(err))
+          throw new SecretsStoreFull(
+            `KV ${buckets.projectSecrets.name} is at its byte budget (SKIFF_KV_MAX_BYTES); delete secrets or raise it`,
+          );
+        // Another writer changed it first: again, over its revision.
         if (attempt >= 5) throw err;
       }
     }

@@ -148,3 +148,25 @@ describe("project secrets", () => {
     expect(logText).not.toContain(VALUE);
   });
 });
+
+describe("project secrets - a full bucket", () => {
+  it("a secret that does not fit KV skiff-project-secrets' budget is 503 naming SKIFF_KV_MAX_BYTES, not a 500", async () => {
+    const t = await startTestSkiff({ env: { SKIFF_KV_MAX_BYTES: "1MB" } });
+    try {
+      const put = (name: string) =>
+        fetch(`${t.url}/v2/projects/p-dev/secrets/${name}`, {
+          method: "PUT",
+          headers: { authorization: `Bearer ${t.adminToken}`, "content-type": "application/json" },
+          body: JSON.stringify({ value: "v".repeat(60 * 1024) }),
+        });
+      let res = await put("S0");
+      for (let i = 1; i < 40 && res.status === 200; i++) res = await put(`S${i}`);
+      expect(res.status).toBe(503);
+      const body = (await res.json()) as { code: string; message: string };
+      expect(body.code).toBe("unavailable");
+      expect(body.message).toMatch(/skiff-project-secrets is at its byte budget \(SKIFF_KV_MAX_BYTES\)/);
+    } finally {
+      await t.close();
+    }
+  }, 120_000);
+});
