@@ -143,7 +143,7 @@ export class ProcessReplicas implements ReplicaFactory<Replica> {
     // Read at each start: a replica started after a secret changed has its new value.
     if (this.o.projectEnv) r.spec.env = { ...this.o.projectEnv(projectId), ...env };
     if (r.spec.sandbox && this.o.projectStorage)
-      r.spec.sandbox.storage = await this.o.projectStorage.folder(projectId, r.spec.sandbox.uid);
+      r.spec.sandbox.storage = (await this.o.projectStorage.source(projectId, r.spec.sandbox.uid)).path;
     if (runtime.kind === "custom" && runtime.port !== undefined)
       r.releasePort = await this.o.ports.acquire(runtime.port, this.owner, { sandboxed: this.o.sandbox.enabled });
     await r.start();

@@ -52,13 +52,13 @@ export const NEUTRAL_DIR = existsSync("/run") ? "/run/skiff-sandbox" : "/tmp/ski
  * Run as root with a fixed environment by `unshare --mount --propagation
  * private`, with arguments: the app's folder ("" for none), "ro" or "rw",
  * the shims' folder, the sandbox's uid, "overlay" or "bind", the project's
- * persistent storage ("" for none), then bwrap's command line. It mounts a
- * tmpfs on NEUTRAL_DIR and each folder there: a
+ * persistent storage (a loop device, a folder, or "" for none), then bwrap's
+ * command line. It mounts a tmpfs on NEUTRAL_DIR and each folder there: a
  * read-only one through an overlay (whose source and options in mountinfo
  * name only NEUTRAL_DIR) or, where overlays cannot be mounted, a read-only
  * bind; a build's folder (rw), a tmpfs of its own already, bound as it is;
- * the persistent storage (a filesystem of its own, project-storage.ts) bound
- * read-write.
+ * the persistent storage's device (project-storage.ts) mounted read-write,
+ * or its plain folder bound.
  * Then it drops to the sandbox's uid for good (setpriv: no capability in any
  * set, no_new_privs, no groups) and runs bwrap there, unprivileged, in a user
  * namespace: no stage of the sandbox ever holds a host privilege.
@@ -83,7 +83,10 @@ if [ "$2" = rw ]; then
 elif [ -n "$1" ]; then
   ro "$1" "$n/a" "$n/app"
 fi
-if [ -n "$6" ]; then
+if [ -b "$6" ]; then
+  mkdir "$n/storage"
+  mount -t ext4 -o nosuid,nodev,noatime "$6" "$n/storage"
+elif [ -n "$6" ]; then
   mkdir "$n/storage"
   mount --bind "$6" "$n/storage"
 fi
@@ -192,7 +195,11 @@ export interface SandboxSpec {
   appDir: string;
   /** true: deploy-time install, /app is the folder itself, writable. */
   writableApp?: boolean;
-  /** Host folder of the project's persistent storage, bound read-write at STORAGE_MOUNT; none: no storage. */
+  /**
+   * The project's persistent storage, read-write at STORAGE_MOUNT: a loop
+   * device that the launch script mounts (skiff is root), or a folder bound;
+   * none: no storage.
+   */
   storage?: string;
   uid: number;
   limits: SandboxLimits;

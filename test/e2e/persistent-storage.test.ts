@@ -2,9 +2,11 @@
 // outlives a redeploy; another project's replicas see a folder of their own;
 // a write past SKIFF_PROJECT_STORAGE_BYTES fails in the writer with ENOSPC;
 // links and FIFOs a tenant leaves there are never followed by skiff, which
-// unmounts the storage at its stop and removes it (with its project, or by
-// itself) with no walk of its files.
-import { lstat, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+// lets go of the storage's device at its stop and removes it (with its
+// project, or by itself) with no walk of its files; nothing of it is mounted
+// outside the sandboxes.
+import { execFileSync } from "node:child_process";
+import { lstat, mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -17,6 +19,11 @@ import { post } from "../helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 
 const QUOTA = 16 * 1024 * 1024;
+
+/** The loop devices attached to a file. */
+function loopsOf(file: string): string[] {
+  return execFileSync("/usr/sbin/losetup", ["-j", file], { encoding: "utf8" }).split("\n").filter(Boolean);
+}
 
 const MAIN = `import os
 
@@ -113,10 +120,12 @@ describe.skipIf(!machineCan("persistent storage tests", isRoot ? undefined : "th
       await deploy("p-dev", "2");
       expect(await call("p-dev", "read", { name: "note.txt" })).toBe("kept");
       expect(await call("p-other", "read", { name: "note.txt" })).toMatch(/^FileNotFoundError/);
-      // The project's folder is a filesystem of its own on the host, owned by the project's uid.
-      const host = path.join(t.dataDir, "storage", "p-dev");
-      expect(await readFile(path.join(host, "note.txt"), "utf8")).toBe("kept");
-      expect((await lstat(path.join(t.dataDir, "storage", "p-dev.img"))).size).toBe(QUOTA);
+      // The project's storage is a filesystem image of its own, on a loop device skiff holds; nothing of it is
+      // mounted outside the sandboxes.
+      const image = path.join(t.dataDir, "storage", "p-dev.img");
+      expect((await lstat(image)).size).toBe(QUOTA);
+      expect(loopsOf(image)).toHaveLength(1);
+      expect(await readFile("/proc/self/mountinfo", "utf8")).not.toContain(t.dataDir);
     }, 120_000);
 
     it("a writer past SKIFF_PROJECT_STORAGE_BYTES gets ENOSPC (No space left on device); freeing room lets it write", async () => {
@@ -135,7 +144,9 @@ describe.skipIf(!machineCan("persistent storage tests", isRoot ? undefined : "th
       await writeFile(bait, "host file");
       expect(await call("p-other", "plant", { target: bait })).toEqual(["b.txt", "escape", "pipe"]);
       const storage = path.join(t.dataDir, "storage");
-      expect(await readdir(storage)).toEqual(expect.arrayContaining(["p-other", "p-other.img"]));
+      const image = path.join(storage, "p-other.img");
+      expect(await readdir(storage)).toContain("p-other.img");
+      expect(loopsOf(image)).toHaveLength(1);
       const res = await fetch(`${t.url}/v2/projects/p-other`, {
         method: "DELETE",
         headers: { authorization: `Bearer ${token}` },
@@ -147,6 +158,8 @@ describe.skipIf(!machineCan("persistent storage tests", isRoot ? undefined : "th
         .not.toEqual(expect.arrayContaining(["p-other.img"]));
       expect(await readdir(storage)).not.toContain("p-other");
       expect(await readFile(bait, "utf8")).toBe("host file");
+      // Its loop device is let go once its replicas are gone.
+      await expect.poll(() => loopsOf(image), { timeout: 30_000 }).toEqual([]);
       expect(t.skiff.runner!.version("p-other", "disk")).toBeUndefined();
       // The other project's storage is untouched.
       expect(await call("p-dev", "read", { name: "note.txt" })).toBe("kept");
@@ -158,19 +171,29 @@ describe.skipIf(!machineCan("persistent storage tests", isRoot ? undefined : "th
       await writeFile(bait, "host file");
       expect(await call("p-dev", "plant", { target: bait })).toEqual(["after.txt", "escape", "note.txt", "pipe"]);
       const dataDir = t.dataDir;
-      // skiff's stop unmounts the storage (it does not read the files in it); its image stays for the next start.
+      const image = path.join(dataDir, "storage", "p-dev.img");
+      // skiff's stop lets go of the storage's device (it reads nothing in it); its image stays for the next start.
       await t.skiff.close();
-      expect(await readdir(path.join(dataDir, "storage"))).toEqual(expect.arrayContaining(["p-dev", "p-dev.img"]));
-      expect(await readdir(path.join(dataDir, "storage", "p-dev"))).toEqual([]);
-      // Removal of a project's storage: mounted again, then removed; the link's target is untouched.
+      expect(await readdir(path.join(dataDir, "storage"))).toEqual(["p-dev.img"]);
+      await expect.poll(() => loopsOf(image), { timeout: 30_000 }).toEqual([]);
+      // What the app left is in the image, as the app left it.
+      const look = path.join(tmp, "look");
+      await mkdir(look);
+      execFileSync("/usr/bin/mount", ["-o", "loop,ro", image, look]);
+      try {
+        expect((await lstat(path.join(look, "escape"))).isSymbolicLink()).toBe(true);
+        expect((await lstat(path.join(look, "pipe"))).isFIFO()).toBe(true);
+      } finally {
+        execFileSync("/usr/bin/umount", [look]);
+      }
+      // Removal of a project's storage: attached again, then removed; the link's target is untouched.
       const storage = new ProjectStorage(dataDir, QUOTA, silentLogger, true);
-      const folder = await storage.folder("p-dev", 424242);
-      expect((await lstat(path.join(folder, "escape"))).isSymbolicLink()).toBe(true);
-      expect((await lstat(path.join(folder, "pipe"))).isFIFO()).toBe(true);
+      expect((await storage.source("p-dev", 424242)).kind).toBe("device");
+      expect(loopsOf(image)).toHaveLength(1);
       await storage.remove("p-dev");
-      expect(await readdir(path.join(dataDir, "storage"))).not.toContain("p-dev.img");
-      expect(await readdir(path.join(dataDir, "storage"))).not.toContain("p-dev");
+      expect(await readdir(path.join(dataDir, "storage"))).toEqual([]);
       expect(await readFile(bait, "utf8")).toBe("host file");
+      await expect.poll(() => loopsOf(image), { timeout: 30_000 }).toEqual([]);
       await storage.close();
     }, 120_000);
   },

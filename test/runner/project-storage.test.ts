@@ -21,18 +21,20 @@ describe("project storage - plain folder", () => {
   it("is made once per project under <dataDir>/storage, says once that it is not bounded, and refuses a bad id", async () => {
     const { logger, lines } = capturingLogger();
     const storage = new ProjectStorage(tmp, 16 * 1024 * 1024, logger, false);
-    const [a, again] = await Promise.all([storage.folder("p-one", 1234), storage.folder("p-one", 1234)]);
+    const [a, again] = (await Promise.all([storage.source("p-one", 1234), storage.source("p-one", 1234)])).map(
+      (s) => s.path,
+    );
     expect(a).toBe(path.join(tmp, "storage", "p-one"));
     expect(again).toBe(a);
-    expect(await storage.folder("p-two", 1235)).toBe(path.join(tmp, "storage", "p-two"));
+    expect(await storage.source("p-two", 1235)).toEqual({ kind: "folder", path: path.join(tmp, "storage", "p-two") });
     expect(((await stat(a)).mode & 0o777).toString(8)).toBe("700");
     expect(lines.filter((l) => /SKIFF_PROJECT_STORAGE_BYTES is not enforced/.test(l.msg))).toHaveLength(1);
-    await expect(storage.folder("../etc", 1)).rejects.toThrow(/not a project id/);
+    await expect(storage.source("../etc", 1)).rejects.toThrow(/not a project id/);
   });
 
   it("removal unlinks a link and a FIFO the tenant left, and touches neither target", async () => {
     const storage = new ProjectStorage(tmp, 16 * 1024 * 1024, capturingLogger().logger, false);
-    const folder = await storage.folder("p-one", 1234);
+    const folder = (await storage.source("p-one", 1234)).path;
     const bait = path.join(tmp, "bait");
     await mkdir(bait);
     await writeFile(path.join(bait, "keep.txt"), "host file");
@@ -47,6 +49,6 @@ describe("project storage - plain folder", () => {
     expect(await readdir(path.join(tmp, "storage"))).toEqual([]);
     expect(await readFile(path.join(bait, "keep.txt"), "utf8")).toBe("host file");
     // Used again, it starts empty.
-    expect(await readdir(await storage.folder("p-one", 1234))).toEqual([]);
+    expect(await readdir((await storage.source("p-one", 1234)).path)).toEqual([]);
   });
 });
