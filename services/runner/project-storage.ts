@@ -52,7 +52,7 @@ async function mountSource(dir: string): Promise<string | undefined> {
 }
 
 /** What a sandbox is given: a loop device to mount, or a plain folder to bind. */
-export interface StorageSource {
+interface StorageSource {
   kind: "device" | "folder";
   path: string;
 }

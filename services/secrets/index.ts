@@ -1,13 +1,7 @@
 // Project secrets: their names and limits, their sealed store in KV
 // `skiff-project-secrets` (written by the management role), and the view a
 // runner follows to give them to replicas as environment variables.
-export {
-  MAX_SECRET_NAME_LENGTH,
-  MAX_SECRET_VALUE_BYTES,
-  RESERVED_SECRET_NAMES,
-  secretNameProblem,
-  secretValueProblem,
-} from "./names.js";
+export { secretNameProblem, secretValueProblem } from "./names.js";
 export { ProjectSecretStore, SecretsStoreFull, TooManySecrets } from "./store.js";
 export type { SecretInfo } from "./store.js";
 export { ProjectSecretsView } from "./view.js";

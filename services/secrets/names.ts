@@ -3,12 +3,12 @@
 // name, and never one that skiff sets itself.
 
 /** An environment variable name. */
-export const SECRET_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
-export const MAX_SECRET_NAME_LENGTH = 128;
+const SECRET_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const MAX_SECRET_NAME_LENGTH = 128;
 /** The largest value, in bytes of UTF-8. */
-export const MAX_SECRET_VALUE_BYTES = 64 * 1024;
+const MAX_SECRET_VALUE_BYTES = 64 * 1024;
 /** Names skiff gives replicas itself (replica-env.ts): a secret may not take their place. */
-export const RESERVED_SECRET_NAMES: readonly string[] = ["PORT", "PATH", "HOME", "LANG"];
+const RESERVED_SECRET_NAMES: readonly string[] = ["PORT", "PATH", "HOME", "LANG"];
 /** Prefixes of skiff's own variables, any case (the sandbox's gate uses `skiff_` names). */
 const RESERVED_PREFIX = /^skiff_/i;
 

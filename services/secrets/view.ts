@@ -53,11 +53,6 @@ export class ProjectSecretsView {
     return () => this.listeners.delete(listener);
   }
 
-  /** Whether the project has secrets. */
-  has(projectId: string): boolean {
-    return this.sealed.has(projectId);
-  }
-
   /**
    * The project's secrets as environment variables. A value that does not
    * open (another platform key) is left out, and the log names the secret,
