@@ -52,7 +52,7 @@ const BUCKET_WEIGHT = 0.7;
 
 /**
  * Every store with a budget, and the parts of SKIFF_STORAGE_SHARE they get
- * by default (100.7 in all: a bucket more than the parts were set for): the events, which every call writes, most; the
+ * by default (100.7 in all): the events, which every call writes, most; the
  * queue of accepted runs enough for a long backlog; the small KV buckets
  * little.
  */
