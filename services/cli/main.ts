@@ -36,6 +36,8 @@ Commands:
   projects list                          list projects (a service account sees its own)
   projects create [<project-id>]         create a project (admin); id "p-…" made when omitted
       --name <name>
+  projects delete <project-id>           delete a project (admin) with its apps, service
+                                         accounts, secrets and persistent storage
   service-accounts list                  list a project's service accounts
   service-accounts create <name>         create a service account and print its token once
       --expires-in <n>m|h|d              lifetime (default ${DEFAULT_EXPIRES_IN}; at most one year)
