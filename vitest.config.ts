@@ -18,6 +18,7 @@ const UNIT = [
   "test/runner/replica-set.test.ts",
   "test/runner/slot-queue.test.ts",
   "test/runs/event-bytes.test.ts",
+  "test/secrets/names.test.ts",
   "test/server/rest/transcoder.property.test.ts",
   "test/server/rest/transcoder.test.ts",
   "test/server/static-files.test.ts",

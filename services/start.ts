@@ -115,6 +115,8 @@ const ROLES: Record<Role, RoleSpec> = {
         runAckWaitMs: config.runAckWaitMs,
         finalRecordKeepMs: config.finalRecordKeepMs,
         maxAsyncResultBytes: config.maxAsyncResultBytes,
+        secretsKey: config.secretsKey,
+        projectStorageBytes: config.projectStorageBytes,
         runnerOptions: {
           sandbox: shared.sandbox,
           projectMaxReplicas: config.projectMaxReplicas,
@@ -190,6 +192,8 @@ const ROLES: Record<Role, RoleSpec> = {
         adminToken: config.adminToken,
         maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
         maxAppsPerProject: config.maxAppsPerProject,
+        maxSecretsPerProject: config.maxSecretsPerProject,
+        secretsKey: config.secretsKey,
         historyBudget: {
           maxBytes: config.historyMaxBytes,
           storageShare: config.storageShare,

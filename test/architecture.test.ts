@@ -16,7 +16,7 @@ const GEN = path.join(ROOT, "gen");
 const LAYERS: { folders: string[]; peers: boolean }[] = [
   { folders: ["config", "metrics"], peers: false },
   { folders: ["nats", "server"], peers: false },
-  { folders: ["auth", "apps", "runs", "webhooks", "runner-client"], peers: true },
+  { folders: ["auth", "apps", "runs", "webhooks", "secrets", "runner-client"], peers: true },
   { folders: ["invocation", "management", "runner", "webhook"], peers: false },
   { folders: ["cli", "(top)"], peers: false },
 ];

@@ -6,6 +6,7 @@ import type { Client, Transport } from "@connectrpc/connect";
 import {
   CreateProjectResponseSchema,
   CreateServiceAccountResponseSchema,
+  DeleteProjectResponseSchema,
   ListProjectsResponseSchema,
   ListServiceAccountsResponseSchema,
   type ManagementService,
@@ -102,6 +103,22 @@ export const COMMANDS: Record<string, Record<string, Command>> = {
         const p = res.project!;
         print(ctx, CreateProjectResponseSchema, res, () =>
           table(["id", "name", "created"], [[p.projectId, p.name, time(p.createdAt)]]),
+        );
+      },
+    },
+    delete: {
+      options: [],
+      positionals: 1,
+      async run(ctx) {
+        const id = ctx.positionals[0];
+        if (id === undefined) throw new UsageError("projects delete needs an id: skiff projects delete <project-id>");
+        const res = await ctx.client.deleteProject({ projectId: id });
+        print(
+          ctx,
+          DeleteProjectResponseSchema,
+          res,
+          () =>
+            `deleted project ${id} with ${res.appsDeleted} apps, ${res.serviceAccountsDeleted} service accounts and ${res.secretsDeleted} secrets; its persistent storage goes once its replicas stop`,
         );
       },
     },

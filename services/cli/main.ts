@@ -9,6 +9,7 @@ import { apps, deploy, logs } from "./app-commands.js";
 import { COMMANDS, DEFAULT_EXPIRES_IN, DEFAULT_PROJECT, UsageError, type Command } from "./commands.js";
 import { DEFAULT_URL, resolveTarget, type Target } from "./defaults.js";
 import { run, runs, runStatus } from "./run-commands.js";
+import { secrets } from "./secret-commands.js";
 
 const USAGE = `Usage: skiff <command> [options]
 
@@ -35,15 +36,22 @@ Commands:
   projects list                          list projects (a service account sees its own)
   projects create [<project-id>]         create a project (admin); id "p-…" made when omitted
       --name <name>
+  projects delete <project-id>           delete a project (admin) with its apps, service
+                                         accounts, secrets and persistent storage
   service-accounts list                  list a project's service accounts
   service-accounts create <name>         create a service account and print its token once
       --expires-in <n>m|h|d              lifetime (default ${DEFAULT_EXPIRES_IN}; at most one year)
       --expires-at <RFC 3339 time>       or an exact expiry
   service-accounts delete <id>           delete a service account: its token stops working
   (sa is short for service-accounts)
+  secrets list                           a project's secrets: names and times, never values
+  secrets set <NAME>                     create a secret or give it a new value, read from
+                                         stdin (one final line break dropped); the
+                                         project's replicas are replaced to see it
+  secrets delete <NAME>                  delete a secret
 
 Options:
-  -p, --project <id>   project of the app and service account commands (default $SKIFF_PROJECT or ${DEFAULT_PROJECT})
+  -p, --project <id>   project of the app, service account and secret commands (default $SKIFF_PROJECT or ${DEFAULT_PROJECT})
   --url <url>          skiff server (default $SKIFF_URL, else http://$SKIFF_HOST:$SKIFF_PORT
                        when SKIFF_PORT is set, else the address a running skiff wrote
                        into its data folder, else ${DEFAULT_URL})
@@ -73,7 +81,7 @@ const OPTIONS = {
 } as const;
 const GLOBAL = new Set(["url", "token", "json", "help"]);
 const ALIASES: Record<string, string> = { sa: "service-accounts" };
-const GROUPS: Record<string, Record<string, Command>> = { ...COMMANDS, apps };
+const GROUPS: Record<string, Record<string, Command>> = { ...COMMANDS, apps, secrets };
 /** Commands of one word, whose first positional is their argument. */
 const SINGLE: Record<string, Command> = { deploy, logs, run, runs, "run-status": runStatus };
 

@@ -85,7 +85,7 @@ export interface Config {
   webhookTimeoutMs: number;
   /** Address ranges webhooks may reach despite the SSRF guard; undefined: loopback only when SKIFF_HOST is loopback. */
   webhookAllowedCidrs: string[] | undefined;
-  /** AES-256 key (base64) that seals webhook secrets; undefined: the cluster's key in KV skiff-keys. */
+  /** AES-256 key (base64) that seals webhook and project secrets; undefined: the cluster's key in KV skiff-keys. */
   secretsKey: string | undefined;
   /** Seconds an async run's result is kept for GetRun; 0 keeps none. */
   resultTtlSeconds: number;
@@ -127,6 +127,10 @@ export interface Config {
   maxConcurrentBuilds: number;
   /** Most apps one project may have; a deploy of a new app beyond it is refused with 429. */
   maxAppsPerProject: number;
+  /** Most secrets one project may have; a new one beyond it is refused with 429. */
+  maxSecretsPerProject: number;
+  /** Size of each project's persistent storage (its own filesystem where skiff is root), bytes. */
+  projectStorageBytes: number;
   /** Network of sandboxes: "auto" (slirp4netns when installed, else none), "slirp4netns" or "none". */
   replicaNetwork: "auto" | "slirp4netns" | "none";
   /** IPv4 ranges replicas with outbound network may not reach, besides the host's own addresses. */
@@ -426,7 +430,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "dataDir",
     env: "SKIFF_DATA_DIR",
     fallback: DEFAULT_DATA_DIR,
-    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), and a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`).",
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`).",
     parse: nonEmpty,
   },
   {
@@ -625,7 +629,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "secretsKey",
     env: "SKIFF_SECRETS_KEY",
     fallback: "",
-    doc: "32-byte AES-256 key, base64, that seals webhook secrets; every process must have the same. Unset: a key made once and kept in KV `skiff-keys`.",
+    doc: "32-byte AES-256 key, base64, that seals webhook secrets and project secrets; every process must have the same (changing it leaves the project secrets sealed before unreadable: set them again). Unset: a key made once and kept in KV `skiff-keys`.",
     parse: optional((raw, variable) => {
       try {
         parseSecretsKey(raw);
@@ -791,6 +795,20 @@ const SETTINGS: Setting<keyof Config>[] = [
     fallback: "100",
     doc: "Most apps one project may have; deploying a new app beyond it is refused with 429 (a new version of an existing app is not).",
     parse: integer(1, 1_000_000),
+  },
+  {
+    key: "maxSecretsPerProject",
+    env: "SKIFF_MAX_SECRETS_PER_PROJECT",
+    fallback: "100",
+    doc: "Most secrets one project may have; setting a new one beyond it is refused with 429 (a new value for an existing one is not).",
+    parse: integer(1, 10_000),
+  },
+  {
+    key: "projectStorageBytes",
+    env: "SKIFF_PROJECT_STORAGE_BYTES",
+    fallback: String(1024 * 1024 * 1024),
+    doc: "Size of each project's persistent storage (`/persistent-storage` in its replicas), bytes. Where skiff runs as root the folder is a filesystem of its own of this size, made on first use, so a write past it fails with `No space left on device` (ENOSPC); a larger setting applies to projects whose storage is made after it. Without root, or where the machine cannot make such a filesystem (no loop devices or `mkfs.ext4`), it is a plain folder and is not bounded (the log says so once).",
+    parse: integer(16 * 1024 * 1024, 1024 * 1024 * 1024 * 1024 * 1024),
   },
   {
     key: "replicaNetwork",

@@ -9,6 +9,7 @@ import { ProjectsPage } from "./projects-page.js";
 import { href, Link, match, navigate, useLocation } from "./router.js";
 import { RunPage } from "./run-page.js";
 import { RunsPage } from "./runs-page.js";
+import { SecretsPage } from "./secrets-page.js";
 import { useSession } from "./session-context.js";
 import { formatDate, dateOf } from "./format.js";
 import { useLoad, type Loaded } from "./use-load.js";
@@ -17,6 +18,7 @@ const SECTIONS = [
   { id: "runs", label: "Runs" },
   { id: "apps", label: "Apps" },
   { id: "keys", label: "API Keys" },
+  { id: "secrets", label: "Secrets" },
 ] as const;
 
 function ProjectPicker({
@@ -106,6 +108,7 @@ export function Shell() {
     page = <RunPage project={params.project} app={params.app} runId={params.run} />;
   else if ((params = match("/projects/:project/apps", loc.path))) page = <AppsPage project={params.project} />;
   else if ((params = match("/projects/:project/keys", loc.path))) page = <KeysPage project={params.project} />;
+  else if ((params = match("/projects/:project/secrets", loc.path))) page = <SecretsPage project={params.project} />;
   else if (loc.path === "/projects" && identity.kind === "admin") page = <ProjectsPage />;
   else if (loc.path === "/") page = <Loading what="your projects" />;
   else if (loc.path === "/projects") page = null;

@@ -1,16 +1,20 @@
-// Audit lines: one JSON log line per change to projects, service accounts and apps,
+// Audit lines: one JSON log line per change to projects, service accounts, apps and secrets,
 // marked `audit: true` so they can be filtered out of the stream. They say
-// who, what, on which target and when; never a token.
+// who, what, on which target and when; never a token nor a secret's value.
 import { actorOf, type Principal } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 
 type AuditAction =
   | "project.create"
+  | "project.delete"
   | "service_account.create"
   | "service_account.delete"
   | "service_account.renew"
   | "app.deploy"
-  | "app.delete";
+  | "app.delete"
+  | "secret.create"
+  | "secret.update"
+  | "secret.delete";
 
 export function audit(
   logger: Logger,

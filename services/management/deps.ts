@@ -2,6 +2,7 @@
 import type { PrepareBundle } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import type { TokenSubject } from "../auth/index.js";
+import type { ProjectSecretStore } from "../secrets/index.js";
 import type { AppObserver } from "./app-observe.js";
 import type { AppStore } from "./app-store.js";
 import type { ProjectStore } from "./project-store.js";
@@ -23,6 +24,8 @@ export interface ManagementDeps {
   projects: ProjectStore;
   serviceAccounts: ServiceAccountStore;
   apps: AppDeps;
+  /** Project secrets, sealed in KV `skiff-project-secrets`. */
+  secrets: ProjectSecretStore;
   /** The run methods (runs.ts). */
   runs: RunApi;
   /** Signs a token with the cluster's current key. */

@@ -37,6 +37,19 @@ export class ProjectStore {
     return entry && entry.operation === "PUT" ? decode(jsonOf(entry)) : undefined;
   }
 
+  /** Deletes a project's record; false when there was none. */
+  async delete(projectId: string): Promise<boolean> {
+    const entry = await this.kv.get(projectId);
+    if (!entry || entry.operation !== "PUT") return false;
+    try {
+      await this.kv.delete(projectId, { previousSeq: entry.revision });
+      return true;
+    } catch (err) {
+      if (!(await this.get(projectId))) return false;
+      throw err;
+    }
+  }
+
   /** Every project, by id. */
   async list(): Promise<ProjectRecord[]> {
     const ids: string[] = [];

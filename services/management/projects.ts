@@ -12,7 +12,7 @@ type Impl = ServiceImpl<typeof ManagementService>;
 
 export function projectHandlers(
   deps: ManagementDeps,
-): Pick<Impl, "getIdentity" | "createProject" | "listProjects" | "getProject"> {
+): Pick<Impl, "getIdentity" | "createProject" | "listProjects" | "getProject" | "deleteProject"> {
   return {
     getIdentity(_req, ctx) {
       const p = principalOf(ctx);
@@ -47,6 +47,36 @@ export function projectHandlers(
       if (p.kind === "admin") return { projects: (await deps.projects.list()).map(projectMessage) };
       const own = await deps.projects.get(p.projectId);
       return { projects: own ? [projectMessage(own)] : [] };
+    },
+
+    /**
+     * The project's record goes first, so that no deploy, service account or
+     * secret can be made in it any more; then everything it held, swept twice
+     * for what a call that passed its project check just before may have
+     * added. Runners follow the projects' bucket and remove the project's
+     * persistent storage once its replicas have stopped.
+     */
+    async deleteProject(req, ctx) {
+      const p = principalOf(ctx);
+      if (p.kind !== "admin") throw new ConnectError("only the admin token can delete projects", Code.PermissionDenied);
+      const projectId = valid.projectId(req.projectId);
+      if (!(await deps.projects.delete(projectId)))
+        throw new ConnectError(`project ${projectId} not found`, Code.NotFound);
+      const counts = { appsDeleted: 0, serviceAccountsDeleted: 0, secretsDeleted: 0 };
+      for (let pass = 0; pass < 2; pass++) {
+        for (const app of await deps.apps.store.list(projectId))
+          if (await deps.apps.store.delete(projectId, app.app_name)) counts.appsDeleted++;
+        for (const sa of await deps.serviceAccounts.list(projectId))
+          if (await deps.serviceAccounts.delete(projectId, sa.service_account_id)) counts.serviceAccountsDeleted++;
+        for (const secret of await deps.secrets.list(projectId))
+          if (await deps.secrets.delete(projectId, secret.name)) counts.secretsDeleted++;
+      }
+      audit(deps.logger, p, "project.delete", projectId, {
+        apps: counts.appsDeleted,
+        service_accounts: counts.serviceAccountsDeleted,
+        secrets: counts.secretsDeleted,
+      });
+      return counts;
     },
 
     async getProject(req) {

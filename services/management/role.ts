@@ -6,6 +6,8 @@ import type { PrepareBundle } from "../apps/index.js";
 import { type Auth, issueToken } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
 import { buckets, objectStores } from "../nats/index.js";
+import { ProjectSecretStore } from "../secrets/index.js";
+import { createSecretBox } from "../webhooks/index.js";
 import type { HistoryBudgetOptions, RunContext } from "../runs/index.js";
 import { ensureAdminToken, ensureDevAccount } from "./bootstrap.js";
 import { AppObserver } from "./app-observe.js";
@@ -31,6 +33,10 @@ interface ManagementRoleOptions {
   /** SKIFF_MAX_PROJECT_UNPACKED_BYTES. */
   maxProjectUnpackedBytes: number;
   maxAppsPerProject: number;
+  /** SKIFF_MAX_SECRETS_PER_PROJECT. */
+  maxSecretsPerProject: number;
+  /** SKIFF_SECRETS_KEY: the platform key project secrets are sealed with; default the cluster's. */
+  secretsKey: string | undefined;
   /** The process's run helpers. */
   runs: RunContext;
   /**
@@ -58,6 +64,11 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
       (projectId, id, revision) => opts.auth.accounts.deleted(projectId, id, revision),
     ),
     apps: await appDeps(opts),
+    secrets: await ProjectSecretStore.open(
+      opts.nc,
+      await createSecretBox(opts.nc, { key: opts.secretsKey }),
+      opts.maxSecretsPerProject,
+    ),
     runs: await startRunApi({
       nc: opts.nc,
       logger: opts.logger,

@@ -1,10 +1,11 @@
 // ManagementService: projects, service accounts, apps, runs, webhook
-// deliveries and app statistics.
+// deliveries, app statistics and project secrets.
 import type { ConnectRouter } from "@connectrpc/connect";
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { appHandlers } from "./apps.js";
 import type { ManagementDeps } from "./deps.js";
 import { projectHandlers } from "./projects.js";
+import { secretHandlers } from "./secrets.js";
 import { serviceAccountHandlers } from "./service-accounts.js";
 import { statsHandlers } from "./stats.js";
 
@@ -15,5 +16,6 @@ export function routes(router: ConnectRouter, deps: ManagementDeps): void {
     ...appHandlers(deps),
     ...deps.runs.handlers,
     ...statsHandlers(deps),
+    ...secretHandlers(deps),
   });
 }

@@ -47,12 +47,12 @@ export interface StoreSpec {
 
 export const HISTORY_STORE = "run-history";
 
-/** Percent of SKIFF_STORAGE_SHARE each KV bucket gets by default (ten buckets: 7 in all). */
+/** Percent of SKIFF_STORAGE_SHARE each KV bucket gets by default (eleven buckets: 7.7 in all, 100.7 with the rest). */
 const BUCKET_WEIGHT = 0.7;
 
 /**
  * Every store with a budget, and the parts of SKIFF_STORAGE_SHARE they get
- * by default (100 in all): the events, which every call writes, most; the
+ * by default (100.7 in all): the events, which every call writes, most; the
  * queue of accepted runs enough for a long backlog; the small KV buckets
  * little.
  */

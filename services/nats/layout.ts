@@ -233,6 +233,12 @@ export const buckets = {
     history: REWRITTEN_HISTORY,
     description: "webhook deliveries and their attempts",
   },
+  projectSecrets: {
+    name: "skiff-project-secrets",
+    ttlMs: 0,
+    history: 1,
+    description: "project secrets, sealed under the platform key, keyed <project>.<name>",
+  },
   uids: {
     name: "skiff-uids",
     ttlMs: 0,

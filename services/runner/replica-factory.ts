@@ -8,6 +8,7 @@ import path from "node:path";
 import type { Logger } from "../config/index.js";
 import type { NetnsConnector } from "./netns-connect.js";
 import { freePort, type PortLeases } from "./ports.js";
+import type { ProjectStorage } from "./project-storage.js";
 import { NODE_SHIM, PYTHON_SHIM, SYSTEM_PYTHON } from "./prepare.js";
 import { Replica, type ReplicaSpec } from "./replica.js";
 import { REPLICA_PATH } from "./replica-env.js";
@@ -38,6 +39,14 @@ export interface ProcessReplicaOptions {
   sandbox: SandboxOptions;
   /** Connections made inside sandboxes, for Custom apps' requests to skip their relay. */
   netns?: NetnsConnector;
+  /**
+   * The project's secrets as environment variables (ProjectSecretsView.env),
+   * read as each replica starts; the app's own [env] wins over a secret of
+   * the same name.
+   */
+  projectEnv?: (projectId: string) => Record<string, string>;
+  /** Persistent storage, mounted at /persistent-storage in every sandboxed replica. */
+  projectStorage?: ProjectStorage;
 }
 
 /** Replicas as child processes (replica.ts), sandboxed unless the sandbox is off. */
@@ -129,7 +138,12 @@ export class ProcessReplicas implements ReplicaFactory<Replica> {
   }
 
   async start(r: Replica): Promise<void> {
-    const { runtime } = this.deployment.config;
+    const { runtime, env } = this.deployment.config;
+    const { projectId } = this.deployment;
+    // Read at each start: a replica started after a secret changed has its new value.
+    if (this.o.projectEnv) r.spec.env = { ...this.o.projectEnv(projectId), ...env };
+    if (r.spec.sandbox && this.o.projectStorage)
+      r.spec.sandbox.storage = (await this.o.projectStorage.source(projectId, r.spec.sandbox.uid)).path;
     if (runtime.kind === "custom" && runtime.port !== undefined)
       r.releasePort = await this.o.ports.acquire(runtime.port, this.owner, { sandboxed: this.o.sandbox.enabled });
     await r.start();

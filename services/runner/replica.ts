@@ -45,7 +45,7 @@ export interface ReplicaSpec {
   healthcheck: string;
   startTimeoutMs: number;
   /** Set: run in a sandbox with this uid and these limits. */
-  sandbox?: { host: SandboxHost; uid: number; limits: SandboxLimits; network?: SandboxNetwork };
+  sandbox?: { host: SandboxHost; uid: number; limits: SandboxLimits; network?: SandboxNetwork; storage?: string };
   /** The program a sandboxed command finally runs (a Custom app's, behind the relay), checked before starting. */
   commandCheck?: string;
   /** A sandboxed Custom app: it listens on `port` in the sandbox's network namespace, behind the relay. */
@@ -301,6 +301,7 @@ export class Replica {
         uid: s.sandbox!.uid,
         limits: s.sandbox!.limits,
         network: s.sandbox!.network,
+        storage: s.sandbox!.storage,
         command: s.command,
         args: s.args,
         env: replicaEnv(s.env, APP_MOUNT, s.port),

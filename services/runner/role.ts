@@ -14,10 +14,13 @@ import path from "node:path";
 import type { NatsConnection, ObjectStore } from "nats";
 import { appKey, type AppRecord, type AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { objectStores } from "../nats/index.js";
+import { buckets, followKv, objectStores } from "../nats/index.js";
 import type { RunContext } from "../runs/index.js";
+import { ProjectSecretsView } from "../secrets/index.js";
+import { createSecretBox } from "../webhooks/index.js";
 import { logPublisher } from "./app-logs.js";
 import type { DeploymentCache } from "./deployment-cache.js";
+import { ProjectStorage } from "./project-storage.js";
 import { DEFAULT_REPLICA_REFRESH_MS, ReplicaPublisher } from "./replica-publisher.js";
 import { startRunIntake } from "./run-intake.js";
 import { Runner, type RunnerOptions } from "./runner.js";
@@ -45,6 +48,10 @@ export interface RunnerRoleOptions {
   runnerOptions?: Omit<RunnerOptions, "workDir" | "logger" | "onLog" | "onReplicaChange">;
   /** How often replicas are re-published to KV (default a third of the bucket's TTL). */
   replicaRefreshMs?: number;
+  /** SKIFF_SECRETS_KEY: the platform key that opens project secrets; default the cluster's. */
+  secretsKey?: string;
+  /** SKIFF_PROJECT_STORAGE_BYTES: the size of each project's persistent storage (default 1 GiB). */
+  projectStorageBytes?: number;
 }
 
 export interface RunnerRole {
@@ -58,6 +65,9 @@ export interface RunnerRole {
 }
 
 const PRUNE_EVERY_MS = 60 * 60 * 1000;
+const DEFAULT_STORAGE_BYTES = 1024 * 1024 * 1024;
+/** How long a project's secrets must stay unchanged before its replicas are replaced. */
+const SECRET_SETTLE_MS = 300;
 
 export const deploymentsDir = (dataDir: string): string => path.join(path.resolve(dataDir), "deployments");
 
@@ -67,8 +77,12 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   const uids = opts.runnerOptions?.uids ?? (await UidRegistry.open(nc));
   const publisher = await ReplicaPublisher.start(nc, logger);
   const publishLog = logPublisher(nc);
+  const secrets = await ProjectSecretsView.start(nc, await createSecretBox(nc, { key: opts.secretsKey }), logger);
+  const storage = new ProjectStorage(opts.dataDir, opts.projectStorageBytes ?? DEFAULT_STORAGE_BYTES, logger);
   const runner = new Runner({
     ...opts.runnerOptions,
+    projectEnv: (projectId) => secrets.env(projectId),
+    projectStorage: storage,
     uids,
     workDir: path.join(path.resolve(opts.dataDir), "replicas"),
     logger,
@@ -164,14 +178,79 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
       : schedule(change.projectId, change.appName),
   );
   for (const record of registry.list()) schedule(record.project_id, record.app_name);
+
+  // A secret set or deleted: the project's apps are deployed again, so new replicas (with the new
+  // values) start and take over before the old ones drain, as for a new version. Changes within
+  // SECRET_SETTLE_MS of each other (several secrets set at once) make one replacement.
+  const settling = new Map<string, NodeJS.Timeout>();
+  const replaceProject = (projectId: string) => {
+    settling.delete(projectId);
+    if (closed) return;
+    for (const [key, app] of deployed)
+      if (app.projectId === projectId) {
+        deployed.delete(key);
+        logger.info({ app: key }, "a project secret changed; replacing the app's replicas");
+        schedule(app.projectId, app.appName);
+      }
+  };
+  const unfollowSecrets = secrets.onChange((projectId) => {
+    clearTimeout(settling.get(projectId));
+    settling.set(
+      projectId,
+      setTimeout(() => replaceProject(projectId), SECRET_SETTLE_MS),
+    );
+  });
+  const stopFollowingSecrets = () => {
+    unfollowSecrets();
+    for (const timer of settling.values()) clearTimeout(timer);
+    settling.clear();
+  };
   logger.info({ apps: registry.list().length }, "runner role follows the app registry");
+
+  // A deleted project: its apps are removed here at once (their records' deletions may come later), then its
+  // persistent storage, once no replica of it is left. A deletion made while this runner was away is replayed
+  // by the watch at start (the bucket keeps the delete marker), so its storage goes then.
+  const removals = new Map<string, Promise<void>>();
+  const projectGone = (projectId: string) => {
+    if (removals.has(projectId)) return;
+    const apps = [...deployed.entries()].filter(([, app]) => app.projectId === projectId);
+    const removal = (async () => {
+      await Promise.allSettled(
+        apps.map(([key, app]) => {
+          deployed.delete(key);
+          return runner.remove(app.projectId, app.appName);
+        }),
+      );
+      // An app whose record went first is being removed by its own turn: wait for it too.
+      await Promise.allSettled([...queues.values()]);
+      if (closed) return;
+      await storage.remove(projectId);
+      logger.info({ project: projectId }, "project deleted: its replicas stopped and its persistent storage removed");
+    })()
+      .catch((err: unknown) => logger.error({ err, project: projectId }, "cannot remove a deleted project's storage"))
+      .finally(() => removals.delete(projectId));
+    removals.set(projectId, removal);
+  };
+  const projects = followKv({
+    kv: await nc.jetstream().views.kv(buckets.projects.name, { bindOnly: true }),
+    name: buckets.projects.name,
+    logger,
+    shouldStop: () => nc.isClosed(),
+    onEntry: (entry) => {
+      if (entry.operation !== "PUT") projectGone(entry.key);
+    },
+  });
 
   const stopDeploying = async () => {
     closed = true;
     clearInterval(pruner);
     stopWatching();
-    await Promise.allSettled([...queues.values()]);
+    stopFollowingSecrets();
+    secrets.stop();
+    projects.stop();
+    await Promise.allSettled([...queues.values(), ...removals.values()]);
     await runner.close();
+    await storage.close();
     await publisher.close();
   };
   const intake = await startRunIntake({

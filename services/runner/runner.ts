@@ -46,7 +46,7 @@ import { NetnsConnector, ReplicaAgent } from "./netns-connect.js";
 import { AppPool, type PoolOptions } from "./pool.js";
 import { PortLeases } from "./ports.js";
 import { prepareDeployment } from "./prepare.js";
-import { RELAY_PYTHON } from "./replica-factory.js";
+import { RELAY_PYTHON, type ProcessReplicaOptions } from "./replica-factory.js";
 import { defaultSandbox, type SandboxOptions } from "./sandbox.js";
 import type { AppDeployment, AppLogLine, ReplicaChange, ReplicaInfo } from "./types.js";
 import { hashedUids, type ProjectUids } from "./uids.js";
@@ -99,6 +99,9 @@ export interface RunnerOptions {
   maxResultBytes?: number;
   /** The time of the pools' queue, scaling, cooldown, health and run timers (default the machine's). */
   clock?: Clock;
+  /** Project secrets and persistent storage of replicas (replica-factory.ts). */
+  projectEnv?: ProcessReplicaOptions["projectEnv"];
+  projectStorage?: ProcessReplicaOptions["projectStorage"];
 }
 
 /** Longest a connection to a replica stays idle in the pool; shorter still when the replica announces less. */
@@ -158,6 +161,8 @@ export class Runner {
       sandbox: opts.sandbox ?? defaultSandbox(),
       projectRefusal: (pool) => this.projectRefusal(pool),
       clock: opts.clock,
+      projectEnv: opts.projectEnv,
+      projectStorage: opts.projectStorage,
     };
     // Sandboxed Custom apps' requests skip their relay where this process can open connections in their sandbox.
     if (this.pool.sandbox.enabled && this.pool.sandbox.direct !== false && RELAY_PYTHON)

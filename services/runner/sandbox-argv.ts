@@ -29,6 +29,8 @@ export type SandboxNetwork = "none" | "slirp4netns";
 
 /** Where a sandboxed process finds its app folder, working folder and HOME. */
 export const APP_MOUNT = "/app";
+/** Where a replica finds its project's persistent storage, read-write (project-storage.ts). */
+export const STORAGE_MOUNT = "/persistent-storage";
 /** Where the shims are, read-only. */
 export const SHIM_MOUNT = "/skiff";
 /** The fd on which a sandboxed replica receives the listening socket of its channel. */
@@ -49,11 +51,14 @@ export const NEUTRAL_DIR = existsSync("/run") ? "/run/skiff-sandbox" : "/tmp/ski
 /**
  * Run as root with a fixed environment by `unshare --mount --propagation
  * private`, with arguments: the app's folder ("" for none), "ro" or "rw",
- * the shims' folder, the sandbox's uid, "overlay" or "bind", then bwrap's
+ * the shims' folder, the sandbox's uid, "overlay" or "bind", the project's
+ * persistent storage (a loop device, a folder, or "" for none), then bwrap's
  * command line. It mounts a tmpfs on NEUTRAL_DIR and each folder there: a
  * read-only one through an overlay (whose source and options in mountinfo
  * name only NEUTRAL_DIR) or, where overlays cannot be mounted, a read-only
- * bind; a build's folder (rw), a tmpfs of its own already, bound as it is.
+ * bind; a build's folder (rw), a tmpfs of its own already, bound as it is;
+ * the persistent storage's device (project-storage.ts) mounted read-write,
+ * or its plain folder bound.
  * Then it drops to the sandbox's uid for good (setpriv: no capability in any
  * set, no_new_privs, no groups) and runs bwrap there, unprivileged, in a user
  * namespace: no stage of the sandbox ever holds a host privilege.
@@ -78,8 +83,15 @@ if [ "$2" = rw ]; then
 elif [ -n "$1" ]; then
   ro "$1" "$n/a" "$n/app"
 fi
+if [ -b "$6" ]; then
+  mkdir "$n/storage"
+  mount -t ext4 -o nosuid,nodev,noatime "$6" "$n/storage"
+elif [ -n "$6" ]; then
+  mkdir "$n/storage"
+  mount --bind "$6" "$n/storage"
+fi
 u=$4
-shift 5
+shift 6
 exec /usr/bin/env -i PATH="$PATH" /usr/bin/setpriv --reuid="$u" --regid="$u" --clear-groups \\
   --inh-caps=-all --bounding-set=-all --no-new-privs -- "$@"`;
 
@@ -183,6 +195,12 @@ export interface SandboxSpec {
   appDir: string;
   /** true: deploy-time install, /app is the folder itself, writable. */
   writableApp?: boolean;
+  /**
+   * The project's persistent storage, read-write at STORAGE_MOUNT: a loop
+   * device that the launch script mounts (skiff is root), or a folder bound;
+   * none: no storage.
+   */
+  storage?: string;
   uid: number;
   limits: SandboxLimits;
   command: string;
@@ -240,7 +258,7 @@ export interface SandboxFds {
 export function launch(bwrap: string, spec: SandboxSpec, command: string[], mounts: MountKind): [string, string[]] {
   const args = ["--args", "0", ...command];
   if (!runsAsRoot()) return [bwrap, args];
-  const script = [spec.appDir, spec.writableApp ? "rw" : "ro", SHIM_DIR, String(spec.uid), mounts];
+  const script = [spec.appDir, spec.writableApp ? "rw" : "ro", SHIM_DIR, String(spec.uid), mounts, spec.storage ?? ""];
   return [
     UNSHARE,
     [
@@ -325,6 +343,7 @@ export function sandboxArgv(
       else options.push("--ro-bind", neutral ? `${NEUTRAL_DIR}/app/${name}` : host, inside);
     }
   }
+  if (spec.storage) options.push("--bind", neutral ? `${NEUTRAL_DIR}/storage` : spec.storage, STORAGE_MOUNT);
   if (fds.resolv !== undefined)
     options.push("--perms", "0444", "--ro-bind-data", String(fds.resolv), "/etc/resolv.conf");
   else if (existsSync("/etc/resolv.conf")) options.push("--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf");

@@ -40,6 +40,22 @@ describe("skiff CLI", () => {
     expect(again).toMatchObject({ code: 1, stderr: expect.stringContaining("already exists (409)") });
   });
 
+  it("projects delete removes a project and says what went with it; a second delete is 404", async () => {
+    expect((await asAdmin(["projects", "create", "p-cligone"])).code).toBe(0);
+    const deleted = await asAdmin(["projects", "delete", "p-cligone"]);
+    expect(deleted).toMatchObject({
+      code: 0,
+      stdout:
+        "deleted project p-cligone with 0 apps, 0 service accounts and 0 secrets; its persistent storage goes once its replicas stop\n",
+    });
+    const list = JSON.parse((await asAdmin(["projects", "list", "--json"])).stdout);
+    expect(list.projects.map((p: { project_id: string }) => p.project_id)).not.toContain("p-cligone");
+    expect(await asAdmin(["projects", "delete", "p-cligone"])).toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining("not found (404)"),
+    });
+  });
+
   it("service-accounts create prints the token once; list shows the account; delete revokes it", async () => {
     const created = await asAdmin([
       "service-accounts",

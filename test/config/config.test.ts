@@ -63,6 +63,8 @@ describe("config", () => {
       maxBuildFiles: 200_000,
       maxConcurrentBuilds: 2,
       maxAppsPerProject: 100,
+      maxSecretsPerProject: 100,
+      projectStorageBytes: 1024 * 1024 * 1024,
       replicaNetwork: "auto",
       replicaDirect: "on",
       replicaDeniedCidrs: ["169.254.0.0/16"],

@@ -1,0 +1,189 @@
+// Each project's persistent storage on this machine: what its replicas see
+// read-write at /persistent-storage (sandbox-argv.ts STORAGE_MOUNT), kept
+// across deploys, restarts and replicas.
+//
+// Where skiff runs as root, it is a filesystem of its own: an ext4 image of
+// SKIFF_PROJECT_STORAGE_BYTES (`<dataDir>/storage/<project>.img`, sparse),
+// its root owned by the project's uid. That is how a replica's own writable
+// folders are bounded (a tmpfs of a fixed size), made to last: a write past
+// the size fails in the writer with ENOSPC ("No space left on device"), and
+// the filesystem itself counts what is used.
+//
+// The image is attached to a loop device (by a mount, which marks the device
+// to go away with its last user, undone at once) that this process holds
+// open; each sandbox's launch script mounts that device, nosuid and nodev, in
+// the sandbox's own mount namespace. So no mount lives outside a sandbox: when
+// skiff stops or dies, its sandboxes and its hold end, and the kernel detaches
+// the device. Every sandbox mounts the same device, so they share one
+// filesystem, never two views of one image.
+//
+// No privileged process walks the tenant's files, so no link or FIFO it
+// leaves there is followed: removing the storage lets go of the device and
+// deletes the image file. Without root, or where the machine cannot make such
+// a filesystem (no loop devices), the storage is a plain folder, unbounded,
+// bound into sandboxes, and the log says so once.
+import { execFile } from "node:child_process";
+import { chown, mkdir, open, readFile, rm, rmdir, unlink, type FileHandle } from "node:fs/promises";
+import path from "node:path";
+import { promisify } from "node:util";
+import type { Logger } from "../config/index.js";
+
+const run = promisify(execFile);
+/** The programs, by absolute path: nothing of PATH. */
+const MOUNT = "/usr/bin/mount";
+const UMOUNT = "/usr/bin/umount";
+const MKFS = "/usr/sbin/mkfs.ext4";
+/** The environment of those programs: fixed. */
+const TOOL_ENV = { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LANG: "C" };
+/** A project id as a file name: it is one already (auth PROJECT_ID), checked again here. */
+const PROJECT_FILE = /^p-[a-z0-9]{1,40}$/;
+const LOOP_DEVICE = /^\/dev\/loop\d+$/;
+
+/** The source (a device) of the mount on `dir` in this process's mount namespace, if any. */
+async function mountSource(dir: string): Promise<string | undefined> {
+  const info = await readFile("/proc/self/mountinfo", "utf8");
+  // Field 5 is the mount point (spaces and backslashes escaped as octal); after " - ": type, source.
+  const escaped = dir.replace(/[\\ \t\n]/g, (c) => `\\${c.charCodeAt(0).toString(8).padStart(3, "0")}`);
+  for (const line of info.split("\n")) {
+    if (line.split(" ")[4] !== escaped) continue;
+    return line.split(" - ")[1]?.split(" ")[1];
+  }
+  return undefined;
+}
+
+/** What a sandbox is given: a loop device to mount, or a plain folder to bind. */
+interface StorageSource {
+  kind: "device" | "folder";
+  path: string;
+}
+
+export class ProjectStorage {
+  private readonly dir: string;
+  /** Sources made ready (or being made) by this process, by project. */
+  private readonly ready = new Map<string, Promise<StorageSource>>();
+  /** The loop devices this process holds open, by project. */
+  private readonly held = new Map<string, FileHandle>();
+  private warned = false;
+
+  constructor(
+    dataDir: string,
+    /** SKIFF_PROJECT_STORAGE_BYTES. */
+    private readonly sizeBytes: number,
+    private readonly logger: Logger,
+    /** Whether to make a filesystem of its own per project (skiff is root). */
+    private readonly ownFilesystem = process.getuid?.() === 0,
+  ) {
+    this.dir = path.join(path.resolve(dataDir), "storage");
+  }
+
+  /** The project's storage for a sandbox, made and attached on first use. */
+  source(projectId: string, uid: number): Promise<StorageSource> {
+    let answer = this.ready.get(projectId);
+    if (!answer) {
+      answer = this.make(projectId, uid);
+      this.ready.set(projectId, answer);
+      answer.catch(() => this.ready.delete(projectId));
+    }
+    return answer;
+  }
+
+  private paths(projectId: string): { folder: string; image: string; stage: string } {
+    if (!PROJECT_FILE.test(projectId)) throw new Error(`not a project id: ${JSON.stringify(projectId)}`);
+    return {
+      folder: path.join(this.dir, projectId),
+      image: path.join(this.dir, `${projectId}.img`),
+      stage: path.join(this.dir, `.attach-${projectId}`),
+    };
+  }
+
+  private async make(projectId: string, uid: number): Promise<StorageSource> {
+    const { folder, image } = this.paths(projectId);
+    await mkdir(this.dir, { recursive: true, mode: 0o700 });
+    if (!this.ownFilesystem) return this.plainFolder(folder, undefined, "skiff does not run as root");
+    // "wx": made here, never opened through a link; an existing image is the project's, kept.
+    const handle = await open(image, "wx", 0o600).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === "EEXIST") return undefined;
+      throw err;
+    });
+    if (!handle) return this.attach(projectId, false);
+    try {
+      await handle.truncate(this.sizeBytes);
+    } finally {
+      await handle.close();
+    }
+    try {
+      await run(MKFS, ["-q", "-F", "-m", "0", "-E", `root_owner=${uid}:${uid}`, "-L", projectId, image], {
+        env: TOOL_ENV,
+      });
+      return await this.attach(projectId, true);
+    } catch (err) {
+      // Nothing was kept in it yet: the machine cannot make such filesystems (no loop devices, no mkfs.ext4).
+      await unlink(image).catch(() => undefined);
+      return this.plainFolder(folder, uid, (err as Error).message);
+    }
+  }
+
+  /**
+   * Attaches the image to a loop device through a mount on a folder of skiff's
+   * own (which marks the device to go with its last user), opens the device,
+   * and undoes the mount: the device stays while this process holds it.
+   */
+  private async attach(projectId: string, fresh: boolean): Promise<StorageSource> {
+    const { image, stage } = this.paths(projectId);
+    await rm(stage, { recursive: true, force: true });
+    await mkdir(stage, { mode: 0o700 });
+    await run(MOUNT, ["-t", "ext4", "-o", "loop,nosuid,nodev,noatime", image, stage], { env: TOOL_ENV });
+    try {
+      const device = await mountSource(stage);
+      if (!device || !LOOP_DEVICE.test(device))
+        throw new Error(`the image of ${projectId} was mounted from ${device ?? "nothing"}, not a loop device`);
+      // A new filesystem's lost+found is root's: the project's storage holds only what the project writes.
+      if (fresh) await rmdir(path.join(stage, "lost+found")).catch(() => undefined);
+      this.held.set(projectId, await open(device, "r"));
+      this.logger.info({ project: projectId, device, bytes: this.sizeBytes }, "persistent storage attached");
+      return { kind: "device", path: device };
+    } finally {
+      await run(UMOUNT, [stage], { env: TOOL_ENV }).catch(() => run(UMOUNT, ["--lazy", stage], { env: TOOL_ENV }));
+      await rmdir(stage).catch(() => undefined);
+    }
+  }
+
+  /** The storage as a plain folder, unbounded, said once in the log; `uid`: its owner, where skiff is root. */
+  private async plainFolder(folder: string, uid: number | undefined, why: string): Promise<StorageSource> {
+    if (!this.warned) {
+      this.warned = true;
+      this.logger.warn(
+        { reason: why },
+        "persistent storage is a plain folder on this machine, so SKIFF_PROJECT_STORAGE_BYTES is not enforced",
+      );
+    }
+    await mkdir(folder, { recursive: true, mode: 0o700 });
+    // The folder was made by skiff in its own 0700 folder: no tenant could have put a link in its place.
+    if (uid !== undefined) await chown(folder, uid, uid);
+    return { kind: "folder", path: folder };
+  }
+
+  /**
+   * Removes the project's storage on this machine (its replicas stopped):
+   * lets go of its device, which the kernel then detaches, and deletes its
+   * image. Nothing inside it is read or followed. A plain folder is removed
+   * by rm, which unlinks links and FIFOs without following or opening them.
+   */
+  async remove(projectId: string): Promise<void> {
+    const { folder, image } = this.paths(projectId);
+    await this.ready.get(projectId)?.catch(() => undefined);
+    this.ready.delete(projectId);
+    await this.held.get(projectId)?.close();
+    this.held.delete(projectId);
+    await rm(image, { force: true });
+    await rm(folder, { recursive: true, force: true });
+  }
+
+  /** Lets go of every device (the replicas are stopped); the images stay for the next start. */
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.ready.values()]);
+    this.ready.clear();
+    for (const handle of this.held.values()) await handle.close().catch(() => undefined);
+    this.held.clear();
+  }
+}
