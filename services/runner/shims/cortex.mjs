@@ -27,7 +27,8 @@
 // key unless the pattern has a rest element (`...rest`), as **kwargs in
 // Python. No parameter, a first parameter that is a plain name (`(args)`),
 // or a pattern with quoted or computed keys declares nothing: any object is
-// passed.
+// passed. A pattern that declares `run_id` gets the run's id there (the
+// X-Request-Id of its call), whatever the body says.
 //
 // A function that returns a generator (sync or async) streams what it
 // yields when the request's Accept asks for it: text/event-stream as
@@ -120,6 +121,13 @@ function closingOf(text, i) {
  * takes any other key; undefined when it declares none.
  */
 export function declaredKeys(fn) {
+  if (!declared.has(fn)) declared.set(fn, readKeys(fn));
+  return declared.get(fn);
+}
+
+const declared = new WeakMap();
+
+function readKeys(fn) {
   const src = Function.prototype.toString.call(fn);
   const open = src.indexOf("(");
   const arrow = src.indexOf("=>");
@@ -196,6 +204,7 @@ async function call(functions, req, res, raw) {
       errorBody("invalid_argument", "the body must be a JSON object whose fields are the function's arguments"),
     );
   }
+  if (declaredKeys(fn)?.keys.has("run_id")) args.run_id = String(req.headers["x-request-id"] ?? "");
   const wrong = misfit(name, fn, args);
   if (wrong !== undefined) return reply(res, 400, errorBody("invalid_argument", wrong));
   let body;

@@ -20,7 +20,9 @@ the app's log, never to the caller), 400 {"error": {"type":
 "invalid_argument", "message"}} when the body is not a JSON object or its
 fields do not fit the function's signature (a required parameter missing, a
 name it has no parameter for and no **kwargs to take), naming the parameter,
-before the function runs; 404 for a name that is not a public function. Public: a function defined in
+before the function runs; 404 for a name that is not a public function. A
+function with a parameter named run_id gets the run's id there (the
+X-Request-Id of its call), whatever the body says. Public: a function defined in
 the module itself whose name does not start with "_"; imported functions,
 classes, modules and other values are not exposed. async functions are run
 to completion.
@@ -104,6 +106,15 @@ def generate(result):
             loop.close()
 
     return drive()
+
+
+def takes_run_id(function):
+    """Whether the function names a run_id parameter, which the run's id fills."""
+    try:
+        p = inspect.signature(function).parameters.get("run_id")
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
 
 
 def misfit(name, function, kwargs):
@@ -191,6 +202,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(400, error_body("invalid_argument", f"the body is not valid JSON: {err}"))
         if not isinstance(kwargs, dict):
             return self.reply(400, error_body("invalid_argument", "the body must be a JSON object whose fields are the function's arguments"))
+        if takes_run_id(function):
+            kwargs["run_id"] = self.headers.get("X-Request-Id", "")
         wrong = misfit(name, function, kwargs)
         if wrong is not None:
             return self.reply(400, error_body("invalid_argument", wrong))

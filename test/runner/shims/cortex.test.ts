@@ -52,8 +52,10 @@ async function serve(file: string, source: string): Promise<string> {
   return url;
 }
 
-async function post(url: string, fn: string, body: string): Promise<{ status: number; json: any }> {
-  const res = await fetch(`${url}/${fn}`, { method: "POST", body, headers: { "content-type": "application/json" } });
+async function post(url: string, fn: string, body: string, runId?: string): Promise<{ status: number; json: any }> {
+  const headers: Record<string, string> = { "content-type": "application/json" };
+  if (runId !== undefined) headers["x-request-id"] = runId;
+  const res = await fetch(`${url}/${fn}`, { method: "POST", body, headers });
   return { status: res.status, json: await res.json() };
 }
 
@@ -73,6 +75,8 @@ describe("cortex shim - Python signatures", () => {
         "    return [a, sorted(rest)]",
         "def count():",
         "    return len(calls)",
+        "def tagged(text, run_id):",
+        "    return [text, run_id]",
       ].join("\n"),
     );
   });
@@ -98,6 +102,19 @@ describe("cortex shim - Python signatures", () => {
     expect(await post(url, "kw", '{"a":1,"b":2}')).toEqual({ status: 200, json: [1, ["b"]] });
     expect(await post(url, "kw", '{"b":2}')).toEqual({ status: 400, json: misfit('missing required parameter "a"') });
   });
+
+  it("a run_id parameter gets the run's id, not what the body says", async () => {
+    expect(await post(url, "tagged", '{"text":"t"}', "run-1")).toEqual({ status: 200, json: ["t", "run-1"] });
+    expect(await post(url, "tagged", '{"text":"t","run_id":"forged"}', "run-2")).toEqual({
+      status: 200,
+      json: ["t", "run-2"],
+    });
+    // Not a parameter of the function: the body's run_id is an unknown name, as any other.
+    expect(await post(url, "predict", '{"prompt":"p","run_id":"x"}', "run-3")).toEqual({
+      status: 400,
+      json: misfit('unknown parameter "run_id"'),
+    });
+  });
 });
 
 describe("cortex shim - Node signatures (the first parameter's object pattern)", () => {
@@ -114,6 +131,7 @@ describe("cortex shim - Node signatures (the first parameter's object pattern)",
         "export function none() { return 'none'; }",
         "export function quoted({ 'a-b': ab }) { return ab ?? null; }",
         "export function count() { return calls; }",
+        "export function tagged({ text, run_id }) { return [text, run_id]; }",
       ].join("\n"),
     );
   });
@@ -145,5 +163,14 @@ describe("cortex shim - Node signatures (the first parameter's object pattern)",
     expect(await post(url, "whole", '{"x":1,"y":2}')).toEqual({ status: 200, json: 2 });
     expect(await post(url, "none", '{"x":1}')).toEqual({ status: 200, json: "none" });
     expect(await post(url, "quoted", '{"a-b":5}')).toEqual({ status: 200, json: 5 });
+  });
+
+  it("a run_id key gets the run's id, not what the body says", async () => {
+    expect(await post(url, "tagged", '{"text":"t"}', "run-1")).toEqual({ status: 200, json: ["t", "run-1"] });
+    expect(await post(url, "tagged", '{"text":"t","run_id":"forged"}', "run-2")).toEqual({
+      status: 200,
+      json: ["t", "run-2"],
+    });
+    expect(await post(url, "whole", '{"x":1}', "run-3")).toEqual({ status: 200, json: 1 });
   });
 });
