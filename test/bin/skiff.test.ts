@@ -1,0 +1,30 @@
+// bin/skiff.js: the CLI runs from one bundled file made on first use, and is
+// bundled again when a file it holds changes.
+import { readFile, stat, utimes } from "node:fs/promises";
+import path from "node:path";
+import { describe, expect, it } from "vitest";
+import { runCli } from "../helpers/cli.js";
+import { TEST_ROOT } from "../helpers/paths.js";
+
+const ROOT = path.resolve(TEST_ROOT, "..");
+const BUNDLE = path.join(ROOT, "node_modules/.cache/skiff/cli.mjs");
+const INPUTS = path.join(ROOT, "node_modules/.cache/skiff/cli.inputs.json");
+
+describe("bin/skiff.js", () => {
+  it("runs the CLI from its bundle, which holds the CLI's sources and no server code, and is made again when one changes", async () => {
+    expect(await runCli(["--help"])).toMatchObject({ code: 0, stdout: expect.stringContaining("skiff") });
+    const inputs = Object.keys(JSON.parse(await readFile(INPUTS, "utf8")) as Record<string, string>);
+    expect(inputs).toContain("services/cli/main.ts");
+    expect(inputs.filter((f) => /^services\/(server|runner|nats|invocation|management|webhook)\//.test(f))).toEqual([]);
+
+    const before = (await stat(BUNDLE)).mtimeMs;
+    const source = path.join(ROOT, "services/cli/table.ts");
+    const later = new Date(Date.now() + 2000);
+    await utimes(source, later, later);
+    expect(await runCli(["--help"])).toMatchObject({ code: 0 });
+    const recorded = JSON.parse(await readFile(INPUTS, "utf8")) as Record<string, string>;
+    const now = await stat(source);
+    expect(recorded["services/cli/table.ts"]).toBe(`${now.mtimeMs}:${now.size}`);
+    expect((await stat(BUNDLE)).mtimeMs).toBeGreaterThan(before);
+  });
+});
