@@ -81,8 +81,10 @@ export const deploy: Command = {
       projectId,
       bytes: packed.bytes,
       onProgress: progressBar((t) => process.stderr.write(t), process.stderr.isTTY === true, "uploading"),
-    })) as { app?: { app_name?: string; deployment?: { version?: number } } };
+    })) as { app?: { app_name?: string; deployment?: { version?: number } }; warnings?: string[] };
     if (ctx.json) return ctx.out(JSON.stringify(res, null, 2));
+    // What the configuration file asks that skiff ignores, as the server read it.
+    for (const w of res.warnings ?? []) ctx.err(`warning: ${w}`);
     ctx.out(`deployed ${res.app?.app_name} version ${res.app?.deployment?.version} to project ${projectId}`);
   },
 };

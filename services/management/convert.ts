@@ -27,15 +27,17 @@ export function deploymentMessage(d: DeploymentRecord) {
   };
 }
 
-function runtimeMessage(rt: AppConfig["runtime"]) {
+function runtimeMessage(rt: AppConfig["runtime"], resources: AppConfig["resources"]) {
+  const limits = { cpu: resources?.cpu ?? 0, memoryMb: resources?.memoryMb ?? 0 };
   return rt.kind === "cortex"
-    ? { kind: rt.kind, language: rt.language, entry: rt.entry }
+    ? { kind: rt.kind, language: rt.language, entry: rt.entry, ...limits }
     : {
         kind: rt.kind,
         command: rt.command,
         healthcheck: rt.healthcheck,
         readycheck: rt.readycheck ?? "",
         port: rt.port ?? 0,
+        ...limits,
       };
 }
 
@@ -55,7 +57,7 @@ export function appMessage(r: AppRecord, replicas: ReplicaRecord[]) {
   return {
     projectId: r.project_id,
     appName: r.app_name,
-    runtime: runtimeMessage(r.config.runtime),
+    runtime: runtimeMessage(r.config.runtime, r.config.resources),
     scaling: {
       minReplicas: s.minReplicas,
       maxReplicas: s.maxReplicas,
@@ -68,6 +70,7 @@ export function appMessage(r: AppRecord, replicas: ReplicaRecord[]) {
     createdAt: timestampFromDate(new Date(r.created_at)),
     updatedAt: timestampFromDate(new Date(r.updated_at)),
     envNames: Object.keys(r.config.env).sort(),
+    configFile: r.config.source ?? "skiff.toml",
   };
 }
 
