@@ -62,6 +62,8 @@ describe("config", () => {
       maxBuildBytes: 2 * 1024 * 1024 * 1024,
       maxBuildFiles: 200_000,
       maxConcurrentBuilds: 2,
+      pipIndexUrl: undefined,
+      pipExtraIndexUrls: [],
       maxAppsPerProject: 100,
       replicaNetwork: "auto",
       replicaDirect: "on",
