@@ -176,7 +176,12 @@ export function keyLines(text: string): Map<string, number> {
     const header = /^\[\[?([^\]]+)]]?/.exec(line);
     if (header) {
       table = clean(header[1]);
-      if (!lines.has(table)) lines.set(table, i + 1);
+      // The table and the tables it is in ([a.b] also places "a" when nothing else did).
+      const parts = table.split(".");
+      for (let n = 1; n <= parts.length; n++) {
+        const prefix = parts.slice(0, n).join(".");
+        if (!lines.has(prefix)) lines.set(prefix, i + 1);
+      }
       return;
     }
     const assign = /^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=(.*)$/.exec(
