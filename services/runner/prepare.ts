@@ -262,6 +262,46 @@ function step(c: Context, writable: boolean): StepOptions["sandbox"] {
   return c.sandbox.enabled ? { options: c.sandbox, writable, uid: c.uid } : undefined;
 }
 
+/**
+ * Run by the venv's Python in the build sandbox: writes to argv[1] the lines
+ * of the requirements files (argv[2:]) that the environment does not
+ * satisfy already, and prints how many. A file with options (-r, -e,
+ * --index-url...) is kept whole, by reference.
+ */
+const UNSATISFIED_SCRIPT = `
+import sys
+from importlib import metadata
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+out, files = sys.argv[1], sys.argv[2:]
+keep = []
+for name in files:
+    lines = [l.split(" #")[0].strip() for l in open(name, encoding="utf-8") if not l.lstrip().startswith("#")]
+    lines = [l for l in lines if l]
+    if any(l.startswith("-") for l in lines):
+        keep.append("-r ../" + name)
+        continue
+    for line in lines:
+        try:
+            req = Requirement(line)
+        except Exception:
+            keep.append(line)
+            continue
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            have = None if req.url else metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            keep.append(line)
+with open(out, "w", encoding="utf-8") as f:
+    f.write("".join(l + "\\n" for l in keep))
+print(len(keep))
+`;
+
 /** The requirements files pip reads (-r each), relative to the folder: requirements.txt, or what a cerebrium.toml names. */
 async function requirementFiles(c: Context, config: AppConfig): Promise<string[]> {
   const build = config.build;
@@ -306,9 +346,26 @@ async function installPython(c: Context, config: AppConfig): Promise<string> {
     c.logger.warn({ dir: c.dir, output: tail(made.stderr || made.stdout) }, "python -m venv failed");
     throw new PrepareFailed(`could not create a Python venv for ${what} (${ended(made, "python -m venv")})`);
   }
+  // What the machine already satisfies is left out: pip would otherwise check the installed packages' own
+  // requirements against an index (Debian's metadata does not always agree with the versions it ships).
+  const missingRel = path.join(".skiff", "requirements-missing.txt");
+  const filtered = await runCommand(
+    path.posix.join(venvSeen, "bin", "python"),
+    ["-I", "-c", UNSATISFIED_SCRIPT, missingRel, ...requirements],
+    { ...setting, timeoutMs: c.timeoutMs, sandbox: step(c, true) },
+  );
+  if (filtered.code !== 0) {
+    c.logger.warn({ dir: c.dir, output: tail(filtered.stderr || filtered.stdout) }, "reading the requirements failed");
+    throw new PrepareFailed(`could not read ${what} (${ended(filtered, "the requirements check")})`);
+  }
+  const toInstall = filtered.stdout.trim();
+  if (toInstall === "0") {
+    c.logger.info({ dir: c.dir }, "the machine satisfies every Python requirement: nothing to install");
+    return path.join(venvRel, "bin", "python");
+  }
   const pip = await runCommand(
     path.posix.join(venvSeen, "bin", "python"),
-    ["-m", "pip", "install", "--no-input", "--disable-pip-version-check", ...requirements.flatMap((r) => ["-r", r])],
+    ["-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-r", missingRel],
     { ...setting, timeoutMs: c.timeoutMs, sandbox: step(c, true) },
   );
   if (pip.code !== 0) {
