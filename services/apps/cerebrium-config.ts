@@ -220,6 +220,11 @@ function checkCustom(c: CerebriumChecker, t: Table, dockerfile: unknown): Custom
     );
   if (t.dockerfile_path !== undefined && command)
     c.warn(`${table}.dockerfile_path`, "is ignored: skiff does not build images; the entrypoint runs on this machine");
+  if (dockerfile !== undefined && command)
+    c.warn(
+      "cerebrium.deployment.dockerfile",
+      "is ignored: skiff does not build images; the entrypoint runs on this machine",
+    );
   const port = t.port === undefined ? undefined : c.integer(t, table, "port", 0, 1, 65535);
   const healthcheck = checkPath(c, t, table, "healthcheck_endpoint");
   const readycheck = checkPath(c, t, table, "readycheck_endpoint");
