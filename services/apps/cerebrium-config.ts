@@ -271,7 +271,11 @@ function checkRuntime(
 function checkHardware(c: CerebriumChecker, t: Table): AppConfig["resources"] {
   const table = "cerebrium.hardware";
   c.unknown(t, table, [...HARDWARE_KEYS, ...HARDWARE_IGNORED]);
-  const ignored = HARDWARE_IGNORED.filter((k) => t[k] !== undefined);
+  // A CPU-only request (compute = "CPU", gpu_count = 0) is what skiff gives: nothing to warn about.
+  const cpuOnly = (k: string) =>
+    (k === "compute" && typeof t[k] === "string" && (t[k] as string).toUpperCase() === "CPU") ||
+    (k === "gpu_count" && t[k] === 0);
+  const ignored = HARDWARE_IGNORED.filter((k) => t[k] !== undefined && !cpuOnly(k));
   if (ignored.length > 0)
     c.warn(
       `${table}.${ignored[0]}`,

@@ -117,7 +117,7 @@ describe("cerebrium.toml - parsed to the AppConfig of skiff.toml", () => {
     expect(warnings).toEqual([
       "cerebrium.toml:8: cerebrium.deployment.docker_base_image_url is ignored: replicas run on this machine's own system, not in a base image",
       "cerebrium.toml:9: cerebrium.deployment.disable_auth is ignored: every call to skiff needs a token",
-      "cerebrium.toml:20: cerebrium.hardware.compute (and gpu_count, provider, region) are ignored: replicas run on this machine's CPUs, without a GPU",
+      "cerebrium.toml:22: cerebrium.hardware.provider (and region) are ignored: replicas run on this machine's CPUs, without a GPU",
       "cerebrium.toml:31: cerebrium.scaling.scaling_metric is not a key skiff knows; it is ignored",
     ]);
   });
