@@ -138,7 +138,8 @@ function checkDeployment(c: CerebriumChecker, t: Table, opts: CerebriumOptions) 
   const table = "cerebrium.deployment";
   c.unknown(t, table, [...DEPLOYMENT_KEYS, ...Object.keys(DEPLOYMENT_IGNORED)]);
   for (const [k, why] of Object.entries(DEPLOYMENT_IGNORED))
-    if (t[k] !== undefined && k !== "dockerfile" && k !== "dockerfile_path")
+    // disable_auth = false and use_uv = false ask for what skiff does anyway.
+    if (t[k] !== undefined && t[k] !== false && k !== "dockerfile" && k !== "dockerfile_path")
       c.warn(`${table}.${k}`, `is ignored: ${why}`);
   let name = c.string(t, table, "name");
   if (name === undefined && t.name === undefined) c.fail(`${table}.name`, "is required");
@@ -164,6 +165,7 @@ function checkDeployment(c: CerebriumChecker, t: Table, opts: CerebriumOptions) 
 
 function checkPath(c: Checker, t: Table, table: string, name: string): string | undefined {
   const v = c.string(t, table, name);
+  if (v === "") return undefined; // written empty: not set
   if (v !== undefined && !/^\/[\x21-\x7e]*$/.test(v))
     return c.fail(`${table}.${name}`, `must be a URL path starting with "/", got ${JSON.stringify(v)}`);
   return v;
@@ -246,10 +248,11 @@ function checkRuntime(
 ): AppConfig["runtime"] | undefined {
   const cortex = { kind: "cortex", language: "python", entry: CORTEX_ENTRY } as const;
   if (t === undefined) {
+    // Without an image, what can run is the folder's main.py (checked to exist when the folder is read).
     if (dockerfile !== undefined)
-      return c.fail(
+      c.warn(
         "cerebrium.deployment.dockerfile",
-        "is not supported (skiff does not build images): give [cerebrium.runtime.custom] an entrypoint, or use a main.py",
+        "is ignored: skiff does not build images; the app runs as a Cortex app with its main.py",
       );
     return { ...cortex };
   }

@@ -116,7 +116,7 @@ export async function readAppConfig(dir: string): Promise<ReadConfig> {
           line,
           message:
             file === CEREBRIUM_CONFIG_FILE
-              ? `the app has no [cerebrium.runtime.custom] entrypoint, so it is a Cortex app, and ${runtime.entry} is not in the app folder`
+              ? `the app has no [cerebrium.runtime.custom] entrypoint, so it is a Cortex app, and ${runtime.entry} is not in the app folder (skiff builds no Dockerfile or image)`
               : `runtime.entry names a file that is not in the app folder: "${runtime.entry}"`,
         },
       ]);

@@ -152,6 +152,18 @@ describe("cerebrium.toml - parsed to the AppConfig of skiff.toml", () => {
     expect(splitCommandLine("a 'unclosed")).toBeUndefined();
   });
 
+  it("what asks for what skiff does anyway does not warn; a Dockerfile beside a main.py warns and runs the main.py", () => {
+    const quiet = `${MINIMAL}disable_auth = false\n\n[cerebrium.hardware]\ncompute = "CPU"\ngpu_count = 0\n\n[cerebrium.runtime.custom]\nentrypoint = "python main.py"\nreadycheck_endpoint = ""\n`;
+    const parsed = parseCerebriumConfig(quiet, { machinePython: "3.11.2" });
+    expect(parsed.warnings).toEqual([]);
+    expect(parsed.config.runtime).toEqual({ kind: "custom", command: ["python", "main.py"], healthcheck: "/health" });
+    const docker = parseCerebriumConfig(`${MINIMAL}dockerfile = "./Dockerfile"\n`, { machinePython: "3.11.2" });
+    expect(docker.config.runtime).toEqual({ kind: "cortex", language: "python", entry: "main.py" });
+    expect(docker.warnings).toEqual([
+      "cerebrium.toml:3: cerebrium.deployment.dockerfile is ignored: skiff does not build images; the app runs as a Cortex app with its main.py",
+    ]);
+  });
+
   it("a cooldown of 0 is taken as 1 second, with a warning", () => {
     const { config, warnings } = parseCerebriumConfig(`${MINIMAL}\n[cerebrium.scaling]\ncooldown = 0\n`);
     expect(config.scaling.cooldown).toBe(1);
