@@ -21,12 +21,23 @@ function runtimeText(a: App): string {
   return r.kind === "cortex" ? `cortex ${r.language} ${r.entry}` : `custom ${r.command.join(" ")}`;
 }
 
+/** The replica limits the app's config asks for, if any. */
+function limitsText(a: App): string {
+  const r = a.runtime;
+  const parts = [
+    r?.cpu ? `cpu ${r.cpu}` : "",
+    r?.memoryMb ? `memory ${r.memoryMb} MiB (at most the machine's SKIFF_REPLICA_MEMORY_MB)` : "",
+  ].filter((p) => p !== "");
+  return parts.length > 0 ? `; replica limits: ${parts.join(", ")}` : "";
+}
+
 function appDetails(a: App): string {
   const s = a.scaling;
   const d = a.deployment;
   const lines = [
     `app:        ${a.appName} (project ${a.projectId})`,
     `runtime:    ${runtimeText(a)}`,
+    `config:     ${a.configFile || "skiff.toml"}${limitsText(a)}`,
     `deployment: version ${d?.version ?? 0}, ${d?.bundleBytes ?? 0} bytes, sha256 ${d?.digest ?? ""}, by ${d?.createdBy ?? ""} at ${time(d?.createdAt)}`,
     `scaling:    min_replicas ${s?.minReplicas}, max_replicas ${s?.maxReplicas}, replica_concurrency ${s?.replicaConcurrency}, cooldown ${s?.cooldown} s, response_grace_period ${s?.responseGracePeriod} s`,
     `env:        ${a.envNames.length === 0 ? "(none)" : a.envNames.join(", ")}`,

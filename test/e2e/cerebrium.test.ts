@@ -208,6 +208,10 @@ describe("cerebrium.toml - apps of that platform deploy and run as they are", ()
     const app = (await t.management().getApp({ projectId: P, appName: "2-fastapi-server" })).app!;
     expect(app.configFile).toBe("cerebrium.toml");
     expect(app.runtime).toMatchObject({ kind: "custom", port: 8000, healthcheck: "/health", cpu: 1, memoryMb: 1024 });
+    const shown = await skiff(["apps", "get", "2-fastapi-server"]);
+    expect(shown.stdout).toContain(
+      "config:     cerebrium.toml; replica limits: cpu 1, memory 1024 MiB (at most the machine's SKIFF_REPLICA_MEMORY_MB)",
+    );
   });
 
   it("through the API: the server applies the globs to what the bundle holds, and answers the warnings", async () => {
