@@ -34,8 +34,10 @@ const MAX_CPU = 1024;
 /** Most shell commands, requirements and globs a config may list. */
 const MAX_ITEMS = 1000;
 
-/** A requirement's name (pip and the names of Debian, conda and npm packages fit it). */
-const PACKAGE_NAME = /^[A-Za-z0-9@][A-Za-z0-9._+/-]{0,213}(\[[A-Za-z0-9._,-]{1,200}\])?$/;
+/** A package's name as Debian, conda and npm ("@scope/name") write them. */
+const PACKAGE_NAME = /^[A-Za-z0-9@][A-Za-z0-9._+/-]{0,213}$/;
+/** A Python distribution's name, with extras ("uvicorn[standard]"): never a path, a URL or an option. */
+const PIP_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,200}(\[[A-Za-z0-9._,-]{1,200}\])?$/;
 /** A version specifier: "latest", a bare version ("1.2.3"), or pip's operators ("==1.2", ">=2,<3", "~=1.0"). */
 const PIP_VERSION = /^(?:[<>=!~]=?=?\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)+$/;
 const BARE_VERSION = /^[A-Za-z0-9][A-Za-z0-9.*+!_-]{0,100}$/;
@@ -305,7 +307,7 @@ function checkCerebriumScaling(c: CerebriumChecker, t: Table): Scaling | undefin
 }
 
 function requirement(c: Checker, key: string, name: string, version: unknown, kind: "pip" | "npm"): string | undefined {
-  if (!PACKAGE_NAME.test(name)) return c.fail(key, `is not a package name`);
+  if (!(kind === "pip" ? PIP_NAME : PACKAGE_NAME).test(name)) return c.fail(key, `is not a package name`);
   if (typeof version !== "string")
     return c.fail(key, `must be a version string ("latest", "1.2.3", ">=1.0"), got ${describe(version)}`);
   const v = version.trim();

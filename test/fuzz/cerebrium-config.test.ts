@@ -30,6 +30,8 @@ function parseChecked(text: string): "ok" | "refused" {
   for (const req of [...build.pip, ...build.npm, ...build.apt, ...build.conda]) {
     assert.doesNotMatch(req, /^-|[\r\n\0]/, req);
   }
+  // A pip requirement is never a path, a URL or "name @ url".
+  for (const req of build.pip) assert.doesNotMatch(req, /[/\s@:]/, req);
   for (const f of [...build.pipFiles, ...build.aptFiles, ...build.condaFiles])
     assert.doesNotMatch(f, /^(\/|\.\.(\/|$))/);
   if (config.runtime.kind === "custom") assert.ok(config.runtime.command.length > 0);
