@@ -7,10 +7,10 @@
 //         into node_modules/.
 //   Cortex Python: requirements.txt with requirements → a venv in
 //         .skiff/venv that sees the system's packages
-//         (--system-site-packages: a requirement the machine already
-//         satisfies installs nothing and needs no index) and `pip install
-//         -r requirements.txt`; PrepareFailed when no package index can
-//         provide them. The index is the operator's (SKIFF_PIP_INDEX_URL,
+//         (--system-site-packages: the requirements the machine already
+//         satisfies are left out, and need no index) and `pip install` of
+//         the rest with the machine's pip; PrepareFailed when no package
+//         index can provide them. The index is the operator's (SKIFF_PIP_INDEX_URL,
 //         SKIFF_PIP_EXTRA_INDEX_URL, /etc/pip.conf). (A Custom Python app of
 //         a skiff.toml vendors its packages: its command runs with the
 //         replica PATH.)
@@ -265,8 +265,8 @@ function step(c: Context, writable: boolean): StepOptions["sandbox"] {
 /**
  * Run by the venv's Python in the build sandbox: writes to argv[1] the lines
  * of the requirements files (argv[2:]) that the environment does not
- * satisfy already, and prints how many. A file with options (-r, -e,
- * --index-url...) is kept whole, by reference.
+ * satisfy already, and prints how many. A file with anything but plain
+ * requirements (options, paths, URLs) is kept whole, by reference.
  */
 const UNSATISFIED_SCRIPT = `
 import sys
@@ -277,22 +277,24 @@ except ImportError:
     from pip._vendor.packaging.requirements import Requirement
 out, files = sys.argv[1], sys.argv[2:]
 keep = []
+def plain(line):
+    try:
+        req = Requirement(line)
+    except Exception:
+        return None
+    return None if req.url else req
 for name in files:
     lines = [l.split(" #")[0].strip() for l in open(name, encoding="utf-8") if not l.lstrip().startswith("#")]
     lines = [l for l in lines if l]
-    if any(l.startswith("-") for l in lines):
+    reqs = [plain(l) for l in lines]
+    if any(r is None for r in reqs):
         keep.append("-r ../" + name)
         continue
-    for line in lines:
-        try:
-            req = Requirement(line)
-        except Exception:
-            keep.append(line)
-            continue
+    for line, req in zip(lines, reqs):
         if req.marker is not None and not req.marker.evaluate():
             continue
         try:
-            have = None if req.url else metadata.version(req.name)
+            have = metadata.version(req.name)
         except metadata.PackageNotFoundError:
             have = None
         if have is None or not req.specifier.contains(have, prereleases=True):
@@ -337,7 +339,8 @@ async function installPython(c: Context, config: AppConfig): Promise<string> {
   const what = config.build ? "the Python requirements" : "requirements.txt";
   c.logger.info({ dir: c.dir, requirements }, "installing the app's Python requirements into a venv");
   // The venv sees the system's packages: what the machine has (Debian's python3-*) is not downloaded again.
-  const made = await runCommand(SYSTEM_PYTHON, ["-m", "venv", "--system-site-packages", venvSeen], {
+  // Without a copy of pip (about 20 MB a deployment): the system's pip serves the venv, else ensurepip adds one below.
+  const made = await runCommand(SYSTEM_PYTHON, ["-m", "venv", "--system-site-packages", "--without-pip", venvSeen], {
     ...setting,
     timeoutMs: c.timeoutMs,
     sandbox: step(c, true),
@@ -362,6 +365,24 @@ async function installPython(c: Context, config: AppConfig): Promise<string> {
   if (toInstall === "0") {
     c.logger.info({ dir: c.dir }, "the machine satisfies every Python requirement: nothing to install");
     return path.join(venvRel, "bin", "python");
+  }
+  const hasPip = await runCommand(path.posix.join(venvSeen, "bin", "python"), ["-I", "-c", "import pip"], {
+    ...setting,
+    timeoutMs: c.timeoutMs,
+    sandbox: step(c, true),
+  });
+  if (hasPip.code !== 0) {
+    const ensured = await runCommand(path.posix.join(venvSeen, "bin", "python"), ["-I", "-m", "ensurepip"], {
+      ...setting,
+      timeoutMs: c.timeoutMs,
+      sandbox: step(c, true),
+    });
+    if (ensured.code !== 0) {
+      c.logger.warn({ dir: c.dir, output: tail(ensured.stderr || ensured.stdout) }, "python -m ensurepip failed");
+      throw new PrepareFailed(
+        `could not install ${what}: the machine's Python has no pip (${ended(ensured, "ensurepip")})`,
+      );
+    }
   }
   const pip = await runCommand(
     path.posix.join(venvSeen, "bin", "python"),
