@@ -27,7 +27,7 @@ import {
 import { CEREBRIUM_CONFIG_FILE, DEFAULT_EXCLUDE, DEFAULT_INCLUDE } from "./bundle.js";
 
 /** The entry of a Cortex app on that platform: its `main.py` at the folder's root. */
-export const CORTEX_ENTRY = "main.py";
+const CORTEX_ENTRY = "main.py";
 /** Most memory a config may ask for, GB, and CPUs: a bound against typos, not a promise of the machine. */
 const MAX_MEMORY_GB = 4096;
 const MAX_CPU = 1024;

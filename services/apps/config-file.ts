@@ -17,7 +17,7 @@ const MAX_CONFIG_BYTES = 1024 * 1024;
 let machinePython: string | undefined | null = null;
 
 /** The version of the python3 on the replica PATH ("3.11.2"), once per process; undefined without one. */
-export function machinePythonVersion(): string | undefined {
+function machinePythonVersion(): string | undefined {
   if (machinePython === null) {
     machinePython = undefined;
     for (const p of ["/usr/local/bin/python3", "/usr/bin/python3", "/bin/python3"]) {
@@ -75,7 +75,7 @@ export async function configFileOf(dir: string): Promise<ConfigFileName> {
   ]);
 }
 
-export interface ReadConfig extends ParsedConfig {
+interface ReadConfig extends ParsedConfig {
   file: ConfigFileName;
   /** The file's text as read. */
   text: string;

@@ -3,20 +3,9 @@
 // and the check a deployment passes, and what runners report of an app: its
 // replicas (KV skiff-replicas) and log lines (SKIFF_LOGS).
 export { APP_NAME_PATTERN, AppConfigError, loadAppConfig, parseAppConfig } from "./app-config.js";
-export type { AppBuild, AppConfig, AppResources } from "./app-config.js";
-export { parseCerebriumConfig, splitCommandLine } from "./cerebrium-config.js";
-export { configFileOf, parseConfigFile, readAppConfig, removeUnselected } from "./config-file.js";
-export {
-  APP_CONFIG_FILE,
-  BundleError,
-  CEREBRIUM_CONFIG_FILE,
-  CONFIG_FILES,
-  fileSelection,
-  inspectBundle,
-  packApp,
-  sha256,
-  unpackBundle,
-} from "./bundle.js";
+export type { AppConfig, AppResources } from "./app-config.js";
+export { parseConfigFile, readAppConfig, removeUnselected } from "./config-file.js";
+export { APP_CONFIG_FILE, BundleError, CONFIG_FILES, inspectBundle, packApp, sha256, unpackBundle } from "./bundle.js";
 export type { ConfigFileName } from "./bundle.js";
 export { AppRegistry, appKey, decodeAppRecord } from "./registry.js";
 export type { AppRecord, DeploymentRecord } from "./registry.js";

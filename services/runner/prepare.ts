@@ -584,8 +584,12 @@ async function installs(c: Context, config: AppConfig, plan: BuildPlan): Promise
   return python;
 }
 
+/** Where dpkg keeps what is installed. */
+const DPKG_STATUS = "/var/lib/dpkg/status";
+
 /** The Debian packages installed on this machine, from dpkg's status file (data, read whole, never run). */
-async function installedDebianPackages(statusFile = DPKG_STATUS): Promise<Set<string>> {
+async function installedDebianPackages(): Promise<Set<string>> {
+  const statusFile = DPKG_STATUS;
   const installed = new Set<string>();
   const st = await lstat(statusFile).catch(() => undefined);
   if (!st?.isFile() || st.size > 256 * 1024 * 1024) return installed;
@@ -598,8 +602,6 @@ async function installedDebianPackages(statusFile = DPKG_STATUS): Promise<Set<st
   return installed;
 }
 
-/** Where dpkg keeps what is installed. */
-export const DPKG_STATUS = "/var/lib/dpkg/status";
 const PACKAGE_LINE = /^[A-Za-z0-9][A-Za-z0-9.+_-]{0,200}$/;
 
 /** The packages a cerebrium.toml's paths.apt / paths.conda file lists, one a line (# comments); a link is refused. */
@@ -633,7 +635,7 @@ async function packagesOfFile(dir: string, rel: string, key: string): Promise<st
  * a tenant never installs system packages. A conda package counts as present
  * as the Debian package of its name or python3-<name>.
  */
-async function checkMachinePackages(dir: string, config: AppConfig, statusFile?: string): Promise<void> {
+async function checkMachinePackages(dir: string, config: AppConfig): Promise<void> {
   const build = config.build;
   if (!build) return;
   const apt = [...build.apt];
@@ -641,7 +643,7 @@ async function checkMachinePackages(dir: string, config: AppConfig, statusFile?:
   const conda = [...build.conda];
   for (const f of build.condaFiles) conda.push(...(await packagesOfFile(dir, f, "cerebrium.dependencies.paths.conda")));
   if (apt.length === 0 && conda.length === 0) return;
-  const installed = await installedDebianPackages(statusFile);
+  const installed = await installedDebianPackages();
   const missingApt = apt.filter((p) => !installed.has(p) && !installed.has(p.toLowerCase()));
   const missingConda = conda.filter((p) => {
     const n = p.toLowerCase();
@@ -691,8 +693,6 @@ export interface PrepareOptions {
   project?: string;
   /** The operator's package index for pip. */
   pip?: PipIndex;
-  /** dpkg's status file (tests give their own). */
-  dpkgStatus?: string;
 }
 
 /**
@@ -720,7 +720,7 @@ export async function prepareDeployment(
     project: opts.project ?? "",
     pip: opts.pip ?? sandbox.pip,
   };
-  await checkMachinePackages(dir, config, opts.dpkgStatus);
+  await checkMachinePackages(dir, config);
   if (sandbox.enabled) await settle(dir);
   let python: string | undefined;
   let bytes: number | undefined;

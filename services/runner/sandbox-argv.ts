@@ -32,7 +32,7 @@ export type SandboxNetwork = "none" | "slirp4netns";
 /** Where a sandboxed process finds its app folder, working folder and HOME. */
 export const APP_MOUNT = "/app";
 /** Where apps written for the platform the spec documents find their files too (a link to APP_MOUNT). */
-export const CORTEX_MOUNT = "/cortex";
+const CORTEX_MOUNT = "/cortex";
 /** Where the shims are, read-only. */
 export const SHIM_MOUNT = "/skiff";
 /** The fd on which a sandboxed replica receives the listening socket of its channel. */
