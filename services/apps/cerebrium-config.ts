@@ -51,7 +51,7 @@ const DEPLOYMENT_IGNORED: Record<string, string> = {
   disable_auth: "every call to skiff needs a token",
   use_uv: "dependencies are installed with pip",
   deployment_initialization_timeout: "skiff bounds a build by its own settings",
-  disable_build_logs: "build output always goes to the deploy log",
+  disable_build_logs: "build output always goes to the app's log",
   disable_predict: "there is no predict step",
   disable_confirmation: "skiff deploy never asks",
   log_level: "the app's logs are kept as it writes them",

@@ -32,8 +32,10 @@ import type { Logger } from "../config/index.js";
 import { BUILD_AREA_SUFFIX, MARKER, unmount } from "./build-area.js";
 import { prepareDeployment } from "./prepare.js";
 import type { SandboxOptions } from "./sandbox.js";
-import type { PreparedDeployment } from "./types.js";
+import type { AppLogLine, PreparedDeployment } from "./types.js";
 
+/** The replica id of the lines a deploy writes into its app's log. */
+export const DEPLOY_LOG_REPLICA = "deploy";
 /** A folder this process does not know, younger than this, is not pruned: another may be preparing it before its record exists. */
 export const PRUNE_MIN_AGE_MS = 10 * 60 * 1000;
 
@@ -68,7 +70,15 @@ interface Marker {
 export async function prepareBundle(
   bytes: Uint8Array,
   dir: string,
-  opts: { maxBytes: number; maxFiles?: number; logger: Logger; project?: string; sandbox?: SandboxOptions },
+  opts: {
+    maxBytes: number;
+    maxFiles?: number;
+    logger: Logger;
+    project?: string;
+    sandbox?: SandboxOptions;
+    /** The app's log: the deploy's warnings and its build commands' output, as lines of replica "deploy". */
+    onLog?: (line: AppLogLine) => void;
+  },
 ): Promise<{
   config: AppConfig;
   configText: string;
@@ -82,8 +92,24 @@ export async function prepareBundle(
   const { config, text: configText, file: configFile, warnings } = await readAppConfig(dir);
   // A bundle sent through the API obeys the globs as one that `skiff deploy` packed.
   await removeUnselected(dir, config);
-  for (const w of warnings) opts.logger.warn({ dir, project: opts.project, app: config.app.name }, w);
-  const prepared = await prepareDeployment(dir, config, opts.logger, { project: opts.project, sandbox: opts.sandbox });
+  const deployLog = (stream: AppLogLine["stream"], text: string) =>
+    opts.onLog?.({
+      projectId: opts.project ?? "",
+      appName: config.app.name,
+      replicaId: DEPLOY_LOG_REPLICA,
+      stream,
+      text,
+      time: new Date(),
+    });
+  for (const w of warnings) {
+    opts.logger.warn({ dir, project: opts.project, app: config.app.name }, w);
+    deployLog("stderr", `warning: ${w}`);
+  }
+  const prepared = await prepareDeployment(dir, config, opts.logger, {
+    project: opts.project,
+    sandbox: opts.sandbox,
+    onOutput: opts.onLog && opts.project ? deployLog : undefined,
+  });
   // What the deployment takes: the bundle's files, or what its build left (dependencies included).
   return { config, configText, configFile, prepared, unpackedBytes: prepared.bytes ?? tar.length, warnings };
 }
@@ -114,8 +140,14 @@ export class DeploymentCache {
 
   constructor(
     readonly root: string,
-    /** `sandbox`: where deploy-time steps run (default: prepareDeployment's). */
-    private readonly opts: { maxBytes: number; maxFiles?: number; logger: Logger; sandbox?: SandboxOptions },
+    /** `sandbox`: where deploy-time steps run (default: prepareDeployment's); `onLog`: the apps' logs. */
+    private readonly opts: {
+      maxBytes: number;
+      maxFiles?: number;
+      logger: Logger;
+      sandbox?: SandboxOptions;
+      onLog?: (line: AppLogLine) => void;
+    },
   ) {}
 
   dirOf(digest: string): string {

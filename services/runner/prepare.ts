@@ -20,8 +20,9 @@
 //         conda packages must be on the machine (dpkg's status), never
 //         installed by a tenant; its pre_build_commands run before the
 //         installs and its shell_commands after them, each with /bin/sh -c
-//         in the same sandbox, their output to the deploy log, a failing
-//         one failing the deploy with its exit code and last lines.
+//         in the same sandbox, their output to the runner's and the app's
+//         log, a failing one failing the deploy with its exit code and last
+//         lines.
 //
 // Every step runs in the sandbox (sandbox.ts) as the deployment's own
 // build uid, unless the sandbox is off: installs see the folder writable at
@@ -205,6 +206,7 @@ interface Context {
   /** Whose deploy this is: builds take turns by project. */
   project: string;
   pip?: PipIndex;
+  onOutput?: PrepareOptions["onOutput"];
 }
 
 /** Where pip looks for packages besides /etc/pip.conf: SKIFF_PIP_INDEX_URL and SKIFF_PIP_EXTRA_INDEX_URL. */
@@ -540,6 +542,9 @@ async function regularFile(file: string): Promise<boolean> {
   );
 }
 
+/** Lines of each build command's output (its last ones) in the app's log, and the longest line there. */
+const DEPLOY_LOG_LINES = 1000;
+const DEPLOY_LOG_LINE_CHARS = 16 * 1024;
 /** How much of a failed build command's output its error quotes: its last lines. */
 const COMMAND_TAIL_LINES = 20;
 
@@ -547,14 +552,16 @@ const COMMAND_TAIL_LINES = 20;
  * Runs a cerebrium.toml's pre_build_commands or shell_commands in order with
  * /bin/sh -c, in the build's sandbox like the installs (the folder writable
  * at /app, the venv's bin first on PATH when there is one). Their output
- * goes to the deploy log; the first that fails fails the deploy with its
- * exit code and last lines (the tenant's own command, in its own sandbox).
+ * goes to the runner's log and the app's (onOutput); the first that fails
+ * fails the deploy with its exit code and last lines (the tenant's own
+ * command, in its own sandbox).
  */
 async function runBuildCommands(c: Context, key: string, commands: string[], venvBin: string | undefined) {
   const setting = installSetting(c);
   const env = venvBin ? { ...setting.env, PATH: `${venvBin}:${setting.env.PATH}` } : setting.env;
   for (const [i, command] of commands.entries()) {
     c.logger.info({ dir: c.dir, project: c.project, command }, `running ${key}[${i}]`);
+    c.onOutput?.("stdout", `running ${key}[${i}]: ${command.slice(0, 1000)}`);
     const r = await runCommand("/bin/sh", ["-c", command], {
       cwd: setting.cwd,
       env,
@@ -564,6 +571,16 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
     const output = `${r.stdout}${r.stderr ? `\n${r.stderr}` : ""}`.trim();
     if (output !== "")
       c.logger.info({ dir: c.dir, project: c.project, command, output: tail(output) }, `${key}[${i}] output`);
+    // Into the app's log: the last lines, each cut, as a replica's are.
+    for (const [stream, text] of [
+      ["stdout", r.stdout],
+      ["stderr", r.stderr],
+    ] as const)
+      for (const line of text
+        .split("\n")
+        .filter((l) => l !== "")
+        .slice(-DEPLOY_LOG_LINES))
+        c.onOutput?.(stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
     if (r.code !== 0) {
       const last = output.split("\n").slice(-COMMAND_TAIL_LINES).join("\n");
       throw new PrepareFailed(
@@ -693,6 +710,8 @@ export interface PrepareOptions {
   project?: string;
   /** The operator's package index for pip. */
   pip?: PipIndex;
+  /** Where a cerebrium.toml's build commands' output goes besides the runner's log: the app's log, line by line. */
+  onOutput?: (stream: "stdout" | "stderr", text: string) => void;
 }
 
 /**
@@ -719,6 +738,7 @@ export async function prepareDeployment(
     uid,
     project: opts.project ?? "",
     pip: opts.pip ?? sandbox.pip,
+    onOutput: opts.onOutput,
   };
   await checkMachinePackages(dir, config);
   if (sandbox.enabled) await settle(dir);

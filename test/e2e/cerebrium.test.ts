@@ -193,6 +193,12 @@ describe("cerebrium.toml - apps of that platform deploy and run as they are", ()
       dotfile_packed: false,
       address_space: 1536 * 1024 * 1024,
     });
+    // The deploy's warnings and its build commands' output are in the app's log, as replica "deploy".
+    await expect
+      .poll(async () => (await skiff(["logs", "1-cortex-app"])).stdout, { timeout: 20_000 })
+      .toMatch(/ deploy ! warning: cerebrium\.toml:11: cerebrium\.hardware\.compute/);
+    const logs = (await skiff(["logs", "1-cortex-app"])).stdout;
+    expect(logs).toContain(" deploy running shell_commands[0]: echo built-by-shell > built.txt");
     // pydantic's validation error is the app's own: a failed run, as any exception.
     const bad = await call("1-cortex-app", "predict", { prompt: "x", times: "many" });
     expect(bad.status).toBeGreaterThanOrEqual(400);
