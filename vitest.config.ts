@@ -10,6 +10,7 @@ const UNIT = [
   "test/apps/app-config.test.ts",
   "test/apps/bundle.links.test.ts",
   "test/apps/bundle.test.ts",
+  "test/apps/cerebrium-config.test.ts",
   "test/architecture.test.ts",
   "test/auth/authenticator.test.ts",
   "test/config/config.test.ts",

@@ -17,6 +17,7 @@ import {
   prepareBundle,
   startRunnerRole,
   DeploymentCache,
+  logPublisher,
   type Runner,
   type SandboxOptions,
 } from "./runner/index.js";
@@ -458,6 +459,8 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
             maxFiles: config.maxBundleFiles,
             logger,
             sandbox,
+            // What a deploy says (warnings, build commands' output) goes to the app's log too.
+            onLog: logPublisher(nats.nc),
           })
         : undefined,
       registry: onFirstUse(

@@ -49,6 +49,38 @@ export interface Scaling {
   responseGracePeriod: number;
 }
 
+/**
+ * Deploy-time steps beyond skiff.toml's own (a requirements.txt or
+ * package.json in the folder): what a cerebrium.toml declares.
+ */
+export interface AppBuild {
+  /** Run in order with /bin/sh -c in the build sandbox, before the installs. */
+  preBuildCommands: string[];
+  /** Run in order with /bin/sh -c in the build sandbox, after the installs. */
+  shellCommands: string[];
+  /** Python requirements as pip reads them, one each ("numpy", "pydantic>=1.10"). */
+  pip: string[];
+  /** Requirements files in the app folder, relative, with forward slashes. */
+  pipFiles: string[];
+  /** npm packages ("left-pad", "left-pad@1.3.0"). */
+  npm: string[];
+  /** Debian packages the machine must have (checked, never installed). */
+  apt: string[];
+  /** Conda packages the machine must have, as a Debian package or a Python distribution (checked, never installed). */
+  conda: string[];
+  /** Files in the app folder listing more apt and conda packages, one a line. */
+  aptFiles: string[];
+  condaFiles: string[];
+}
+
+/** What a replica may use: its limits, when the config names them. */
+export interface AppResources {
+  /** CPUs (a fraction is allowed). */
+  cpu?: number;
+  /** Memory, MiB. */
+  memoryMb?: number;
+}
+
 export interface AppConfig {
   app: { name: string };
   runtime: CortexRuntime | CustomRuntime;
@@ -57,12 +89,18 @@ export interface AppConfig {
   scaling: Scaling;
   /** `[cors]`: origins whose browsers may call the app (skiff answers their preflights); absent: CORS is the app's. */
   cors?: { allowOrigins: string[] };
+  /** The file it was read from, when not skiff.toml. */
+  source?: "cerebrium.toml";
+  build?: AppBuild;
+  /** Which files of the folder the bundle holds (fnmatch globs, "/"-separated relative paths). */
+  files?: { include: string[]; exclude: string[] };
+  resources?: AppResources;
 }
 
 /** The most origins one app's `cors.allow_origins` lists. */
 export const MAX_CORS_ORIGINS = 100;
 
-interface AppConfigIssue {
+export interface AppConfigIssue {
   /** Dotted key ("scaling.cooldown"), or "" for a TOML syntax error. */
   key: string;
   line: number;
@@ -80,7 +118,9 @@ export class AppConfigError extends Error {
   }
 }
 
-export const APP_NAME_PATTERN = /^[a-z][a-z0-9-]{0,62}$/;
+/** 1 to 63 of a-z, 0-9 and "-", not starting with "-" (a leading digit is safe in subjects, keys and paths). */
+export const APP_NAME_PATTERN = /^[a-z0-9][a-z0-9-]{0,62}$/;
+export const APP_NAME_RULE = '1 to 63 lowercase letters, digits or "-", starting with a letter or a digit';
 const ENV_NAME_PATTERN = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 const KEYS: Record<string, readonly string[]> = {
@@ -92,9 +132,9 @@ const KEYS: Record<string, readonly string[]> = {
 const CORTEX_KEYS = ["kind", "language", "entry"];
 const CUSTOM_KEYS = ["kind", "command", "healthcheck", "readycheck", "port"];
 
-type Table = Record<string, unknown>;
+export type Table = Record<string, unknown>;
 
-function isTable(v: unknown): v is Table {
+export function isTable(v: unknown): v is Table {
   return (
     typeof v === "object" &&
     v !== null &&
@@ -104,7 +144,7 @@ function isTable(v: unknown): v is Table {
   );
 }
 
-function describe(v: unknown): string {
+export function describe(v: unknown): string {
   if (Array.isArray(v)) return "an array";
   if (isTable(v)) return "a table";
   if (typeof v === "string") return `a string (${JSON.stringify(v)})`;
@@ -118,7 +158,7 @@ function describe(v: unknown): string {
  * small scanner rather than a second parser, good enough to point at a line;
  * a key it cannot place points at its table's line, else line 1.
  */
-function keyLines(text: string): Map<string, number> {
+export function keyLines(text: string): Map<string, number> {
   const lines = new Map<string, number>();
   const clean = (k: string) =>
     k
@@ -142,7 +182,12 @@ function keyLines(text: string): Map<string, number> {
     const header = /^\[\[?([^\]]+)]]?/.exec(line);
     if (header) {
       table = clean(header[1]);
-      if (!lines.has(table)) lines.set(table, i + 1);
+      // The table and the tables it is in ([a.b] also places "a" when nothing else did).
+      const parts = table.split(".");
+      for (let n = 1; n <= parts.length; n++) {
+        const prefix = parts.slice(0, n).join(".");
+        if (!lines.has(prefix)) lines.set(prefix, i + 1);
+      }
       return;
     }
     const assign = /^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=(.*)$/.exec(
@@ -158,7 +203,7 @@ function keyLines(text: string): Map<string, number> {
   return lines;
 }
 
-class Checker {
+export class Checker {
   readonly issues: AppConfigIssue[] = [];
   constructor(private readonly lines: Map<string, number>) {}
 
@@ -235,10 +280,7 @@ function checkApp(c: Checker, t: Table): string | undefined {
     return undefined;
   }
   if (!APP_NAME_PATTERN.test(name)) {
-    return c.fail(
-      "app.name",
-      `must be 1 to 63 lowercase letters, digits or "-", starting with a letter, got "${name}"`,
-    );
+    return c.fail("app.name", `must be ${APP_NAME_RULE}, got "${name}"`);
   }
   return name;
 }
@@ -309,29 +351,30 @@ function checkEnv(c: Checker, t: Table): Record<string, string> {
   return env;
 }
 
-function checkScaling(c: Checker, t: Table): Scaling | undefined {
-  c.unknownKeys(t, "scaling", KEYS.scaling);
-  const minReplicas = c.integer(t, "scaling", "min_replicas", DEFAULT_MIN_REPLICAS, 0, MAX_REPLICAS_LIMIT);
-  const maxReplicas = c.integer(t, "scaling", "max_replicas", DEFAULT_MAX_REPLICAS, 1, MAX_REPLICAS_LIMIT);
+/** [scaling] (or the same keys in the table named `table`), with its defaults and bounds. */
+export function checkScaling(c: Checker, t: Table, table = "scaling"): Scaling | undefined {
+  if (table === "scaling") c.unknownKeys(t, "scaling", KEYS.scaling);
+  const minReplicas = c.integer(t, table, "min_replicas", DEFAULT_MIN_REPLICAS, 0, MAX_REPLICAS_LIMIT);
+  const maxReplicas = c.integer(t, table, "max_replicas", DEFAULT_MAX_REPLICAS, 1, MAX_REPLICAS_LIMIT);
   const replicaConcurrency = c.integer(
     t,
-    "scaling",
+    table,
     "replica_concurrency",
     DEFAULT_REPLICA_CONCURRENCY,
     1,
     MAX_REPLICA_CONCURRENCY,
   );
-  const cooldown = c.integer(t, "scaling", "cooldown", DEFAULT_COOLDOWN, 1, MAX_COOLDOWN);
+  const cooldown = c.integer(t, table, "cooldown", DEFAULT_COOLDOWN, 1, MAX_COOLDOWN);
   const responseGracePeriod = c.integer(
     t,
-    "scaling",
+    table,
     "response_grace_period",
     DEFAULT_RESPONSE_GRACE_PERIOD,
     1,
     MAX_RUN_SECONDS,
   );
   if (minReplicas !== undefined && maxReplicas !== undefined && minReplicas > maxReplicas) {
-    c.fail("scaling.min_replicas", `must not be more than scaling.max_replicas (${maxReplicas}), got ${minReplicas}`);
+    c.fail(`${table}.min_replicas`, `must not be more than ${table}.max_replicas (${maxReplicas}), got ${minReplicas}`);
     return undefined;
   }
   if (
@@ -382,14 +425,10 @@ function isOrigin(text: string): boolean {
   return (url.protocol === "http:" || url.protocol === "https:") && url.origin === text;
 }
 
-/**
- * Parses and validates a skiff.toml. Throws AppConfigError listing every
- * problem. `file` names the file in messages.
- */
-export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig {
-  let doc: Table;
+/** The TOML document of a config file; a syntax error is an AppConfigError naming its line. */
+export function parseToml(text: string, file: string): Table {
   try {
-    doc = parse(text) as Table;
+    return parse(text) as Table;
   } catch (err) {
     if (!(err instanceof TomlError)) throw err;
     const first = err.message.split("\n")[0].replace(/^Invalid TOML document: /, "");
@@ -399,6 +438,14 @@ export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig 
       { cause: err },
     );
   }
+}
+
+/**
+ * Parses and validates a skiff.toml. Throws AppConfigError listing every
+ * problem. `file` names the file in messages.
+ */
+export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig {
+  const doc = parseToml(text, file);
   const c = new Checker(keyLines(text));
   for (const k of Object.keys(doc))
     if (!Object.hasOwn(KEYS, k) && k !== "env")

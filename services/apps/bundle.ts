@@ -2,8 +2,10 @@
 // and runners unpack.
 //
 // packApp() takes every file of the folder except what `.gitignore` or
-// `.skiffignore` at its root exclude, and always leaves out `.git`,
-// `node_modules` and `.skiff` (dependencies are installed per deployment).
+// `.skiffignore` at its root exclude, and what a cerebrium.toml's
+// include/exclude globs leave out (config-file.ts), and always leaves out
+// `.git`, `node_modules` and `.skiff` (dependencies are installed per
+// deployment).
 // Files are sorted and stamped with one fixed mtime, so the same folder
 // makes the same bytes and the same digest (runners cache by digest).
 //
@@ -16,8 +18,8 @@
 // and target lie one inside the other; when a hard link names anything but
 // a file earlier in the bundle; when it has more entries
 // than SKIFF_MAX_BUNDLE_FILES; when the gzip bytes or the tar inside exceed
-// the limit (SKIFF_MAX_BUNDLE_BYTES); or when `skiff.toml` is not a file at
-// its root. Once written, every symbolic link is resolved by the file system
+// the limit (SKIFF_MAX_BUNDLE_BYTES); or when it has not one configuration file
+// (`skiff.toml` or `cerebrium.toml`) as a file at its root. Once written, every symbolic link is resolved by the file system
 // and must land on a file or folder inside the app folder; otherwise the
 // folder is removed and the bundle refused. After an error it returns only
 // once the unpacker has stopped writing.
@@ -27,9 +29,87 @@ import path from "node:path";
 import { gunzipSync } from "node:zlib";
 import ignore, { type Ignore } from "ignore";
 import { Parser, x as extract, c as create, type ReadEntry } from "tar";
+import { parse as parseToml } from "smol-toml";
 
-/** An app folder's, and its bundle's, configuration file, at its root. */
+/** skiff's own configuration file, at an app folder's (and its bundle's) root. */
 export const APP_CONFIG_FILE = "skiff.toml";
+/** The configuration file of apps written for the platform the spec documents (docs/migrating.md). */
+export const CEREBRIUM_CONFIG_FILE = "cerebrium.toml";
+/** Every name an app's configuration file may have; a folder has one. */
+export const CONFIG_FILES = [APP_CONFIG_FILE, CEREBRIUM_CONFIG_FILE] as const;
+export type ConfigFileName = (typeof CONFIG_FILES)[number];
+/** Which files the bundle holds when a cerebrium.toml does not say (that platform's defaults). */
+export const DEFAULT_INCLUDE = ["*"];
+export const DEFAULT_EXCLUDE = [".*"];
+
+/** A glob of Python's fnmatch as a RegExp: `*` matches any text (slashes too), `?` one character, `[...]` a class. */
+function globRegExp(glob: string): RegExp {
+  let re = "";
+  for (let i = 0; i < glob.length; i++) {
+    const ch = glob[i];
+    if (ch === "*") re += ".*";
+    else if (ch === "?") re += ".";
+    else if (ch === "[" && glob.indexOf("]", i + 2) !== -1) {
+      const end = glob.indexOf("]", i + 2);
+      let cls = glob.slice(i + 1, end).replace(/[\\\]^]/g, (c) => `\\${c}`);
+      if (cls.startsWith("!")) cls = `^${cls.slice(1)}`;
+      re += `[${cls}]`;
+      i = end;
+    } else re += ch.replace(/[.*+?^${}()|[\]\\/]/g, (c) => `\\${c}`);
+  }
+  return new RegExp(`^${re}$`, "s");
+}
+
+/** Whether a glob matches a path or one of its folders ("src" selects "src/a.py"). */
+function matchesAny(globs: RegExp[], rel: string): boolean {
+  const parts = rel.split("/");
+  for (let i = 1; i <= parts.length; i++) {
+    const p = parts.slice(0, i).join("/");
+    if (globs.some((g) => g.test(p) || (i < parts.length && g.test(`${p}/`)))) return true;
+  }
+  return false;
+}
+
+/**
+ * The selection that a cerebrium.toml's include/exclude globs make (paths
+ * relative to the folder, "/"-separated, a leading "./" dropped): whether a
+ * file is in the bundle. The configuration files always are; without globs,
+ * every file is.
+ */
+export function fileSelection(files: { include: string[]; exclude: string[] } | undefined): (rel: string) => boolean {
+  if (!files) return () => true;
+  const compile = (globs: string[]) => globs.map((g) => globRegExp(g.replace(/^(\.\/)+/, "")));
+  const [include, exclude] = [compile(files.include), compile(files.exclude)];
+  return (rel) =>
+    (CONFIG_FILES as readonly string[]).includes(rel) || (matchesAny(include, rel) && !matchesAny(exclude, rel));
+}
+
+/**
+ * The include/exclude globs of a cerebrium.toml, as packing needs them (the
+ * server validates the whole file when it deploys). Throws BundleError.
+ */
+function cerebriumGlobs(text: string): { include: string[]; exclude: string[] } {
+  let deployment: unknown;
+  try {
+    deployment = (parseToml(text) as { cerebrium?: { deployment?: unknown } }).cerebrium?.deployment;
+  } catch (err) {
+    throw new BundleError("invalid", `${CEREBRIUM_CONFIG_FILE}: ${(err as Error).message.split("\n")[0]}`, {
+      cause: err,
+    });
+  }
+  const d = (typeof deployment === "object" && deployment !== null ? deployment : {}) as Record<string, unknown>;
+  const list = (key: string, fallback: string[]): string[] => {
+    const v = d[key];
+    if (v === undefined) return fallback;
+    if (!Array.isArray(v) || !v.every((g) => typeof g === "string"))
+      throw new BundleError(
+        "invalid",
+        `${CEREBRIUM_CONFIG_FILE}: cerebrium.deployment.${key} must be an array of strings`,
+      );
+    return (v as string[]).filter((g) => g.trim() !== "");
+  };
+  return { include: list("include", DEFAULT_INCLUDE), exclude: list("exclude", DEFAULT_EXCLUDE) };
+}
 
 /** Never packed, whatever the ignore files say. */
 const ALWAYS_EXCLUDED = [".git", "node_modules", ".skiff"];
@@ -87,12 +167,27 @@ function linkStaysInside(entryPath: string, target: string, hard: boolean): bool
 /** Packs an app folder (see the header). Throws BundleError for a folder that cannot be deployed. */
 export async function packApp(dir: string): Promise<PackedApp> {
   const root = path.resolve(dir);
-  const top = await lstat(path.join(root, APP_CONFIG_FILE)).catch(() => undefined);
-  if (!top?.isFile())
+  const found: ConfigFileName[] = [];
+  for (const name of CONFIG_FILES) if (await lstat(path.join(root, name)).catch(() => undefined)) found.push(name);
+  if (found.length === 0)
     throw new BundleError(
       "invalid",
-      `${path.join(dir, APP_CONFIG_FILE)} not found: an app folder has skiff.toml at its root`,
+      `${path.join(dir, APP_CONFIG_FILE)} not found: an app folder has ${APP_CONFIG_FILE} (or ${CEREBRIUM_CONFIG_FILE}) at its root`,
     );
+  if (found.length > 1)
+    throw new BundleError(
+      "invalid",
+      `${dir} has both ${APP_CONFIG_FILE} and ${CEREBRIUM_CONFIG_FILE}: an app folder has one configuration file, remove one`,
+    );
+  const configFile = found[0];
+  if (!(await lstat(path.join(root, configFile))).isFile())
+    throw new BundleError("invalid", `${path.join(dir, configFile)} is not a file`);
+  // A cerebrium.toml's include/exclude globs choose the files.
+  const selected = fileSelection(
+    configFile === CEREBRIUM_CONFIG_FILE
+      ? cerebriumGlobs(await readFile(path.join(root, configFile), "utf8"))
+      : undefined,
+  );
   const rules = await ignoreRules(root);
   const files: string[] = [];
   const walk = async (rel: string): Promise<void> => {
@@ -100,6 +195,7 @@ export async function packApp(dir: string): Promise<PackedApp> {
       const p = rel === "" ? e.name : `${rel}/${e.name}`;
       if (rules.ignores(e.isDirectory() ? `${p}/` : p)) continue;
       if (e.isDirectory()) await walk(p);
+      else if (!selected(p)) continue;
       else if (e.isSymbolicLink()) {
         const target = await readlink(path.join(root, p));
         if (!linkStaysInside(p, target, false))
@@ -247,8 +343,8 @@ export async function inspectBundle(
   /** Files seen so far: the only things a hard link may name (tar's own rule; a link to a folder can wedge the unpacker). */
   const files = new Set<string>();
   let strayHardLink: { path: string; target: string } | undefined;
-  /** The type of the last skiff.toml entry at the root: the one left on disk. */
-  let configType: string | undefined;
+  /** The type of the last entry of each configuration file's name at the root: the one left on disk. */
+  const configTypes = new Map<string, string>();
   let failure: Error | undefined;
   const parser = new Parser({
     strict: true,
@@ -257,7 +353,7 @@ export async function inspectBundle(
         if (!failure) {
           const normal = checkEntry(entry, links);
           entries.push(normal);
-          if (normal === APP_CONFIG_FILE) configType = entry.type;
+          if ((CONFIG_FILES as readonly string[]).includes(normal)) configTypes.set(normal, entry.type);
           // A path that is a file and a folder at once (the unpacker can wait forever on it).
           for (let at = normal.indexOf("/"); at !== -1; at = normal.indexOf("/", at + 1))
             if (files.has(normal.slice(0, at)))
@@ -322,10 +418,17 @@ export async function inspectBundle(
       "invalid",
       `bundle entry ${JSON.stringify(strayHardLink.path.slice(0, 200))} is a hard link to ${JSON.stringify(strayHardLink.target.slice(0, 200))}, which is not a file earlier in the bundle`,
     );
-  if (configType === undefined) throw new BundleError("invalid", `the bundle has no ${APP_CONFIG_FILE} at its root`);
+  if (configTypes.size === 0)
+    throw new BundleError("invalid", `the bundle has no ${APP_CONFIG_FILE} (or ${CEREBRIUM_CONFIG_FILE}) at its root`);
+  if (configTypes.size > 1)
+    throw new BundleError(
+      "invalid",
+      `the bundle has both ${APP_CONFIG_FILE} and ${CEREBRIUM_CONFIG_FILE} at its root: an app has one configuration file`,
+    );
   // As packApp demands: a file, not a folder or a symbolic link (a hard link's content is a file).
+  const [[configName, configType]] = configTypes;
   if (!FILE_TYPES.has(configType))
-    throw new BundleError("invalid", `${APP_CONFIG_FILE} at the root of the bundle is a ${configType}, not a file`);
+    throw new BundleError("invalid", `${configName} at the root of the bundle is a ${configType}, not a file`);
   return { tar, entries: entries.filter((e) => e !== "") };
 }
 

@@ -19,10 +19,12 @@ interface CheckedBundle {
   prepared: PreparedDeployment;
   /** What the deployment takes on disk: its tar, or what its build left, bytes. */
   unpackedBytes: number;
+  /** What its configuration file asks that skiff ignores, each "file:line: ...". */
+  warnings: string[];
 }
 
 /**
- * Unpacks a bundle with every check, reads its skiff.toml and prepares it
+ * Unpacks a bundle with every check, reads its skiff.toml (or cerebrium.toml) and prepares it
  * (dependencies, Cortex functions) for the project deploying it. Throws
  * BundleError, AppConfigError or PrepareFailed.
  */

@@ -21,12 +21,23 @@ function runtimeText(a: App): string {
   return r.kind === "cortex" ? `cortex ${r.language} ${r.entry}` : `custom ${r.command.join(" ")}`;
 }
 
+/** The replica limits the app's config asks for, if any. */
+function limitsText(a: App): string {
+  const r = a.runtime;
+  const parts = [
+    r?.cpu ? `cpu ${r.cpu}` : "",
+    r?.memoryMb ? `memory ${r.memoryMb} MiB (at most the machine's SKIFF_REPLICA_MEMORY_MB)` : "",
+  ].filter((p) => p !== "");
+  return parts.length > 0 ? `; replica limits: ${parts.join(", ")}` : "";
+}
+
 function appDetails(a: App): string {
   const s = a.scaling;
   const d = a.deployment;
   const lines = [
     `app:        ${a.appName} (project ${a.projectId})`,
     `runtime:    ${runtimeText(a)}`,
+    `config:     ${a.configFile || "skiff.toml"}${limitsText(a)}`,
     `deployment: version ${d?.version ?? 0}, ${d?.bundleBytes ?? 0} bytes, sha256 ${d?.digest ?? ""}, by ${d?.createdBy ?? ""} at ${time(d?.createdAt)}`,
     `scaling:    min_replicas ${s?.minReplicas}, max_replicas ${s?.maxReplicas}, replica_concurrency ${s?.replicaConcurrency}, cooldown ${s?.cooldown} s, response_grace_period ${s?.responseGracePeriod} s`,
     `env:        ${a.envNames.length === 0 ? "(none)" : a.envNames.join(", ")}`,
@@ -81,8 +92,10 @@ export const deploy: Command = {
       projectId,
       bytes: packed.bytes,
       onProgress: progressBar((t) => process.stderr.write(t), process.stderr.isTTY === true, "uploading"),
-    })) as { app?: { app_name?: string; deployment?: { version?: number } } };
+    })) as { app?: { app_name?: string; deployment?: { version?: number } }; warnings?: string[] };
     if (ctx.json) return ctx.out(JSON.stringify(res, null, 2));
+    // What the configuration file asks that skiff ignores, as the server read it.
+    for (const w of res.warnings ?? []) ctx.err(`warning: ${w}`);
     ctx.out(`deployed ${res.app?.app_name} version ${res.app?.deployment?.version} to project ${projectId}`);
   },
 };

@@ -125,6 +125,10 @@ export interface Config {
   maxBuildFiles: number;
   /** Deploy-time installs one process runs at once. */
   maxConcurrentBuilds: number;
+  /** The package index of deploy-time pip installs (PIP_INDEX_URL); undefined: pip's own, or /etc/pip.conf's. */
+  pipIndexUrl: string | undefined;
+  /** More package indexes of deploy-time pip installs (PIP_EXTRA_INDEX_URL). */
+  pipExtraIndexUrls: string[];
   /** Most apps one project may have; a deploy of a new app beyond it is refused with 429. */
   maxAppsPerProject: number;
   /** Most secrets one project may have; a new one beyond it is refused with 429. */
@@ -239,6 +243,27 @@ function databaseUrl(raw: string, variable: string): string {
   if (url.protocol !== "postgres:" && url.protocol !== "postgresql:")
     throw new ConfigError(variable, `expected a postgres:// or postgresql:// URL, got one of ${url.protocol}`);
   return raw;
+}
+
+/** A package index: an http(s) URL; its password, if any, never appears in the message. */
+function indexUrl(raw: string, variable: string): string {
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new ConfigError(variable, "expected a URL such as https://pypi.example.internal/simple");
+  }
+  if (url.protocol !== "https:" && url.protocol !== "http:")
+    throw new ConfigError(variable, `expected an http:// or https:// URL, got one of ${url.protocol}`);
+  return raw;
+}
+
+/** Package indexes separated by spaces (as pip reads PIP_EXTRA_INDEX_URL). */
+function indexUrls(raw: string, variable: string): string[] {
+  return raw
+    .split(/\s+/)
+    .filter((u) => u !== "")
+    .map((u) => indexUrl(u, variable));
 }
 
 /** The settings that say how skiff authenticates to NATS. */
@@ -788,6 +813,20 @@ const SETTINGS: Setting<keyof Config>[] = [
     fallback: "200000",
     doc: "Most files, folders and links a deploy-time install may leave; more and the deploy is refused (400).",
     parse: integer(1, 10_000_000),
+  },
+  {
+    key: "pipIndexUrl",
+    env: "SKIFF_PIP_INDEX_URL",
+    fallback: "",
+    doc: "The package index (an http:// or https:// URL) of deploy-time `pip install`s, given to pip as `PIP_INDEX_URL`; empty: pip's default or the machine's `/etc/pip.conf`, which builds also read. Packages the machine has (Debian's `python3-*`) are never fetched: the venv sees them.",
+    parse: optional(indexUrl),
+  },
+  {
+    key: "pipExtraIndexUrls",
+    env: "SKIFF_PIP_EXTRA_INDEX_URL",
+    fallback: "",
+    doc: "More package indexes for deploy-time `pip install`s, separated by spaces, given to pip as `PIP_EXTRA_INDEX_URL`.",
+    parse: indexUrls,
   },
   {
     key: "maxAppsPerProject",

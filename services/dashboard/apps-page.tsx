@@ -173,7 +173,7 @@ export function AppsPage({ project }: { project: string }) {
       ) : list.length === 0 ? (
         <Empty title={`Project ${project} has no apps yet.`}>
           <p>
-            Deploy one from a folder with a <code>skiff.toml</code>:{" "}
+            Deploy one from a folder with a <code>skiff.toml</code> or a <code>cerebrium.toml</code>:{" "}
             <code>npx skiff deploy examples/hello-python --project {project}</code>
           </p>
         </Empty>

@@ -1,6 +1,6 @@
 // The app methods of ManagementService: deploy, list, get, delete,
 // deployments and logs. A bundle is checked whole (size, paths, links,
-// skiff.toml) and prepared (dependencies installed, Cortex module loaded)
+// skiff.toml or cerebrium.toml) and prepared (dependencies installed, Cortex module loaded)
 // before anything is stored, so a bad one is refused with the reason and
 // nothing is deployed. Runners learn of a deployment through KV `skiff-apps`.
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
@@ -21,7 +21,7 @@ type AppMethods = "deployApp" | "listApps" | "getApp" | "deleteApp" | "listDeplo
 function refusal(err: unknown): ConnectError | undefined {
   if (err instanceof BundleError) return new ConnectError(`bundle refused: ${err.message}`, Code.InvalidArgument);
   if (err instanceof AppConfigError)
-    return new ConnectError(`invalid skiff.toml:\n${err.message}`, Code.InvalidArgument);
+    return new ConnectError(`invalid ${err.file}:\n${err.message}`, Code.InvalidArgument);
   if (err instanceof PrepareFailed)
     return new ConnectError(`the app cannot be prepared: ${err.message}`, Code.FailedPrecondition);
   return undefined;
@@ -95,7 +95,10 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
         bundle_bytes: d.bundle_bytes,
         unpacked_bytes: d.unpacked_bytes,
       });
-      return { app: appMessage(record, await observer.replicas(projectId, record.app_name)) };
+      return {
+        app: appMessage(record, await observer.replicas(projectId, record.app_name)),
+        warnings: ready.warnings,
+      };
     },
 
     async listApps(req) {

@@ -30,8 +30,9 @@ export function deploymentMessage(d: DeploymentRecord) {
 function runtimeMessage(config: AppConfig) {
   const rt = config.runtime;
   const corsAllowOrigins = config.cors?.allowOrigins ?? [];
+  const limits = { cpu: config.resources?.cpu ?? 0, memoryMb: config.resources?.memoryMb ?? 0 };
   return rt.kind === "cortex"
-    ? { kind: rt.kind, language: rt.language, entry: rt.entry, corsAllowOrigins }
+    ? { kind: rt.kind, language: rt.language, entry: rt.entry, corsAllowOrigins, ...limits }
     : {
         kind: rt.kind,
         command: rt.command,
@@ -39,6 +40,7 @@ function runtimeMessage(config: AppConfig) {
         readycheck: rt.readycheck ?? "",
         port: rt.port ?? 0,
         corsAllowOrigins,
+        ...limits,
       };
 }
 
@@ -71,6 +73,7 @@ export function appMessage(r: AppRecord, replicas: ReplicaRecord[]) {
     createdAt: timestampFromDate(new Date(r.created_at)),
     updatedAt: timestampFromDate(new Date(r.updated_at)),
     envNames: Object.keys(r.config.env).sort(),
+    configFile: r.config.source ?? "skiff.toml",
   };
 }
 

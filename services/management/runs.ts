@@ -22,6 +22,7 @@ import {
   type ManagementService,
   type WatchRunsResponse,
 } from "../../gen/skiff/management/v2/management_pb.js";
+import { APP_NAME_PATTERN } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { objectStores, streams, subjects } from "../nats/index.js";
 import {
@@ -62,7 +63,8 @@ const FRESH_RUN_WAIT_MS = 3_000;
 const SWEEP_EVERY_MS = 60 * 60 * 1000;
 /** How often the results' object store is checked against its budget. */
 const TRIM_EVERY_MS = 10_000;
-const NAME = /^[a-z][a-z0-9-]{0,62}$/;
+/** An app name (APP_NAME_PATTERN) or a project id: either may start with a digit or a letter. */
+const NAME = APP_NAME_PATTERN;
 const RUN_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 interface RunApiOptions {

@@ -137,8 +137,8 @@ function badLink(rel: string, target: string, links: ReadonlySet<string>): strin
     parts = t.slice(APP_MOUNT.length).split("/");
   } else parts = [...path.posix.dirname(rel).split("/"), ...target.split("/")];
   const at: string[] = [];
-  for (const part of parts) {
-    if (part === "" || part === ".") continue;
+  const named = parts.filter((p) => p !== "" && p !== ".");
+  for (const [i, part] of named.entries()) {
     if (part === "..") {
       if (at.length === 0) return "a target outside the app folder";
       at.pop();
@@ -146,7 +146,9 @@ function badLink(rel: string, target: string, links: ReadonlySet<string>): strin
     }
     at.push(part);
     const prefix = at.join("/");
-    if (links.has(prefix) && prefix !== rel) return "a target through another link";
+    // The last part may be a link (a venv's bin/python -> python3): the kernel resolves it on its own, and that
+    // link is judged by the same rules. A link before it would decide where a later ".." or name lands.
+    if (links.has(prefix) && prefix !== rel && i < named.length - 1) return "a target through another link";
   }
   return undefined;
 }

@@ -25,7 +25,13 @@ export interface WarnLogger {
 export interface CgroupLimits {
   memoryBytes: number;
   pids: number;
+  /** CPUs its processes may use together (a CFS quota), where the cpu controller is there; undefined: none. */
+  cpus?: number;
 }
+
+/** The CFS period of a CPU quota, µs: a quota of `cpus` CPUs is cpus × this per period. */
+const CPU_PERIOD_US = 100_000;
+const cpuQuota = (cpus: number) => Math.max(1000, Math.round(cpus * CPU_PERIOD_US));
 
 /** One sandbox's cgroup (a folder per hierarchy with v1). */
 export interface SandboxCgroup {
@@ -254,7 +260,14 @@ function v1(all: Mount[], own: Map<string, string>): Cgroups {
     return folder;
   };
   const [memory, pids] = ["memory", "pids"].map(hierarchy);
-  const parents = [memory, pids].map((base) => {
+  // The cpu hierarchy is optional: without it, a CPU quota is not applied.
+  let cpu: string | undefined;
+  try {
+    cpu = hierarchy("cpu");
+  } catch {
+    cpu = undefined;
+  }
+  const parents = [memory, pids, ...(cpu ? [cpu] : [])].map((base) => {
     const dir = path.join(base, `skiff-${process.pid}`);
     mkdirSync(dir, { recursive: true });
     return dir;
@@ -268,6 +281,13 @@ function v1(all: Mount[], own: Map<string, string>): Cgroups {
       mkdirSync(pid);
       const dirs = [mem, pid];
       try {
+        if (limits.cpus !== undefined && parents[2]) {
+          const dir = path.join(parents[2], name);
+          mkdirSync(dir);
+          dirs.push(dir);
+          write(path.join(dir, "cpu.cfs_period_us"), String(CPU_PERIOD_US));
+          write(path.join(dir, "cpu.cfs_quota_us"), String(cpuQuota(limits.cpus)));
+        }
         write(path.join(mem, "memory.limit_in_bytes"), String(limits.memoryBytes));
         // No swap beyond it either, where swap is accounted (memsw must not be below the limit).
         if (existsSync(path.join(mem, "memory.memsw.limit_in_bytes")))
@@ -301,6 +321,15 @@ function v2(all: Mount[], own: Map<string, string>): Cgroups {
   // Fails (EBUSY) where skiff's own cgroup holds processes and is not the root: v2 wants a delegated subtree.
   write(path.join(base, "cgroup.subtree_control"), "+memory +pids");
   write(path.join(parent, "cgroup.subtree_control"), "+memory +pids");
+  // The cpu controller is optional: without it, a CPU quota is not applied.
+  let cpu = controllers.includes("cpu");
+  if (cpu)
+    try {
+      write(path.join(base, "cgroup.subtree_control"), "+cpu");
+      write(path.join(parent, "cgroup.subtree_control"), "+cpu");
+    } catch {
+      cpu = false;
+    }
   return {
     version: 2,
     parents: [parent],
@@ -311,6 +340,8 @@ function v2(all: Mount[], own: Map<string, string>): Cgroups {
         write(path.join(dir, "memory.max"), String(limits.memoryBytes));
         if (existsSync(path.join(dir, "memory.swap.max"))) write(path.join(dir, "memory.swap.max"), "0");
         write(path.join(dir, "pids.max"), String(limits.pids));
+        if (limits.cpus !== undefined && cpu)
+          write(path.join(dir, "cpu.max"), `${cpuQuota(limits.cpus)} ${CPU_PERIOD_US}`);
       } catch (err) {
         void removeDirs([dir]);
         throw err;

@@ -3,7 +3,7 @@
 // installed once per machine however many apps, versions or processes use
 // it. A deployment is prepared in a staging folder and renamed into place
 // only once ready, so a folder under its digest is always complete; what it
-// learned (its skiff.toml as the bundle had it, Cortex functions, the venv)
+// learned (its configuration file as the bundle had it, Cortex functions, the venv)
 // is kept in `.skiff/prepared.json`, written only into a real `.skiff`
 // folder and never through a link: the folder itself may hold what a build
 // left (build-area.ts), so nothing else in it is read back.
@@ -18,11 +18,13 @@ import { constants } from "node:fs";
 import { lstat, mkdir, open, readdir, readFile, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import {
-  APP_CONFIG_FILE,
-  loadAppConfig,
-  parseAppConfig,
   type AppConfig,
   BundleError,
+  CONFIG_FILES,
+  type ConfigFileName,
+  parseConfigFile,
+  readAppConfig,
+  removeUnselected,
   sha256,
   unpackBundle,
 } from "../apps/index.js";
@@ -30,8 +32,10 @@ import type { Logger } from "../config/index.js";
 import { BUILD_AREA_SUFFIX, MARKER, unmount } from "./build-area.js";
 import { prepareDeployment } from "./prepare.js";
 import type { SandboxOptions } from "./sandbox.js";
-import type { PreparedDeployment } from "./types.js";
+import type { AppLogLine, PreparedDeployment } from "./types.js";
 
+/** The replica id of the lines a deploy writes into its app's log. */
+export const DEPLOY_LOG_REPLICA = "deploy";
 /** A folder this process does not know, younger than this, is not pruned: another may be preparing it before its record exists. */
 export const PRUNE_MIN_AGE_MS = 10 * 60 * 1000;
 
@@ -42,11 +46,15 @@ export interface PreparedBundle {
   prepared: PreparedDeployment;
   /** What the deployment takes on disk: its files as unpacked and built, bytes. */
   unpackedBytes: number;
+  /** What its configuration file asks that skiff ignores. */
+  warnings: string[];
 }
 
 interface Marker {
-  /** skiff.toml as the bundle had it, read before any build step ran. */
+  /** The configuration file as the bundle had it, read before any build step ran. */
   config: string;
+  /** Its name; skiff.toml when absent. */
+  config_file?: ConfigFileName;
   functions?: string[];
   /** The venv's interpreter, relative to the folder: the folder moves after preparing. */
   python?: string;
@@ -54,21 +62,56 @@ interface Marker {
 }
 
 /**
- * Unpacks a bundle into `dir` with every safety check, reads its skiff.toml
- * and prepares it. Throws BundleError, AppConfigError or PrepareFailed.
+ * Unpacks a bundle into `dir` with every safety check, reads its
+ * configuration file (skiff.toml or cerebrium.toml), removes the files its
+ * globs leave out and prepares it. Throws BundleError, AppConfigError or
+ * PrepareFailed.
  */
 export async function prepareBundle(
   bytes: Uint8Array,
   dir: string,
-  opts: { maxBytes: number; maxFiles?: number; logger: Logger; project?: string; sandbox?: SandboxOptions },
-): Promise<{ config: AppConfig; configText: string; prepared: PreparedDeployment; unpackedBytes: number }> {
+  opts: {
+    maxBytes: number;
+    maxFiles?: number;
+    logger: Logger;
+    project?: string;
+    sandbox?: SandboxOptions;
+    /** The app's log: the deploy's warnings and its build commands' output, as lines of replica "deploy". */
+    onLog?: (line: AppLogLine) => void;
+  },
+): Promise<{
+  config: AppConfig;
+  configText: string;
+  configFile: ConfigFileName;
+  prepared: PreparedDeployment;
+  unpackedBytes: number;
+  warnings: string[];
+}> {
   const { tar } = await unpackBundle(bytes, dir, { maxBytes: opts.maxBytes, maxFiles: opts.maxFiles });
-  const config = await loadAppConfig(dir);
   // Read now, from what skiff unpacked: after the build the folder holds what the build left.
-  const configText = await readFile(path.join(dir, APP_CONFIG_FILE), "utf8");
-  const prepared = await prepareDeployment(dir, config, opts.logger, { project: opts.project, sandbox: opts.sandbox });
+  const { config, text: configText, file: configFile, warnings } = await readAppConfig(dir);
+  // A bundle sent through the API obeys the globs as one that `skiff deploy` packed.
+  await removeUnselected(dir, config);
+  const deployLog = (stream: AppLogLine["stream"], text: string) =>
+    opts.onLog?.({
+      projectId: opts.project ?? "",
+      appName: config.app.name,
+      replicaId: DEPLOY_LOG_REPLICA,
+      stream,
+      text,
+      time: new Date(),
+    });
+  for (const w of warnings) {
+    opts.logger.warn({ dir, project: opts.project, app: config.app.name }, w);
+    deployLog("stderr", `warning: ${w}`);
+  }
+  const prepared = await prepareDeployment(dir, config, opts.logger, {
+    project: opts.project,
+    sandbox: opts.sandbox,
+    onOutput: opts.onLog && opts.project ? deployLog : undefined,
+  });
   // What the deployment takes: the bundle's files, or what its build left (dependencies included).
-  return { config, configText, prepared, unpackedBytes: prepared.bytes ?? tar.length };
+  return { config, configText, configFile, prepared, unpackedBytes: prepared.bytes ?? tar.length, warnings };
 }
 
 /** Writes `.skiff/prepared.json` into `dir`: `.skiff` must be a folder (not a link), the file must not exist. */
@@ -97,8 +140,14 @@ export class DeploymentCache {
 
   constructor(
     readonly root: string,
-    /** `sandbox`: where deploy-time steps run (default: prepareDeployment's). */
-    private readonly opts: { maxBytes: number; maxFiles?: number; logger: Logger; sandbox?: SandboxOptions },
+    /** `sandbox`: where deploy-time steps run (default: prepareDeployment's); `onLog`: the apps' logs. */
+    private readonly opts: {
+      maxBytes: number;
+      maxFiles?: number;
+      logger: Logger;
+      sandbox?: SandboxOptions;
+      onLog?: (line: AppLogLine) => void;
+    },
   ) {}
 
   dirOf(digest: string): string {
@@ -166,8 +215,11 @@ export class DeploymentCache {
     if (marker.functions) prepared.functions = marker.functions;
     if (marker.python) prepared.python = path.join(dir, marker.python);
     if (typeof marker.config !== "string" || typeof marker.unpacked_bytes !== "number") return undefined;
+    const file = marker.config_file ?? CONFIG_FILES[0];
+    if (!(CONFIG_FILES as readonly string[]).includes(file)) return undefined;
     this.known.add(digest);
-    return { dir, config: parseAppConfig(marker.config), prepared, unpackedBytes: marker.unpacked_bytes };
+    const { config, warnings } = parseConfigFile(marker.config, file);
+    return { dir, config, prepared, unpackedBytes: marker.unpacked_bytes, warnings };
   }
 
   private async make(digest: string, bytes: () => Promise<Uint8Array>, project: string): Promise<PreparedBundle> {
@@ -176,9 +228,13 @@ export class DeploymentCache {
     await mkdir(this.root, { recursive: true });
     const staging = path.join(this.root, `.staging-${digest.slice(0, 16)}-${randomBytes(4).toString("hex")}`);
     try {
-      const { prepared, unpackedBytes, configText } = await prepareBundle(data, staging, { ...this.opts, project });
+      const { prepared, unpackedBytes, configText, configFile } = await prepareBundle(data, staging, {
+        ...this.opts,
+        project,
+      });
       const marker: Marker = {
         config: configText,
+        config_file: configFile,
         functions: prepared.functions,
         python: prepared.python && path.relative(staging, prepared.python),
         unpacked_bytes: unpackedBytes,

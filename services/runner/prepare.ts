@@ -6,9 +6,23 @@
 //         package-lock.json) or `npm install`, production dependencies only,
 //         into node_modules/.
 //   Cortex Python: requirements.txt with requirements → a venv in
-//         .skiff/venv and `pip install -r requirements.txt`; PrepareFailed
-//         when no package index can provide them. (A Custom Python app
-//         vendors its packages: its command runs with the replica PATH.)
+//         .skiff/venv that sees the system's packages
+//         (--system-site-packages: the requirements the machine already
+//         satisfies are left out, and need no index) and `pip install` of
+//         the rest with the machine's pip; PrepareFailed when no package
+//         index can provide them. The index is the operator's (SKIFF_PIP_INDEX_URL,
+//         SKIFF_PIP_EXTRA_INDEX_URL, /etc/pip.conf). (A Custom Python app of
+//         a skiff.toml vendors its packages: its command runs with the
+//         replica PATH.)
+//   cerebrium.toml: its [cerebrium.dependencies.pip] and paths.pip go to
+//         the same venv, for either runtime (a Custom app's command finds
+//         the venv first on its PATH); [..npm] to `npm install`; its apt and
+//         conda packages must be on the machine (dpkg's status), never
+//         installed by a tenant; its pre_build_commands run before the
+//         installs and its shell_commands after them, each with /bin/sh -c
+//         in the same sandbox, their output to the runner's and the app's
+//         log, a failing one failing the deploy with its exit code and last
+//         lines.
 //
 // Every step runs in the sandbox (sandbox.ts) as the deployment's own
 // build uid, unless the sandbox is off: installs see the folder writable at
@@ -21,7 +35,8 @@
 // machine (it could quote any file the step can read): a generic reason, the
 // app file and line when known; the output goes to the runner's log.
 import { spawn } from "node:child_process";
-import { chmod, lstat, readdir, readFile, rename, rm } from "node:fs/promises";
+import { constants } from "node:fs";
+import { chmod, lstat, mkdir, open, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { AppConfig } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
@@ -190,22 +205,41 @@ interface Context {
   uid: number;
   /** Whose deploy this is: builds take turns by project. */
   project: string;
+  pip?: PipIndex;
+  onOutput?: PrepareOptions["onOutput"];
 }
 
-/** Where an install runs: in the folder, with installEnv(). */
-const installSetting = (c: Context) => ({ cwd: c.dir, env: installEnv() });
+/** Where pip looks for packages besides /etc/pip.conf: SKIFF_PIP_INDEX_URL and SKIFF_PIP_EXTRA_INDEX_URL. */
+export interface PipIndex {
+  indexUrl?: string;
+  extraIndexUrls?: string[];
+}
+
+/** Where an install runs: in the folder, with installEnv() and the operator's package index. */
+const installSetting = (c: Context) => ({ cwd: c.dir, env: { ...installEnv(), ...pipIndexEnv(c.pip) } });
+
+/** The operator's package index for pip (never the tenant's: a config cannot set these). */
+function pipIndexEnv(pip: PipIndex | undefined): Record<string, string> {
+  const env: Record<string, string> = {};
+  if (pip?.indexUrl) env.PIP_INDEX_URL = pip.indexUrl;
+  if (pip?.extraIndexUrls?.length) env.PIP_EXTRA_INDEX_URL = pip.extraIndexUrls.join(" ");
+  return env;
+}
 
 /** `npm ci` (with a lock file) or `npm install` of the production dependencies. */
-async function installNode(c: Context): Promise<void> {
-  const ci = await exists(path.join(c.dir, "package-lock.json"));
+async function installNode(c: Context, config: AppConfig): Promise<void> {
+  const inline = config.build?.npm ?? [];
+  const ci = inline.length === 0 && (await exists(path.join(c.dir, "package-lock.json")));
   const args = [ci ? "ci" : "install", "--omit=dev", "--no-audit", "--no-fund", "--install-links"];
+  // A cerebrium.toml's [cerebrium.dependencies.npm], each checked to be a package name and version.
+  if (inline.length > 0) args.push("--no-save", "--", ...inline);
   c.logger.info({ dir: c.dir, command: `npm ${args.join(" ")}` }, "installing the app's npm dependencies");
   const r = await runCommand("npm", args, { ...installSetting(c), timeoutMs: c.timeoutMs, sandbox: step(c, true) });
   if (r.code !== 0) {
     c.logger.warn({ dir: c.dir, output: tail(r.stderr || r.stdout) }, `npm ${args[0]} failed`);
     const code = /^npm (?:ERR!|error) code ([A-Z][A-Z0-9_]{1,40})$/m.exec(r.stderr)?.[1];
     throw new PrepareFailed(
-      `npm ${args[0]} failed for package.json (${ended(r, "npm")}${code ? `, code ${code}` : ""})`,
+      `npm ${args[0]} failed for ${inline.length > 0 ? "the npm dependencies" : "package.json"} (${ended(r, "npm")}${code ? `, code ${code}` : ""})`,
     );
   }
 }
@@ -230,42 +264,149 @@ function step(c: Context, writable: boolean): StepOptions["sandbox"] {
   return c.sandbox.enabled ? { options: c.sandbox, writable, uid: c.uid } : undefined;
 }
 
-/** Installs requirements.txt into a venv in `.skiff/venv`; its interpreter, relative to the folder. */
-async function installPython(c: Context): Promise<string> {
+/**
+ * Run by the venv's Python in the build sandbox: writes to argv[1] the lines
+ * of the requirements files (argv[2:]) that the environment does not
+ * satisfy already, and prints how many. A file with anything but plain
+ * requirements (options, paths, URLs) is kept whole, by reference.
+ */
+const UNSATISFIED_SCRIPT = `
+import sys
+from importlib import metadata
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+out, files = sys.argv[1], sys.argv[2:]
+keep = []
+def plain(line):
+    try:
+        req = Requirement(line)
+    except Exception:
+        return None
+    return None if req.url else req
+for name in files:
+    lines = [l.split(" #")[0].strip() for l in open(name, encoding="utf-8") if not l.lstrip().startswith("#")]
+    lines = [l for l in lines if l]
+    reqs = [plain(l) for l in lines]
+    if any(r is None for r in reqs):
+        keep.append("-r ../" + name)
+        continue
+    for line, req in zip(lines, reqs):
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            keep.append(line)
+with open(out, "w", encoding="utf-8") as f:
+    f.write("".join(l + "\\n" for l in keep))
+print(len(keep))
+`;
+
+/** The requirements files pip reads (-r each), relative to the folder: requirements.txt, or what a cerebrium.toml names. */
+async function requirementFiles(c: Context, config: AppConfig): Promise<string[]> {
+  const build = config.build;
+  if (!build) return ["requirements.txt"];
+  const files = [...build.pipFiles];
+  if (build.pip.length > 0) {
+    // Written by skiff into the build's own .skiff before any of the tenant's commands run there.
+    const rel = path.join(".skiff", "requirements.txt");
+    await mkdir(path.join(c.dir, ".skiff"), { recursive: true });
+    const file = await open(
+      path.join(c.dir, rel),
+      constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW,
+      0o644,
+    );
+    try {
+      await file.writeFile(build.pip.join("\n") + "\n");
+    } finally {
+      await file.close();
+    }
+    files.push(rel);
+  }
+  return files;
+}
+
+/** Installs the Python requirements into a venv in `.skiff/venv`; its interpreter, relative to the folder. */
+async function installPython(c: Context, config: AppConfig): Promise<string> {
   const venvRel = path.join(".skiff", "venv");
   const venv = path.join(c.dir, venvRel);
   // In the sandbox the folder is /app: the venv works wherever the folder is bound later.
   const venvSeen = c.sandbox.enabled ? path.posix.join(APP_MOUNT, venvRel) : venv;
   const setting = installSetting(c);
-  c.logger.info({ dir: c.dir }, "installing the app's requirements.txt into a venv");
-  const made = await runCommand(SYSTEM_PYTHON, ["-m", "venv", venvSeen], {
+  const requirements = await requirementFiles(c, config);
+  const what = config.build ? "the Python requirements" : "requirements.txt";
+  c.logger.info({ dir: c.dir, requirements }, "installing the app's Python requirements into a venv");
+  // The venv sees the system's packages: what the machine has (Debian's python3-*) is not downloaded again.
+  // Without a copy of pip (about 20 MB a deployment): the system's pip serves the venv, else ensurepip adds one below.
+  const made = await runCommand(SYSTEM_PYTHON, ["-m", "venv", "--system-site-packages", "--without-pip", venvSeen], {
     ...setting,
     timeoutMs: c.timeoutMs,
     sandbox: step(c, true),
   });
   if (made.code !== 0) {
     c.logger.warn({ dir: c.dir, output: tail(made.stderr || made.stdout) }, "python -m venv failed");
-    throw new PrepareFailed(`could not create a Python venv for requirements.txt (${ended(made, "python -m venv")})`);
+    throw new PrepareFailed(`could not create a Python venv for ${what} (${ended(made, "python -m venv")})`);
+  }
+  // What the machine already satisfies is left out: pip would otherwise check the installed packages' own
+  // requirements against an index (Debian's metadata does not always agree with the versions it ships).
+  const missingRel = path.join(".skiff", "requirements-missing.txt");
+  const filtered = await runCommand(
+    path.posix.join(venvSeen, "bin", "python"),
+    ["-I", "-c", UNSATISFIED_SCRIPT, missingRel, ...requirements],
+    { ...setting, timeoutMs: c.timeoutMs, sandbox: step(c, true) },
+  );
+  if (filtered.code !== 0) {
+    c.logger.warn({ dir: c.dir, output: tail(filtered.stderr || filtered.stdout) }, "reading the requirements failed");
+    throw new PrepareFailed(`could not read ${what} (${ended(filtered, "the requirements check")})`);
+  }
+  const toInstall = filtered.stdout.trim();
+  if (toInstall === "0") {
+    c.logger.info({ dir: c.dir }, "the machine satisfies every Python requirement: nothing to install");
+    return path.join(venvRel, "bin", "python");
+  }
+  const hasPip = await runCommand(path.posix.join(venvSeen, "bin", "python"), ["-I", "-c", "import pip"], {
+    ...setting,
+    timeoutMs: c.timeoutMs,
+    sandbox: step(c, true),
+  });
+  if (hasPip.code !== 0) {
+    const ensured = await runCommand(path.posix.join(venvSeen, "bin", "python"), ["-I", "-m", "ensurepip"], {
+      ...setting,
+      timeoutMs: c.timeoutMs,
+      sandbox: step(c, true),
+    });
+    if (ensured.code !== 0) {
+      c.logger.warn({ dir: c.dir, output: tail(ensured.stderr || ensured.stdout) }, "python -m ensurepip failed");
+      throw new PrepareFailed(
+        `could not install ${what}: the machine's Python has no pip (${ended(ensured, "ensurepip")})`,
+      );
+    }
   }
   const pip = await runCommand(
     path.posix.join(venvSeen, "bin", "python"),
-    ["-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-r", "requirements.txt"],
+    ["-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-r", missingRel],
     { ...setting, timeoutMs: c.timeoutMs, sandbox: step(c, true) },
   );
   if (pip.code !== 0) {
     const output = pip.stderr + "\n" + pip.stdout;
-    c.logger.warn({ dir: c.dir, output: tail(output) }, "pip install -r requirements.txt failed");
+    c.logger.warn({ dir: c.dir, output: tail(output) }, "pip install of the requirements failed");
     const missing = missingRequirements(output);
     if (missing.length > 0)
       throw new PrepareFailed(
-        `could not install requirements.txt: no reachable package index provides them (${ended(pip, "pip")}). ` +
-          `Vendor the packages into the app folder, or make a package index reachable from the runner.\n` +
+        `could not install ${what}: no reachable package index provides them (${ended(pip, "pip")}). ` +
+          `Vendor the packages into the app folder, install them on the machine (the venv sees the system's packages), ` +
+          `or make a package index reachable from the runner (SKIFF_PIP_INDEX_URL).\n` +
           `Not found: ${missing.join(", ")}`,
       );
-    const line = /\(from line (\d+) of requirements\.txt\)/.exec(output)?.[1];
+    const from = /\(from line (\d+) of ([\w./-]{1,200})\)/.exec(output);
+    const named = from && requirements.includes(from[2]) ? from : undefined;
     throw new PrepareFailed(
-      `could not install requirements.txt (${ended(pip, "pip")})` +
-        (line ? `: line ${line} of requirements.txt cannot be installed as written` : "") +
+      `could not install ${what} (${ended(pip, "pip")})` +
+        (named ? `: line ${named[1]} of ${named[2]} cannot be installed as written` : "") +
         ". A requirements file may name packages and options, not files outside the app folder.",
     );
   }
@@ -345,13 +486,18 @@ async function settle(dir: string): Promise<void> {
   await walk(dir);
 }
 
-/** Whether the app has dependencies to install: a requirements.txt (Cortex Python) or package.json ones. */
-async function hasDependencies(dir: string, config: AppConfig): Promise<boolean> {
-  const { runtime } = config;
-  if (runtime.kind === "cortex" && runtime.language === "python") {
-    const text = await readText(path.join(dir, "requirements.txt"));
-    return text !== undefined && hasRequirements(text);
-  }
+/** What a build does: which installs, and the commands of a cerebrium.toml around them. */
+interface BuildPlan {
+  python: boolean;
+  node: boolean;
+  pre: string[];
+  post: string[];
+}
+
+const needsBuild = (p: BuildPlan) => p.python || p.node || p.pre.length > 0 || p.post.length > 0;
+
+/** Whether package.json names dependencies. */
+async function packageDependencies(dir: string): Promise<boolean> {
   const text = await readText(path.join(dir, "package.json"));
   if (text === undefined) return false;
   try {
@@ -362,23 +508,190 @@ async function hasDependencies(dir: string, config: AppConfig): Promise<boolean>
   }
 }
 
-const installs = (c: Context, config: AppConfig): Promise<string | undefined> =>
-  config.runtime.kind === "cortex" && config.runtime.language === "python"
-    ? installPython(c)
-    : installNode(c).then(() => undefined);
+/**
+ * What the app's build does: a requirements.txt (Cortex Python) or
+ * package.json dependencies for a skiff.toml; what a cerebrium.toml lists.
+ */
+async function buildPlan(dir: string, config: AppConfig): Promise<BuildPlan> {
+  const { runtime, build } = config;
+  if (build) {
+    for (const f of build.pipFiles)
+      if (!(await regularFile(path.join(dir, f))))
+        throw new PrepareFailed(
+          `cerebrium.dependencies.paths.pip names ${JSON.stringify(f)}, which is not a file of the app`,
+        );
+    return {
+      python: build.pip.length > 0 || build.pipFiles.length > 0,
+      node: build.npm.length > 0 || (await packageDependencies(dir)),
+      pre: build.preBuildCommands,
+      post: build.shellCommands,
+    };
+  }
+  if (runtime.kind === "cortex" && runtime.language === "python") {
+    const text = await readText(path.join(dir, "requirements.txt"));
+    return { python: text !== undefined && hasRequirements(text), node: false, pre: [], post: [] };
+  }
+  return { python: false, node: await packageDependencies(dir), pre: [], post: [] };
+}
+
+/** Whether `file` is a regular file, not through a link at its last part. */
+async function regularFile(file: string): Promise<boolean> {
+  return lstat(file).then(
+    (s) => s.isFile(),
+    () => false,
+  );
+}
+
+/** Lines of each build command's output (its last ones) in the app's log, and the longest line there. */
+const DEPLOY_LOG_LINES = 1000;
+const DEPLOY_LOG_LINE_CHARS = 16 * 1024;
+/** How much of a failed build command's output its error quotes: its last lines. */
+const COMMAND_TAIL_LINES = 20;
 
 /**
- * Runs the installs in a build area and replaces the folder with a checked
- * copy of what they left (build-area.ts): the venv's interpreter, if any,
+ * Runs a cerebrium.toml's pre_build_commands or shell_commands in order with
+ * /bin/sh -c, in the build's sandbox like the installs (the folder writable
+ * at /app, the venv's bin first on PATH when there is one). Their output
+ * goes to the runner's log and the app's (onOutput); the first that fails
+ * fails the deploy with its exit code and last lines (the tenant's own
+ * command, in its own sandbox).
+ */
+async function runBuildCommands(c: Context, key: string, commands: string[], venvBin: string | undefined) {
+  const setting = installSetting(c);
+  const env = venvBin ? { ...setting.env, PATH: `${venvBin}:${setting.env.PATH}` } : setting.env;
+  for (const [i, command] of commands.entries()) {
+    c.logger.info({ dir: c.dir, project: c.project, command }, `running ${key}[${i}]`);
+    c.onOutput?.("stdout", `running ${key}[${i}]: ${command.slice(0, 1000)}`);
+    const r = await runCommand("/bin/sh", ["-c", command], {
+      cwd: setting.cwd,
+      env,
+      timeoutMs: c.timeoutMs,
+      sandbox: step(c, true),
+    });
+    const output = `${r.stdout}${r.stderr ? `\n${r.stderr}` : ""}`.trim();
+    if (output !== "")
+      c.logger.info({ dir: c.dir, project: c.project, command, output: tail(output) }, `${key}[${i}] output`);
+    // Into the app's log: the last lines, each cut, as a replica's are.
+    for (const [stream, text] of [
+      ["stdout", r.stdout],
+      ["stderr", r.stderr],
+    ] as const)
+      for (const line of text
+        .split("\n")
+        .filter((l) => l !== "")
+        .slice(-DEPLOY_LOG_LINES))
+        c.onOutput?.(stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
+    if (r.code !== 0) {
+      const last = output.split("\n").slice(-COMMAND_TAIL_LINES).join("\n");
+      throw new PrepareFailed(
+        `cerebrium.deployment.${key}[${i}] (${JSON.stringify(command.slice(0, 200))}) ${r.code === null ? "did not finish in time" : `exited with ${r.code}`}` +
+          (last ? `; its last lines:\n${tail(last)}` : ""),
+      );
+    }
+  }
+}
+
+/** The build's steps in order: pre_build_commands, the Python and npm installs, shell_commands. Returns the venv's interpreter. */
+async function installs(c: Context, config: AppConfig, plan: BuildPlan): Promise<string | undefined> {
+  await runBuildCommands(c, "pre_build_commands", plan.pre, undefined);
+  const python = plan.python ? await installPython(c, config) : undefined;
+  if (plan.node) await installNode(c, config);
+  const venvBin = python && path.posix.join(c.sandbox.enabled ? APP_MOUNT : c.dir, path.dirname(python));
+  await runBuildCommands(c, "shell_commands", plan.post, venvBin);
+  return python;
+}
+
+/** Where dpkg keeps what is installed. */
+const DPKG_STATUS = "/var/lib/dpkg/status";
+
+/** The Debian packages installed on this machine, from dpkg's status file (data, read whole, never run). */
+async function installedDebianPackages(): Promise<Set<string>> {
+  const statusFile = DPKG_STATUS;
+  const installed = new Set<string>();
+  const st = await lstat(statusFile).catch(() => undefined);
+  if (!st?.isFile() || st.size > 256 * 1024 * 1024) return installed;
+  const text = await readFile(statusFile, "utf8");
+  for (const para of text.split(/\n\s*\n/)) {
+    const name = /^Package:\s*(\S+)\s*$/m.exec(para)?.[1];
+    const status = /^Status:\s*(.+?)\s*$/m.exec(para)?.[1];
+    if (name && status?.endsWith(" installed")) installed.add(name);
+  }
+  return installed;
+}
+
+const PACKAGE_LINE = /^[A-Za-z0-9][A-Za-z0-9.+_-]{0,200}$/;
+
+/** The packages a cerebrium.toml's paths.apt / paths.conda file lists, one a line (# comments); a link is refused. */
+async function packagesOfFile(dir: string, rel: string, key: string): Promise<string[]> {
+  let text: string;
+  try {
+    const file = await open(path.join(dir, rel), constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+    try {
+      const st = await file.stat();
+      if (!st.isFile() || st.size > 1024 * 1024) throw new Error("not a file of at most 1 MiB");
+      text = await file.readFile("utf8");
+    } finally {
+      await file.close();
+    }
+  } catch {
+    throw new PrepareFailed(`${key} names ${JSON.stringify(rel)}, which is not a file of the app`);
+  }
+  const names: string[] = [];
+  for (const [i, raw] of text.split(/\r?\n/).entries()) {
+    const line = raw.replace(/#.*$/, "").trim();
+    if (line === "") continue;
+    const name = line.split(/[\s=<>]/)[0];
+    if (!PACKAGE_LINE.test(name)) throw new PrepareFailed(`line ${i + 1} of ${rel} is not a package name`);
+    names.push(name);
+  }
+  return names;
+}
+
+/**
+ * Refuses an app whose apt or conda packages this machine lacks, naming them:
+ * a tenant never installs system packages. A conda package counts as present
+ * as the Debian package of its name or python3-<name>.
+ */
+async function checkMachinePackages(dir: string, config: AppConfig): Promise<void> {
+  const build = config.build;
+  if (!build) return;
+  const apt = [...build.apt];
+  for (const f of build.aptFiles) apt.push(...(await packagesOfFile(dir, f, "cerebrium.dependencies.paths.apt")));
+  const conda = [...build.conda];
+  for (const f of build.condaFiles) conda.push(...(await packagesOfFile(dir, f, "cerebrium.dependencies.paths.conda")));
+  if (apt.length === 0 && conda.length === 0) return;
+  const installed = await installedDebianPackages();
+  const missingApt = apt.filter((p) => !installed.has(p) && !installed.has(p.toLowerCase()));
+  const missingConda = conda.filter((p) => {
+    const n = p.toLowerCase();
+    return !installed.has(n) && !installed.has(`python3-${n}`);
+  });
+  const parts: string[] = [];
+  if (missingApt.length > 0) parts.push(`apt: ${missingApt.join(", ")}`);
+  if (missingConda.length > 0) parts.push(`conda: ${missingConda.join(", ")}`);
+  if (parts.length > 0)
+    throw new PrepareFailed(
+      `this machine does not have the system packages the app needs (${parts.join("; ")}). ` +
+        "Apps do not install system packages: ask the operator to install them on every runner machine.",
+    );
+}
+
+/**
+ * Runs the build in a build area and replaces the folder with a checked
+ * copy of what it left (build-area.ts): the venv's interpreter, if any,
  * and the bytes of the folder's files.
  */
-async function buildInArea(c: Context, config: AppConfig): Promise<{ python?: string; bytes: number }> {
+async function buildInArea(
+  c: Context,
+  config: AppConfig,
+  plan: BuildPlan,
+): Promise<{ python?: string; bytes: number }> {
   const limits = c.sandbox.build ?? DEFAULT_BUILD_LIMITS;
   return oneBuildAtATime(limits, c.project, async () => {
     const area = await openBuildArea(c.dir, c.uid, limits);
     const out = `${c.dir}.out`;
     try {
-      const python = await installs({ ...c, dir: area.dir }, config);
+      const python = await installs({ ...c, dir: area.dir }, config, plan);
       const bytes = await copyBuildOutput(area.dir, out, limits);
       await rm(c.dir, { recursive: true, force: true });
       await rename(out, c.dir);
@@ -395,6 +708,10 @@ export interface PrepareOptions {
   sandbox?: SandboxOptions;
   /** The project deploying it: builds take turns by project (oneBuildAtATime). */
   project?: string;
+  /** The operator's package index for pip. */
+  pip?: PipIndex;
+  /** Where a cerebrium.toml's build commands' output goes besides the runner's log: the app's log, line by line. */
+  onOutput?: (stream: "stdout" | "stderr", text: string) => void;
 }
 
 /**
@@ -413,17 +730,29 @@ export async function prepareDeployment(
   const timeoutMs = opts.timeoutMs ?? DEFAULT_INSTALL_TIMEOUT_MS;
   // A uid of the builds' range for this folder (its name is new for each deploy): it owns nothing once the build ends.
   const uid = buildUid(dir);
-  const c: Context = { dir, timeoutMs, logger, sandbox, uid, project: opts.project ?? "" };
+  const c: Context = {
+    dir,
+    timeoutMs,
+    logger,
+    sandbox,
+    uid,
+    project: opts.project ?? "",
+    pip: opts.pip ?? sandbox.pip,
+    onOutput: opts.onOutput,
+  };
+  await checkMachinePackages(dir, config);
   if (sandbox.enabled) await settle(dir);
   let python: string | undefined;
   let bytes: number | undefined;
-  if (await hasDependencies(dir, config)) {
-    if (sandbox.enabled) ({ python, bytes } = await buildInArea(c, config));
-    else python = await installs(c, config);
+  const plan = await buildPlan(dir, config);
+  if (needsBuild(plan)) {
+    if (sandbox.enabled) ({ python, bytes } = await buildInArea(c, config, plan));
+    else python = await installs(c, config, plan);
   }
   const interpreter = python && path.join(dir, python);
   const built = bytes === undefined ? {} : { bytes };
-  if (config.runtime.kind !== "cortex") return built;
+  // A Custom app with a venv (a cerebrium.toml's pip dependencies) finds it first on its PATH.
+  if (config.runtime.kind !== "cortex") return interpreter === undefined ? built : { ...built, python: interpreter };
   const functions = await listFunctions(c, config, interpreter);
   return interpreter === undefined ? { ...built, functions } : { ...built, functions, python: interpreter };
 }

@@ -5,6 +5,7 @@
 import { existsSync } from "node:fs";
 import type http from "node:http";
 import path from "node:path";
+import type { AppResources } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import type { NetnsConnector } from "./netns-connect.js";
 import { freePort, type PortLeases } from "./ports.js";
@@ -13,7 +14,7 @@ import { NODE_SHIM, PYTHON_SHIM, SYSTEM_PYTHON } from "./prepare.js";
 import { Replica, type ReplicaSpec } from "./replica.js";
 import { REPLICA_PATH } from "./replica-env.js";
 import type { ReplicaFactory } from "./replica-set.js";
-import { APP_MOUNT, CHANNEL_FD, SHIM_MOUNT } from "./sandbox-argv.js";
+import { APP_MOUNT, CHANNEL_FD, SHIM_MOUNT, type SandboxLimits } from "./sandbox-argv.js";
 import type { SandboxOptions } from "./sandbox.js";
 import type { AppDeployment, AppLogLine, PreparedDeployment } from "./types.js";
 
@@ -47,6 +48,19 @@ export interface ProcessReplicaOptions {
   projectEnv?: (projectId: string) => Record<string, string>;
   /** Persistent storage, mounted at /persistent-storage in every sandboxed replica. */
   projectStorage?: ProjectStorage;
+}
+
+/**
+ * A replica's limits: the machine's, with the memory and CPUs the app's
+ * config asks for ([cerebrium.hardware]); never more memory than the
+ * machine's limit (SKIFF_REPLICA_MEMORY_MB).
+ */
+function appLimits(limits: SandboxLimits, resources: AppResources | undefined): SandboxLimits {
+  if (!resources) return limits;
+  const out = { ...limits };
+  if (resources.memoryMb !== undefined) out.memoryMb = Math.min(resources.memoryMb, limits.memoryMb);
+  if (resources.cpu !== undefined) out.cpus = resources.cpu;
+  return out;
 }
 
 /** Replicas as child processes (replica.ts), sandboxed unless the sandbox is off. */
@@ -98,6 +112,10 @@ export class ProcessReplicas implements ReplicaFactory<Replica> {
       [command, args] = [this.prepared.python ?? SYSTEM_PYTHON, ["-u", PYTHON_SHIM, runtime.entry]];
     else [command, args] = [process.execPath, [NODE_SHIM, runtime.entry]];
     const fixedPort = runtime.kind === "custom" && runtime.port !== undefined ? runtime.port : undefined;
+    // A Custom app with a venv (cerebrium.toml's pip dependencies) finds its programs first; its [env] may still set PATH.
+    const venv = runtime.kind === "custom" ? this.prepared.python : undefined;
+    const venvBin = venv && path.dirname(sandboxed ? path.posix.join(APP_MOUNT, path.relative(d.dir, venv)) : venv);
+    const env = venvBin ? { PATH: `${venvBin}:${REPLICA_PATH}`, ...d.config.env } : d.config.env;
     const spec: ReplicaSpec = {
       projectId: d.projectId,
       appName: d.appName,
@@ -107,7 +125,7 @@ export class ProcessReplicas implements ReplicaFactory<Replica> {
       workDir: path.join(this.o.workDir, d.projectId, d.appName, replicaId),
       command,
       args,
-      env: d.config.env,
+      env,
       port: sandboxed ? (fixedPort ?? SANDBOX_APP_PORT) : (fixedPort ?? 0),
       healthcheck: runtime.kind === "custom" ? runtime.healthcheck : "/health",
       startTimeoutMs: this.o.startTimeoutMs,
@@ -115,7 +133,7 @@ export class ProcessReplicas implements ReplicaFactory<Replica> {
         ? {
             host: this.o.sandbox.host,
             uid: this.sandboxUid!,
-            limits: this.o.sandbox.limits,
+            limits: appLimits(this.o.sandbox.limits, d.config.resources),
             network: this.o.sandbox.network,
           }
         : undefined,

@@ -22,6 +22,8 @@ export interface SandboxLimits {
   cpuSeconds: number;
   /** Open files, sockets, pipes and eventfds per process (RLIMIT_NOFILE). */
   openFiles: number;
+  /** CPUs the sandbox's processes may use together (its cgroup's CPU quota); undefined: no quota. */
+  cpus?: number;
 }
 
 /** A sandbox's network: loopback only, or the outside world through slirp4netns (never the host's loopback). */
@@ -31,6 +33,8 @@ export type SandboxNetwork = "none" | "slirp4netns";
 export const APP_MOUNT = "/app";
 /** Where a replica finds its project's persistent storage, read-write (project-storage.ts). */
 export const STORAGE_MOUNT = "/persistent-storage";
+/** Where apps written for the platform the spec documents find their files too (a link to APP_MOUNT). */
+const CORTEX_MOUNT = "/cortex";
 /** Where the shims are, read-only. */
 export const SHIM_MOUNT = "/skiff";
 /** The fd on which a sandboxed replica receives the listening socket of its channel. */
@@ -103,6 +107,8 @@ const ENV = "/usr/bin/env";
 /** The environment of bwrap and of every stage before `env -i`: fixed, nothing of the tenant's. */
 export const STAGE_ENV = { PATH: "/usr/bin:/bin" } as const;
 const ETC_FILES = [
+  // The operator's pip configuration (an index, a mirror): read by deploy-time installs.
+  "/etc/pip.conf",
   "/etc/ssl",
   "/etc/ca-certificates",
   "/etc/ca-certificates.conf",
@@ -344,6 +350,8 @@ export function sandboxArgv(
     }
   }
   if (spec.storage) options.push("--bind", neutral ? `${NEUTRAL_DIR}/storage` : spec.storage, STORAGE_MOUNT);
+  // The app's files are also at /cortex, where apps of cerebrium.toml read them by absolute path.
+  options.push("--symlink", APP_MOUNT, CORTEX_MOUNT);
   if (fds.resolv !== undefined)
     options.push("--perms", "0444", "--ro-bind-data", String(fds.resolv), "/etc/resolv.conf");
   else if (existsSync("/etc/resolv.conf")) options.push("--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf");

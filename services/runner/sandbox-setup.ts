@@ -118,8 +118,16 @@ export type SandboxSettings = Pick<
       | "maxBuildBytes"
       | "maxBuildFiles"
       | "maxConcurrentBuilds"
+      | "pipIndexUrl"
+      | "pipExtraIndexUrls"
     >
   >;
+
+/** The operator's package index for deploy-time pip installs, from its settings. */
+const pipOf = (settings: SandboxSettings): SandboxOptions["pip"] =>
+  settings.pipIndexUrl !== undefined || (settings.pipExtraIndexUrls?.length ?? 0) > 0
+    ? { indexUrl: settings.pipIndexUrl, extraIndexUrls: settings.pipExtraIndexUrls }
+    : undefined;
 
 /** O_CLOEXEC as /proc/<pid>/fdinfo's `flags` shows it (octal). */
 const O_CLOEXEC = 0o2000000;
@@ -188,7 +196,7 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
       "SKIFF_SANDBOX=off: DEPLOYED APPS RUN UNCONFINED as skiff's own user and can read skiff's data folder, " +
         "its environment and other apps, and reach NATS. Only for code you trust.",
     );
-    return { enabled: false, limits, network: "none", host };
+    return { enabled: false, limits, network: "none", host, pip: pipOf(settings) };
   }
   const inherited = closeInheritedFds();
   if (inherited.length > 0)
@@ -265,5 +273,13 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
     { sandbox: "on", hostUid: runsAsRoot(), network, cgroup: host.cgroups?.version ?? null, ...limits },
     `apps run in a bubblewrap sandbox (own namespaces, read-only deployment, rlimits${host.cgroups ? `, a cgroup v${host.cgroups.version} each` : ""})`,
   );
-  return { enabled: true, limits, network, direct: settings.replicaDirect !== "off", build, host };
+  return {
+    enabled: true,
+    limits,
+    network,
+    direct: settings.replicaDirect !== "off",
+    build,
+    host,
+    pip: pipOf(settings),
+  };
 }

@@ -73,6 +73,8 @@ export interface SandboxOptions {
   direct?: boolean;
   /** What a deploy-time install may leave (build-area.ts); default DEFAULT_BUILD_LIMITS. */
   build?: BuildLimits;
+  /** The operator's package index for deploy-time pip installs (SKIFF_PIP_INDEX_URL, SKIFF_PIP_EXTRA_INDEX_URL). */
+  pip?: { indexUrl?: string; extraIndexUrls?: string[] };
   /** What this machine gives sandboxes (configureSandbox's, or one of the caller's own). */
   host: SandboxHost;
 }
@@ -118,7 +120,11 @@ export function spawnSandboxed(host: SandboxHost, spec: SandboxSpec): SandboxedP
   const slirp = spec.network === "slirp4netns" ? slirpPath() : undefined;
   if (spec.network === "slirp4netns" && !slirp) throw new Error("slirp4netns is not installed");
   const filter = host.seccompFilter();
-  const cgroup = host.sandboxCgroup({ memoryBytes: spec.limits.memoryMb * 1024 * 1024, pids: spec.limits.pids });
+  const cgroup = host.sandboxCgroup({
+    memoryBytes: spec.limits.memoryMb * 1024 * 1024,
+    pids: spec.limits.pids,
+    cpus: spec.limits.cpus,
+  });
   // After the command's own fds: the info fd, the seccomp filter, slirp4netns's resolv.conf, the block fd
   // that bwrap waits on (when there is something to set up first), and the gate.
   let next = CHANNEL_FD + passed.length;

@@ -131,9 +131,9 @@ describe("app config (skiff.toml)", () => {
     [
       "upper-case name",
       CORTEX.replace('"hello"', '"Hello"'),
-      'skiff.toml:2: app.name must be 1 to 63 lowercase letters, digits or "-", starting with a letter, got "Hello"',
+      'skiff.toml:2: app.name must be 1 to 63 lowercase letters, digits or "-", starting with a letter or a digit, got "Hello"',
     ],
-    ["name starting with a digit", CORTEX.replace('"hello"', '"1app"'), "skiff.toml:2: app.name must be 1 to 63"],
+    ["name starting with a dash", CORTEX.replace('"hello"', '"-app"'), "skiff.toml:2: app.name must be 1 to 63"],
     ["name of 64", CORTEX.replace('"hello"', `"a${"b".repeat(63)}"`), "skiff.toml:2: app.name must be 1 to 63"],
     ["missing name", CORTEX.replace('name = "hello"', ""), "skiff.toml:1: app.name is required"],
     [

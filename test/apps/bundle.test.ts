@@ -108,7 +108,11 @@ describe("bundle - unpack refuses", () => {
       /"dev" is a CharacterDevice; only files, folders and links/,
     ],
     ["a FIFO", [toml, { path: "fifo", type: "FIFO" }], /"fifo" is a FIFO/],
-    ["no skiff.toml at the root", [{ path: "app/skiff.toml", body: TOML }], /no skiff\.toml at its root/],
+    [
+      "no skiff.toml at the root",
+      [{ path: "app/skiff.toml", body: TOML }],
+      /no skiff\.toml \(or cerebrium\.toml\) at its root/,
+    ],
   ])("%s", async (_name, entries, message) => {
     expect((await refusal(rawTar(entries))).message).toMatch(message);
   });

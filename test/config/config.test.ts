@@ -62,6 +62,8 @@ describe("config", () => {
       maxBuildBytes: 2 * 1024 * 1024 * 1024,
       maxBuildFiles: 200_000,
       maxConcurrentBuilds: 2,
+      pipIndexUrl: undefined,
+      pipExtraIndexUrls: [],
       maxAppsPerProject: 100,
       maxSecretsPerProject: 100,
       projectStorageBytes: 1024 * 1024 * 1024,
@@ -156,6 +158,13 @@ describe("config", () => {
     ["SKIFF_REPLICA_LOG_LINES_PER_SECOND", "0", /SKIFF_REPLICA_LOG_LINES_PER_SECOND: must be between 1/],
     ["SKIFF_MAX_RESULT_BYTES", "10", /SKIFF_MAX_RESULT_BYTES: must be between 1024/],
     ["SKIFF_MAX_ASYNC_RESULT_BYTES", "x", /SKIFF_MAX_ASYNC_RESULT_BYTES: expected a whole number/],
+    ["SKIFF_PIP_INDEX_URL", "not a url", /SKIFF_PIP_INDEX_URL: expected a URL such as https:/],
+    ["SKIFF_PIP_INDEX_URL", "file:///opt/pypi/simple", /SKIFF_PIP_INDEX_URL: expected an http:\/\/ or https:\/\/ URL/],
+    [
+      "SKIFF_PIP_EXTRA_INDEX_URL",
+      "https://a.example/simple ftp://b.example/",
+      /SKIFF_PIP_EXTRA_INDEX_URL: expected an http:\/\/ or https:\/\/ URL/,
+    ],
     [
       "SKIFF_SIGNING_KEY",
       "not a key",
@@ -178,6 +187,15 @@ describe("config", () => {
     expect(error).toBeInstanceOf(ConfigError);
     expect((error as ConfigError).variable).toBe(variable);
     expect((error as Error).message).toMatch(message);
+  });
+
+  it("SKIFF_PIP_INDEX_URL is one index; SKIFF_PIP_EXTRA_INDEX_URL several, separated by spaces", () => {
+    const config = loadConfig({
+      SKIFF_PIP_INDEX_URL: "https://pypi.example.internal/simple",
+      SKIFF_PIP_EXTRA_INDEX_URL: " http://a.example/simple  https://b.example/simple ",
+    });
+    expect(config.pipIndexUrl).toBe("https://pypi.example.internal/simple");
+    expect(config.pipExtraIndexUrls).toEqual(["http://a.example/simple", "https://b.example/simple"]);
   });
 
   it("SKIFF_SIGNING_KEY takes an Ed25519 key as a JWK or as PKCS#8 PEM, newlines written \\n or not", async () => {

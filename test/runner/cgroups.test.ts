@@ -2,6 +2,7 @@
 // (services/runner/cgroups.ts): the limits then hold for a replica's
 // processes together, where the rlimits count per process. Real sandboxes,
 // real cgroups; skipped, with the reason, on a host that has none for skiff.
+import { existsSync } from "node:fs";
 import { cp, mkdtemp, readFile, rm, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -142,5 +143,55 @@ describe.skipIf(!usable)("a cgroup per replica", () => {
       new RegExp(`its processes together used more than ${MEMORY_MB} MiB \\(SKIFF_REPLICA_MEMORY_MB\\)`),
     );
     expect(await call("ping")).toBe("pong");
+  }, 60_000);
+
+  it("an app's own memory and CPUs ([cerebrium.hardware]) become its replica's cgroup limits, never above the machine's memory", async () => {
+    const dir = path.join(tmp, "app");
+    const config = parseAppConfig(
+      skiffToml({ name: "cg", runtime: { kind: "cortex", language: "python", entry: "main.py" } }),
+    );
+    await runner.deploy({
+      projectId: "p-cg",
+      appName: "cg",
+      version: 3,
+      dir,
+      config: { ...config, resources: { cpu: 0.5, memoryMb: 128 } },
+    });
+    expect(await call("ping")).toBe("pong");
+    const bwrap = runner.replicas("p-cg", "cg").find((r) => r.deploymentVersion === 3)!.pid!;
+    const init = Number((await readFile(`/proc/${bwrap}/task/${bwrap}/children`, "utf8")).trim().split(" ")[0]);
+    const groups = await cgroupsOf(init);
+    const v1 = groups.memory !== undefined;
+    const memoryDir = v1
+      ? path.join("/sys/fs/cgroup/memory", groups.memory)
+      : path.join("/sys/fs/cgroup", groups.unified);
+    const limit = await readFile(path.join(memoryDir, v1 ? "memory.limit_in_bytes" : "memory.max"), "utf8");
+    expect(Number(limit)).toBe(128 * 1024 * 1024);
+    if (v1 && groups.cpu !== undefined) {
+      const cpuDir = path.join("/sys/fs/cgroup/cpu", groups.cpu);
+      expect(cpuDir).toMatch(/\/skiff-\d+\/sandbox-\d+$/);
+      expect(Number(await readFile(path.join(cpuDir, "cpu.cfs_quota_us"), "utf8"))).toBe(50_000);
+      expect(Number(await readFile(path.join(cpuDir, "cpu.cfs_period_us"), "utf8"))).toBe(100_000);
+    } else if (!v1 && existsSync(path.join(memoryDir, "cpu.max")))
+      expect((await readFile(path.join(memoryDir, "cpu.max"), "utf8")).trim()).toBe("50000 100000");
+    // More than the machine's limit is the machine's limit.
+    await runner.deploy({
+      projectId: "p-cg",
+      appName: "cg",
+      version: 4,
+      dir,
+      config: { ...config, resources: { memoryMb: 64 * 1024 } },
+    });
+    expect(await call("ping")).toBe("pong");
+    const next = runner.replicas("p-cg", "cg").find((r) => r.deploymentVersion === 4)!;
+    const child = Number((await readFile(`/proc/${next.pid}/task/${next.pid}/children`, "utf8")).trim().split(" ")[0]);
+    const g = await cgroupsOf(child);
+    const dir4 =
+      g.memory !== undefined ? path.join("/sys/fs/cgroup/memory", g.memory) : path.join("/sys/fs/cgroup", g.unified);
+    const limit4 = await readFile(
+      path.join(dir4, g.memory !== undefined ? "memory.limit_in_bytes" : "memory.max"),
+      "utf8",
+    );
+    expect(Number(limit4)).toBe(MEMORY_MB * 1024 * 1024);
   }, 60_000);
 });

@@ -6,6 +6,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parseAppConfig } from "../../services/apps/app-config.js";
+import { parseCerebriumConfig } from "../../services/apps/cerebrium-config.js";
 import { silentLogger } from "../../services/config/logger.js";
 import { PrepareFailed } from "../../services/runs/errors.js";
 import { prepareDeployment } from "../../services/runner/prepare.js";
@@ -73,5 +74,28 @@ describe("deploy-time steps: errors name the app's file and line, never what a f
         "'):\n    raise SystemError('not sandboxed')\n\ndef ok():\n    return 1\n",
     });
     expect(await prepareDeployment(dir, cortex("python", "main.py"), silentLogger)).toEqual({ functions: ["ok"] });
+  });
+});
+
+describe("deploy-time steps of a cerebrium.toml", () => {
+  it("shell_commands run after the installs, in the sandbox, with the operator's package index and the venv first on PATH", async () => {
+    const dir = await writeApp(tmp, {
+      "cerebrium.toml": "",
+      "main.py": "def f():\n    return 1\n",
+    });
+    const { config } = parseCerebriumConfig(
+      '[cerebrium.deployment]\nname = "steps"\nshell_commands = ["env > env.txt; id -u > uid.txt; command -v python > python.txt; pwd > pwd.txt"]\n\n[cerebrium.dependencies.pip]\nloguru = "latest"\n',
+    );
+    const prepared = await prepareDeployment(dir, config, silentLogger, {
+      pip: { indexUrl: "https://pypi.example.internal/simple", extraIndexUrls: ["https://extra.example/simple"] },
+    });
+    expect(prepared.python).toBe(path.join(dir, ".skiff", "venv", "bin", "python"));
+    expect(prepared.functions).toEqual(["f"]);
+    const env = await readFile(path.join(dir, "env.txt"), "utf8");
+    expect(env).toContain("PIP_INDEX_URL=https://pypi.example.internal/simple\n");
+    expect(env).toContain("PIP_EXTRA_INDEX_URL=https://extra.example/simple\n");
+    expect((await readFile(path.join(dir, "python.txt"), "utf8")).trim()).toBe("/app/.skiff/venv/bin/python");
+    expect((await readFile(path.join(dir, "pwd.txt"), "utf8")).trim()).toBe("/app");
+    expect(Number(await readFile(path.join(dir, "uid.txt"), "utf8"))).not.toBe(0);
   });
 });

@@ -101,12 +101,16 @@ afterAll(async () => {
 describe("security - what a build leaves is data, never followed, read or removed through a link", () => {
   it("a build that works: its output is skiff's, read-only to others, with the links a venv needs", async () => {
     const { dir, error } = await deploy(
-      await appWith("ln -s /usr/bin/node node-link && ln -s server.js main.js && echo built > built.txt\n"),
+      await appWith(
+        "ln -s /usr/bin/node node-link && ln -s server.js main.js && ln -s main.js chain.js && echo built > built.txt\n",
+      ),
     );
     expect(error).toBeUndefined();
     expect(await readFile(path.join(dir!, "built.txt"), "utf8")).toBe("built\n");
     expect(await readlink(path.join(dir!, "node-link"))).toBe("/usr/bin/node");
     expect(await readlink(path.join(dir!, "main.js"))).toBe("server.js");
+    // A link to a link, as a venv's bin/python -> python3 -> /usr/bin/python3.
+    expect(await readlink(path.join(dir!, "chain.js"))).toBe("main.js");
     for (const name of ["built.txt", "node_modules", "server.js", "."]) {
       const st = await lstat(path.join(dir!, name));
       expect(st.uid).toBe(0);
