@@ -9,9 +9,9 @@
 // the size fails in the writer with ENOSPC ("No space left on device"), and
 // the filesystem itself counts what is used.
 //
-// The image is attached to a loop device (by a mount, which marks the device
-// to go away with its last user, undone at once) that this process holds
-// open; each sandbox's launch script mounts that device, nosuid and nodev, in
+// The image is attached to a loop device (by a mount in a mount namespace of
+// a helper's own, which marks the device to go away with its last user) that
+// this process holds open; each sandbox's launch script mounts that device, nosuid and nodev, in
 // the sandbox's own mount namespace. So no mount lives outside a sandbox: when
 // skiff stops or dies, its sandboxes and its hold end, and the kernel detaches
 // the device. Every sandbox mounts the same device, so they share one
@@ -22,8 +22,8 @@
 // deletes the image file. Without root, or where the machine cannot make such
 // a filesystem (no loop devices), the storage is a plain folder, unbounded,
 // bound into sandboxes, and the log says so once.
-import { execFile } from "node:child_process";
-import { chown, mkdir, open, readFile, rm, rmdir, unlink, type FileHandle } from "node:fs/promises";
+import { execFile, spawn } from "node:child_process";
+import { chown, mkdir, open, rm, rmdir, unlink, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import type { Logger } from "../config/index.js";
@@ -31,25 +31,14 @@ import type { Logger } from "../config/index.js";
 const run = promisify(execFile);
 /** The programs, by absolute path: nothing of PATH. */
 const MOUNT = "/usr/bin/mount";
-const UMOUNT = "/usr/bin/umount";
+const UNSHARE = "/usr/bin/unshare";
+const FINDMNT = "/usr/bin/findmnt";
 const MKFS = "/usr/sbin/mkfs.ext4";
 /** The environment of those programs: fixed. */
 const TOOL_ENV = { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LANG: "C" };
 /** A project id as a file name: it is one already (auth PROJECT_ID), checked again here. */
 const PROJECT_FILE = /^p-[a-z0-9]{1,40}$/;
 const LOOP_DEVICE = /^\/dev\/loop\d+$/;
-
-/** The source (a device) of the mount on `dir` in this process's mount namespace, if any. */
-async function mountSource(dir: string): Promise<string | undefined> {
-  const info = await readFile("/proc/self/mountinfo", "utf8");
-  // Field 5 is the mount point (spaces and backslashes escaped as octal); after " - ": type, source.
-  const escaped = dir.replace(/[\\ \t\n]/g, (c) => `\\${c.charCodeAt(0).toString(8).padStart(3, "0")}`);
-  for (const line of info.split("\n")) {
-    if (line.split(" ")[4] !== escaped) continue;
-    return line.split(" - ")[1]?.split(" ")[1];
-  }
-  return undefined;
-}
 
 /** What a sandbox is given: a loop device to mount, or a plain folder to bind. */
 interface StorageSource {
@@ -124,26 +113,52 @@ export class ProjectStorage {
   }
 
   /**
-   * Attaches the image to a loop device through a mount on a folder of skiff's
-   * own (which marks the device to go with its last user), opens the device,
-   * and undoes the mount: the device stays while this process holds it.
+   * Attaches the image to a loop device through a mount (which marks the
+   * device to go with its last user) made in a mount namespace of its own, by
+   * a helper that lives until this process holds the device open. No mount is
+   * ever made in skiff's namespace: a skiff killed at any point leaves none
+   * behind on the host, and the helper's mount goes with the helper.
    */
   private async attach(projectId: string, fresh: boolean): Promise<StorageSource> {
     const { image, stage } = this.paths(projectId);
     await rm(stage, { recursive: true, force: true });
     await mkdir(stage, { mode: 0o700 });
-    await run(MOUNT, ["-t", "ext4", "-o", "loop,nosuid,nodev,noatime", image, stage], { env: TOOL_ENV });
-    try {
-      const device = await mountSource(stage);
-      if (!device || !LOOP_DEVICE.test(device))
-        throw new Error(`the image of ${projectId} was mounted from ${device ?? "nothing"}, not a loop device`);
+    // Arguments are $1..$3, never part of the script; the programs by absolute path, the environment fixed.
+    const script = [
+      "set -e",
+      `${MOUNT} -t ext4 -o loop,nosuid,nodev,noatime "$1" "$2"`,
       // A new filesystem's lost+found is root's: the project's storage holds only what the project writes.
-      if (fresh) await rmdir(path.join(stage, "lost+found")).catch(() => undefined);
+      `if [ "$3" = fresh ]; then rmdir "$2/lost+found" 2>/dev/null || true; fi`,
+      `${FINDMNT} -n -o SOURCE --mountpoint "$2"`,
+      "read held", // until skiff has the device open
+    ].join("\n");
+    const helper = spawn(
+      UNSHARE,
+      ["--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh", image, stage, fresh ? "fresh" : "kept"],
+      { env: TOOL_ENV, stdio: ["pipe", "pipe", "pipe"] },
+    );
+    const exited = new Promise<number | null>((resolve) => helper.once("close", resolve));
+    let stderr = "";
+    helper.stderr.setEncoding("utf8").on("data", (c: string) => (stderr = (stderr + c).slice(-2000)));
+    try {
+      const device = await new Promise<string | undefined>((resolve) => {
+        let out = "";
+        helper.stdout.setEncoding("utf8").on("data", (c: string) => {
+          out += c;
+          if (out.includes("\n")) resolve(out.split("\n")[0].trim());
+        });
+        void exited.then(() => resolve(undefined));
+      });
+      if (!device || !LOOP_DEVICE.test(device))
+        throw new Error(
+          `the image of ${projectId} was not attached to a loop device (${device ?? (stderr.trim() || "no answer")})`,
+        );
       this.held.set(projectId, await open(device, "r"));
       this.logger.info({ project: projectId, device, bytes: this.sizeBytes }, "persistent storage attached");
       return { kind: "device", path: device };
     } finally {
-      await run(UMOUNT, [stage], { env: TOOL_ENV }).catch(() => run(UMOUNT, ["--lazy", stage], { env: TOOL_ENV }));
+      helper.stdin.end("\n"); // the helper ends, and its mount with its namespace
+      await exited;
       await rmdir(stage).catch(() => undefined);
     }
   }
