@@ -78,6 +78,8 @@ export async function prepareBundle(
     sandbox?: SandboxOptions;
     /** The app's log: the deploy's warnings and its build commands' output, as lines of replica "deploy". */
     onLog?: (line: AppLogLine) => void;
+    /** The project's secrets, for the import check (PrepareOptions.secrets). */
+    secrets?: Record<string, string>;
   },
 ): Promise<{
   config: AppConfig;
@@ -109,6 +111,7 @@ export async function prepareBundle(
     project: opts.project,
     sandbox: opts.sandbox,
     onOutput: opts.onLog && opts.project ? deployLog : undefined,
+    secrets: opts.secrets,
   });
   // What the deployment takes: the bundle's files, or what its build left (dependencies included).
   return { config, configText, configFile, prepared, unpackedBytes: prepared.bytes ?? tar.length, warnings };
@@ -137,6 +140,8 @@ export class DeploymentCache {
   private readonly pending = new Map<string, Promise<PreparedBundle>>();
   /** Digests this process prepared or loaded: no other process is preparing them. */
   private readonly known = new Set<string>();
+  /** A project's secrets as environment variables, for the import check; set by the runner role, which follows them. */
+  projectEnv?: (projectId: string) => Record<string, string>;
 
   constructor(
     readonly root: string,
@@ -231,6 +236,7 @@ export class DeploymentCache {
       const { prepared, unpackedBytes, configText, configFile } = await prepareBundle(data, staging, {
         ...this.opts,
         project,
+        secrets: project ? this.projectEnv?.(project) : undefined,
       });
       const marker: Marker = {
         config: configText,

@@ -207,6 +207,7 @@ interface Context {
   project: string;
   pip?: PipIndex;
   onOutput?: PrepareOptions["onOutput"];
+  secrets?: Record<string, string>;
 }
 
 /** Where pip looks for packages besides /etc/pip.conf: SKIFF_PIP_INDEX_URL and SKIFF_PIP_EXTRA_INDEX_URL. */
@@ -452,7 +453,8 @@ async function listFunctions(c: Context, config: AppConfig, python: string | und
       : [process.execPath, [shim("cortex.mjs"), "--list", entry]];
   const r = await runCommand(command, args, {
     cwd: c.dir,
-    env: replicaEnv(config.env, sandboxed ? APP_MOUNT : c.dir, 0),
+    // As a replica's: the project's secrets, then the app's [env], which wins.
+    env: { ...c.secrets, ...replicaEnv(config.env, sandboxed ? APP_MOUNT : c.dir, 0) },
     timeoutMs: c.timeoutMs,
     sandbox: step(c, false),
   });
@@ -712,6 +714,13 @@ export interface PrepareOptions {
   pip?: PipIndex;
   /** Where a cerebrium.toml's build commands' output goes besides the runner's log: the app's log, line by line. */
   onOutput?: (stream: "stdout" | "stderr", text: string) => void;
+  /**
+   * The project's secrets as environment variables, for the import check
+   * only: it runs the module as a replica does, and a module that reads a
+   * secret as it loads (`os.environ["hf_auth_token"]`) finds it. The
+   * installs and build commands never get them.
+   */
+  secrets?: Record<string, string>;
 }
 
 /**
@@ -739,6 +748,7 @@ export async function prepareDeployment(
     project: opts.project ?? "",
     pip: opts.pip ?? sandbox.pip,
     onOutput: opts.onOutput,
+    secrets: opts.secrets,
   };
   await checkMachinePackages(dir, config);
   if (sandbox.enabled) await settle(dir);

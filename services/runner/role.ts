@@ -78,6 +78,8 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   const publisher = await ReplicaPublisher.start(nc, logger);
   const publishLog = logPublisher(nc);
   const secrets = await ProjectSecretsView.start(nc, await createSecretBox(nc, { key: opts.secretsKey }), logger);
+  // A deploy's import check runs the module as a replica does, with the project's secrets.
+  opts.deployments.projectEnv = (projectId) => secrets.env(projectId);
   const storage = new ProjectStorage(opts.dataDir, opts.projectStorageBytes ?? DEFAULT_STORAGE_BYTES, logger);
   const runner = new Runner({
     ...opts.runnerOptions,

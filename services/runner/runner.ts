@@ -254,7 +254,11 @@ export class Runner {
     // Known before any replica starts; a failure (NATS unreachable, no uid left) fails the deploy.
     const uid = this.pool.sandbox.enabled ? await this.uids.projectUid(d.projectId) : undefined;
     const prepared =
-      d.prepared ?? (await prepareDeployment(d.dir, d.config, this.opts.logger, { sandbox: this.pool.sandbox }));
+      d.prepared ??
+      (await prepareDeployment(d.dir, d.config, this.opts.logger, {
+        sandbox: this.pool.sandbox,
+        secrets: this.opts.projectEnv?.(d.projectId),
+      }));
     const old = this.current(d.projectId, d.appName);
     const pool = new AppPool(d, prepared, this.pool, uid);
     const fixedPort = d.config.runtime.kind === "custom" && d.config.runtime.port !== undefined;

@@ -92,6 +92,25 @@ describe("project secrets in replicas", () => {
     expect((await call("plain", "SHADOWED")).json.result).toBe("from-env");
   });
 
+  it("a module that reads a secret as it loads (os.environ[...]) deploys: the import check runs it with the secrets", async () => {
+    const dir = await writeApp(tmp, {
+      "skiff.toml": skiffToml({ name: "loader", runtime: { kind: "cortex", language: "python", entry: "main.py" } }),
+      "main.py": [
+        "import hashlib, os",
+        'TOKEN = os.environ["hf_auth_token"]',
+        "def token_digest():",
+        "    return hashlib.sha256(TOKEN.encode()).hexdigest()",
+      ].join("\n"),
+    });
+    await t.management().deployApp({
+      projectId: "p-dev",
+      bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
+    });
+    const a = await post(`${t.url}/v4/p-dev/loader/token_digest`, t.devToken, "{}");
+    expect(a.status).toBe(200);
+    expect(a.json.result).toBe(sha(VALUE));
+  });
+
   it("a new value replaces the replicas, which see it; a deleted secret is gone from new replicas", async () => {
     expect((await api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE2 })).status).toBe(200);
     await until("hf_auth_token", sha(VALUE2));
