@@ -89,6 +89,8 @@ export interface AppConfig {
   scaling: Scaling;
   /** `[cors]`: origins whose browsers may call the app (skiff answers their preflights); absent: CORS is the app's. */
   cors?: { allowOrigins: string[] };
+  /** `[build] secrets`: names of project secrets the build steps get as environment variables; absent: none. */
+  buildSecrets?: string[];
   /** The file it was read from, when not skiff.toml. */
   source?: "cerebrium.toml";
   build?: AppBuild;
@@ -128,6 +130,7 @@ const KEYS: Record<string, readonly string[]> = {
   runtime: ["kind", "language", "entry", "command", "healthcheck", "readycheck", "port"],
   scaling: ["min_replicas", "max_replicas", "replica_concurrency", "cooldown", "response_grace_period"],
   cors: ["allow_origins"],
+  build: ["secrets"],
 };
 const CORTEX_KEYS = ["kind", "language", "entry"];
 const CUSTOM_KEYS = ["kind", "command", "healthcheck", "readycheck", "port"];
@@ -414,6 +417,32 @@ function checkCors(c: Checker, t: Table): AppConfig["cors"] {
   return origins.length === 0 ? undefined : { allowOrigins: origins };
 }
 
+/** The most secrets one app's build may name. */
+const MAX_BUILD_SECRETS = 100;
+
+/**
+ * `[build] secrets`: the names of the project's secrets that the build steps
+ * (dependency installs) get as environment variables. A name the project
+ * has no secret of is left out when the build runs.
+ */
+function checkBuild(c: Checker, t: Table): string[] | undefined {
+  c.unknownKeys(t, "build", KEYS.build);
+  const raw = t.secrets;
+  if (raw === undefined) return undefined;
+  if (!Array.isArray(raw) || !raw.every((n) => typeof n === "string"))
+    return c.fail("build.secrets", `must be an array of secret names (strings), got ${describe(raw)}`);
+  if (raw.length > MAX_BUILD_SECRETS)
+    return c.fail("build.secrets", `lists ${raw.length} names, more than the ${MAX_BUILD_SECRETS} allowed`);
+  const bad = (raw as string[]).find((n) => !ENV_NAME_PATTERN.test(n));
+  if (bad !== undefined)
+    return c.fail(
+      "build.secrets",
+      `must hold secret names (letters, digits and _), got ${JSON.stringify(bad.slice(0, 100))}`,
+    );
+  const names = [...new Set(raw as string[])].sort();
+  return names.length === 0 ? undefined : names;
+}
+
 /** Whether the text is an http(s) origin written as a browser's Origin header writes it. */
 function isOrigin(text: string): boolean {
   let url: URL;
@@ -449,7 +478,7 @@ export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig 
   const c = new Checker(keyLines(text));
   for (const k of Object.keys(doc))
     if (!Object.hasOwn(KEYS, k) && k !== "env")
-      c.fail(k, "is not a known table; tables are [app], [runtime], [env], [scaling], [cors]");
+      c.fail(k, "is not a known table; tables are [app], [runtime], [env], [scaling], [cors], [build]");
   const name =
     doc.app === undefined ? c.fail("app", 'is required: [app] with name = "..."') : checkApp(c, c.table(doc, "app"));
   const runtime =
@@ -459,13 +488,14 @@ export function parseAppConfig(text: string, file = APP_CONFIG_FILE): AppConfig 
   const env = checkEnv(c, c.table(doc, "env"));
   const scaling = checkScaling(c, c.table(doc, "scaling"));
   const cors = checkCors(c, c.table(doc, "cors"));
+  const buildSecrets = checkBuild(c, c.table(doc, "build"));
   if (c.issues.length > 0 || name === undefined || runtime === undefined || scaling === undefined) {
     throw new AppConfigError(
       file,
       c.issues.sort((a, b) => a.line - b.line),
     );
   }
-  return { app: { name }, runtime, env, scaling, ...(cors ? { cors } : {}) };
+  return { app: { name }, runtime, env, scaling, ...(cors ? { cors } : {}), ...(buildSecrets ? { buildSecrets } : {}) };
 }
 
 /**

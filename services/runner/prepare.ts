@@ -208,6 +208,7 @@ interface Context {
   pip?: PipIndex;
   onOutput?: PrepareOptions["onOutput"];
   secrets?: Record<string, string>;
+  buildSecrets?: Record<string, string>;
 }
 
 /** Where pip looks for packages besides /etc/pip.conf: SKIFF_PIP_INDEX_URL and SKIFF_PIP_EXTRA_INDEX_URL. */
@@ -216,8 +217,15 @@ export interface PipIndex {
   extraIndexUrls?: string[];
 }
 
-/** Where an install runs: in the folder, with installEnv() and the operator's package index. */
-const installSetting = (c: Context) => ({ cwd: c.dir, env: { ...installEnv(), ...pipIndexEnv(c.pip) } });
+/**
+ * Where an install runs: in the folder, with the secrets the app's
+ * `[build] secrets` names, then installEnv() and the operator's package
+ * index, which win over a secret of the same name.
+ */
+const installSetting = (c: Context) => ({
+  cwd: c.dir,
+  env: { ...c.buildSecrets, ...installEnv(), ...pipIndexEnv(c.pip) },
+});
 
 /** The operator's package index for pip (never the tenant's: a config cannot set these). */
 function pipIndexEnv(pip: PipIndex | undefined): Record<string, string> {
@@ -718,9 +726,11 @@ export interface PrepareOptions {
    * The project's secrets as environment variables, for the import check
    * only: it runs the module as a replica does, and a module that reads a
    * secret as it loads (`os.environ["hf_auth_token"]`) finds it. The
-   * installs and build commands never get them.
+   * installs and build commands get only those of `buildSecrets`.
    */
   secrets?: Record<string, string>;
+  /** The secrets the app's `[build] secrets` names, for the installs and build commands. */
+  buildSecrets?: Record<string, string>;
 }
 
 /**
@@ -749,6 +759,7 @@ export async function prepareDeployment(
     pip: opts.pip ?? sandbox.pip,
     onOutput: opts.onOutput,
     secrets: opts.secrets,
+    buildSecrets: opts.buildSecrets,
   };
   await checkMachinePackages(dir, config);
   if (sandbox.enabled) await settle(dir);

@@ -72,6 +72,15 @@ describe("app config (skiff.toml)", () => {
     });
   });
 
+  it("[build] secrets: the names, once each and sorted; an empty list is none", () => {
+    expect(parseAppConfig(`${CORTEX}\n[build]\nsecrets = ["HF_TOKEN", "A", "HF_TOKEN"]\n`).buildSecrets).toEqual([
+      "A",
+      "HF_TOKEN",
+    ]);
+    expect(parseAppConfig(`${CORTEX}\n[build]\nsecrets = []\n`).buildSecrets).toBeUndefined();
+    expect(parseAppConfig(CORTEX).buildSecrets).toBeUndefined();
+  });
+
   it.each([
     [
       "node entry in a folder",
@@ -205,7 +214,18 @@ describe("app config (skiff.toml)", () => {
       "skiff.toml:10: env.MY-VAR is not a valid variable name",
     ],
     ["unknown key", `${CORTEX}\n[scaling]\nmax_replica = 3\n`, "skiff.toml:10: scaling.max_replica is not a known key"],
-    ["unknown table", `${CORTEX}\n[build]\nx = 1\n`, "skiff.toml:9: build is not a known table"],
+    ["unknown table", `${CORTEX}\n[deploy]\nx = 1\n`, "skiff.toml:9: deploy is not a known table"],
+    ["unknown build key", `${CORTEX}\n[build]\nx = 1\n`, "skiff.toml:10: build.x is not a known key"],
+    [
+      "build secrets not names",
+      `${CORTEX}\n[build]\nsecrets = ["HF-TOKEN"]\n`,
+      'skiff.toml:10: build.secrets must hold secret names (letters, digits and _), got "HF-TOKEN"',
+    ],
+    [
+      "build secrets not a list",
+      `${CORTEX}\n[build]\nsecrets = true\n`,
+      "skiff.toml:10: build.secrets must be an array of secret names (strings), got a boolean (true)",
+    ],
     ["missing runtime", '[app]\nname = "x"\n', "skiff.toml:1: runtime is required"],
     ["table given as a value", `${CORTEX}scaling = 3\n`, "skiff.toml:8: runtime.scaling is not a known key"],
   ])("refused: %s", (_name, text, expected) => {
@@ -248,7 +268,7 @@ describe("app config (skiff.toml)", () => {
   it("a table named like a property of every object ([constructor], [toString]) is still unknown", () => {
     for (const name of ["constructor", "toString", "__proto__", "hasOwnProperty"]) {
       expect(issues(`${CUSTOM}\n["${name}"]\nx = 1\n`)).toEqual([
-        `skiff.toml:8: ${name} is not a known table; tables are [app], [runtime], [env], [scaling], [cors]`,
+        `skiff.toml:8: ${name} is not a known table; tables are [app], [runtime], [env], [scaling], [cors], [build]`,
       ]);
     }
   });

@@ -111,6 +111,61 @@ describe("project secrets in replicas", () => {
     expect(a.json.result).toBe(sha(VALUE));
   });
 
+  it("[build] secrets reach the build steps of the project's own build; another project's deploy of the same bundle builds without them; a new value builds again", async () => {
+    const files = {
+      "skiff.toml":
+        skiffToml({ name: "builder", runtime: { kind: "cortex", language: "node", entry: "main.mjs" } }) +
+        '\n[build]\nsecrets = ["hf_auth_token"]\n',
+      "package.json": JSON.stringify({
+        name: "builder",
+        version: "1.0.0",
+        // A dependency from the folder itself: the install runs (and with it the postinstall) with no registry.
+        dependencies: { local: "file:./local" },
+        scripts: {
+          postinstall:
+            "node -e \"require('fs').writeFileSync('built.txt', require('crypto').createHash('sha256').update(process.env.hf_auth_token || 'none').digest('hex'))\"",
+        },
+      }),
+      "local/package.json": JSON.stringify({ name: "local", version: "1.0.0" }),
+      "main.mjs": [
+        'import { readFileSync } from "node:fs";',
+        'export function built() { return readFileSync(new URL("./built.txt", import.meta.url), "utf8"); }',
+        "export function runtime() { return process.env.hf_auth_token ? 'set' : 'unset'; }",
+      ].join("\n"),
+    };
+    const bundle = (await packApp(await writeApp(tmp, files))).bytes;
+    const deploy = (projectId: string) =>
+      t.management().deployApp({ projectId, bundle: { contentType: "application/gzip", data: bundle } });
+    const built = async (projectId: string) => {
+      const token = projectId === "p-dev" ? t.devToken : t.adminToken;
+      const a = await post(`${t.url}/v4/${projectId}/builder/built`, token, "{}");
+      expect(a.status, a.text).toBe(200);
+      return a.json.result as string;
+    };
+    await deploy("p-dev");
+    expect(await built("p-dev")).toBe(sha(VALUE));
+
+    expect((await t.management().createProject({ projectId: "p-other", name: "other" })).project?.projectId).toBe(
+      "p-other",
+    );
+    await deploy("p-other");
+    expect(await built("p-other")).toBe(sha("none"));
+    expect(await built("p-dev")).toBe(sha(VALUE));
+
+    // A new value: the project's replicas are replaced, and the build made again with it.
+    const VALUE3 = "hf_0c1d2e3f40516273_third";
+    expect((await api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE3 })).status).toBe(200);
+    const end = Date.now() + 90_000;
+    let now = await built("p-dev");
+    while (now !== sha(VALUE3) && Date.now() < end) {
+      await new Promise((r) => setTimeout(r, 250));
+      now = await built("p-dev");
+    }
+    expect(now).toBe(sha(VALUE3));
+    expect((await api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE })).status).toBe(200);
+    await until("hf_auth_token", sha(VALUE));
+  }, 150_000);
+
   it("a new value replaces the replicas, which see it; a deleted secret is gone from new replicas", async () => {
     expect((await api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE2 })).status).toBe(200);
     await until("hf_auth_token", sha(VALUE2));
