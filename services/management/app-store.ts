@@ -115,12 +115,19 @@ export class AppStore {
     }
   }
 
-  /** Deletes the app's durable consumer on SKIFF_RUNS (runners make it again for an app deployed anew). */
+  /**
+   * Deletes the app's durable consumer on SKIFF_RUNS (runners make it again
+   * for an app deployed anew), then the runs still queued for it: a work
+   * queue keeps them without a consumer, and the next app of that name (a
+   * project re-created under the same id is another tenant) would get them
+   * all, bodies included, from the new consumer.
+   */
   private async dropRunQueue(projectId: string, appName: string): Promise<void> {
     const spec = consumers.runQueue(projectId, appName);
     await this.jsm.consumers.delete(spec.stream, spec.name).catch((err: unknown) => {
       if (!isJsError(err, JsErrorCode.ConsumerNotFound)) throw err;
     });
+    await this.jsm.streams.purge(spec.stream, { filter: spec.filterSubject });
   }
 
   /** Deletes the bundles of `dropped` that no kept deployment still uses. */

@@ -1,0 +1,136 @@
+// DeleteProject attacked: a project token calling it (on its own project or
+// another); and what a deleted project leaves behind for whoever gets its id
+// next (an admin re-creating `p-reuse` for another tenant): its tokens, its
+// secrets, its persistent storage, and above all the async runs still queued
+// for its apps, which must not be run by the next app of that name. Real
+// skiff, real sandbox, real nats-server.
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { packApp } from "../../services/apps/bundle.js";
+import { streams } from "../../services/nats/layout.js";
+import { skiffToml, writeApp } from "../helpers/apps.js";
+import { post } from "../helpers/run-apps.js";
+import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+
+const PROJECT = "p-reuse";
+
+/** The first tenant's app: holds its only replica, takes notes. The second tenant's is the same code. */
+const INDEX = [
+  "const seen = [];",
+  "export async function hold({ ms }) { await new Promise((r) => setTimeout(r, ms)); return 'held'; }",
+  "export function note(args) { seen.push(args); return 'noted'; }",
+  "export function seenNotes() { return seen; }",
+].join("\n");
+
+describe("DeleteProject", () => {
+  let t: TestSkiff;
+  let tmp: string;
+  let tenantToken: string;
+
+  const rest = async (method: string, p: string, token: string, body?: unknown) => {
+    const res = await fetch(t.url + p, {
+      method,
+      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.text();
+    return { status: res.status, text };
+  };
+
+  const createProject = async () => {
+    await t.management().createProject({ projectId: PROJECT });
+    const made = await t.management().createServiceAccount({
+      projectId: PROJECT,
+      name: "tenant",
+      expiresAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 3600) },
+    });
+    return made.token;
+  };
+
+  const deployApp = async (token: string) => {
+    const dir = await writeApp(tmp, {
+      "skiff.toml": skiffToml({
+        name: "notes",
+        runtime: { kind: "cortex", language: "node", entry: "index.mjs" },
+        scaling: { min_replicas: 1, max_replicas: 1, replica_concurrency: 1 },
+      }),
+      "index.mjs": INDEX,
+    });
+    await t.management(token).deployApp({
+      projectId: PROJECT,
+      bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
+    });
+  };
+
+  /** Messages of the project still in SKIFF_RUNS. */
+  const queuedOf = async (projectId: string) => {
+    const jsm = await t.skiff.nats.nc.jetstreamManager();
+    const info = await jsm.streams.info(streams.runs.name, { subjects_filter: `skiff.runs.queue.${projectId}.>` });
+    return Object.values(info.state.subjects ?? {}).reduce((a, b) => a + b, 0);
+  };
+
+  beforeAll(async () => {
+    tmp = await mkdtemp(path.join(tmpdir(), "skiff-delete-"));
+    t = await startTestSkiff();
+    tenantToken = await createProject();
+    await deployApp(tenantToken);
+  }, 120_000);
+  afterAll(async () => {
+    await t?.close();
+    await rm(tmp, { recursive: true, force: true });
+  });
+
+  it("a project token cannot delete its own project or another, over REST or Connect", async () => {
+    for (const target of [PROJECT, "p-dev"]) {
+      const answer = await rest("DELETE", `/v2/projects/${target}`, tenantToken);
+      expect(answer.status, answer.text).toBe(403);
+      const err = await t
+        .management(tenantToken)
+        .deleteProject({ projectId: target })
+        .catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(ConnectError);
+      expect((err as ConnectError).code).toBe(Code.PermissionDenied);
+    }
+    // p-dev's token on p-reuse, likewise.
+    expect((await rest("DELETE", `/v2/projects/${PROJECT}`, t.devToken)).status).toBe(403);
+    expect((await rest("GET", `/v2/projects/${PROJECT}`, tenantToken)).status).toBe(200);
+    expect((await rest("GET", `/v2/projects/p-dev/apps`, tenantToken)).status).toBe(403);
+  });
+
+  it("the async runs queued for a deleted project's apps are not run by the next app of that name", async () => {
+    // The only replica is busy; runs queue behind it.
+    const holding = post(`${t.url}/v4/${PROJECT}/notes/hold`, tenantToken, '{"ms":6000}');
+    await new Promise((r) => setTimeout(r, 500));
+    for (let i = 0; i < 4; i++) {
+      const accepted = await post(
+        `${t.url}/v4/${PROJECT}/notes/note?async=true`,
+        tenantToken,
+        JSON.stringify({ mark: `first-tenant-${i}` }),
+      );
+      expect(accepted.status, accepted.text).toBe(202);
+    }
+    await rest("PUT", `/v2/projects/${PROJECT}/secrets/API_KEY`, tenantToken, { value: "first-tenant-key" });
+
+    const deleted = await rest("DELETE", `/v2/projects/${PROJECT}`, t.adminToken);
+    expect(deleted.status, deleted.text).toBe(200);
+    await holding.catch(() => undefined);
+    // The deleted project's token is refused at once.
+    expect((await rest("GET", `/v2/projects/${PROJECT}/apps`, tenantToken)).status).toBe(401);
+    // Nothing of the project stays queued.
+    await vi.waitUntil(async () => (await queuedOf(PROJECT)) === 0, { timeout: 10_000, interval: 250 });
+
+    // Another tenant gets the id, and an app of the same name.
+    const second = await createProject();
+    expect((await rest("GET", `/v2/projects/${PROJECT}/secrets`, second)).text).not.toContain("API_KEY");
+    await deployApp(second);
+    await new Promise((r) => setTimeout(r, 3_000));
+    const seen = await post(`${t.url}/v4/${PROJECT}/notes/seenNotes`, second, "{}");
+    expect(seen.status, seen.text).toBe(200);
+    expect(seen.text).not.toContain("first-tenant");
+    expect(await queuedOf(PROJECT)).toBe(0);
+  }, 120_000);
+});
+
