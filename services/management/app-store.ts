@@ -5,7 +5,7 @@
 // the app's entry and retried on a lost race, so versions never repeat.
 import type { JetStreamManager, KV, ObjectStore } from "nats";
 import { type AppConfig, appKey, decodeAppRecord, type AppRecord, type DeploymentRecord } from "../apps/index.js";
-import { buckets, consumers, isJsError, JsErrorCode, jsonOf, kvKeys } from "../nats/index.js";
+import { buckets, consumers, isJsError, JsErrorCode, jsonOf, kvKeys, streams, subjects } from "../nats/index.js";
 
 /** Deployments (and their bundles) kept per app, the current one included. */
 const KEPT_DEPLOYMENTS = 10;
@@ -128,6 +128,8 @@ export class AppStore {
       if (!isJsError(err, JsErrorCode.ConsumerNotFound)) throw err;
     });
     await this.jsm.streams.purge(spec.stream, { filter: spec.filterSubject });
+    // Its log lines too: the next app of that name shows only its own.
+    await this.jsm.streams.purge(streams.logs.name, { filter: subjects.appLogs(projectId, appName) });
   }
 
   /** Deletes the bundles of `dropped` that no kept deployment still uses. */

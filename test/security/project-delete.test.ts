@@ -21,7 +21,7 @@ const PROJECT = "p-reuse";
 const INDEX = [
   "const seen = [];",
   "export async function hold({ ms }) { await new Promise((r) => setTimeout(r, ms)); return 'held'; }",
-  "export function note(args) { seen.push(args); return 'noted'; }",
+  "export function note(args) { console.log('note', JSON.stringify(args)); seen.push(args); return 'noted'; }",
   "export function seenNotes() { return seen; }",
 ].join("\n");
 
@@ -102,6 +102,11 @@ describe("DeleteProject", () => {
 
   it("the async runs queued for a deleted project's apps are not run by the next app of that name", async () => {
     // The only replica is busy; runs queue behind it.
+    // A run of the first tenant that ends, and prints (its log line and record are the first tenant's).
+    const done = await post(`${t.url}/v4/${PROJECT}/notes/note`, tenantToken, '{"mark":"first-tenant-done"}');
+    expect(done.status, done.text).toBe(200);
+    const oldRun = done.json.run_id as string;
+    await new Promise((r) => setTimeout(r, 1_000));
     const holding = post(`${t.url}/v4/${PROJECT}/notes/hold`, tenantToken, '{"ms":6000}');
     await new Promise((r) => setTimeout(r, 500));
     for (let i = 0; i < 4; i++) {
@@ -131,6 +136,24 @@ describe("DeleteProject", () => {
     expect(seen.status, seen.text).toBe(200);
     expect(seen.text).not.toContain("first-tenant");
     expect(await queuedOf(PROJECT)).toBe(0);
+    // The first tenant's runs, their results and its app's log are not the second's.
+    const paths = async () =>
+      JSON.parse((await rest("GET", `/v2/projects/${PROJECT}/apps/notes/runs`, second)).text).runs.map(
+        (r: { path: string }) => r.path,
+      );
+    // The second tenant's own run, once the history has it.
+    await vi.waitUntil(async () => (await paths()).includes("seenNotes"), { timeout: 10_000, interval: 200 });
+    expect(await paths()).toEqual(["seenNotes"]);
+    const all = await rest("GET", `/v2/projects/${PROJECT}/apps/-/runs`, second);
+    expect(JSON.parse(all.text).runs).toHaveLength(1);
+    const old = await rest("GET", `/v2/projects/${PROJECT}/apps/notes/runs/${oldRun}`, second);
+    expect(old.status, old.text).toBe(404);
+    const logs = await rest("GET", `/v2/projects/${PROJECT}/apps/notes/logs`, second);
+    expect(logs.status, logs.text).toBe(200);
+    expect(logs.text).not.toContain("first-tenant");
+    const stats = await rest("GET", `/v2/projects/${PROJECT}/apps/notes/stats`, second);
+    expect(stats.status, stats.text).toBe(200);
+    const counted = JSON.parse(stats.text).buckets.reduce((n: number, b: { runs?: number }) => n + (b.runs ?? 0), 0);
+    expect(counted).toBeLessThanOrEqual(1);
   }, 120_000);
 });
-
