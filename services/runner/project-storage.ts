@@ -23,7 +23,7 @@
 // a filesystem (no loop devices), the storage is a plain folder, unbounded,
 // bound into sandboxes, and the log says so once.
 import { execFile } from "node:child_process";
-import { chown, mkdir, open, readFile, rm, rmdir, unlink, type FileHandle } from "node:fs/promises";
+import { chown, mkdir, open, readFile, rename, rm, rmdir, unlink, writeFile, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import type { Logger } from "../config/index.js";
@@ -64,6 +64,14 @@ export class ProjectStorage {
   /** The loop devices this process holds open, by project. */
   private readonly held = new Map<string, FileHandle>();
   private warned = false;
+  /**
+   * Which incarnation of the project is current (its record's creation
+   * time), undefined when not known. A project deleted while this runner was
+   * away and made again under its id is another tenant: storage kept for an
+   * older incarnation (`<project>.owner` says which) is removed, never given
+   * to it. Set by the runner role, which follows the projects' bucket.
+   */
+  incarnation?: (projectId: string) => Promise<string | undefined>;
 
   constructor(
     dataDir: string,
@@ -87,18 +95,47 @@ export class ProjectStorage {
     return answer;
   }
 
-  private paths(projectId: string): { folder: string; image: string; stage: string } {
+  private paths(projectId: string): { folder: string; image: string; stage: string; owner: string } {
     if (!PROJECT_FILE.test(projectId)) throw new Error(`not a project id: ${JSON.stringify(projectId)}`);
     return {
       folder: path.join(this.dir, projectId),
       image: path.join(this.dir, `${projectId}.img`),
       stage: path.join(this.dir, `.attach-${projectId}`),
+      owner: path.join(this.dir, `${projectId}.owner`),
     };
+  }
+
+  /**
+   * Removes what is kept for an older incarnation of the project (see
+   * `incarnation`), then says which one the storage is for. Storage made
+   * before owners were written is taken as the current incarnation's.
+   */
+  private async claim(projectId: string): Promise<void> {
+    const current = await this.incarnation?.(projectId);
+    if (current === undefined) return;
+    const { folder, image, owner } = this.paths(projectId);
+    const kept = await readFile(owner, "utf8").catch((err: NodeJS.ErrnoException) => {
+      if (err.code === "ENOENT") return undefined;
+      throw err;
+    });
+    if (kept === current) return;
+    if (kept !== undefined) {
+      this.logger.info(
+        { project: projectId, kept, current },
+        "persistent storage of a deleted project of the same id removed; the project starts with an empty one",
+      );
+      await rm(image, { force: true });
+      await rm(folder, { recursive: true, force: true });
+    }
+    // Written through a new file (never through a link: the folder is skiff's own, 0700).
+    await writeFile(`${owner}.new`, current, { mode: 0o600 });
+    await rename(`${owner}.new`, owner);
   }
 
   private async make(projectId: string, uid: number): Promise<StorageSource> {
     const { folder, image } = this.paths(projectId);
     await mkdir(this.dir, { recursive: true, mode: 0o700 });
+    await this.claim(projectId);
     if (!this.ownFilesystem) return this.plainFolder(folder, undefined, "skiff does not run as root");
     // "wx": made here, never opened through a link; an existing image is the project's, kept.
     const handle = await open(image, "wx", 0o600).catch((err: NodeJS.ErrnoException) => {
@@ -170,13 +207,14 @@ export class ProjectStorage {
    * by rm, which unlinks links and FIFOs without following or opening them.
    */
   async remove(projectId: string): Promise<void> {
-    const { folder, image } = this.paths(projectId);
+    const { folder, image, owner } = this.paths(projectId);
     await this.ready.get(projectId)?.catch(() => undefined);
     this.ready.delete(projectId);
     await this.held.get(projectId)?.close();
     this.held.delete(projectId);
     await rm(image, { force: true });
     await rm(folder, { recursive: true, force: true });
+    await rm(owner, { force: true });
   }
 
   /** Lets go of every device (the replicas are stopped); the images stay for the next start. */

@@ -14,7 +14,7 @@ import path from "node:path";
 import type { NatsConnection, ObjectStore } from "nats";
 import { appKey, type AppRecord, type AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { buckets, followKv, objectStores } from "../nats/index.js";
+import { buckets, followKv, jsonOf, objectStores } from "../nats/index.js";
 import type { RunContext } from "../runs/index.js";
 import { ProjectSecretsView } from "../secrets/index.js";
 import { createSecretBox } from "../webhooks/index.js";
@@ -79,6 +79,15 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   const publishLog = logPublisher(nc);
   const secrets = await ProjectSecretsView.start(nc, await createSecretBox(nc, { key: opts.secretsKey }), logger);
   const storage = new ProjectStorage(opts.dataDir, opts.projectStorageBytes ?? DEFAULT_STORAGE_BYTES, logger);
+  // Each project's current incarnation (its record's creation time), from the projects' bucket followed below:
+  // a project made again under a deleted one's id while this runner was away gets none of its storage.
+  const projectCreated = new Map<string, string>();
+  let projectsLoaded!: () => void;
+  const projectsReady = new Promise<void>((resolve) => (projectsLoaded = resolve));
+  storage.incarnation = async (projectId) => {
+    await projectsReady;
+    return projectCreated.get(projectId);
+  };
   const runner = new Runner({
     ...opts.runnerOptions,
     projectEnv: (projectId) => secrets.env(projectId),
@@ -237,9 +246,16 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     logger,
     shouldStop: () => nc.isClosed(),
     onEntry: (entry) => {
-      if (entry.operation !== "PUT") projectGone(entry.key);
+      if (entry.operation !== "PUT") {
+        projectCreated.delete(entry.key);
+        projectGone(entry.key);
+        return;
+      }
+      const created = (jsonOf(entry) as { created_at?: unknown } | undefined)?.created_at;
+      if (typeof created === "string") projectCreated.set(entry.key, created);
     },
   });
+  void projects.ready.then(projectsLoaded);
 
   const stopDeploying = async () => {
     closed = true;
