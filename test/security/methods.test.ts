@@ -170,11 +170,15 @@ describe("methods, queries and paths to a Custom app, attacked", () => {
       const got = JSON.parse(absolute.body.toString()) as { url: string };
       expect(got.url).toBe("/abs?x=1");
     }
+    // Not routed to the app at all (the site answers it): an absolute target names no app.
+    expect(absolute !== "closed" && absolute.status).not.toBe(200);
     const high = await raw(`GET /v4/${P}/rec/h\xe9?q=\xff HTTP/1.1\r\nHost: x\r\n${auth}Connection: close\r\n\r\n`);
     if (high !== "closed" && high.status === 200) {
       const got = JSON.parse(high.body.toString()) as { url: string; headers: string[] };
       expect(got.url).not.toMatch(/[\r\n ]/);
     }
+    // Node's parser refuses bytes above ASCII in the target.
+    expect(high !== "closed" && high.status).toBe(400);
     // A query as long as a request line may be: an answer, and skiff serves on.
     const long = await raw(
       `GET /v4/${P}/rec/long?q=${"a".repeat(15_000)} HTTP/1.1\r\nHost: x\r\n${auth}Connection: close\r\n\r\n`,
