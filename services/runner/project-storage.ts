@@ -63,6 +63,8 @@ export class ProjectStorage {
   private readonly ready = new Map<string, Promise<StorageSource>>();
   /** The loop devices this process holds open, by project. */
   private readonly held = new Map<string, FileHandle>();
+  /** The incarnation (see `incarnation`) each source in `ready` was made for. */
+  private readonly readyFor = new Map<string, string | undefined>();
   private warned = false;
   /**
    * Which incarnation of the project is current (its record's creation
@@ -85,12 +87,19 @@ export class ProjectStorage {
   }
 
   /** The project's storage for a sandbox, made and attached on first use. */
-  source(projectId: string, uid: number): Promise<StorageSource> {
+  async source(projectId: string, uid: number): Promise<StorageSource> {
+    const current = await this.incarnation?.(projectId);
+    // Made for a deleted project of this id, whose replicas may still be ending: never the new project's. Its
+    // sandboxes keep their own mounts until they end; this process lets go of it now.
+    if (this.ready.has(projectId) && this.readyFor.get(projectId) !== current) await this.remove(projectId);
     let answer = this.ready.get(projectId);
     if (!answer) {
-      answer = this.make(projectId, uid);
+      answer = this.make(projectId, uid, current);
       this.ready.set(projectId, answer);
-      answer.catch(() => this.ready.delete(projectId));
+      this.readyFor.set(projectId, current);
+      answer.catch(() => {
+        if (this.ready.get(projectId) === answer) this.ready.delete(projectId);
+      });
     }
     return answer;
   }
@@ -110,8 +119,7 @@ export class ProjectStorage {
    * `incarnation`), then says which one the storage is for. Storage made
    * before owners were written is taken as the current incarnation's.
    */
-  private async claim(projectId: string): Promise<void> {
-    const current = await this.incarnation?.(projectId);
+  private async claim(projectId: string, current: string | undefined): Promise<void> {
     if (current === undefined) return;
     const { folder, image, owner } = this.paths(projectId);
     const kept = await readFile(owner, "utf8").catch((err: NodeJS.ErrnoException) => {
@@ -132,10 +140,10 @@ export class ProjectStorage {
     await rename(`${owner}.new`, owner);
   }
 
-  private async make(projectId: string, uid: number): Promise<StorageSource> {
+  private async make(projectId: string, uid: number, current: string | undefined): Promise<StorageSource> {
     const { folder, image } = this.paths(projectId);
     await mkdir(this.dir, { recursive: true, mode: 0o700 });
-    await this.claim(projectId);
+    await this.claim(projectId, current);
     if (!this.ownFilesystem) return this.plainFolder(folder, undefined, "skiff does not run as root");
     // "wx": made here, never opened through a link; an existing image is the project's, kept.
     const handle = await open(image, "wx", 0o600).catch((err: NodeJS.ErrnoException) => {
@@ -205,11 +213,20 @@ export class ProjectStorage {
    * lets go of its device, which the kernel then detaches, and deletes its
    * image. Nothing inside it is read or followed. A plain folder is removed
    * by rm, which unlinks links and FIFOs without following or opening them.
+   * With `incarnation` (the deleted project's), storage already made for a
+   * newer project of the same id is left alone.
    */
-  async remove(projectId: string): Promise<void> {
+  async remove(projectId: string, incarnation?: string): Promise<void> {
     const { folder, image, owner } = this.paths(projectId);
+    if (incarnation !== undefined) {
+      const kept = this.ready.has(projectId)
+        ? this.readyFor.get(projectId)
+        : await readFile(owner, "utf8").catch(() => undefined);
+      if (kept !== undefined && kept !== incarnation) return;
+    }
     await this.ready.get(projectId)?.catch(() => undefined);
     this.ready.delete(projectId);
+    this.readyFor.delete(projectId);
     await this.held.get(projectId)?.close();
     this.held.delete(projectId);
     await rm(image, { force: true });
@@ -221,6 +238,7 @@ export class ProjectStorage {
   async close(): Promise<void> {
     await Promise.allSettled([...this.ready.values()]);
     this.ready.clear();
+    this.readyFor.clear();
     for (const handle of this.held.values()) await handle.close().catch(() => undefined);
     this.held.clear();
   }

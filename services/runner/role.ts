@@ -220,7 +220,7 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   // persistent storage, once no replica of it is left. A deletion made while this runner was away is replayed
   // by the watch at start (the bucket keeps the delete marker), so its storage goes then.
   const removals = new Map<string, Promise<void>>();
-  const projectGone = (projectId: string) => {
+  const projectGone = (projectId: string, incarnation: string | undefined) => {
     if (removals.has(projectId)) return;
     const apps = [...deployed.entries()].filter(([, app]) => app.projectId === projectId);
     const removal = (async () => {
@@ -233,7 +233,8 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
       // An app whose record went first is being removed by its own turn: wait for it too.
       await Promise.allSettled([...queues.values()]);
       if (closed) return;
-      await storage.remove(projectId);
+      // Only the deleted project's: the id may have been given to a new project meanwhile.
+      await storage.remove(projectId, incarnation);
       logger.info({ project: projectId }, "project deleted: its replicas stopped and its persistent storage removed");
     })()
       .catch((err: unknown) => logger.error({ err, project: projectId }, "cannot remove a deleted project's storage"))
@@ -247,8 +248,9 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     shouldStop: () => nc.isClosed(),
     onEntry: (entry) => {
       if (entry.operation !== "PUT") {
+        const gone = projectCreated.get(entry.key);
         projectCreated.delete(entry.key);
-        projectGone(entry.key);
+        projectGone(entry.key, gone);
         return;
       }
       const created = (jsonOf(entry) as { created_at?: unknown } | undefined)?.created_at;

@@ -5,6 +5,7 @@
 // while a runner was away and made again under its id (another tenant):
 // the runner, back, must not give it the deleted project's files.
 // Real skiff, real sandbox, real nats-server, as root (loop devices).
+import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -37,6 +38,13 @@ def read(name: str):
             return f.read()
     except OSError as e:
         return err(e)
+
+
+def hold(ms: int):
+    import time
+    with open(os.path.join(ROOT, "held"), "w") as f:
+        time.sleep(ms / 1000)
+    return "held"
 
 
 def mount_options():
@@ -165,6 +173,35 @@ describe.skipIf(!machineCan("persistent storage attacks", isRoot ? undefined : "
       });
       // Root is not even a uid there (EINVAL: unmapped in the sandbox's user namespace).
       expect(["EPERM", "EINVAL"]).toContain(tricks.chown_root);
+    }, 120_000);
+
+    it("a project deleted while its replica is still busy and made again at once gets none of its files", async () => {
+      const first = await project(t, "p-race");
+      await deploy(t, "p-race", first);
+      expect(await call(t, "p-race", first, "write", { name: "diary.txt", text: "first tenant's diary" })).toBe(
+        "written",
+      );
+      // A long call keeps the old replica (and its storage) up while the project goes.
+      const holding = post(`${t.url}/v4/p-race/disk/hold`, first, JSON.stringify({ ms: 8000 }));
+      await new Promise((r) => setTimeout(r, 500));
+      const deleted = await fetch(`${t.url}/v2/projects/p-race`, {
+        method: "DELETE",
+        headers: { authorization: `Bearer ${t.adminToken}` },
+      });
+      expect(deleted.status).toBe(200);
+      const second = await project(t, "p-race");
+      await deploy(t, "p-race", second);
+      const answer = await post(`${t.url}/v4/p-race/disk/read`, second, JSON.stringify({ name: "diary.txt" }));
+      // Refused or started afresh, never the deleted project's files.
+      expect(answer.text).not.toContain("first tenant");
+      expect(await call(t, "p-race", second, "write", { name: "mine.txt", text: "second tenant's" })).toBe("written");
+      // The deleted project's storage goes once its replica has ended; the new project's stays.
+      await holding.catch(() => undefined);
+      await new Promise((r) => setTimeout(r, 3_000));
+      expect(await call(t, "p-race", second, "read", { name: "diary.txt" })).toBe("ENOENT");
+      expect(await call(t, "p-race", second, "read", { name: "mine.txt" })).toBe("second tenant's");
+      // Its image is still there for the next replica: the removal of the deleted project's left it alone.
+      expect(existsSync(path.join(runnerData, "storage", "p-race.img"))).toBe(true);
     }, 120_000);
 
     it("a project deleted while the runner was away and made again under its id gets none of its files", async () => {
