@@ -199,6 +199,24 @@ describe("project secrets, attacked", () => {
     }
   });
 
+  it("the deploy's steps never get a secret: an import check that raises with it says nothing of it", async () => {
+    const dir = await writeApp(tmp, {
+      "skiff.toml": skiffToml({ name: "leaky", runtime: { kind: "cortex", language: "python", entry: "main.py" } }),
+      "main.py":
+        'import os\nprint(os.environ.get("API_KEY"), flush=True)\nraise RuntimeError("key " + str(os.environ.get("API_KEY")))\n',
+    });
+    const err = await t
+      .management(tokenA)
+      .deployApp({
+        projectId: "p-victim",
+        bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
+      })
+      .catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ConnectError);
+    expect(leaks((err as Error).message)).toBe(false);
+    expect(leaks(JSON.stringify(lines))).toBe(false);
+  }, 120_000);
+
   it("names that are not variable names, or skiff's own, are refused", async () => {
     for (const name of [
       "A=B",
