@@ -79,7 +79,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
       historyBudget: opts.historyBudget,
       projectCreatedAt: async (projectId) => {
         const record = await projects.get(projectId);
-        return record && Date.parse(record.created_at);
+        return record && (record.runs_since === undefined ? 0 : Date.parse(record.runs_since));
       },
     }),
     issueToken: (subject) => issueToken(key, subject),

@@ -76,9 +76,9 @@ interface RunApiOptions {
   /** The run history's byte budget, and the store watch, whose figures of skiff-results its trimming reads too. */
   historyBudget?: HistoryBudgetOptions;
   /**
-   * When the project was created, ms (undefined: no such project). A project
-   * deleted and made again under its id is another project: runs made
-   * before its creation are the deleted one's, never shown.
+   * From when the project's runs are its own, ms (0: all; undefined: no such
+   * project). A project deleted and made again under its id is another
+   * project: runs made before its creation are the deleted one's, never shown.
    */
   projectCreatedAt?: (projectId: string) => Promise<number | undefined>;
 }
@@ -169,7 +169,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
 
   /** The time from which the project's runs are its own (see RunApiOptions.projectCreatedAt). */
   const since = async (projectId: string): Promise<number | undefined> =>
-    opts.projectCreatedAt ? ((await opts.projectCreatedAt(projectId)) ?? Infinity) : undefined;
+    opts.projectCreatedAt ? ((await opts.projectCreatedAt(projectId)) ?? 0) : undefined;
 
   async function findRun(projectId: string, appName: string, runId: string): Promise<FoundRun> {
     names(projectId, appName, runId);

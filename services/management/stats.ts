@@ -71,7 +71,7 @@ export function statsHandlers(deps: ManagementDeps): Pick<Impl, "getAppStats"> {
       const from = hourStart(now);
       const history = await deps.runs.history();
       // Runs made before the project's creation are those of a deleted project of that id.
-      const own = Math.max(from, Date.parse(project!.created_at) || 0);
+      const own = Math.max(from, Date.parse(project!.runs_since ?? "") || 0);
       const minutes = await history.minuteStats(projectId, req.appName, own, from + STATS_MINUTES * MINUTE_MS);
       return {
         buckets: hourBuckets(minutes, now).map(({ timeMs, ...b }) => ({ ...b, time: timestampFromMs(timeMs) })),

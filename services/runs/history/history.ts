@@ -78,7 +78,7 @@ export class HistoryQueries {
       where.push(`run_id < ${param(q.after)}::uuid`);
     }
     if (q.status !== undefined) where.push(`status = ${param(q.status)}`);
-    if (q.sinceMs !== undefined) where.push(`run_id >= ${param(idAt(q.sinceMs))}::uuid`);
+    if (q.sinceMs) where.push(`run_id >= ${param(idAt(q.sinceMs))}::uuid`);
     if (q.asyncOnly) where.push("async");
     // One more than the page says whether another page follows.
     const rows = await this.db.query<{ record: RunRecord }>(
