@@ -98,6 +98,9 @@ describe("DeleteProject", () => {
     expect((await rest("DELETE", `/v2/projects/${PROJECT}`, t.devToken)).status).toBe(403);
     expect((await rest("GET", `/v2/projects/${PROJECT}`, tenantToken)).status).toBe(200);
     expect((await rest("GET", `/v2/projects/p-dev/apps`, tenantToken)).status).toBe(403);
+    expect((await rest("GET", `/v2/projects/p-dev`, tenantToken)).status).toBe(403);
+    // Creating one (even under a free id) is the admin's too.
+    expect((await rest("POST", `/v2/projects`, tenantToken, { project_id: "p-mine" })).status).toBe(403);
   });
 
   it("the async runs queued for a deleted project's apps are not run by the next app of that name", async () => {

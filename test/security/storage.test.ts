@@ -11,6 +11,8 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { packApp } from "../../services/apps/bundle.js";
+import { silentLogger } from "../../services/config/logger.js";
+import { ProjectStorage } from "../../services/runner/project-storage.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
 import { machineCan } from "../helpers/machine.js";
 import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
@@ -174,6 +176,13 @@ describe.skipIf(!machineCan("persistent storage attacks", isRoot ? undefined : "
       // Root is not even a uid there (EINVAL: unmapped in the sandbox's user namespace).
       expect(["EPERM", "EINVAL"]).toContain(tricks.chown_root);
     }, 120_000);
+
+    it("a project id that is not one names no path and no mount option", async () => {
+      const storage = new ProjectStorage(path.join(tmp, "ids"), 16 << 20, silentLogger);
+      for (const id of ["../p-x", "p-x/../../etc", "-oexec", "p-x y", "p-x\n", "p-X", "p-", `p-${"a".repeat(41)}`])
+        await expect(storage.source(id, 1_234_567), JSON.stringify(id)).rejects.toThrow(/not a project id/);
+      await expect(storage.remove("../p-x")).rejects.toThrow(/not a project id/);
+    });
 
     it("a project deleted while its replica is still busy and made again at once gets none of its files", async () => {
       const first = await project(t, "p-race");
