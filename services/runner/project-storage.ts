@@ -89,6 +89,10 @@ export class ProjectStorage {
   /** The project's storage for a sandbox, made and attached on first use. */
   async source(projectId: string, uid: number): Promise<StorageSource> {
     const current = await this.incarnation?.(projectId);
+    // A deleted project's replica (an app of it deployed again by a reconcile racing the deletion) gets none:
+    // storage made now would outlive the project, and be taken by the next project of its id.
+    if (this.incarnation && current === undefined)
+      throw new Error(`project ${projectId} does not exist (deleted?): no persistent storage for it`);
     // Made for a deleted project of this id, whose replicas may still be ending: never the new project's. Its
     // sandboxes keep their own mounts until they end; this process lets go of it now.
     if (this.ready.has(projectId) && this.readyFor.get(projectId) !== current) await this.remove(projectId);
