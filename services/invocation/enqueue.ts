@@ -61,7 +61,7 @@ function accepted(ctx: HandlerContext, runId: string): RunResponse {
 export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: HandlerContext): Promise<RunResponse> {
   const { app, record, invoke, runId } = call;
   if (call.idempotencyKey !== undefined) {
-    const first = await claimIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);
+    const first = await claimIdempotencyKey(deps.idempotency, app, call.idempotencyKey, runId);
     if (first !== runId) return accepted(ctx, first);
   }
   record.run_id = invoke.runId = runId;
@@ -95,7 +95,7 @@ export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: Handle
     deps.queueDepths.accepted(queue);
   } catch (err) {
     if (call.idempotencyKey !== undefined)
-      await releaseIdempotencyKey(deps.idempotency, app.project_id, app.app_name, call.idempotencyKey, runId);
+      await releaseIdempotencyKey(deps.idempotency, app, call.idempotencyKey, runId);
     if (written) await markUnqueued(deps, record, err);
     if (err instanceof ConnectError) throw err;
     if (isStreamFull(err)) {

@@ -1,30 +1,28 @@
-// Idempotency-Key: the first async call with a key (per project and app)
-// claims it in KV `skiff-idempotency` (24 h TTL) with `create`, which only
+// Idempotency-Key: the first async call with a key (per app: a new app of
+// a deleted one's name, or of a deleted project's id, starts afresh) claims it in KV `skiff-idempotency` (24 h TTL) with `create`, which only
 // one writer can win; a repeat, or a call racing the first, reads the
 // winner's run id and answers with it. A claim whose run could not be
 // queued is released, so a retry of that call runs.
 import { createHash } from "node:crypto";
 import type { KV } from "nats";
+import type { AppRecord } from "../apps/index.js";
 import { isWrongRevision } from "../runs/index.js";
 
 const MAX_KEY_LENGTH = 255;
 
+/** The app a key belongs to: this app, not an earlier one of its name (deleted, or of a deleted project of its id). */
+type KeyScope = Pick<AppRecord, "project_id" | "app_name" | "created_at">;
+
 /** KV keys allow few characters and the caller's key may hold any: hash it with its scope. */
-function kvKey(projectId: string, appName: string, key: string): string {
+function kvKey(app: KeyScope, key: string): string {
   return createHash("sha256")
-    .update(`${projectId}\n${appName}\n${key.slice(0, MAX_KEY_LENGTH)}`)
+    .update(`${app.project_id}\n${app.app_name}\n${app.created_at}\n${key.slice(0, MAX_KEY_LENGTH)}`)
     .digest("hex");
 }
 
 /** Claims the key for `runId`; returns the run id that owns it (runId when this call won). */
-export async function claimIdempotencyKey(
-  kv: KV,
-  projectId: string,
-  appName: string,
-  key: string,
-  runId: string,
-): Promise<string> {
-  const entryKey = kvKey(projectId, appName, key);
+export async function claimIdempotencyKey(kv: KV, app: KeyScope, key: string, runId: string): Promise<string> {
+  const entryKey = kvKey(app, key);
   for (;;) {
     try {
       await kv.create(entryKey, runId);
@@ -38,14 +36,8 @@ export async function claimIdempotencyKey(
   }
 }
 
-export async function releaseIdempotencyKey(
-  kv: KV,
-  projectId: string,
-  appName: string,
-  key: string,
-  runId: string,
-): Promise<void> {
-  const entryKey = kvKey(projectId, appName, key);
+export async function releaseIdempotencyKey(kv: KV, app: KeyScope, key: string, runId: string): Promise<void> {
+  const entryKey = kvKey(app, key);
   const entry = await kv.get(entryKey).catch(() => null);
   if (entry?.operation === "PUT" && entry.string() === runId)
     await kv.delete(entryKey, { previousSeq: entry.revision }).catch(() => undefined);

@@ -5,7 +5,7 @@
 // the app's entry and retried on a lost race, so versions never repeat.
 import type { JetStreamManager, KV, ObjectStore } from "nats";
 import { type AppConfig, appKey, decodeAppRecord, type AppRecord, type DeploymentRecord } from "../apps/index.js";
-import { buckets, consumers, isJsError, JsErrorCode, jsonOf, kvKeys } from "../nats/index.js";
+import { buckets, consumers, isJsError, JsErrorCode, jsonOf, kvKeys, streams, subjects } from "../nats/index.js";
 
 /** Deployments (and their bundles) kept per app, the current one included. */
 const KEPT_DEPLOYMENTS = 10;
@@ -115,12 +115,21 @@ export class AppStore {
     }
   }
 
-  /** Deletes the app's durable consumer on SKIFF_RUNS (runners make it again for an app deployed anew). */
+  /**
+   * Deletes the app's durable consumer on SKIFF_RUNS (runners make it again
+   * for an app deployed anew), then the runs still queued for it: a work
+   * queue keeps them without a consumer, and the next app of that name (a
+   * project re-created under the same id is another tenant) would get them
+   * all, bodies included, from the new consumer.
+   */
   private async dropRunQueue(projectId: string, appName: string): Promise<void> {
     const spec = consumers.runQueue(projectId, appName);
     await this.jsm.consumers.delete(spec.stream, spec.name).catch((err: unknown) => {
       if (!isJsError(err, JsErrorCode.ConsumerNotFound)) throw err;
     });
+    await this.jsm.streams.purge(spec.stream, { filter: spec.filterSubject });
+    // Its log lines too: the next app of that name shows only its own.
+    await this.jsm.streams.purge(streams.logs.name, { filter: subjects.appLogs(projectId, appName) });
   }
 
   /** Deletes the bundles of `dropped` that no kept deployment still uses. */

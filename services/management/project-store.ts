@@ -9,6 +9,11 @@ export interface ProjectRecord {
   created_at: string;
   /** "admin" or a service account id. */
   created_by: string;
+  /**
+   * RFC 3339, set when the id was a deleted project's: the runs (and stats)
+   * of the project start there, those before are the deleted one's.
+   */
+  runs_since?: string;
 }
 
 function decode(value: unknown): ProjectRecord | undefined {
@@ -24,7 +29,10 @@ export class ProjectStore {
   /** Stores a new project; false when the id is taken (the first writer wins). */
   async create(record: ProjectRecord): Promise<boolean> {
     try {
-      await this.kv.create(record.project_id, JSON.stringify(record));
+      // The id was a deleted project's (its delete marker is the key's last entry): what it left is not this one's.
+      const before = await this.kv.get(record.project_id);
+      const value = before && before.operation !== "PUT" ? { ...record, runs_since: record.created_at } : record;
+      await this.kv.create(record.project_id, JSON.stringify(value));
       return true;
     } catch (err) {
       if (await this.get(record.project_id)) return false;

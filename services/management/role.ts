@@ -56,8 +56,9 @@ interface ManagementRole {
 export async function startManagementRole(opts: ManagementRoleOptions): Promise<ManagementRole> {
   const js = opts.nc.jetstream();
   const key = await opts.auth.keyring.signingKey(opts.signingKey);
+  const projects = new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true }));
   const deps: ManagementDeps = {
-    projects: new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true })),
+    projects,
     serviceAccounts: new ServiceAccountStore(
       await js.views.kv(buckets.serviceAccounts.name, { bindOnly: true }),
       await opts.nc.jetstreamManager(),
@@ -76,6 +77,10 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
       databaseUrl: opts.databaseUrl,
       dataDir: opts.dataDir,
       historyBudget: opts.historyBudget,
+      projectCreatedAt: async (projectId) => {
+        const record = await projects.get(projectId);
+        return record && (record.runs_since === undefined ? 0 : Date.parse(record.runs_since));
+      },
     }),
     issueToken: (subject) => issueToken(key, subject),
     logger: opts.logger,

@@ -77,6 +77,12 @@ interface RunApiOptions {
   dataDir: string;
   /** The run history's byte budget, and the store watch, whose figures of skiff-results its trimming reads too. */
   historyBudget?: HistoryBudgetOptions;
+  /**
+   * From when the project's runs are its own, ms (0: all; undefined: no such
+   * project). A project deleted and made again under its id is another
+   * project: runs made before its creation are the deleted one's, never shown.
+   */
+  projectCreatedAt?: (projectId: string) => Promise<number | undefined>;
 }
 
 export interface RunApi {
@@ -163,8 +169,15 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     return row && { record: row.record, result: () => results.readFromEvent(row.record, row.eventSeq) };
   }
 
+  /** The time from which the project's runs are its own (see RunApiOptions.projectCreatedAt). */
+  const since = async (projectId: string): Promise<number | undefined> =>
+    opts.projectCreatedAt ? ((await opts.projectCreatedAt(projectId)) ?? 0) : undefined;
+
   async function findRun(projectId: string, appName: string, runId: string): Promise<FoundRun> {
     names(projectId, appName, runId);
+    const from = await since(projectId);
+    if (from !== undefined && timeOfId(runId) < from)
+      throw new ConnectError(`run ${runId} not found in app ${appName}`, Code.NotFound);
     let found = await lookUp(projectId, appName, runId);
     // A run that ended a moment ago may not be in the history yet (its event is projected within milliseconds).
     if (found === undefined && Date.now() - timeOfId(runId) < FRESH_RUN_MS) {
@@ -265,6 +278,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
         after: req.pageToken === "" ? undefined : token.decode(req.pageToken),
         asyncOnly: req.asyncOnly,
         status: req.status === "" ? undefined : (req.status as RunStatus),
+        sinceMs: await since(req.projectId),
       });
       return {
         runs: page.runs.map((record) => runMessage(record)),

@@ -59,10 +59,9 @@ export function statsHandlers(deps: ManagementDeps): Pick<Impl, "getAppStats"> {
   return {
     async getAppStats(req) {
       const projectId = valid.projectId(req.projectId);
+      const project = await deps.projects.get(projectId);
       const known =
-        APP_NAME_PATTERN.test(req.appName) &&
-        (await deps.projects.get(projectId)) &&
-        (await deps.apps.store.get(projectId, req.appName));
+        APP_NAME_PATTERN.test(req.appName) && project && (await deps.apps.store.get(projectId, req.appName));
       if (!known)
         throw new ConnectError(
           `app ${JSON.stringify(req.appName.slice(0, 80))} not found in project ${projectId}`,
@@ -71,7 +70,9 @@ export function statsHandlers(deps: ManagementDeps): Pick<Impl, "getAppStats"> {
       const now = Date.now();
       const from = hourStart(now);
       const history = await deps.runs.history();
-      const minutes = await history.minuteStats(projectId, req.appName, from, from + STATS_MINUTES * MINUTE_MS);
+      // Runs made before the project's creation are those of a deleted project of that id.
+      const own = Math.max(from, Date.parse(project!.runs_since ?? "") || 0);
+      const minutes = await history.minuteStats(projectId, req.appName, own, from + STATS_MINUTES * MINUTE_MS);
       return {
         buckets: hourBuckets(minutes, now).map(({ timeMs, ...b }) => ({ ...b, time: timestampFromMs(timeMs) })),
       };

@@ -245,7 +245,7 @@ async function installNode(c: Context, config: AppConfig): Promise<void> {
   c.logger.info({ dir: c.dir, command: `npm ${args.join(" ")}` }, "installing the app's npm dependencies");
   const r = await runCommand("npm", args, { ...installSetting(c), timeoutMs: c.timeoutMs, sandbox: step(c, true) });
   if (r.code !== 0) {
-    c.logger.warn({ dir: c.dir, output: tail(r.stderr || r.stdout) }, `npm ${args[0]} failed`);
+    c.logger.warn({ dir: c.dir, output: stepOutput(c, r.stderr || r.stdout) }, `npm ${args[0]} failed`);
     const code = /^npm (?:ERR!|error) code ([A-Z][A-Z0-9_]{1,40})$/m.exec(r.stderr)?.[1];
     throw new PrepareFailed(
       `npm ${args[0]} failed for ${inline.length > 0 ? "the npm dependencies" : "package.json"} (${ended(r, "npm")}${code ? `, code ${code}` : ""})`,
@@ -357,7 +357,7 @@ async function installPython(c: Context, config: AppConfig): Promise<string> {
     sandbox: step(c, true),
   });
   if (made.code !== 0) {
-    c.logger.warn({ dir: c.dir, output: tail(made.stderr || made.stdout) }, "python -m venv failed");
+    c.logger.warn({ dir: c.dir, output: stepOutput(c, made.stderr || made.stdout) }, "python -m venv failed");
     throw new PrepareFailed(`could not create a Python venv for ${what} (${ended(made, "python -m venv")})`);
   }
   // What the machine already satisfies is left out: pip would otherwise check the installed packages' own
@@ -369,7 +369,10 @@ async function installPython(c: Context, config: AppConfig): Promise<string> {
     { ...setting, timeoutMs: c.timeoutMs, sandbox: step(c, true) },
   );
   if (filtered.code !== 0) {
-    c.logger.warn({ dir: c.dir, output: tail(filtered.stderr || filtered.stdout) }, "reading the requirements failed");
+    c.logger.warn(
+      { dir: c.dir, output: stepOutput(c, filtered.stderr || filtered.stdout) },
+      "reading the requirements failed",
+    );
     throw new PrepareFailed(`could not read ${what} (${ended(filtered, "the requirements check")})`);
   }
   const toInstall = filtered.stdout.trim();
@@ -389,7 +392,10 @@ async function installPython(c: Context, config: AppConfig): Promise<string> {
       sandbox: step(c, true),
     });
     if (ensured.code !== 0) {
-      c.logger.warn({ dir: c.dir, output: tail(ensured.stderr || ensured.stdout) }, "python -m ensurepip failed");
+      c.logger.warn(
+        { dir: c.dir, output: stepOutput(c, ensured.stderr || ensured.stdout) },
+        "python -m ensurepip failed",
+      );
       throw new PrepareFailed(
         `could not install ${what}: the machine's Python has no pip (${ended(ensured, "ensurepip")})`,
       );
@@ -402,7 +408,7 @@ async function installPython(c: Context, config: AppConfig): Promise<string> {
   );
   if (pip.code !== 0) {
     const output = pip.stderr + "\n" + pip.stdout;
-    c.logger.warn({ dir: c.dir, output: tail(output) }, "pip install of the requirements failed");
+    c.logger.warn({ dir: c.dir, output: stepOutput(c, output) }, "pip install of the requirements failed");
     const missing = missingRequirements(output);
     if (missing.length > 0)
       throw new PrepareFailed(
@@ -475,7 +481,18 @@ async function listFunctions(c: Context, config: AppConfig, python: string | und
       // reported below
     }
   }
-  c.logger.warn({ dir: c.dir, entry, output: tail(r.stderr || r.stdout) }, `cannot load ${entry}`);
+  // What the module printed goes to the app's log only, as a replica's output does: it ran with the project's
+  // secrets, which must not reach skiff's own log.
+  for (const [stream, text] of [
+    ["stdout", r.stdout],
+    ["stderr", r.stderr],
+  ] as const)
+    for (const line of text
+      .split("\n")
+      .filter((l) => l !== "")
+      .slice(-DEPLOY_LOG_LINES))
+      c.onOutput?.(stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
+  c.logger.warn({ dir: c.dir, entry, project: c.project }, `cannot load ${entry}; its output is in the app's log`);
   throw loadFailure(entry, last, r);
 }
 
@@ -559,6 +576,18 @@ const DEPLOY_LOG_LINE_CHARS = 16 * 1024;
 const COMMAND_TAIL_LINES = 20;
 
 /**
+ * A step's output as skiff's own log shows it: its last part, unless the
+ * build got secrets (`[build] secrets`), whose values the output may hold:
+ * then the app's log has it, as a replica's output.
+ */
+function stepOutput(c: Context, output: string): string {
+  return secretsIn(c) ? "(the build had secrets: see the app's log)" : tail(output);
+}
+
+/** Whether the build steps got secrets. */
+const secretsIn = (c: Context) => c.buildSecrets !== undefined && Object.keys(c.buildSecrets).length > 0;
+
+/**
  * Runs a cerebrium.toml's pre_build_commands or shell_commands in order with
  * /bin/sh -c, in the build's sandbox like the installs (the folder writable
  * at /app, the venv's bin first on PATH when there is one). Their output
@@ -580,7 +609,7 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
     });
     const output = `${r.stdout}${r.stderr ? `\n${r.stderr}` : ""}`.trim();
     if (output !== "")
-      c.logger.info({ dir: c.dir, project: c.project, command, output: tail(output) }, `${key}[${i}] output`);
+      c.logger.info({ dir: c.dir, project: c.project, command, output: stepOutput(c, output) }, `${key}[${i}] output`);
     // Into the app's log: the last lines, each cut, as a replica's are.
     for (const [stream, text] of [
       ["stdout", r.stdout],
@@ -595,7 +624,7 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
       const last = output.split("\n").slice(-COMMAND_TAIL_LINES).join("\n");
       throw new PrepareFailed(
         `cerebrium.deployment.${key}[${i}] (${JSON.stringify(command.slice(0, 200))}) ${r.code === null ? "did not finish in time" : `exited with ${r.code}`}` +
-          (last ? `; its last lines:\n${tail(last)}` : ""),
+          (!last ? "" : secretsIn(c) ? "; its output is in the app's log" : `; its last lines:\n${tail(last)}`),
       );
     }
   }

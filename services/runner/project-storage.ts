@@ -23,7 +23,7 @@
 // a filesystem (no loop devices), the storage is a plain folder, unbounded,
 // bound into sandboxes, and the log says so once.
 import { execFile, spawn } from "node:child_process";
-import { chown, mkdir, open, rm, rmdir, unlink, type FileHandle } from "node:fs/promises";
+import { chown, mkdir, open, readFile, rename, rm, rmdir, unlink, writeFile, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import type { Logger } from "../config/index.js";
@@ -52,7 +52,17 @@ export class ProjectStorage {
   private readonly ready = new Map<string, Promise<StorageSource>>();
   /** The loop devices this process holds open, by project. */
   private readonly held = new Map<string, FileHandle>();
+  /** The incarnation (see `incarnation`) each source in `ready` was made for. */
+  private readonly readyFor = new Map<string, string | undefined>();
   private warned = false;
+  /**
+   * Which incarnation of the project is current (its record's creation
+   * time), undefined when not known. A project deleted while this runner was
+   * away and made again under its id is another tenant: storage kept for an
+   * older incarnation (`<project>.owner` says which) is removed, never given
+   * to it. Set by the runner role, which follows the projects' bucket.
+   */
+  incarnation?: (projectId: string) => Promise<string | undefined>;
 
   constructor(
     dataDir: string,
@@ -66,28 +76,67 @@ export class ProjectStorage {
   }
 
   /** The project's storage for a sandbox, made and attached on first use. */
-  source(projectId: string, uid: number): Promise<StorageSource> {
+  async source(projectId: string, uid: number): Promise<StorageSource> {
+    const current = await this.incarnation?.(projectId);
+    // A deleted project's replica (an app of it deployed again by a reconcile racing the deletion) gets none:
+    // storage made now would outlive the project, and be taken by the next project of its id.
+    if (this.incarnation && current === undefined)
+      throw new Error(`project ${projectId} does not exist (deleted?): no persistent storage for it`);
+    // Made for a deleted project of this id, whose replicas may still be ending: never the new project's. Its
+    // sandboxes keep their own mounts until they end; this process lets go of it now.
+    if (this.ready.has(projectId) && this.readyFor.get(projectId) !== current) await this.remove(projectId);
     let answer = this.ready.get(projectId);
     if (!answer) {
-      answer = this.make(projectId, uid);
+      answer = this.make(projectId, uid, current);
       this.ready.set(projectId, answer);
-      answer.catch(() => this.ready.delete(projectId));
+      this.readyFor.set(projectId, current);
+      answer.catch(() => {
+        if (this.ready.get(projectId) === answer) this.ready.delete(projectId);
+      });
     }
     return answer;
   }
 
-  private paths(projectId: string): { folder: string; image: string; stage: string } {
+  private paths(projectId: string): { folder: string; image: string; stage: string; owner: string } {
     if (!PROJECT_FILE.test(projectId)) throw new Error(`not a project id: ${JSON.stringify(projectId)}`);
     return {
       folder: path.join(this.dir, projectId),
       image: path.join(this.dir, `${projectId}.img`),
       stage: path.join(this.dir, `.attach-${projectId}`),
+      owner: path.join(this.dir, `${projectId}.owner`),
     };
   }
 
-  private async make(projectId: string, uid: number): Promise<StorageSource> {
+  /**
+   * Removes what is kept for an older incarnation of the project (see
+   * `incarnation`), then says which one the storage is for. Storage made
+   * before owners were written is taken as the current incarnation's.
+   */
+  private async claim(projectId: string, current: string | undefined): Promise<void> {
+    if (current === undefined) return;
+    const { folder, image, owner } = this.paths(projectId);
+    const kept = await readFile(owner, "utf8").catch((err: NodeJS.ErrnoException) => {
+      if (err.code === "ENOENT") return undefined;
+      throw err;
+    });
+    if (kept === current) return;
+    if (kept !== undefined) {
+      this.logger.info(
+        { project: projectId, kept, current },
+        "persistent storage of a deleted project of the same id removed; the project starts with an empty one",
+      );
+      await rm(image, { force: true });
+      await rm(folder, { recursive: true, force: true });
+    }
+    // Written through a new file (never through a link: the folder is skiff's own, 0700).
+    await writeFile(`${owner}.new`, current, { mode: 0o600 });
+    await rename(`${owner}.new`, owner);
+  }
+
+  private async make(projectId: string, uid: number, current: string | undefined): Promise<StorageSource> {
     const { folder, image } = this.paths(projectId);
     await mkdir(this.dir, { recursive: true, mode: 0o700 });
+    await this.claim(projectId, current);
     if (!this.ownFilesystem) return this.plainFolder(folder, undefined, "skiff does not run as root");
     // "wx": made here, never opened through a link; an existing image is the project's, kept.
     const handle = await open(image, "wx", 0o600).catch((err: NodeJS.ErrnoException) => {
@@ -183,21 +232,32 @@ export class ProjectStorage {
    * lets go of its device, which the kernel then detaches, and deletes its
    * image. Nothing inside it is read or followed. A plain folder is removed
    * by rm, which unlinks links and FIFOs without following or opening them.
+   * With `incarnation` (the deleted project's), storage already made for a
+   * newer project of the same id is left alone.
    */
-  async remove(projectId: string): Promise<void> {
-    const { folder, image } = this.paths(projectId);
+  async remove(projectId: string, incarnation?: string): Promise<void> {
+    const { folder, image, owner } = this.paths(projectId);
+    if (incarnation !== undefined) {
+      const kept = this.ready.has(projectId)
+        ? this.readyFor.get(projectId)
+        : await readFile(owner, "utf8").catch(() => undefined);
+      if (kept !== undefined && kept !== incarnation) return;
+    }
     await this.ready.get(projectId)?.catch(() => undefined);
     this.ready.delete(projectId);
+    this.readyFor.delete(projectId);
     await this.held.get(projectId)?.close();
     this.held.delete(projectId);
     await rm(image, { force: true });
     await rm(folder, { recursive: true, force: true });
+    await rm(owner, { force: true });
   }
 
   /** Lets go of every device (the replicas are stopped); the images stay for the next start. */
   async close(): Promise<void> {
     await Promise.allSettled([...this.ready.values()]);
     this.ready.clear();
+    this.readyFor.clear();
     for (const handle of this.held.values()) await handle.close().catch(() => undefined);
     this.held.clear();
   }

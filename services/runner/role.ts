@@ -14,7 +14,7 @@ import path from "node:path";
 import type { NatsConnection, ObjectStore } from "nats";
 import { appKey, type AppRecord, type AppRegistry } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { buckets, followKv, objectStores } from "../nats/index.js";
+import { buckets, followKv, jsonOf, objectStores } from "../nats/index.js";
 import type { RunContext } from "../runs/index.js";
 import { ProjectSecretsView } from "../secrets/index.js";
 import { createSecretBox } from "../webhooks/index.js";
@@ -81,6 +81,15 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   // A deploy's import check runs the module as a replica does, with the project's secrets.
   opts.deployments.projectEnv = (projectId) => secrets.env(projectId);
   const storage = new ProjectStorage(opts.dataDir, opts.projectStorageBytes ?? DEFAULT_STORAGE_BYTES, logger);
+  // Each project's current incarnation (its record's creation time), from the projects' bucket followed below:
+  // a project made again under a deleted one's id while this runner was away gets none of its storage.
+  const projectCreated = new Map<string, string>();
+  let projectsLoaded!: () => void;
+  const projectsReady = new Promise<void>((resolve) => (projectsLoaded = resolve));
+  storage.incarnation = async (projectId) => {
+    await projectsReady;
+    return projectCreated.get(projectId);
+  };
   const runner = new Runner({
     ...opts.runnerOptions,
     projectEnv: (projectId) => secrets.env(projectId),
@@ -213,7 +222,7 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
   // persistent storage, once no replica of it is left. A deletion made while this runner was away is replayed
   // by the watch at start (the bucket keeps the delete marker), so its storage goes then.
   const removals = new Map<string, Promise<void>>();
-  const projectGone = (projectId: string) => {
+  const projectGone = (projectId: string, incarnation: string | undefined) => {
     if (removals.has(projectId)) return;
     const apps = [...deployed.entries()].filter(([, app]) => app.projectId === projectId);
     const removal = (async () => {
@@ -226,7 +235,8 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
       // An app whose record went first is being removed by its own turn: wait for it too.
       await Promise.allSettled([...queues.values()]);
       if (closed) return;
-      await storage.remove(projectId);
+      // Only the deleted project's: the id may have been given to a new project meanwhile.
+      await storage.remove(projectId, incarnation);
       logger.info({ project: projectId }, "project deleted: its replicas stopped and its persistent storage removed");
     })()
       .catch((err: unknown) => logger.error({ err, project: projectId }, "cannot remove a deleted project's storage"))
@@ -239,9 +249,17 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     logger,
     shouldStop: () => nc.isClosed(),
     onEntry: (entry) => {
-      if (entry.operation !== "PUT") projectGone(entry.key);
+      if (entry.operation !== "PUT") {
+        const gone = projectCreated.get(entry.key);
+        projectCreated.delete(entry.key);
+        projectGone(entry.key, gone);
+        return;
+      }
+      const created = (jsonOf(entry) as { created_at?: unknown } | undefined)?.created_at;
+      if (typeof created === "string") projectCreated.set(entry.key, created);
     },
   });
+  void projects.ready.then(projectsLoaded);
 
   const stopDeploying = async () => {
     closed = true;

@@ -174,7 +174,8 @@ describe.skipIf(!machineCan("persistent storage tests", isRoot ? undefined : "th
       const image = path.join(dataDir, "storage", "p-dev.img");
       // skiff's stop lets go of the storage's device (it reads nothing in it); its image stays for the next start.
       await t.skiff.close();
-      expect(await readdir(path.join(dataDir, "storage"))).toEqual(["p-dev.img"]);
+      // With it, the file that says which incarnation of the project it belongs to (project-storage.ts claim()).
+      expect(await readdir(path.join(dataDir, "storage"))).toEqual(["p-dev.img", "p-dev.owner"]);
       await expect.poll(() => loopsOf(image), { timeout: 30_000 }).toEqual([]);
       // What the app left is in the image, as the app left it.
       const look = path.join(tmp, "look");

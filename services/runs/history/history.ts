@@ -14,6 +14,8 @@ export interface ListQuery {
   after?: string;
   asyncOnly?: boolean;
   status?: RunStatus;
+  /** Only runs made at or after this time, ms (the project's creation: a deleted project of that id had the others). */
+  sinceMs?: number;
 }
 
 /** A run as the history holds it. */
@@ -76,6 +78,7 @@ export class HistoryQueries {
       where.push(`run_id < ${param(q.after)}::uuid`);
     }
     if (q.status !== undefined) where.push(`status = ${param(q.status)}`);
+    if (q.sinceMs) where.push(`run_id >= ${param(idAt(q.sinceMs))}::uuid`);
     if (q.asyncOnly) where.push("async");
     // One more than the page says whether another page follows.
     const rows = await this.db.query<{ record: RunRecord }>(

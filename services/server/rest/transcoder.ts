@@ -439,7 +439,9 @@ function parseJson(body: Uint8Array, contentType: string | undefined): JsonValue
   try {
     return JSON.parse(utf8.decode(body)) as JsonValue;
   } catch (e) {
-    throw invalidArgument(`malformed JSON body: ${e instanceof Error ? e.message : String(e)}`);
+    // Only where it broke: V8's message quotes the body's first characters, and a body may be a secret's value.
+    const at = /at position (\d+)/.exec(e instanceof Error ? e.message : "")?.[1];
+    throw invalidArgument(`malformed JSON body: not valid JSON${at === undefined ? "" : ` (at position ${at})`}`);
   }
 }
 
