@@ -39,7 +39,15 @@ const PACKAGE_NAME = /^[A-Za-z0-9@][A-Za-z0-9._+/-]{0,213}$/;
 /** A Python distribution's name, with extras ("uvicorn[standard]"): never a path, a URL or an option. */
 const PIP_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,200}(\[[A-Za-z0-9._,-]{1,200}\])?$/;
 /** A version specifier: "latest", a bare version ("1.2.3"), or pip's operators ("==1.2", ">=2,<3", "~=1.0"). */
-const PIP_VERSION = /^(?:[<>=!~]=?=?\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)+$/;
+/** One of pip's version specifiers: an operator, then a version ("==1.2", "!=1!2.0", "===x"). */
+export const PIP_SPECIFIER = String.raw`(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+`;
+/**
+ * Specifiers separated by commas. Each is anchored at its operator and a
+ * version holds no comma, so matching takes linear time (a tenant's text, on
+ * the thread that serves every caller: no pattern that can backtrack
+ * exponentially, as `(op? version+)+` over "!!!!…#" did).
+ */
+const PIP_VERSION = new RegExp(String.raw`^\s*${PIP_SPECIFIER}(?:\s*,\s*${PIP_SPECIFIER})*\s*,?\s*$`);
 const BARE_VERSION = /^[A-Za-z0-9][A-Za-z0-9.*+!_-]{0,100}$/;
 const NPM_VERSION = /^[A-Za-z0-9.*+^~<>=|_ -]{1,100}$/;
 
@@ -326,6 +334,10 @@ function packages(c: CerebriumChecker, deps: Table, kind: "pip" | "npm" | "apt" 
   if (v === undefined) return [];
   const out: string[] = [];
   if (Array.isArray(v) && (kind === "apt" || kind === "conda")) {
+    if (v.length > MAX_ITEMS) {
+      c.fail(table, `must have at most ${MAX_ITEMS} packages`);
+      return [];
+    }
     for (const n of v)
       if (typeof n !== "string" || !PACKAGE_NAME.test(n)) c.fail(table, `must list package names, got ${describe(n)}`);
       else out.push(n);

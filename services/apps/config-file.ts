@@ -125,16 +125,26 @@ export async function readAppConfig(dir: string): Promise<ReadConfig> {
   return { ...parsed, file, text };
 }
 
+/** Positions the globs of one bundle may try in all (GlobBudget): seconds of CPU at most, never minutes. */
+const GLOB_STEPS = 200_000_000;
+/** Entries matched between two turns given to the rest of the process. */
+const ENTRIES_PER_TURN = 64;
+
 /**
  * Removes from an unpacked folder the files and links the config's globs
- * leave out (links are removed, never followed). Returns how many.
+ * leave out (links are removed, never followed). Returns how many. The
+ * tenant's globs run on the thread that serves every caller: they are
+ * matched in turns, within GLOB_STEPS, past which the bundle is refused
+ * (BundleError).
  */
 export async function removeUnselected(dir: string, config: Pick<AppConfig, "files">): Promise<number> {
   if (!config.files) return 0;
-  const selected = fileSelection(config.files);
+  const selected = fileSelection(config.files, { steps: GLOB_STEPS });
   let removed = 0;
+  let matched = 0;
   const walk = async (rel: string): Promise<void> => {
     for (const e of await readdir(path.join(dir, rel), { withFileTypes: true })) {
+      if (++matched % ENTRIES_PER_TURN === 0) await new Promise((resolve) => setImmediate(resolve));
       const p = rel === "" ? e.name : `${rel}/${e.name}`;
       if (e.isDirectory() && !e.isSymbolicLink()) await walk(p);
       else if (!selected(p)) {

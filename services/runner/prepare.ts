@@ -38,7 +38,7 @@ import { spawn } from "node:child_process";
 import { constants } from "node:fs";
 import { chmod, lstat, mkdir, open, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { AppConfig } from "../apps/index.js";
+import { type AppConfig, PIP_SPECIFIER } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { PrepareFailed } from "../runs/index.js";
 import { copyBuildOutput, DEFAULT_BUILD_LIMITS, oneBuildAtATime, openBuildArea } from "./build-area.js";
@@ -187,10 +187,6 @@ async function readText(file: string): Promise<string | undefined> {
   }
 }
 
-async function exists(file: string): Promise<boolean> {
-  return (await readText(file)) !== undefined;
-}
-
 /** How a step ended, for a message: its exit code or that it ran out of time. */
 const ended = (r: CommandResult, what: string) =>
   r.code === null ? `${what} did not finish in time` : `${what} exited with ${r.code}`;
@@ -229,7 +225,9 @@ function pipIndexEnv(pip: PipIndex | undefined): Record<string, string> {
 /** `npm ci` (with a lock file) or `npm install` of the production dependencies. */
 async function installNode(c: Context, config: AppConfig): Promise<void> {
   const inline = config.build?.npm ?? [];
-  const ci = inline.length === 0 && (await exists(path.join(c.dir, "package-lock.json")));
+  // Looked at, never opened: the tenant's code may have run in the folder already (pre_build_commands, a Python
+  // package's build), and root would read through a link or wait on a FIFO it left there.
+  const ci = inline.length === 0 && (await regularFile(path.join(c.dir, "package-lock.json")));
   const args = [ci ? "ci" : "install", "--omit=dev", "--no-audit", "--no-fund", "--install-links"];
   // A cerebrium.toml's [cerebrium.dependencies.npm], each checked to be a package name and version.
   if (inline.length > 0) args.push("--no-save", "--", ...inline);
@@ -244,13 +242,22 @@ async function installNode(c: Context, config: AppConfig): Promise<void> {
   }
 }
 
+/**
+ * A requirement as pip quotes it: a name, extras, specifiers separated by
+ * commas. pip's output is the tenant's (its own pip, a package's build), so
+ * the pattern matches in linear time (PIP_SPECIFIER): no exponential
+ * backtracking on the thread that serves every caller.
+ */
+const REQUIREMENT = new RegExp(
+  String.raw`^[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[A-Za-z0-9._,-]*\])?\s*(?:${PIP_SPECIFIER}(?:\s*,\s*${PIP_SPECIFIER})*)?\s*,?\s*$`,
+);
+
 /** Requirement names pip found no distribution for, as the app wrote them (checked to be requirement-shaped). */
 function missingRequirements(output: string): string[] {
   const names: string[] = [];
   for (const m of output.matchAll(/No matching distribution found for ([^\n]{1,200})/g)) {
     const req = m[1].trim();
-    if (/^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]*\])?\s*([<>=!~]=?=?\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*$/.test(req))
-      names.push(req);
+    if (REQUIREMENT.test(req)) names.push(req);
   }
   return names;
 }
@@ -331,13 +338,12 @@ async function requirementFiles(c: Context, config: AppConfig): Promise<string[]
 }
 
 /** Installs the Python requirements into a venv in `.skiff/venv`; its interpreter, relative to the folder. */
-async function installPython(c: Context, config: AppConfig): Promise<string> {
+async function installPython(c: Context, config: AppConfig, requirements: string[]): Promise<string> {
   const venvRel = path.join(".skiff", "venv");
   const venv = path.join(c.dir, venvRel);
   // In the sandbox the folder is /app: the venv works wherever the folder is bound later.
   const venvSeen = c.sandbox.enabled ? path.posix.join(APP_MOUNT, venvRel) : venv;
   const setting = installSetting(c);
-  const requirements = await requirementFiles(c, config);
   const what = config.build ? "the Python requirements" : "requirements.txt";
   c.logger.info({ dir: c.dir, requirements }, "installing the app's Python requirements into a venv");
   // The venv sees the system's packages: what the machine has (Debian's python3-*) is not downloaded again.
@@ -593,8 +599,11 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
 
 /** The build's steps in order: pre_build_commands, the Python and npm installs, shell_commands. Returns the venv's interpreter. */
 async function installs(c: Context, config: AppConfig, plan: BuildPlan): Promise<string | undefined> {
+  // skiff's own file in the build's .skiff, written before any of the tenant's commands run there: afterwards
+  // the folder is the tenant's, and root's open() would follow a link left for .skiff to a host folder.
+  const requirements = plan.python ? await requirementFiles(c, config) : [];
   await runBuildCommands(c, "pre_build_commands", plan.pre, undefined);
-  const python = plan.python ? await installPython(c, config) : undefined;
+  const python = plan.python ? await installPython(c, config, requirements) : undefined;
   if (plan.node) await installNode(c, config);
   const venvBin = python && path.posix.join(c.sandbox.enabled ? APP_MOUNT : c.dir, path.dirname(python));
   await runBuildCommands(c, "shell_commands", plan.post, venvBin);
