@@ -457,6 +457,19 @@ describe("security - cerebrium.toml hardware and names", () => {
   });
 });
 
+describe("security - the configuration file itself", () => {
+  it("a table of 400,000 dotted parts is read in bounded time and memory (every prefix was a key: quadratic)", () => {
+    // Before: 30,000 parts took 12 s and 1 GB on the runner's thread; 100,000 ended the process (heap).
+    const text = `[cerebrium.deployment]\nname = "deep"\n[${"a.".repeat(400_000)}b]\nk = 1\n`;
+    const heap = process.memoryUsage().heapUsed;
+    const started = Date.now();
+    const { warnings } = parseCerebriumConfig(text);
+    expect(Date.now() - started).toBeLessThan(10_000);
+    expect(process.memoryUsage().heapUsed - heap).toBeLessThan(1024 * 1024 * 1024);
+    expect(warnings.join("\n")).toMatch(/cerebrium\.toml:\d+: a is not a table skiff knows/);
+  });
+});
+
 describe("security - the operator's pip index", () => {
   it("a build sees the index skiff gives pip, so an index URL with a password is refused at start", async () => {
     // What pip reads, the tenant's code (a package's setup.py, a build command) reads too.
