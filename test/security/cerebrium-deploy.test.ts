@@ -300,6 +300,16 @@ describe("security - cerebrium.toml build commands run in the build sandbox, and
     expect(present ?? "").not.toMatch(/^npm ci/);
   });
 
+  it("a tree deeper than the host's longest path: refused as the build's fault, nothing left", async () => {
+    const deep = `python3 -c "import os; [(os.mkdir('a' * 200), os.chdir('a' * 200)) for i in range(40)]; open('f', 'w').write('x')"`;
+    const { error } = await deploy(app(toml([`shell_commands = ${list([deep])}`])));
+    expect(error).toBeInstanceOf(PrepareFailed);
+    expect(error!.message).toMatch(/^the build left "a{200}", a path longer than this machine allows/);
+    expect(error!.message).not.toContain(tmp);
+    expect((await readdir(cache.root)).filter((n) => n.startsWith(".staging-") || n.endsWith(".build"))).toEqual([]);
+    expect(await readFile("/proc/self/mounts", "utf8")).not.toContain(cache.root);
+  });
+
   it("a pre_build_command's daemon does not outlive the build, nor change the output after the check", async () => {
     const daemon =
       "(setsid sh -c 'while :; do ln -sfn /etc/shadow swap 2>/dev/null; rm -f swap; done # skiff-daemon-marker' > /dev/null 2>&1 &)";
