@@ -109,6 +109,9 @@ class CerebriumChecker extends Checker {
     if (!Array.isArray(v) || !v.every((s) => typeof s === "string"))
       return this.fail(`${table}.${name}`, `must be an array of strings, got ${describe(v)}`);
     if (v.length > MAX_ITEMS) return this.fail(`${table}.${name}`, `must have at most ${MAX_ITEMS} items`);
+    // A command's text becomes an argument of a process: no NUL byte (the sandbox would refuse it at run time).
+    if ((v as string[]).some((s) => s.includes("\0")))
+      return this.fail(`${table}.${name}`, "must not contain a NUL byte");
     return (v as string[]).filter((s) => s.trim() !== "");
   }
 
@@ -230,6 +233,7 @@ function checkCustom(c: CerebriumChecker, t: Table, dockerfile: unknown): Custom
       `${table}.entrypoint`,
       `must be a non-empty array of strings (or a command line) whose first item names the program, got ${describe(raw)}`,
     );
+  if (command?.some((a) => a.includes("\0"))) command = c.fail(`${table}.entrypoint`, "must not contain a NUL byte");
   if (t.dockerfile_path !== undefined && command)
     c.warn(`${table}.dockerfile_path`, "is ignored: skiff does not build images; the entrypoint runs on this machine");
   if (dockerfile !== undefined && command)

@@ -310,6 +310,14 @@ describe("security - cerebrium.toml build commands run in the build sandbox, and
     expect(await readFile("/proc/self/mounts", "utf8")).not.toContain(cache.root);
   });
 
+  it("a command or entrypoint with a NUL byte is refused as the config's fault, not an internal error", async () => {
+    const { error } = await deploy(app(toml(['shell_commands = ["echo a\\u0000b"]'])));
+    expect(error).toBeInstanceOf(AppConfigError);
+    expect(() =>
+      parseCerebriumConfig(toml([], '[cerebrium.runtime.custom]\nentrypoint = ["python3", "a\\u0000b"]\n')),
+    ).toThrow(AppConfigError);
+  });
+
   it("a pre_build_command's daemon does not outlive the build, nor change the output after the check", async () => {
     const daemon =
       "(setsid sh -c 'while :; do ln -sfn /etc/shadow swap 2>/dev/null; rm -f swap; done # skiff-daemon-marker' > /dev/null 2>&1 &)";
