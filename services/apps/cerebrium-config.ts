@@ -31,6 +31,8 @@ const CORTEX_ENTRY = "main.py";
 /** Most memory a config may ask for, GB, and CPUs: a bound against typos, not a promise of the machine. */
 const MAX_MEMORY_GB = 4096;
 const MAX_CPU = 1024;
+/** Most warnings a config's parse returns (each a line of the app's log): the rest are counted. */
+const MAX_WARNINGS = 100;
 /** Most shell commands, requirements and globs a config may list. */
 const MAX_ITEMS = 1000;
 
@@ -456,6 +458,11 @@ export function parseCerebriumConfig(
     files: { include: deployment.include, exclude: deployment.exclude },
   };
   if (resources) config.resources = resources;
-  const warnings = c.warnings.sort((a, b) => a.line - b.line).map((w) => `${file}:${w.line}: ${w.message}`);
+  const sorted = c.warnings.sort((a, b) => a.line - b.line);
+  // Each warning is a line of the app's log and of the deploy's answer: a file of 100,000 unknown keys is not
+  // 100,000 lines.
+  const warnings = sorted.slice(0, MAX_WARNINGS).map((w) => `${file}:${w.line}: ${w.message.slice(0, 1000)}`);
+  if (sorted.length > MAX_WARNINGS)
+    warnings.push(`${file}: ${sorted.length - MAX_WARNINGS} more warnings of keys skiff ignores are not shown`);
   return { config, warnings };
 }

@@ -488,6 +488,15 @@ describe("security - the configuration file itself", () => {
   });
 });
 
+describe("security - a cerebrium.toml's warnings", () => {
+  it("100,000 unknown keys make a bounded number of warnings (each a line of the app's log and the answer)", () => {
+    const keys = Array.from({ length: 100_000 }, (_, i) => `k${i} = 1`).join("\n");
+    const { warnings } = parseCerebriumConfig(toml([], `[cerebrium.hardware]\n${keys}\n`));
+    expect(warnings.length).toBeLessThanOrEqual(101);
+    expect(warnings.at(-1)).toMatch(/99900 more warnings/);
+  });
+});
+
 describe("security - the operator's pip index", () => {
   it("a build sees the index skiff gives pip, so an index URL with a password is refused at start", async () => {
     // What pip reads, the tenant's code (a package's setup.py, a build command) reads too.
