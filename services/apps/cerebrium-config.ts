@@ -33,6 +33,8 @@ const MAX_MEMORY_GB = 4096;
 const MAX_CPU = 1024;
 /** Most warnings a config's parse returns (each a line of the app's log): the rest are counted. */
 const MAX_WARNINGS = 100;
+/** Most characters of the include globs together, and of the exclude globs. */
+const MAX_GLOB_CHARS = 4096;
 /** Most shell commands, requirements and globs a config may list. */
 const MAX_ITEMS = 1000;
 
@@ -171,8 +173,16 @@ function checkDeployment(c: CerebriumChecker, t: Table, opts: CerebriumOptions) 
         `asks for Python ${python}; this machine serves the app with its own Python ${opts.machinePython}`,
       );
   }
-  const include = c.strings(t, table, "include")?.map((g) => g.replace(/^(\.\/)+/, "")) ?? DEFAULT_INCLUDE;
-  const exclude = c.strings(t, table, "exclude")?.map((g) => g.replace(/^(\.\/)+/, "")) ?? DEFAULT_EXCLUDE;
+  // The globs are matched against every file of the bundle on the thread that serves every caller: each path
+  // costs at most its length times the globs' characters (bundle.ts), so those are bounded.
+  const globs = (key: string) => {
+    const list = c.strings(t, table, key);
+    if (list && list.reduce((n, g) => n + g.length, 0) > MAX_GLOB_CHARS)
+      return c.fail(`${table}.${key}`, `must have at most ${MAX_GLOB_CHARS} characters in all`);
+    return list?.map((g) => g.replace(/^(\.\/)+/, ""));
+  };
+  const include = globs("include") ?? DEFAULT_INCLUDE;
+  const exclude = globs("exclude") ?? DEFAULT_EXCLUDE;
   const shellCommands = c.strings(t, table, "shell_commands") ?? [];
   const preBuildCommands = c.strings(t, table, "pre_build_commands") ?? [];
   return { name, include, exclude, shellCommands, preBuildCommands, dockerfile: t.dockerfile ?? t.dockerfile_path };

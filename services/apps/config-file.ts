@@ -127,8 +127,8 @@ export async function readAppConfig(dir: string): Promise<ReadConfig> {
 
 /** Positions the globs of one bundle may try in all (GlobBudget): seconds of CPU at most, never minutes. */
 const GLOB_STEPS = 200_000_000;
-/** Entries matched between two turns given to the rest of the process. */
-const ENTRIES_PER_TURN = 64;
+/** Steps of matching between two turns given to the rest of the process. */
+const STEPS_PER_TURN = 5_000_000;
 
 /**
  * Removes from an unpacked folder the files and links the config's globs
@@ -139,12 +139,16 @@ const ENTRIES_PER_TURN = 64;
  */
 export async function removeUnselected(dir: string, config: Pick<AppConfig, "files">): Promise<number> {
   if (!config.files) return 0;
-  const selected = fileSelection(config.files, { steps: GLOB_STEPS });
+  const budget = { steps: GLOB_STEPS };
+  const selected = fileSelection(config.files, budget);
   let removed = 0;
-  let matched = 0;
+  let turn = GLOB_STEPS;
   const walk = async (rel: string): Promise<void> => {
     for (const e of await readdir(path.join(dir, rel), { withFileTypes: true })) {
-      if (++matched % ENTRIES_PER_TURN === 0) await new Promise((resolve) => setImmediate(resolve));
+      if (turn - budget.steps >= STEPS_PER_TURN) {
+        turn = budget.steps;
+        await new Promise((resolve) => setImmediate(resolve));
+      }
       const p = rel === "" ? e.name : `${rel}/${e.name}`;
       if (e.isDirectory() && !e.isSymbolicLink()) await walk(p);
       else if (!selected(p)) {

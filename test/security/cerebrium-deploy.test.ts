@@ -175,6 +175,21 @@ describe("security - cerebrium.toml include/exclude globs, applied by the runner
     expect(existsSync(path.join(dir!, "a".repeat(60)))).toBe(false);
   });
 
+  it("the costliest globs allowed against thousands of long names: the thread is given turns, and the work bounded", async () => {
+    // Globs of 4089 characters (4096 at most), 2041 stars: each name costs its length times the glob's.
+    const include = [`${"*a".repeat(2040)}*b`, "main.py"];
+    const names = Array.from({ length: 5000 }, (_, i) => ({
+      path: `${"a".repeat(120)}/${"a".repeat(90)}${i}`,
+      body: "",
+    }));
+    const { error, pauseMs } = await deploy(app(toml([`include = ${list(include)}`]), names));
+    if (error) expect(error.message).toMatch(/the include\/exclude globs take too long/);
+    expect(pauseMs).toBeLessThan(MAX_PAUSE_MS);
+    expect(() => parseCerebriumConfig(toml([`include = ${list(["*", "a".repeat(4096)])}`]))).toThrow(
+      /cerebrium.deployment.include must have at most 4096 characters in all/,
+    );
+  });
+
   it("the same glob in packApp's selection is as quick (skiff deploy packs with it)", async () => {
     const { fileSelection } = await import("../../services/apps/bundle.js");
     const selected = fileSelection({ include: [`${"*a".repeat(20)}*b`], exclude: [`${"?*".repeat(30)}c`] });
