@@ -203,6 +203,8 @@ interface Context {
   project: string;
   pip?: PipIndex;
   onOutput?: PrepareOptions["onOutput"];
+  /** What the deploy may still write into the app's log (DEPLOY_LOG_BYTES, DEPLOY_LOG_TOTAL_LINES), shared by its steps. */
+  logLeft?: { bytes: number; lines: number; cut: boolean };
 }
 
 /** Where pip looks for packages besides /etc/pip.conf: SKIFF_PIP_INDEX_URL and SKIFF_PIP_EXTRA_INDEX_URL. */
@@ -551,6 +553,32 @@ async function regularFile(file: string): Promise<boolean> {
 /** Lines of each build command's output (its last ones) in the app's log, and the longest line there. */
 const DEPLOY_LOG_LINES = 1000;
 const DEPLOY_LOG_LINE_CHARS = 16 * 1024;
+/**
+ * What one deploy writes into the app's log at most, all its commands
+ * together: the logs of every app share one stream that drops its oldest
+ * lines, so a deploy of 1000 commands of 1000 long lines each would push out
+ * every other tenant's logs (replicas' lines are limited per second).
+ */
+const DEPLOY_LOG_BYTES = 1024 * 1024;
+const DEPLOY_LOG_TOTAL_LINES = 10_000;
+
+/** A line of the deploy's output into the app's log, within what the deploy has left; past it, one line says so. */
+function deployOutput(c: Context, stream: "stdout" | "stderr", text: string): void {
+  const left = c.logLeft;
+  if (!c.onOutput || !left || left.cut) return;
+  if (left.bytes < text.length || left.lines < 1) {
+    left.cut = true;
+    c.onOutput(
+      "stderr",
+      `skiff: the deploy's output past ${DEPLOY_LOG_TOTAL_LINES} lines or ${DEPLOY_LOG_BYTES} bytes is not in the app's log`,
+    );
+    return;
+  }
+  left.bytes -= text.length;
+  left.lines--;
+  c.onOutput(stream, text);
+}
+
 /** How much of a failed build command's output its error quotes: its last lines. */
 const COMMAND_TAIL_LINES = 20;
 
@@ -567,7 +595,7 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
   const env = venvBin ? { ...setting.env, PATH: `${venvBin}:${setting.env.PATH}` } : setting.env;
   for (const [i, command] of commands.entries()) {
     c.logger.info({ dir: c.dir, project: c.project, command }, `running ${key}[${i}]`);
-    c.onOutput?.("stdout", `running ${key}[${i}]: ${command.slice(0, 1000)}`);
+    deployOutput(c, "stdout", `running ${key}[${i}]: ${command.slice(0, 1000)}`);
     const r = await runCommand("/bin/sh", ["-c", command], {
       cwd: setting.cwd,
       env,
@@ -586,7 +614,7 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
         .split("\n")
         .filter((l) => l !== "")
         .slice(-DEPLOY_LOG_LINES))
-        c.onOutput?.(stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
+        deployOutput(c, stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
     if (r.code !== 0) {
       const last = output.split("\n").slice(-COMMAND_TAIL_LINES).join("\n");
       throw new PrepareFailed(
@@ -748,6 +776,7 @@ export async function prepareDeployment(
     project: opts.project ?? "",
     pip: opts.pip ?? sandbox.pip,
     onOutput: opts.onOutput,
+    logLeft: { bytes: DEPLOY_LOG_BYTES, lines: DEPLOY_LOG_TOTAL_LINES, cut: false },
   };
   await checkMachinePackages(dir, config);
   if (sandbox.enabled) await settle(dir);

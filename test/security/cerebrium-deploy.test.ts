@@ -346,6 +346,20 @@ describe("security - cerebrium.toml build commands run in the build sandbox, and
     expect(await buildProcesses("skiff-daemon-marker")).toEqual([]);
   });
 
+  it("what a deploy's commands print goes to the app's log within a bound: one deploy cannot push out every tenant's logs", async () => {
+    // The logs of every app share one stream that drops its oldest lines first.
+    const noisy = "head -c 2000000 /dev/zero | tr '\\0' 'a' | fold -w 1000";
+    const before = logs.length;
+    const { error } = await deploy(
+      app(toml([`shell_commands = ${list(Array.from({ length: 10 }, (_, i) => `${noisy} # ${i}`))}`])),
+      "p-noisy",
+    );
+    expect(error).toBeUndefined();
+    const mine = logs.slice(before).filter((l) => l.projectId === "p-noisy");
+    expect(mine.reduce((n, l) => n + l.text.length, 0)).toBeLessThan(1.1 * 1024 * 1024);
+    expect(mine.at(-1)?.text).toMatch(/is not in the app's log/);
+  });
+
   it("the output a build command writes is read at a bounded rate: a flood does not hold the thread", async () => {
     const { error, pauseMs } = await deploy(
       app(toml([`shell_commands = ${list(["head -c 20000000 /dev/zero | tr '\\0' 'a' ; exit 3"])}`])),
