@@ -159,9 +159,14 @@ export function describe(v: unknown): string {
 /**
  * Where each key is written: "table" and "table.key" to 1-based lines. A
  * small scanner rather than a second parser, good enough to point at a line;
- * a key it cannot place points at its table's line, else line 1.
+ * a key it cannot place points at its table's line, else line 1. Keys of
+ * more than KEY_PARTS parts or KEY_CHARS characters are not placed: a
+ * tenant's `[a.a.a.…]` of 100,000 parts would otherwise make every prefix
+ * a key (quadratic time and memory, enough to end the process).
  */
 export function keyLines(text: string): Map<string, number> {
+  const KEY_PARTS = 16;
+  const KEY_CHARS = 1024;
   const lines = new Map<string, number>();
   const clean = (k: string) =>
     k
@@ -169,6 +174,7 @@ export function keyLines(text: string): Map<string, number> {
       .map((p) => p.trim().replace(/^["']|["']$/g, ""))
       .join(".");
   let table = "";
+  let deep = false; // the table has too many parts to be placed
   let depth = 0; // open brackets of a multi-line array
   let inString = false; // inside a ''' or """ string
   text.split(/\r?\n/).forEach((raw, i) => {
@@ -184,7 +190,9 @@ export function keyLines(text: string): Map<string, number> {
     }
     const header = /^\[\[?([^\]]+)]]?/.exec(line);
     if (header) {
-      table = clean(header[1]);
+      table = header[1].length > KEY_CHARS ? "" : clean(header[1]);
+      deep = header[1].length > KEY_CHARS || table.split(".").length > KEY_PARTS;
+      if (deep) return;
       // The table and the tables it is in ([a.b] also places "a" when nothing else did).
       const parts = table.split(".");
       for (let n = 1; n <= parts.length; n++) {
@@ -197,8 +205,10 @@ export function keyLines(text: string): Map<string, number> {
       line,
     );
     if (!assign) return;
-    const key = table === "" ? clean(assign[1]) : `${table}.${clean(assign[1])}`;
-    if (!lines.has(key)) lines.set(key, i + 1);
+    if (!deep && assign[1].length <= KEY_CHARS) {
+      const key = table === "" ? clean(assign[1]) : `${table}.${clean(assign[1])}`;
+      if (key.split(".").length <= KEY_PARTS && !lines.has(key)) lines.set(key, i + 1);
+    }
     const value = assign[2].replace(/#.*$/, "");
     if (quotes % 2 === 1) inString = true;
     else depth = Math.max(0, (value.match(/\[/g) ?? []).length - (value.match(/]/g) ?? []).length);

@@ -42,46 +42,116 @@ export type ConfigFileName = (typeof CONFIG_FILES)[number];
 export const DEFAULT_INCLUDE = ["*"];
 export const DEFAULT_EXCLUDE = [".*"];
 
-/** A glob of Python's fnmatch as a RegExp: `*` matches any text (slashes too), `?` one character, `[...]` a class. */
-function globRegExp(glob: string): RegExp {
-  let re = "";
+/** One character of a glob ("?", a class, a literal) or a "*" (any text, slashes too, empty too). */
+type GlobToken = { star: true } | { star: false; test: (ch: string) => boolean };
+
+/**
+ * A glob of Python's fnmatch: `*` matches any text (slashes too), `?` one
+ * character, `[...]` a class (`[!...]` its complement; a range out of order
+ * matches nothing). Matched by globMatches() below, never as a RegExp: a
+ * tenant's glob with many stars would make a backtracking match take
+ * exponential time on the thread that serves every tenant.
+ */
+function compileGlob(glob: string): GlobToken[] {
+  const tokens: GlobToken[] = [];
   for (let i = 0; i < glob.length; i++) {
     const ch = glob[i];
-    if (ch === "*") re += ".*";
-    else if (ch === "?") re += ".";
+    if (ch === "*") {
+      if (!tokens.at(-1)?.star) tokens.push({ star: true });
+    } else if (ch === "?") tokens.push({ star: false, test: () => true });
     else if (ch === "[" && glob.indexOf("]", i + 2) !== -1) {
       const end = glob.indexOf("]", i + 2);
-      let cls = glob.slice(i + 1, end).replace(/[\\\]^]/g, (c) => `\\${c}`);
-      if (cls.startsWith("!")) cls = `^${cls.slice(1)}`;
-      re += `[${cls}]`;
+      let body = glob.slice(i + 1, end);
+      const negate = body.startsWith("!");
+      if (negate) body = body.slice(1);
+      const ranges: [number, number][] = [];
+      for (let j = 0; j < body.length; j++) {
+        if (j + 2 < body.length && body[j + 1] === "-") {
+          ranges.push([body.charCodeAt(j), body.charCodeAt(j + 2)]);
+          j += 2;
+        } else ranges.push([body.charCodeAt(j), body.charCodeAt(j)]);
+      }
+      tokens.push({
+        star: false,
+        test: (c) => {
+          const x = c.charCodeAt(0);
+          return ranges.some(([lo, hi]) => lo <= x && x <= hi) !== negate;
+        },
+      });
       i = end;
-    } else re += ch.replace(/[.*+?^${}()|[\]\\/]/g, (c) => `\\${c}`);
+    } else tokens.push({ star: false, test: (c) => c === ch });
   }
-  return new RegExp(`^${re}$`, "s");
+  return tokens;
+}
+
+/** Work left for matching globs (positions tried); none left: the match stops with a BundleError. */
+export interface GlobBudget {
+  steps: number;
+}
+
+/**
+ * Whether a glob matches a path or one of its folders ("src" selects
+ * "src/a.py", as "src/" does): one pass over the path with the set of the
+ * glob's positions reached so far (a Thompson NFA), so its time is at most
+ * the path's length times the glob's.
+ */
+function globMatches(tokens: GlobToken[], rel: string, budget: GlobBudget | undefined): boolean {
+  const m = tokens.length;
+  const mark = new Int32Array(m + 1).fill(-1);
+  let gen = 0;
+  // Adds a position and, past a star (which may match nothing), the ones after it.
+  const add = (list: number[], from: number) => {
+    for (let p = from; p <= m && mark[p] !== gen; p++) {
+      mark[p] = gen;
+      list.push(p);
+      if (p === m || !tokens[p].star) break;
+    }
+  };
+  let cur: number[] = [];
+  add(cur, 0);
+  for (let i = 0; ; i++) {
+    // The text so far is the whole path, a folder of it, or a folder with its "/".
+    if (mark[m] === gen && (i === rel.length || rel[i] === "/" || (i > 0 && rel[i - 1] === "/"))) return true;
+    if (i === rel.length || cur.length === 0) return false;
+    if (budget && (budget.steps -= cur.length) < 0)
+      throw new BundleError(
+        "invalid",
+        `${CEREBRIUM_CONFIG_FILE}: the include/exclude globs take too long to match the bundle's files; make them simpler`,
+      );
+    gen++;
+    const next: number[] = [];
+    const c = rel[i];
+    for (const p of cur) {
+      if (p === m) continue;
+      const t = tokens[p];
+      if (t.star) add(next, p);
+      else if (t.test(c)) add(next, p + 1);
+    }
+    cur = next;
+  }
 }
 
 /** Whether a glob matches a path or one of its folders ("src" selects "src/a.py"). */
-function matchesAny(globs: RegExp[], rel: string): boolean {
-  const parts = rel.split("/");
-  for (let i = 1; i <= parts.length; i++) {
-    const p = parts.slice(0, i).join("/");
-    if (globs.some((g) => g.test(p) || (i < parts.length && g.test(`${p}/`)))) return true;
-  }
-  return false;
+function matchesAny(globs: GlobToken[][], rel: string, budget: GlobBudget | undefined): boolean {
+  return globs.some((g) => globMatches(g, rel, budget));
 }
 
 /**
  * The selection that a cerebrium.toml's include/exclude globs make (paths
  * relative to the folder, "/"-separated, a leading "./" dropped): whether a
  * file is in the bundle. The configuration files always are; without globs,
- * every file is.
+ * every file is. With a budget, matching past it throws BundleError.
  */
-export function fileSelection(files: { include: string[]; exclude: string[] } | undefined): (rel: string) => boolean {
+export function fileSelection(
+  files: { include: string[]; exclude: string[] } | undefined,
+  budget?: GlobBudget,
+): (rel: string) => boolean {
   if (!files) return () => true;
-  const compile = (globs: string[]) => globs.map((g) => globRegExp(g.replace(/^(\.\/)+/, "")));
+  const compile = (globs: string[]) => globs.map((g) => compileGlob(g.replace(/^(\.\/)+/, "")));
   const [include, exclude] = [compile(files.include), compile(files.exclude)];
   return (rel) =>
-    (CONFIG_FILES as readonly string[]).includes(rel) || (matchesAny(include, rel) && !matchesAny(exclude, rel));
+    (CONFIG_FILES as readonly string[]).includes(rel) ||
+    (matchesAny(include, rel, budget) && !matchesAny(exclude, rel, budget));
 }
 
 /**

@@ -31,6 +31,10 @@ const CORTEX_ENTRY = "main.py";
 /** Most memory a config may ask for, GB, and CPUs: a bound against typos, not a promise of the machine. */
 const MAX_MEMORY_GB = 4096;
 const MAX_CPU = 1024;
+/** Most warnings a config's parse returns (each a line of the app's log): the rest are counted. */
+const MAX_WARNINGS = 100;
+/** Most characters of the include globs together, and of the exclude globs. */
+const MAX_GLOB_CHARS = 4096;
 /** Most shell commands, requirements and globs a config may list. */
 const MAX_ITEMS = 1000;
 
@@ -39,7 +43,15 @@ const PACKAGE_NAME = /^[A-Za-z0-9@][A-Za-z0-9._+/-]{0,213}$/;
 /** A Python distribution's name, with extras ("uvicorn[standard]"): never a path, a URL or an option. */
 const PIP_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,200}(\[[A-Za-z0-9._,-]{1,200}\])?$/;
 /** A version specifier: "latest", a bare version ("1.2.3"), or pip's operators ("==1.2", ">=2,<3", "~=1.0"). */
-const PIP_VERSION = /^(?:[<>=!~]=?=?\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)+$/;
+/** One of pip's version specifiers: an operator, then a version ("==1.2", "!=1!2.0", "===x"). */
+export const PIP_SPECIFIER = String.raw`(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+`;
+/**
+ * Specifiers separated by commas. Each is anchored at its operator and a
+ * version holds no comma, so matching takes linear time (a tenant's text, on
+ * the thread that serves every caller: no pattern that can backtrack
+ * exponentially, as `(op? version+)+` over "!!!!…#" did).
+ */
+const PIP_VERSION = new RegExp(String.raw`^\s*${PIP_SPECIFIER}(?:\s*,\s*${PIP_SPECIFIER})*\s*,?\s*$`);
 const BARE_VERSION = /^[A-Za-z0-9][A-Za-z0-9.*+!_-]{0,100}$/;
 const NPM_VERSION = /^[A-Za-z0-9.*+^~<>=|_ -]{1,100}$/;
 
@@ -101,6 +113,9 @@ class CerebriumChecker extends Checker {
     if (!Array.isArray(v) || !v.every((s) => typeof s === "string"))
       return this.fail(`${table}.${name}`, `must be an array of strings, got ${describe(v)}`);
     if (v.length > MAX_ITEMS) return this.fail(`${table}.${name}`, `must have at most ${MAX_ITEMS} items`);
+    // A command's text becomes an argument of a process: no NUL byte (the sandbox would refuse it at run time).
+    if ((v as string[]).some((s) => s.includes("\0")))
+      return this.fail(`${table}.${name}`, "must not contain a NUL byte");
     return (v as string[]).filter((s) => s.trim() !== "");
   }
 
@@ -158,8 +173,16 @@ function checkDeployment(c: CerebriumChecker, t: Table, opts: CerebriumOptions) 
         `asks for Python ${python}; this machine serves the app with its own Python ${opts.machinePython}`,
       );
   }
-  const include = c.strings(t, table, "include")?.map((g) => g.replace(/^(\.\/)+/, "")) ?? DEFAULT_INCLUDE;
-  const exclude = c.strings(t, table, "exclude")?.map((g) => g.replace(/^(\.\/)+/, "")) ?? DEFAULT_EXCLUDE;
+  // The globs are matched against every file of the bundle on the thread that serves every caller: each path
+  // costs at most its length times the globs' characters (bundle.ts), so those are bounded.
+  const globs = (key: string) => {
+    const list = c.strings(t, table, key);
+    if (list && list.reduce((n, g) => n + g.length, 0) > MAX_GLOB_CHARS)
+      return c.fail(`${table}.${key}`, `must have at most ${MAX_GLOB_CHARS} characters in all`);
+    return list?.map((g) => g.replace(/^(\.\/)+/, ""));
+  };
+  const include = globs("include") ?? DEFAULT_INCLUDE;
+  const exclude = globs("exclude") ?? DEFAULT_EXCLUDE;
   const shellCommands = c.strings(t, table, "shell_commands") ?? [];
   const preBuildCommands = c.strings(t, table, "pre_build_commands") ?? [];
   return { name, include, exclude, shellCommands, preBuildCommands, dockerfile: t.dockerfile ?? t.dockerfile_path };
@@ -222,6 +245,7 @@ function checkCustom(c: CerebriumChecker, t: Table, dockerfile: unknown): Custom
       `${table}.entrypoint`,
       `must be a non-empty array of strings (or a command line) whose first item names the program, got ${describe(raw)}`,
     );
+  if (command?.some((a) => a.includes("\0"))) command = c.fail(`${table}.entrypoint`, "must not contain a NUL byte");
   if (t.dockerfile_path !== undefined && command)
     c.warn(`${table}.dockerfile_path`, "is ignored: skiff does not build images; the entrypoint runs on this machine");
   if (dockerfile !== undefined && command)
@@ -326,6 +350,10 @@ function packages(c: CerebriumChecker, deps: Table, kind: "pip" | "npm" | "apt" 
   if (v === undefined) return [];
   const out: string[] = [];
   if (Array.isArray(v) && (kind === "apt" || kind === "conda")) {
+    if (v.length > MAX_ITEMS) {
+      c.fail(table, `must have at most ${MAX_ITEMS} packages`);
+      return [];
+    }
     for (const n of v)
       if (typeof n !== "string" || !PACKAGE_NAME.test(n)) c.fail(table, `must list package names, got ${describe(n)}`);
       else out.push(n);
@@ -440,6 +468,11 @@ export function parseCerebriumConfig(
     files: { include: deployment.include, exclude: deployment.exclude },
   };
   if (resources) config.resources = resources;
-  const warnings = c.warnings.sort((a, b) => a.line - b.line).map((w) => `${file}:${w.line}: ${w.message}`);
+  const sorted = c.warnings.sort((a, b) => a.line - b.line);
+  // Each warning is a line of the app's log and of the deploy's answer: a file of 100,000 unknown keys is not
+  // 100,000 lines.
+  const warnings = sorted.slice(0, MAX_WARNINGS).map((w) => `${file}:${w.line}: ${w.message.slice(0, 1000)}`);
+  if (sorted.length > MAX_WARNINGS)
+    warnings.push(`${file}: ${sorted.length - MAX_WARNINGS} more warnings of keys skiff ignores are not shown`);
   return { config, warnings };
 }

@@ -125,16 +125,30 @@ export async function readAppConfig(dir: string): Promise<ReadConfig> {
   return { ...parsed, file, text };
 }
 
+/** Positions the globs of one bundle may try in all (GlobBudget): seconds of CPU at most, never minutes. */
+const GLOB_STEPS = 200_000_000;
+/** Steps of matching between two turns given to the rest of the process. */
+const STEPS_PER_TURN = 5_000_000;
+
 /**
  * Removes from an unpacked folder the files and links the config's globs
- * leave out (links are removed, never followed). Returns how many.
+ * leave out (links are removed, never followed). Returns how many. The
+ * tenant's globs run on the thread that serves every caller: they are
+ * matched in turns, within GLOB_STEPS, past which the bundle is refused
+ * (BundleError).
  */
 export async function removeUnselected(dir: string, config: Pick<AppConfig, "files">): Promise<number> {
   if (!config.files) return 0;
-  const selected = fileSelection(config.files);
+  const budget = { steps: GLOB_STEPS };
+  const selected = fileSelection(config.files, budget);
   let removed = 0;
+  let turn = GLOB_STEPS;
   const walk = async (rel: string): Promise<void> => {
     for (const e of await readdir(path.join(dir, rel), { withFileTypes: true })) {
+      if (turn - budget.steps >= STEPS_PER_TURN) {
+        turn = budget.steps;
+        await new Promise((resolve) => setImmediate(resolve));
+      }
       const p = rel === "" ? e.name : `${rel}/${e.name}`;
       if (e.isDirectory() && !e.isSymbolicLink()) await walk(p);
       else if (!selected(p)) {

@@ -5,6 +5,7 @@
 export { APP_NAME_PATTERN, AppConfigError, loadAppConfig, parseAppConfig } from "./app-config.js";
 export type { AppConfig, AppResources } from "./app-config.js";
 export { parseConfigFile, readAppConfig, removeUnselected } from "./config-file.js";
+export { PIP_SPECIFIER } from "./cerebrium-config.js";
 export { APP_CONFIG_FILE, BundleError, CONFIG_FILES, inspectBundle, packApp, sha256, unpackBundle } from "./bundle.js";
 export type { ConfigFileName } from "./bundle.js";
 export { AppRegistry, appKey, decodeAppRecord } from "./registry.js";

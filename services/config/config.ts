@@ -255,6 +255,14 @@ function indexUrl(raw: string, variable: string): string {
   }
   if (url.protocol !== "https:" && url.protocol !== "http:")
     throw new ConfigError(variable, `expected an http:// or https:// URL, got one of ${url.protocol}`);
+  // pip's environment is the build's, where the tenant's code runs (its commands, its packages' builds): a user or
+  // password in the URL would be every tenant's to read.
+  if (url.username !== "" || url.password !== "")
+    throw new ConfigError(
+      variable,
+      "must not carry a user or password: every tenant's build can read the index URL pip is given; " +
+        "use an index that needs none from the runner (a proxy or a mirror reachable only from it)",
+    );
   return raw;
 }
 
@@ -818,14 +826,14 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "pipIndexUrl",
     env: "SKIFF_PIP_INDEX_URL",
     fallback: "",
-    doc: "The package index (an http:// or https:// URL) of deploy-time `pip install`s, given to pip as `PIP_INDEX_URL`; empty: pip's default or the machine's `/etc/pip.conf`, which builds also read. Packages the machine has (Debian's `python3-*`) are never fetched: the venv sees them.",
+    doc: "The package index (an http:// or https:// URL) of deploy-time `pip install`s, given to pip as `PIP_INDEX_URL`; empty: pip's default or the machine's `/etc/pip.conf`, which builds also read. Packages the machine has (Debian's `python3-*`) are never fetched: the venv sees them. Without a user or password: every tenant's build can read the URL (and `/etc/pip.conf`, which every sandbox sees).",
     parse: optional(indexUrl),
   },
   {
     key: "pipExtraIndexUrls",
     env: "SKIFF_PIP_EXTRA_INDEX_URL",
     fallback: "",
-    doc: "More package indexes for deploy-time `pip install`s, separated by spaces, given to pip as `PIP_EXTRA_INDEX_URL`.",
+    doc: "More package indexes for deploy-time `pip install`s, separated by spaces, given to pip as `PIP_EXTRA_INDEX_URL`; without a user or password, as `SKIFF_PIP_INDEX_URL`.",
     parse: indexUrls,
   },
   {

@@ -165,12 +165,17 @@ export async function copyBuildOutput(from: string, to: string, limits: BuildLim
   let bytes = 0;
   const refuse = (rel: string, why: string) =>
     new PrepareFailed(`the build left ${JSON.stringify(rel.slice(0, 200))}, ${why}: nothing was deployed`);
+  // A tree deeper than the host's longest path (made with relative paths in the sandbox) is the build's fault,
+  // refused without a path of this machine.
+  const tooLong = (rel: string) => (err: NodeJS.ErrnoException) => {
+    throw err.code === "ENAMETOOLONG" ? refuse(rel, "a path longer than this machine allows") : err;
+  };
   const walk = async (rel: string): Promise<void> => {
-    const names = await readdir(path.join(from, rel));
+    const names = await readdir(path.join(from, rel)).catch(tooLong(rel));
     for (const name of names) {
       const r = rel === "" ? name : `${rel}/${name}`;
       if (r === MARKER) throw refuse(r, "which is skiff's own marker");
-      const st = await lstat(path.join(from, r));
+      const st = await lstat(path.join(from, r)).catch(tooLong(r));
       if (entries.length >= limits.maxFiles)
         throw new PrepareFailed(
           `the build left more than ${limits.maxFiles} files (SKIFF_MAX_BUILD_FILES): nothing was deployed`,

@@ -38,7 +38,7 @@ import { spawn } from "node:child_process";
 import { constants } from "node:fs";
 import { chmod, lstat, mkdir, open, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { AppConfig } from "../apps/index.js";
+import { type AppConfig, PIP_SPECIFIER } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { PrepareFailed } from "../runs/index.js";
 import { copyBuildOutput, DEFAULT_BUILD_LIMITS, oneBuildAtATime, openBuildArea } from "./build-area.js";
@@ -187,10 +187,6 @@ async function readText(file: string): Promise<string | undefined> {
   }
 }
 
-async function exists(file: string): Promise<boolean> {
-  return (await readText(file)) !== undefined;
-}
-
 /** How a step ended, for a message: its exit code or that it ran out of time. */
 const ended = (r: CommandResult, what: string) =>
   r.code === null ? `${what} did not finish in time` : `${what} exited with ${r.code}`;
@@ -209,6 +205,8 @@ interface Context {
   onOutput?: PrepareOptions["onOutput"];
   secrets?: Record<string, string>;
   buildSecrets?: Record<string, string>;
+  /** What the deploy may still write into the app's log (DEPLOY_LOG_BYTES, DEPLOY_LOG_TOTAL_LINES), shared by its steps. */
+  logLeft?: { bytes: number; lines: number; cut: boolean };
 }
 
 /** Where pip looks for packages besides /etc/pip.conf: SKIFF_PIP_INDEX_URL and SKIFF_PIP_EXTRA_INDEX_URL. */
@@ -238,7 +236,9 @@ function pipIndexEnv(pip: PipIndex | undefined): Record<string, string> {
 /** `npm ci` (with a lock file) or `npm install` of the production dependencies. */
 async function installNode(c: Context, config: AppConfig): Promise<void> {
   const inline = config.build?.npm ?? [];
-  const ci = inline.length === 0 && (await exists(path.join(c.dir, "package-lock.json")));
+  // Looked at, never opened: the tenant's code may have run in the folder already (pre_build_commands, a Python
+  // package's build), and root would read through a link or wait on a FIFO it left there.
+  const ci = inline.length === 0 && (await regularFile(path.join(c.dir, "package-lock.json")));
   const args = [ci ? "ci" : "install", "--omit=dev", "--no-audit", "--no-fund", "--install-links"];
   // A cerebrium.toml's [cerebrium.dependencies.npm], each checked to be a package name and version.
   if (inline.length > 0) args.push("--no-save", "--", ...inline);
@@ -253,13 +253,22 @@ async function installNode(c: Context, config: AppConfig): Promise<void> {
   }
 }
 
+/**
+ * A requirement as pip quotes it: a name, extras, specifiers separated by
+ * commas. pip's output is the tenant's (its own pip, a package's build), so
+ * the pattern matches in linear time (PIP_SPECIFIER): no exponential
+ * backtracking on the thread that serves every caller.
+ */
+const REQUIREMENT = new RegExp(
+  String.raw`^[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[A-Za-z0-9._,-]*\])?\s*(?:${PIP_SPECIFIER}(?:\s*,\s*${PIP_SPECIFIER})*)?\s*,?\s*$`,
+);
+
 /** Requirement names pip found no distribution for, as the app wrote them (checked to be requirement-shaped). */
 function missingRequirements(output: string): string[] {
   const names: string[] = [];
   for (const m of output.matchAll(/No matching distribution found for ([^\n]{1,200})/g)) {
     const req = m[1].trim();
-    if (/^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]*\])?\s*([<>=!~]=?=?\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*$/.test(req))
-      names.push(req);
+    if (REQUIREMENT.test(req)) names.push(req);
   }
   return names;
 }
@@ -340,13 +349,12 @@ async function requirementFiles(c: Context, config: AppConfig): Promise<string[]
 }
 
 /** Installs the Python requirements into a venv in `.skiff/venv`; its interpreter, relative to the folder. */
-async function installPython(c: Context, config: AppConfig): Promise<string> {
+async function installPython(c: Context, config: AppConfig, requirements: string[]): Promise<string> {
   const venvRel = path.join(".skiff", "venv");
   const venv = path.join(c.dir, venvRel);
   // In the sandbox the folder is /app: the venv works wherever the folder is bound later.
   const venvSeen = c.sandbox.enabled ? path.posix.join(APP_MOUNT, venvRel) : venv;
   const setting = installSetting(c);
-  const requirements = await requirementFiles(c, config);
   const what = config.build ? "the Python requirements" : "requirements.txt";
   c.logger.info({ dir: c.dir, requirements }, "installing the app's Python requirements into a venv");
   // The venv sees the system's packages: what the machine has (Debian's python3-*) is not downloaded again.
@@ -491,7 +499,7 @@ async function listFunctions(c: Context, config: AppConfig, python: string | und
       .split("\n")
       .filter((l) => l !== "")
       .slice(-DEPLOY_LOG_LINES))
-      c.onOutput?.(stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
+      deployOutput(c, stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
   c.logger.warn({ dir: c.dir, entry, project: c.project }, `cannot load ${entry}; its output is in the app's log`);
   throw loadFailure(entry, last, r);
 }
@@ -572,6 +580,32 @@ async function regularFile(file: string): Promise<boolean> {
 /** Lines of each build command's output (its last ones) in the app's log, and the longest line there. */
 const DEPLOY_LOG_LINES = 1000;
 const DEPLOY_LOG_LINE_CHARS = 16 * 1024;
+/**
+ * What one deploy writes into the app's log at most, all its commands
+ * together: the logs of every app share one stream that drops its oldest
+ * lines, so a deploy of 1000 commands of 1000 long lines each would push out
+ * every other tenant's logs (replicas' lines are limited per second).
+ */
+const DEPLOY_LOG_BYTES = 1024 * 1024;
+const DEPLOY_LOG_TOTAL_LINES = 10_000;
+
+/** A line of the deploy's output into the app's log, within what the deploy has left; past it, one line says so. */
+function deployOutput(c: Context, stream: "stdout" | "stderr", text: string): void {
+  const left = c.logLeft;
+  if (!c.onOutput || !left || left.cut) return;
+  if (left.bytes < text.length || left.lines < 1) {
+    left.cut = true;
+    c.onOutput(
+      "stderr",
+      `skiff: the deploy's output past ${DEPLOY_LOG_TOTAL_LINES} lines or ${DEPLOY_LOG_BYTES} bytes is not in the app's log`,
+    );
+    return;
+  }
+  left.bytes -= text.length;
+  left.lines--;
+  c.onOutput(stream, text);
+}
+
 /** How much of a failed build command's output its error quotes: its last lines. */
 const COMMAND_TAIL_LINES = 20;
 
@@ -600,7 +634,7 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
   const env = venvBin ? { ...setting.env, PATH: `${venvBin}:${setting.env.PATH}` } : setting.env;
   for (const [i, command] of commands.entries()) {
     c.logger.info({ dir: c.dir, project: c.project, command }, `running ${key}[${i}]`);
-    c.onOutput?.("stdout", `running ${key}[${i}]: ${command.slice(0, 1000)}`);
+    deployOutput(c, "stdout", `running ${key}[${i}]: ${command.slice(0, 1000)}`);
     const r = await runCommand("/bin/sh", ["-c", command], {
       cwd: setting.cwd,
       env,
@@ -619,7 +653,7 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
         .split("\n")
         .filter((l) => l !== "")
         .slice(-DEPLOY_LOG_LINES))
-        c.onOutput?.(stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
+        deployOutput(c, stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
     if (r.code !== 0) {
       const last = output.split("\n").slice(-COMMAND_TAIL_LINES).join("\n");
       throw new PrepareFailed(
@@ -632,8 +666,11 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
 
 /** The build's steps in order: pre_build_commands, the Python and npm installs, shell_commands. Returns the venv's interpreter. */
 async function installs(c: Context, config: AppConfig, plan: BuildPlan): Promise<string | undefined> {
+  // skiff's own file in the build's .skiff, written before any of the tenant's commands run there: afterwards
+  // the folder is the tenant's, and root's open() would follow a link left for .skiff to a host folder.
+  const requirements = plan.python ? await requirementFiles(c, config) : [];
   await runBuildCommands(c, "pre_build_commands", plan.pre, undefined);
-  const python = plan.python ? await installPython(c, config) : undefined;
+  const python = plan.python ? await installPython(c, config, requirements) : undefined;
   if (plan.node) await installNode(c, config);
   const venvBin = python && path.posix.join(c.sandbox.enabled ? APP_MOUNT : c.dir, path.dirname(python));
   await runBuildCommands(c, "shell_commands", plan.post, venvBin);
@@ -789,6 +826,7 @@ export async function prepareDeployment(
     onOutput: opts.onOutput,
     secrets: opts.secrets,
     buildSecrets: opts.buildSecrets,
+    logLeft: { bytes: DEPLOY_LOG_BYTES, lines: DEPLOY_LOG_TOTAL_LINES, cut: false },
   };
   await checkMachinePackages(dir, config);
   if (sandbox.enabled) await settle(dir);

@@ -55,7 +55,7 @@ export interface ProcessReplicaOptions {
  * config asks for ([cerebrium.hardware]); never more memory than the
  * machine's limit (SKIFF_REPLICA_MEMORY_MB).
  */
-function appLimits(limits: SandboxLimits, resources: AppResources | undefined): SandboxLimits {
+export function appLimits(limits: SandboxLimits, resources: AppResources | undefined): SandboxLimits {
   if (!resources) return limits;
   const out = { ...limits };
   if (resources.memoryMb !== undefined) out.memoryMb = Math.min(resources.memoryMb, limits.memoryMb);
