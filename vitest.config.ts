@@ -46,7 +46,7 @@ export default defineConfig({
   test: {
     // Files at once. Most integration files spend their time waiting on processes (nats-server, replicas,
     // skiff itself); vitest's default (one less than the cores) runs them one after another on 2 cores.
-    maxWorkers: 3,
+    maxWorkers: 4,
     // `vitest run` runs all three; `--project unit`, `--project integration` or `--project fuzz` one of them.
     projects: [
       { test: { name: "unit", include: UNIT, ...timeouts, pool: "threads" } },
