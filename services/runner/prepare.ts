@@ -491,15 +491,7 @@ async function listFunctions(c: Context, config: AppConfig, python: string | und
   }
   // What the module printed goes to the app's log only, as a replica's output does: it ran with the project's
   // secrets, which must not reach skiff's own log.
-  for (const [stream, text] of [
-    ["stdout", r.stdout],
-    ["stderr", r.stderr],
-  ] as const)
-    for (const line of text
-      .split("\n")
-      .filter((l) => l !== "")
-      .slice(-DEPLOY_LOG_LINES))
-      deployOutput(c, stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
+  stepToAppLog(c, r);
   c.logger.warn({ dir: c.dir, entry, project: c.project }, `cannot load ${entry}; its output is in the app's log`);
   throw loadFailure(entry, last, r);
 }
@@ -606,6 +598,19 @@ function deployOutput(c: Context, stream: "stdout" | "stderr", text: string): vo
   c.onOutput(stream, text);
 }
 
+/** A step's output into the app's log: the last lines of each stream, each cut, as a replica's are. */
+function stepToAppLog(c: Context, r: CommandResult): void {
+  for (const [stream, text] of [
+    ["stdout", r.stdout],
+    ["stderr", r.stderr],
+  ] as const)
+    for (const line of text
+      .split("\n")
+      .filter((l) => l !== "")
+      .slice(-DEPLOY_LOG_LINES))
+      deployOutput(c, stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
+}
+
 /** How much of a failed build command's output its error quotes: its last lines. */
 const COMMAND_TAIL_LINES = 20;
 
@@ -644,16 +649,7 @@ async function runBuildCommands(c: Context, key: string, commands: string[], ven
     const output = `${r.stdout}${r.stderr ? `\n${r.stderr}` : ""}`.trim();
     if (output !== "")
       c.logger.info({ dir: c.dir, project: c.project, command, output: stepOutput(c, output) }, `${key}[${i}] output`);
-    // Into the app's log: the last lines, each cut, as a replica's are.
-    for (const [stream, text] of [
-      ["stdout", r.stdout],
-      ["stderr", r.stderr],
-    ] as const)
-      for (const line of text
-        .split("\n")
-        .filter((l) => l !== "")
-        .slice(-DEPLOY_LOG_LINES))
-        deployOutput(c, stream, line.slice(0, DEPLOY_LOG_LINE_CHARS));
+    stepToAppLog(c, r);
     if (r.code !== 0) {
       const last = output.split("\n").slice(-COMMAND_TAIL_LINES).join("\n");
       throw new PrepareFailed(
