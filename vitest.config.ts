@@ -36,6 +36,14 @@ const UNIT = [
 const FUZZ = ["test/fuzz/**/*.test.ts"];
 
 /**
+ * Integration files that run in a process of their own: they make network
+ * namespaces and veth pairs on the host, which failed now and then
+ * ("setting the network namespace … failed") in a worker that had run other
+ * files before.
+ */
+const ISOLATED = ["test/runner/sandbox-network.test.ts"];
+
+/**
  * Deadlines of a test and of its hooks: above every wait inside a test (those
  * wait on events, up to a minute on a loaded machine), so that a wait that
  * fails says what it waited for.
@@ -47,7 +55,7 @@ export default defineConfig({
     // Files at once. Most integration files spend their time waiting on processes (nats-server, replicas,
     // skiff itself); vitest's default (one less than the cores) runs them one after another on 2 cores.
     maxWorkers: 4,
-    // `vitest run` runs all three; `--project unit`, `--project integration` or `--project fuzz` one of them.
+    // `vitest run` runs them all; `--project unit`, `--project integration` (with `integration-isolated`) or `--project fuzz` one of them.
     projects: [
       { test: { name: "unit", include: UNIT, ...timeouts, pool: "threads" } },
       {
@@ -55,7 +63,7 @@ export default defineConfig({
           name: "integration",
           include: ["test/**/*.test.ts"],
           // The fault suite runs alone: `npm run test:faults` (vitest.faults.config.ts).
-          exclude: [...configDefaults.exclude, ...UNIT, ...FUZZ, "test/faults/**"],
+          exclude: [...configDefaults.exclude, ...UNIT, ...FUZZ, ...ISOLATED, "test/faults/**"],
           ...timeouts,
           pool: "forks",
           // A worker process runs file after file without loading skiff's modules again for each: loading them
@@ -64,6 +72,7 @@ export default defineConfig({
           isolate: false,
         },
       },
+      { test: { name: "integration-isolated", include: ISOLATED, ...timeouts, pool: "forks" } },
       { test: { name: "fuzz", include: FUZZ, ...timeouts, pool: "forks" } },
     ],
   },
