@@ -73,8 +73,11 @@ function methodField(method: string): string {
 }
 
 /** The request line's method and query of the call: a REST call's own, or a Connect call's fields. */
-function requestLine(req: RunRequest, ctx: HandlerContext): { method: string; query: string } {
-  const exchange = httpExchange(ctx);
+function requestLine(
+  req: RunRequest,
+  ctx: HandlerContext,
+  exchange: ReturnType<typeof httpExchange>,
+): { method: string; query: string } {
   if (!exchange) return { method: methodField(req.method), query: queryField(req.query) };
   const url = ctx.url;
   const q = url.indexOf("?");
@@ -111,7 +114,7 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
   ctx.responseHeader.set("x-request-id", runId);
   const app = findApp(deps.registry, req.projectId, req.appName);
   const cortex = app.config.runtime.kind === "cortex";
-  const line = requestLine(req, ctx);
+  const line = requestLine(req, ctx, exchange);
   if (cortex) cortexMethod(line.method, app);
   const contentType = req.body?.contentType ?? "";
   const path = cortex ? cortexFunction(app, req.path) : customPath(req.path, exchange?.rawPathVariable("path"));

@@ -150,6 +150,8 @@ async function writeMarker(dir: string, marker: Marker): Promise<void> {
 
 /** A folder of the cache: a digest, or a per-project build `<digest>-<project>-<fingerprint>`. */
 const FOLDER = /^([0-9a-f]{64})(?:-(p-[a-z0-9]{1,40})-([0-9a-f]{16}))?$/;
+/** A project id as the per-project folders name it (FOLDER's second part). */
+const PROJECT = /^p-[a-z0-9]{1,40}$/;
 
 /** The folder of a per-project build: the fingerprint hashes the project, the names and their values. */
 function buildFolder(digest: string, project: string, names: string[], values: Record<string, string>): string {
@@ -300,7 +302,7 @@ export class DeploymentCache {
         secrets: project ? this.projectEnv?.(project) : undefined,
         buildSecrets: (config) => {
           if (!config.buildSecrets) return undefined;
-          if (!FOLDER.test(`${digest}-${project}-${"0".repeat(16)}`))
+          if (!PROJECT.test(project))
             throw new BundleError("invalid", "a bundle whose build gets secrets is deployed by a project");
           const values = this.secretsOf(project, config.buildSecrets);
           folder = buildFolder(digest, project, config.buildSecrets, values);
