@@ -1,12 +1,13 @@
-// Listing runs with N stored (`npm run bench`: 1,000,000; `--quick`:
-// 100,000), through the real path: run events (each carrying its record)
-// published to SKIFF_EVENTS, a skiff process (`services/main.ts`, management
-// role) projecting them into
-// its run history (embedded PGlite, or the PostgreSQL of BENCH_DATABASE_URL),
-// and ListRuns over HTTP. Then that process is stopped and a second one
+// The run history with N runs (`npm run bench`: 1,000,000; `--quick`:
+// 100,000). First the runs' events (each carrying its record) are published
+// to SKIFF_EVENTS with no history following them; then a run history (the
+// embedded SQLite, or the PostgreSQL of BENCH_DATABASE_URL) is opened in this
+// process, with nothing else running, and timed while its one projector turns
+// the events into rows: runs a second, and CPU per run (every thread of the
+// process). Then a skiff process (`services/main.ts`, management role) is
 // started on the same data folder: its start-up time and memory with N runs
-// stored, and the first page of ListRuns against a baseline measured in the
-// same run (one KV get of a run record, the cheapest thing NATS answers).
+// stored, and ListRuns over HTTP, p50 and p99, against a baseline measured in
+// the same run (one KV get of a run record, the cheapest thing NATS answers).
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -17,38 +18,46 @@ import { connect } from "nats";
 import { v7 } from "uuid";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { bearerAuth } from "../services/auth/bearer.js";
+import { silentLogger } from "../services/config/logger.js";
 import { publishRunEvent } from "../services/runs/events.js";
+import { openRunHistory, RUNS_STREAM } from "../services/runs/history/index.js";
 import { RunStore, type RunRecord } from "../services/runs/store.js";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { startSkiffProcess, type SkiffProcess } from "./skiff-process.js";
-import { rssMb } from "./tools.js";
+import { percentile, rssMb } from "./tools.js";
 
-const SAMPLES = 200;
+const SAMPLES = 1000;
 const P = "p-dev";
 const APP = "bench";
 /** Runs written without waiting between acknowledgements. */
 const WRITE_WINDOW = 2000;
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)];
-}
-
-async function sample(fn: () => Promise<unknown>): Promise<number> {
-  for (let i = 0; i < 20; i++) await fn(); // warm up
+/** Times `fn` SAMPLES times after a warm-up: p50 and p99, ms. */
+async function sample(fn: () => Promise<unknown>): Promise<{ p50: number; p99: number }> {
+  for (let i = 0; i < 50; i++) await fn(); // warm up
   const times: number[] = [];
   for (let i = 0; i < SAMPLES; i++) {
     const t0 = performance.now();
     await fn();
     times.push(performance.now() - t0);
   }
-  return median(times);
+  return { p50: percentile(times, 0.5), p99: percentile(times, 0.99) };
 }
+
+const cpuMs = () => {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000;
+};
 
 export interface ListingResult {
   runs: number;
   /** The first page of ListRuns over HTTP, median. */
   pageMs: number;
+  /** The same, 99th percentile. */
+  pageP99Ms: number;
+  /** The first page read from the history in-process (no HTTP), median and 99th percentile. */
+  historyPageMs: number;
+  historyPageP99Ms: number;
   /** One KV get of a run record, median: the baseline. */
   kvGetMs: number;
   /** How long a process took to start (serving requests) with that many runs stored. */
@@ -57,8 +66,12 @@ export interface ListingResult {
   firstPageS: number;
   /** Resident memory of that process after the samples. */
   rssMb: number;
-  /** How long publishing the runs' events and projecting them took, in runs a second. */
+  /** Runs a second projected by one writer from events already in SKIFF_EVENTS, nothing else running. */
   projectedPerS: number;
+  /** CPU (all threads of the projecting process) per run projected, µs. */
+  projectCpuUs: number;
+  /** Resident memory of the projecting process before and after the catch-up, MB. */
+  projectRssMb: { before: number; after: number };
 }
 
 const managementOf = (s: SkiffProcess) =>
@@ -77,8 +90,11 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
   const nc = await connect({ servers: nats.url });
   let skiff: SkiffProcess | undefined;
   try {
-    // A first process provisions the buckets and projects the runs as they are written.
+    // A first process provisions the streams and buckets, and is stopped: the events are published with no
+    // history following them.
     skiff = await start();
+    await skiff.stop();
+    skiff = undefined;
     const store = await RunStore.open(nc);
     const statuses = ["success", "failure", "success", "cancelled"] as const;
     const t0 = performance.now();
@@ -108,20 +124,39 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
       await Promise.all(batch);
     }
     const writeS = (performance.now() - t0) / 1000;
-    const client = managementOf(skiff);
-    const newest = async (c: ReturnType<typeof managementOf>) =>
-      (await c.listRuns({ projectId: P, appName: APP, pageSize: 1 })).runs[0]?.runId === last;
-    // The projection keeps stream order: once the newest run is listed, every run is.
-    while (!(await newest(client))) await new Promise((r) => setTimeout(r, 100));
-    const projectedS = (performance.now() - t0) / 1000;
-    await skiff.stop();
-    skiff = undefined;
 
-    // A second process on the same data folder: how long it takes to start with the runs stored.
+    // The catch-up: one projector, nothing else running but nats-server.
+    const lastSeq = (await (await nc.jetstreamManager()).streams.info(RUNS_STREAM)).state.last_seq;
+    const rssBefore = await rssMb(process.pid);
+    const cpu0 = cpuMs();
+    const p0 = performance.now();
+    const history = await openRunHistory({ nc, logger: silentLogger, databaseUrl, dataDir });
+    let rssPeak = rssBefore;
+    let historyPage: { p50: number; p99: number };
+    let projectedPerS: number;
+    let projectCpuUs: number;
+    try {
+      while ((await history.position()) < lastSeq) {
+        await new Promise((r) => setTimeout(r, 50));
+        rssPeak = Math.max(rssPeak, await rssMb(process.pid));
+      }
+      const projectS = (performance.now() - p0) / 1000;
+      const projectCpuMs = cpuMs() - cpu0;
+      projectedPerS = Math.round(RUNS / projectS);
+      projectCpuUs = (projectCpuMs * 1000) / RUNS;
+      historyPage = await sample(() => history.list(P, APP, { pageSize: 50 }));
+    } finally {
+      await history.close();
+    }
+    const rssAfter = await rssMb(process.pid);
+
+    // A skiff process on the same data folder: how long it takes to start with the runs stored.
     const startedAt = performance.now();
     skiff = await start();
     const startS = (performance.now() - startedAt) / 1000;
     const second = managementOf(skiff);
+    const newest = async (c: ReturnType<typeof managementOf>) =>
+      (await c.listRuns({ projectId: P, appName: APP, pageSize: 1 })).runs[0]?.runId === last;
     for (;;) {
       try {
         if (await newest(second)) break;
@@ -144,32 +179,35 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
       second.listRuns({ projectId: P, appName: APP, pageToken: first.nextPageToken, pageSize: 500 }),
     );
     const rss = await rssMb(skiff.pid);
-    const kind = databaseUrl ? "PostgreSQL" : "PGlite";
+    const kind = databaseUrl ? "PostgreSQL" : "SQLite";
+    const ms = (x: { p50: number; p99: number }) =>
+      `p50 ${x.p50.toFixed(3)} ms (${(x.p50 / kvGet.p50).toFixed(2)} x baseline), p99 ${x.p99.toFixed(3)} ms`;
+    console.log(`run history (${kind}): ${RUNS} runs published in ${writeS.toFixed(1)} s, nothing following them`);
     console.log(
-      `run listing (${kind}): ${RUNS} runs written in ${writeS.toFixed(1)} s, projected by ${projectedS.toFixed(1)} s ` +
-        `(${Math.round(RUNS / projectedS)} runs/s)`,
+      `  projected by one writer, nothing else running: ${projectedPerS} runs/s, ${projectCpuUs.toFixed(1)} µs CPU a run ` +
+        `(all threads), RSS ${rssBefore} MB before, ${rssPeak} MB at most, ${rssAfter} MB after`,
     );
+    console.log(`  first page (50) read in-process:            ${ms(historyPage)}`);
     console.log(
       `  a process with them stored: serving after ${startS.toFixed(2)} s, first page after ${firstPageS.toFixed(2)} s, RSS ${rss} MB`,
     );
-    console.log(`  baseline, one KV get of a run record:      ${kvGet.toFixed(3)} ms`);
-    console.log(
-      `  ListRuns first page (50), over HTTP:        ${page.toFixed(3)} ms  = ${(page / kvGet).toFixed(2)} x baseline`,
-    );
-    console.log(
-      `  ListRuns status=cancelled, 500 a page:      ${filtered.toFixed(3)} ms  = ${(filtered / kvGet).toFixed(2)} x baseline`,
-    );
-    console.log(
-      `  ListRuns second page, 500 a page:           ${deep.toFixed(3)} ms  = ${(deep / kvGet).toFixed(2)} x baseline`,
-    );
+    console.log(`  baseline, one KV get of a run record:       p50 ${kvGet.p50.toFixed(3)} ms`);
+    console.log(`  ListRuns first page (50), over HTTP:         ${ms(page)}`);
+    console.log(`  ListRuns status=cancelled, 500 a page:       ${ms(filtered)}`);
+    console.log(`  ListRuns second page, 500 a page:            ${ms(deep)}`);
     return {
       runs: RUNS,
-      pageMs: page,
-      kvGetMs: kvGet,
+      pageMs: page.p50,
+      pageP99Ms: page.p99,
+      historyPageMs: historyPage.p50,
+      historyPageP99Ms: historyPage.p99,
+      kvGetMs: kvGet.p50,
       startS,
       firstPageS,
       rssMb: rss,
-      projectedPerS: Math.round(RUNS / projectedS),
+      projectedPerS,
+      projectCpuUs,
+      projectRssMb: { before: rssBefore, after: rssAfter },
     };
   } finally {
     await skiff?.stop();

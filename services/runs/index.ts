@@ -21,7 +21,7 @@ export {
   RunnerError,
   StartFailed,
 } from "./errors.js";
-export { PGLITE_FOLDER, openRunHistory, timeOfId } from "./history/index.js";
+export { HISTORY_FOLDER, openRunHistory, timeOfId } from "./history/index.js";
 export type {
   HistoryBudgetOptions,
   ListQuery,

@@ -14,7 +14,7 @@
 // again on what remains.
 import type { Logger } from "../../config/index.js";
 import { mib } from "../../nats/index.js";
-import type { HistoryQueries } from "./history.js";
+import type { HistoryBackend } from "./history.js";
 
 /** Part of the budget the rows are kept to: the rest absorbs what arrives between two checks. */
 export const PRUNE_TO = 0.6;
@@ -31,7 +31,7 @@ export class HistoryBudget {
   private lastWalk = 0;
 
   constructor(
-    private readonly queries: Pick<HistoryQueries, "size" | "rows" | "pruneToNewest" | "vacuum" | "compact">,
+    private readonly queries: Pick<HistoryBackend, "size" | "rows" | "pruneToNewest" | "vacuum" | "compact">,
     /** Bytes the tables and their indexes may take. */
     readonly budget: number,
     private readonly logger: Logger,

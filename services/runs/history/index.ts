@@ -1,9 +1,10 @@
 // The run history: every run, projected from its events into a SQL table
 // indexed for listing, so that ListRuns, the dashboard and GetAppStats read a
 // page from an index instead of any process holding the runs in memory.
-// Embedded PGlite under SKIFF_DATA_DIR when SKIFF_DATABASE_URL is unset; a
+// Embedded SQLite under SKIFF_DATA_DIR when SKIFF_DATABASE_URL is unset; a
 // PostgreSQL server, shared by every process that names it, when it is set.
 // Runs are kept 30 days, and no more than its byte budget holds (budget.ts).
+import { access } from "node:fs/promises";
 import path from "node:path";
 import type { NatsConnection } from "nats";
 import type { Logger } from "../../config/index.js";
@@ -18,10 +19,11 @@ import {
 } from "../../nats/index.js";
 import { HistoryBudget } from "./budget.js";
 import type { RunRecord } from "../store.js";
-import { HistoryQueries, type HistoryRun, type ListQuery, type MinuteStats, type RunPage } from "./history.js";
+import type { HistoryBackend, HistoryRun, ListQuery, MinuteStats, RunPage } from "./history.js";
+import { openPostgresHistory } from "./postgres.js";
 import { RunProjector, RUNS_STREAM, type ProjectorOptions } from "./projector.js";
-import { DEFAULT_SCHEMA, migrate, tables } from "./schema.js";
-import { openPglite, openPostgres, type Database } from "./sql.js";
+import { DEFAULT_SCHEMA } from "./schema.js";
+import { openSqliteHistory, SQLITE_FILE } from "./sqlite.js";
 
 export type { ListQuery, MinuteStats, RunPage } from "./history.js";
 export { timeOfId } from "./history.js";
@@ -33,7 +35,9 @@ export const PRUNE_EVERY_MS = 60 * 60 * 1000;
 /** How often the history's size is checked against its budget. */
 export const SIZE_CHECK_EVERY_MS = 2_000;
 /** The folder under SKIFF_DATA_DIR that holds the embedded database. */
-export const PGLITE_FOLDER = "run-history";
+export const HISTORY_FOLDER = "history";
+/** The folder of the embedded PostgreSQL (PGlite) that held the history before: no longer read. */
+export const OLD_PGLITE_FOLDER = "run-history";
 
 export interface RunHistory {
   /** Runs of one app, or of every app of the project when `appName` is undefined; newest first. */
@@ -60,17 +64,17 @@ export interface RunHistory {
   pruneToBudget(): Promise<number>;
   /** The projector of this process, when it runs one. */
   readonly projector: RunProjector | undefined;
-  readonly kind: Database["kind"];
+  readonly kind: HistoryBackend["kind"];
   close(): Promise<void>;
 }
 
 export interface RunHistoryOptions {
   nc: NatsConnection;
   logger: Logger;
-  /** SKIFF_DATABASE_URL; undefined: PGlite in `dataDir`/run-history. */
+  /** SKIFF_DATABASE_URL; undefined: SQLite in `dataDir`/history. */
   databaseUrl: string | undefined;
   dataDir: string;
-  /** Schema of the tables, default "skiff" (tests give each their own). */
+  /** Schema of the tables in PostgreSQL, default "skiff" (tests give each their own). */
   schema?: string;
   /** Whether this process projects the run stream (default true; with a shared server one process at a time does). */
   project?: boolean;
@@ -79,7 +83,7 @@ export interface RunHistoryOptions {
   /** Its byte budget and the watch that reports it; without, it is bounded by age only. */
   budget?: HistoryBudgetOptions;
   sizeCheckEveryMs?: number;
-  /** Gives up opening (a process stopping while a new embedded database is still being made). */
+  /** Gives up opening (a process stopping meanwhile). */
   signal?: AbortSignal;
 }
 
@@ -93,7 +97,7 @@ export interface HistoryBudgetOptions {
 }
 
 /** The budget given, or the history's part of the free space of the data folder's disk and of what it takes. */
-async function historyBudget(opts: RunHistoryOptions, queries: HistoryQueries): Promise<number> {
+async function historyBudget(opts: RunHistoryOptions, queries: HistoryBackend): Promise<number> {
   const b = opts.budget;
   if (b === undefined) return 0;
   if (b.maxBytes !== undefined) return b.maxBytes;
@@ -108,29 +112,22 @@ async function historyBudget(opts: RunHistoryOptions, queries: HistoryQueries): 
 
 /** Opens (and creates when missing) the history's tables and starts projecting; does not wait for the projection. */
 export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistory> {
-  const db =
+  const queries =
     opts.databaseUrl === undefined
-      ? await openPglite(path.join(opts.dataDir, PGLITE_FOLDER), opts.signal)
-      : await openPostgres(opts.databaseUrl);
-  const t = tables(opts.schema ?? DEFAULT_SCHEMA);
-  try {
-    await migrate(db, t);
-  } catch (err) {
-    await db.close();
-    throw err;
-  }
-  const queries = new HistoryQueries(db, t);
+      ? await openEmbedded(opts)
+      : await openPostgresHistory(opts.databaseUrl, opts.schema ?? DEFAULT_SCHEMA, opts.logger);
   let budget: number;
   try {
+    opts.signal?.throwIfAborted();
     budget = await historyBudget(opts, queries);
   } catch (err) {
-    await db.close();
+    await queries.close();
     throw err;
   }
   const projector =
     opts.project === false
       ? undefined
-      : new RunProjector({ ...opts.projector, nc: opts.nc, db, tables: t, logger: opts.logger });
+      : new RunProjector({ ...opts.projector, nc: opts.nc, backend: queries, logger: opts.logger });
   const prune = (now = Date.now()) => queries.prune(now - RUN_RETENTION_MS);
   let pruning: Promise<unknown> = Promise.resolve();
   const sweep = () => {
@@ -164,7 +161,7 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
   const unwatch = budget > 0 ? opts.budget?.watch?.addStore(HISTORY_STORE, budget, () => queries.size()) : undefined;
   let closing: Promise<void> | undefined;
   return {
-    kind: db.kind,
+    kind: queries.kind,
     projector,
     list: (projectId, appName, q) => queries.list(projectId, appName, q),
     minuteStats: (projectId, appName, fromMs, toMs) => queries.minuteStats(projectId, appName, fromMs, toMs),
@@ -172,13 +169,7 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
     find: (projectId, appName, runId) => queries.find(projectId, appName, runId),
     deliveries: (projectId, appName, runId) => queries.deliveries(projectId, appName, runId),
     runningSync: (limit) => queries.runningSync(limit),
-    async position() {
-      const [row] = await db.query<{ last_seq: string | number }>(
-        `SELECT last_seq FROM ${t.cursor} WHERE stream = $1`,
-        [RUNS_STREAM],
-      );
-      return row ? Number(row.last_seq) : 0;
-    },
+    position: () => queries.position(RUNS_STREAM),
     prune,
     size: () => queries.size(),
     budget,
@@ -191,9 +182,29 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
         await sizing.catch(() => undefined);
         await projector?.stop();
         await pruning;
-        await db.close();
+        await queries.close();
       })();
       return closing;
     },
   };
 }
+
+/** The embedded history in `dataDir`; a PGlite history of an earlier version beside it is left alone, and said so. */
+async function openEmbedded(opts: RunHistoryOptions): Promise<HistoryBackend> {
+  const old = path.join(opts.dataDir, OLD_PGLITE_FOLDER);
+  const dir = path.join(opts.dataDir, HISTORY_FOLDER);
+  const fresh = !(await exists(path.join(dir, SQLITE_FILE)));
+  if (fresh && (await exists(path.join(old, "PG_VERSION"))))
+    opts.logger.warn(
+      { old, now: dir },
+      "run history: the embedded history is now a SQLite file; the PGlite folder of an earlier version is no longer read " +
+        "(delete it to free its room). Runs whose events SKIFF_EVENTS still holds (7 days) are projected again; older ones are not listed",
+    );
+  return openSqliteHistory(dir);
+}
+
+const exists = (file: string) =>
+  access(file).then(
+    () => true,
+    () => false,
+  );

@@ -3,20 +3,19 @@
 // (runs/events.ts), so an ordered consumer of the stream that delivers
 // headers only reads each state change of every run, sync or async. The
 // stream's webhook deliveries that are over (header `Skiff-Delivery`) go to
-// table `webhook_deliveries` in the same statements. Its
-// messages are upserted in batches (up to `batchSize` messages, or what
-// arrived within `batchMs`), each batch one SQL statement that also moves
-// the stored cursor (the last stream sequence applied). A restart resumes at
-// cursor + 1, so it never reads the stream from the start again; start-up
-// does not wait for it.
+// table `webhook_deliveries` in the same writes. Its messages are upserted in
+// batches (up to `batchSize` messages, or what arrived within `batchMs`), each
+// batch written with the stored cursor (the last stream sequence applied),
+// all or nothing. A restart resumes at cursor + 1, so it never reads the
+// stream from the start again; start-up does not wait for it.
 //
-// One projector writes at a time: it holds a session-level advisory lock on
-// the connection it writes through, and processes sharing one PostgreSQL wait
-// for it and take over (from the stored cursor) when its session ends. Writes
-// thus keep stream order, and an upsert only replaces a row of a lower
-// sequence (and never a final state by one that is not), so a batch applied
-// twice is applied once. What the projector holds is the batch it is making:
-// nothing per stored run.
+// One projector writes at a time: it holds the history's writer
+// (HistoryBackend.writer: with a shared PostgreSQL, a session-level advisory
+// lock), and processes sharing one database wait for it and take over (from
+// the stored cursor) when it is given up. Writes thus keep stream order, and
+// an upsert only replaces a row of a lower sequence (and never a final state
+// by one that is not), so a batch applied twice is applied once. What the
+// projector holds is the batch it is making: nothing per stored run.
 import {
   AckPolicy,
   ConsumerEvents,
@@ -31,8 +30,7 @@ import { streams, subjects } from "../../nats/index.js";
 import { DELIVERY_RECORD_HEADER, recordOfEvent, withoutResult } from "../events.js";
 import { isFinal, type RunStatus } from "../status.js";
 import type { RunRecord } from "../store.js";
-import { lockKey, type Tables } from "./schema.js";
-import type { Database, Session } from "./sql.js";
+import type { Batch, DeliveryRow, HistoryBackend, HistoryWriter, RunRow } from "./history.js";
 
 export const RUNS_STREAM = streams.events.name;
 /** The stream projected before the events carried their records (the run bucket's): its cursor is moved once. */
@@ -43,14 +41,6 @@ const DEFAULT_BATCH_MS = 50;
 /** How often a process that does not hold the projector's lock tries for it; also the pause after a failure. */
 const DEFAULT_LEADER_RETRY_MS = 2_000;
 
-/** Rows written before the statistics are brought up to date again, at least. */
-const ANALYZE_MIN_ROWS = 5_000;
-/**
- * The columns the history's queries filter and order on: ANALYZE reads only these. The record (jsonb)
- * is never a condition, and its statistics made ANALYZE three times as costly (23 against 69 ms of CPU
- * on 27,500 rows in PGlite).
- */
-const ANALYZED_COLUMNS = "run_id, project_id, app_name, status, async";
 /** How long the server keeps the projector's consumer after its process went silent. */
 const CONSUMER_IDLE_MS = 60_000;
 /** Events after which the consumer cannot be trusted to deliver every message. */
@@ -64,29 +54,11 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 export interface ProjectorOptions {
   nc: NatsConnection;
-  db: Database;
-  tables: Tables;
+  backend: HistoryBackend;
   logger: Logger;
   batchSize?: number;
   batchMs?: number;
   leaderRetryMs?: number;
-}
-
-/** A row of the runs table, as the batch statement reads it (jsonb_to_recordset). */
-interface Row {
-  run_id: string;
-  project_id: string;
-  app_name: string;
-  status: string;
-  async: boolean;
-  queued_at: string;
-  started_at: string | null;
-  finished_at: string | null;
-  run_time_ms: number | null;
-  status_code: number | null;
-  error_type: string | null;
-  record: RunRecord;
-  revision: number;
 }
 
 /** A time as skiff writes them (Date.toISOString), taken as it is. */
@@ -100,7 +72,7 @@ const iso = (v: unknown): string | null | undefined => {
 };
 
 /** The row of a run record (an event's `Skiff-Run` header) at stream sequence `revision`; undefined when it is not one. */
-export function rowOf(r: RunRecord, revision: number): Row | undefined {
+export function rowOf(r: RunRecord, revision: number): RunRow | undefined {
   if (!UUID.test(r.run_id) || typeof r.project_id !== "string" || typeof r.app_name !== "string") return undefined;
   const queued = iso(r.queued_at);
   const started = iso(r.started_at);
@@ -127,29 +99,6 @@ export function rowOf(r: RunRecord, revision: number): Row | undefined {
   };
 }
 
-/** PostgreSQL's text and jsonb take no NUL character; an app's error message might carry one. */
-const noNul = (_k: string, v: unknown) =>
-  typeof v === "string" && v.includes("\0") ? v.replaceAll("\0", "\ufffd") : v;
-
-/**
- * JSON for a batch statement, NUL characters replaced. JSON.stringify writes a NUL as \u0000; the
- * replacer, which costs a call per value, runs only when that text shows up.
- */
-function batchJson(rows: unknown[]): string {
-  const text = JSON.stringify(rows);
-  return text.includes("\\u0000") ? JSON.stringify(rows, noNul) : text;
-}
-
-/** A webhook delivery that is over, as the batch statement reads it. */
-interface DeliveryRow {
-  run_id: string;
-  delivery_id: string;
-  project_id: string;
-  app_name: string;
-  record: unknown;
-  revision: number;
-}
-
 /** The delivery of a `Skiff-Delivery` header at stream sequence `revision`; undefined when it is not one. */
 function deliveryRowOf(text: string | undefined, revision: number): DeliveryRow | undefined {
   let d: Record<string, unknown>;
@@ -170,7 +119,7 @@ const DELIVERY_PREFIX = subjects.deliveryRecordsAll.slice(0, -1);
 
 interface Pending {
   /** Last message per run id in this batch: only the newest state of a run is written. */
-  byRun: Map<string, Row>;
+  byRun: Map<string, RunRow>;
   /** Last record per delivery (run id and delivery id). */
   deliveries: Map<string, DeliveryRow>;
   messages: number;
@@ -191,9 +140,6 @@ export class RunProjector {
   private readonly batchSize: number;
   private readonly batchMs: number;
   private readonly retryMs: number;
-  /** Rows written since the table's statistics were last brought up to date, and how many call for it again. */
-  private sinceAnalyze = 0;
-  private analyzeAfter = 0;
 
   constructor(private readonly opts: ProjectorOptions) {
     this.batchSize = opts.batchSize ?? DEFAULT_BATCH_SIZE;
@@ -221,63 +167,41 @@ export class RunProjector {
   }
 
   private async run(): Promise<void> {
-    const { db, tables, logger } = this.opts;
+    const { backend, logger } = this.opts;
     while (!this.stopped && !this.opts.nc.isClosed()) {
-      let session: Session | undefined;
+      let writer: HistoryWriter | undefined;
       let broken = false;
       try {
-        session = await db.session();
-        const [{ ok }] = await session.query<{ ok: boolean }>(
-          "SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS ok",
-          [lockKey(tables, "project")],
-        );
-        if (ok) {
+        writer = await backend.writer();
+        if (writer !== undefined) {
           this.leading = true;
-          try {
-            await this.follow(session);
-          } finally {
-            this.leading = false;
-            await session
-              .query("SELECT pg_advisory_unlock(hashtextextended($1, 0))", [lockKey(tables, "project")])
-              .catch(() => (broken = true));
-          }
+          await this.follow(writer);
         }
       } catch (err) {
         broken = true;
         if (!this.stopped) logger.warn({ err }, "run history: projecting the run stream failed; trying again");
       } finally {
-        session?.release(broken);
+        this.leading = false;
+        await writer?.release(broken).catch(() => undefined);
       }
       if (!this.stopped) await this.sleep(this.retryMs);
     }
   }
 
   /** Follows the stream from the stored cursor until stopped or until something fails. */
-  private async follow(session: Session): Promise<void> {
-    const { nc, tables, logger } = this.opts;
+  private async follow(writer: HistoryWriter): Promise<void> {
+    const { nc, logger } = this.opts;
     const js = nc.jetstream();
     const info = await (await nc.jetstreamManager()).streams.info(RUNS_STREAM);
-    await this.analyze(session, false);
-    const [cursor] = await session.query<{ stream_created: string; last_seq: string | number }>(
-      `SELECT stream_created, last_seq FROM ${tables.cursor} WHERE stream = $1`,
-      [RUNS_STREAM],
-    );
-    let from = cursor ? Number(cursor.last_seq) : 0;
-    const [old] = cursor
-      ? []
-      : await session.query<{ stream: string }>(`SELECT stream FROM ${tables.cursor} WHERE stream = $1`, [OLD_STREAM]);
-    if ((cursor && cursor.stream_created !== info.created) || old) {
+    const cursor = await writer.cursor(RUNS_STREAM);
+    let from = cursor?.lastSeq ?? 0;
+    const old = cursor ? undefined : await writer.cursor(OLD_STREAM);
+    if ((cursor && cursor.streamCreated !== info.created) || old) {
       // The events' stream was made anew (a new NATS store), or the history was projected from the run
       // bucket before: the rows stay (the history is where runs are kept), and their sequences, of another
       // stream, must not hold back the ones to come.
       logger.warn({ stream: RUNS_STREAM }, "run history: following a stream new to it from its start; the rows stay");
-      await session.query(
-        `WITH reset AS (UPDATE ${tables.runs} SET revision = 0 WHERE revision <> 0),
-           dropped AS (DELETE FROM ${tables.cursor} WHERE stream <> $1)
-         INSERT INTO ${tables.cursor} AS c (stream, stream_created, last_seq) VALUES ($1, $2, 0)
-         ON CONFLICT (stream) DO UPDATE SET last_seq = 0, stream_created = excluded.stream_created`,
-        [RUNS_STREAM, info.created],
-      );
+      await writer.restart(RUNS_STREAM, info.created);
       from = 0;
     }
     logger.debug({ from }, "run history: following the run events");
@@ -318,10 +242,15 @@ export class RunProjector {
       writing = writing.then(async () => {
         if (failure !== undefined || this.stopped) return;
         try {
-          await this.write(session, b, info.created);
+          const out: Batch = {
+            runs: [...b.byRun.values()],
+            deliveries: [...b.deliveries.values()],
+            stream: RUNS_STREAM,
+            streamCreated: info.created,
+            lastSeq: b.lastSeq,
+          };
+          await writer.write(out);
           this.applied += b.messages;
-          this.sinceAnalyze += b.byRun.size;
-          if (this.sinceAnalyze >= this.analyzeAfter) await this.analyze(session, true);
         } catch (err) {
           failure = err;
           messages.stop();
@@ -370,65 +299,5 @@ export class RunProjector {
     if (prev !== undefined && isFinal(prev.status as RunStatus) && !isFinal(row.status as RunStatus)) return;
     batch.byRun.delete(row.run_id); // keeps the map in arrival order
     batch.byRun.set(row.run_id, row);
-  }
-
-  /**
-   * Brings the table's statistics up to date (`ANALYZE` of the columns queries filter on reads a sample
-   * of fixed size) when it never had any, or when a tenth of it (5,000 rows at least) was written since:
-   * the planner needs them to walk the listing indexes, and PGlite has no autovacuum to keep them.
-   */
-  private async analyze(session: Session, due: boolean): Promise<void> {
-    const runs = this.opts.tables.runs;
-    const estimate = async () =>
-      Number(
-        (
-          await session.query<{ n: number }>("SELECT reltuples::float8 AS n FROM pg_class WHERE oid = $1::regclass", [
-            runs,
-          ])
-        )[0].n,
-      );
-    let rows = await estimate();
-    if (due || rows < 0) {
-      await session.query(`ANALYZE ${runs} (${ANALYZED_COLUMNS})`);
-      rows = await estimate();
-    }
-    this.sinceAnalyze = 0;
-    this.analyzeAfter = Math.max(ANALYZE_MIN_ROWS, rows / 10);
-  }
-
-  /** One statement: the upserts and the cursor, all or nothing. */
-  private async write(session: Session, b: Pending, streamCreated: string): Promise<void> {
-    const t = this.opts.tables;
-    await session.query(
-      `WITH upserted AS (
-         INSERT INTO ${t.runs} AS r (run_id, project_id, app_name, status, async, queued_at, started_at,
-           finished_at, run_time_ms, status_code, error_type, record, revision)
-         SELECT run_id, project_id, app_name, status, async, queued_at, started_at,
-           finished_at, run_time_ms, status_code, error_type, record, revision
-         FROM jsonb_to_recordset($1::jsonb) AS x(run_id uuid, project_id text, app_name text, status text,
-           async boolean, queued_at timestamptz, started_at timestamptz, finished_at timestamptz,
-           run_time_ms double precision, status_code integer, error_type text, record jsonb, revision bigint)
-         ON CONFLICT (run_id) DO UPDATE SET
-           project_id = excluded.project_id, app_name = excluded.app_name, status = excluded.status,
-           async = excluded.async, queued_at = excluded.queued_at, started_at = excluded.started_at,
-           finished_at = excluded.finished_at, run_time_ms = excluded.run_time_ms,
-           status_code = excluded.status_code, error_type = excluded.error_type, record = excluded.record,
-           revision = excluded.revision
-         WHERE excluded.revision > r.revision
-           AND (r.status NOT IN ('success', 'failure', 'cancelled')
-             OR excluded.status IN ('success', 'failure', 'cancelled'))
-         RETURNING 1),
-       delivered AS (
-         INSERT INTO ${t.deliveries} AS d (run_id, delivery_id, project_id, app_name, record, revision)
-         SELECT run_id, delivery_id, project_id, app_name, record, revision
-         FROM jsonb_to_recordset($5::jsonb) AS x(run_id uuid, delivery_id text, project_id text, app_name text,
-           record jsonb, revision bigint)
-         ON CONFLICT (run_id, delivery_id) DO UPDATE SET record = excluded.record, revision = excluded.revision
-         WHERE excluded.revision > d.revision
-         RETURNING 1)
-       INSERT INTO ${t.cursor} AS c (stream, stream_created, last_seq) VALUES ($2, $3, $4::bigint)
-       ON CONFLICT (stream) DO UPDATE SET last_seq = excluded.last_seq, stream_created = excluded.stream_created`,
-      [batchJson([...b.byRun.values()]), RUNS_STREAM, streamCreated, b.lastSeq, batchJson([...b.deliveries.values()])],
-    );
   }
 }

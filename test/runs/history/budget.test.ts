@@ -1,6 +1,6 @@
 // The run history's byte budget: the oldest runs are deleted past what it
 // holds, the tables are vacuumed so what comes next reuses their room, and
-// its size stays within the budget however many runs arrive (embedded PGlite
+// its size stays within the budget however many runs arrive (embedded SQLite
 // and the PostgreSQL server of this machine). NATS is a real server
 // provisioned as skiff provisions it; each test has a schema of its own.
 import { mkdtemp, rm } from "node:fs/promises";
@@ -29,11 +29,11 @@ const MiB = 2 ** 20;
 
 let nats: Awaited<ReturnType<typeof startProvisionedNats>>;
 let nc: NatsConnection;
-let pgliteDir: string;
+let dataRoot: string;
 const schemas: string[] = [];
 
 beforeAll(async () => {
-  pgliteDir = await mkdtemp(path.join(tmpdir(), "skiff-history-budget-"));
+  dataRoot = await mkdtemp(path.join(tmpdir(), "skiff-history-budget-"));
 });
 
 // A NATS server of its own per test: a history follows the run stream from its start, and another test's runs
@@ -52,10 +52,10 @@ afterAll(async () => {
   await client.connect();
   for (const s of schemas) await client.query(`DROP SCHEMA IF EXISTS "${s}" CASCADE`);
   await client.end();
-  await rm(pgliteDir, { recursive: true, force: true });
+  await rm(dataRoot, { recursive: true, force: true });
 });
 
-type Backend = "pglite" | "postgres";
+type Backend = "sqlite" | "postgres";
 
 function newSchema(): string {
   const s = `b_${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`;
@@ -108,19 +108,21 @@ async function open(
   budget: number | undefined,
   extra: { sizeCheckEveryMs?: number; watch?: StoreWatch; logger?: ReturnType<typeof capturingLogger>["logger"] } = {},
 ): Promise<RunHistory> {
+  const schema = newSchema();
   return openRunHistory({
     nc,
     logger: extra.logger ?? silentLogger,
     databaseUrl: backend === "postgres" ? DATABASE_URL : undefined,
-    dataDir: pgliteDir,
-    schema: newSchema(),
+    // The embedded database is one process's: a data folder of its own for each.
+    dataDir: path.join(dataRoot, schema),
+    schema,
     projector: { batchMs: 20, leaderRetryMs: 100 },
     budget: { maxBytes: budget, storageShare: 50, watch: extra.watch },
     sizeCheckEveryMs: extra.sizeCheckEveryMs ?? 3_600_000,
   });
 }
 
-describe.each<Backend>(["pglite", "postgres"])("run history budget (%s)", (backend) => {
+describe.each<Backend>(["sqlite", "postgres"])("run history budget (%s)", (backend) => {
   it("keeps the newest runs that fit its budget, round after round, and its size within it", async () => {
     const budget = 2 * MiB;
     const h = await open(backend, budget);
@@ -182,8 +184,8 @@ describe.each<Backend>(["pglite", "postgres"])("run history budget (%s)", (backe
 describe("run history budget - unset", () => {
   it("is its part of SKIFF_STORAGE_SHARE of the free disk of the data folder, said in the log", async () => {
     const { logger, lines } = capturingLogger();
-    const free = await freeDiskBytes(pgliteDir);
-    const h = await open("pglite", undefined, { logger });
+    const free = await freeDiskBytes(dataRoot);
+    const h = await open("sqlite", undefined, { logger });
     try {
       const spec = STORE_SPECS.find((s) => s.store === HISTORY_STORE)!;
       const want = derivedBudget(spec, 50, free);

@@ -1,10 +1,10 @@
 // The run history: run events (each carrying its run's record in a header)
-// projected into SQL (embedded PGlite, and the PostgreSQL server of this
+// projected into SQL (embedded SQLite, and the PostgreSQL server of this
 // machine), listed newest
 // first with filters and page tokens, kept up to date, resumed after a
 // restart, shared by two processes, and pruned by age. Each test has a schema
 // of its own; NATS is a real server provisioned as skiff provisions it.
-import { mkdtemp, readdir, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { headers, type NatsConnection } from "nats";
@@ -16,7 +16,8 @@ import { RUN_RETENTION_MS, subjects } from "../../../services/nats/layout.js";
 import { publishRunEvent, publishRunEventUnacked } from "../../../services/runs/events.js";
 import {
   openRunHistory,
-  PGLITE_FOLDER,
+  HISTORY_FOLDER,
+  OLD_PGLITE_FOLDER,
   RUNS_STREAM,
   type RunHistory,
   type RunHistoryOptions,
@@ -29,14 +30,14 @@ const DATABASE_URL = process.env.SKIFF_TEST_DATABASE_URL ?? "postgres://postgres
 
 let nats: Awaited<ReturnType<typeof startProvisionedNats>>;
 let nc: NatsConnection;
-let pgliteDir: string;
+let sqliteDir: string;
 const schemas: string[] = [];
 const opened: RunHistory[] = [];
 
 beforeAll(async () => {
   nats = await startProvisionedNats();
   nc = nats.nc;
-  pgliteDir = await mkdtemp(path.join(tmpdir(), "skiff-history-"));
+  sqliteDir = await mkdtemp(path.join(tmpdir(), "skiff-history-"));
 });
 
 afterAll(async () => {
@@ -46,10 +47,10 @@ afterAll(async () => {
   for (const s of schemas) await client.query(`DROP SCHEMA IF EXISTS "${s}" CASCADE`);
   await client.end();
   await nats?.stop();
-  await rm(pgliteDir, { recursive: true, force: true });
+  await rm(sqliteDir, { recursive: true, force: true });
 });
 
-type Backend = "pglite" | "postgres";
+type Backend = "sqlite" | "postgres";
 
 /** A schema of its own for each test, so that tests sharing a database never see each other's runs. */
 function newSchema(): string {
@@ -62,9 +63,9 @@ async function open(backend: Backend, schema: string, extra: Partial<RunHistoryO
   const h = await openRunHistory({
     nc,
     logger: silentLogger,
-    // PGlite is one process's database: every PGlite test opens the same folder, in turn, with its own schema.
+    // The embedded database is one process's: each SQLite test has a data folder of its own.
     databaseUrl: backend === "postgres" ? DATABASE_URL : undefined,
-    dataDir: pgliteDir,
+    dataDir: backend === "postgres" ? sqliteDir : path.join(sqliteDir, schema),
     schema,
     projector: { batchMs: 20, leaderRetryMs: 100 },
     ...extra,
@@ -119,7 +120,7 @@ function run(project: string, app: string, over: Partial<RunRecord> = {}, atMs?:
   };
 }
 
-describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => {
+describe.each<Backend>(["sqlite", "postgres"])("run history (%s)", (backend) => {
   it("runs are listed newest first, filtered by status and async, paged by run id", async () => {
     await withHistory(backend, async (h, P) => {
       const base = Date.now() - 60_000;
@@ -314,17 +315,33 @@ describe.each<Backend>(["pglite", "postgres"])("run history (%s)", (backend) => 
 });
 
 describe("run history - the embedded database", () => {
-  it("a process stopped while its database is being made leaves nothing half made; the next start makes it", async () => {
-    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-history-abort-"));
+  it("lives in a SQLite file of the data folder; a PGlite folder of an earlier version is left alone and said so", async () => {
+    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-history-old-"));
     try {
-      const stopping = new AbortController();
-      const opening = open("pglite", newSchema(), { dataDir, signal: stopping.signal });
-      setTimeout(() => stopping.abort(new Error("stopping")), 200);
-      await expect(opening).rejects.toThrow("stopping");
-      expect(await readdir(dataDir)).toEqual([]);
-      const h = await open("pglite", newSchema(), { dataDir });
-      expect(await readdir(dataDir)).toEqual([PGLITE_FOLDER]);
+      await mkdir(path.join(dataDir, OLD_PGLITE_FOLDER));
+      await writeFile(path.join(dataDir, OLD_PGLITE_FOLDER, "PG_VERSION"), "17\n");
+      const warnings: string[] = [];
+      const logger = Object.create(silentLogger) as typeof silentLogger;
+      logger.warn = ((_o: unknown, msg?: string) => void warnings.push(msg ?? "")) as typeof logger.warn;
+      const P = newProject();
+      let h = await open("sqlite", newSchema(), { dataDir, logger });
+      const r = run(P, "a");
+      await publishRunEvent(nc, r);
+      await caughtUp(h);
       await close(h);
+      expect(warnings.filter((w) => w.includes("no longer read"))).toHaveLength(1);
+      expect((await readdir(dataDir)).sort()).toEqual([HISTORY_FOLDER, OLD_PGLITE_FOLDER].sort());
+      expect(await readdir(path.join(dataDir, HISTORY_FOLDER))).toContain("runs.sqlite");
+      // Opened again: the runs are there, nothing is projected twice, and the old folder is not spoken of again.
+      h = await open("sqlite", newSchema(), { dataDir, logger });
+      try {
+        expect(await h.get(P, "a", r.run_id)).toMatchObject({ run_id: r.run_id, status: "success" });
+        await caughtUp(h);
+        expect(h.projector!.applied).toBe(0);
+        expect(warnings.filter((w) => w.includes("no longer read"))).toHaveLength(1);
+      } finally {
+        await close(h);
+      }
     } finally {
       await rm(dataDir, { recursive: true, force: true });
     }
