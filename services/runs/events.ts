@@ -19,7 +19,7 @@ import { isFinal } from "./status.js";
 import type { RunRecord } from "./store.js";
 
 /** The header of a run event that holds the run record (JSON, without its result). */
-const RUN_RECORD_HEADER = "Skiff-Run";
+export const RUN_RECORD_HEADER = "Skiff-Run";
 /**
  * The header of a message on `skiff.history.deliveries.{project}.{app}` (in
  * SKIFF_EVENTS, not a public event) that holds a webhook delivery that is

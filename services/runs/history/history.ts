@@ -61,6 +61,8 @@ export interface RunRow {
   error_type: string | null;
   record: RunRecord;
   revision: number;
+  /** `record` as JSON text, when the event's header carried it as it is kept (saves writing it again). */
+  json?: string;
 }
 
 /** A webhook delivery that is over, as the projector makes it from its message. */

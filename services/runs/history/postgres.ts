@@ -311,7 +311,13 @@ class PostgresWriter implements HistoryWriter {
          RETURNING 1)
        INSERT INTO ${t.cursor} AS c (stream, stream_created, last_seq) VALUES ($2, $3, $4::bigint)
        ON CONFLICT (stream) DO UPDATE SET last_seq = excluded.last_seq, stream_created = excluded.stream_created`,
-      [batchJson(b.runs), b.stream, b.streamCreated, b.lastSeq, batchJson(b.deliveries)],
+      [
+        batchJson(b.runs.map(({ json: _json, ...row }) => row)),
+        b.stream,
+        b.streamCreated,
+        b.lastSeq,
+        batchJson(b.deliveries),
+      ],
     );
     this.sinceAnalyze += b.runs.length;
     if (this.sinceAnalyze >= this.analyzeAfter) await this.analyze(true);

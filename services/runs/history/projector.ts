@@ -27,7 +27,7 @@ import {
 } from "nats";
 import type { Logger } from "../../config/index.js";
 import { streams, subjects } from "../../nats/index.js";
-import { DELIVERY_RECORD_HEADER, recordOfEvent, withoutResult } from "../events.js";
+import { DELIVERY_RECORD_HEADER, RUN_RECORD_HEADER, recordOfEvent, withoutResult } from "../events.js";
 import { isFinal, type RunStatus } from "../status.js";
 import type { RunRecord } from "../store.js";
 import type { Batch, DeliveryRow, HistoryBackend, HistoryWriter, RunRow } from "./history.js";
@@ -36,7 +36,7 @@ export const RUNS_STREAM = streams.events.name;
 /** The stream projected before the events carried their records (the run bucket's): its cursor is moved once. */
 const OLD_STREAM = "KV_skiff-runs";
 
-const DEFAULT_BATCH_SIZE = 500;
+const DEFAULT_BATCH_SIZE = 2000;
 const DEFAULT_BATCH_MS = 50;
 /** How often a process that does not hold the projector's lock tries for it; also the pause after a failure. */
 const DEFAULT_LEADER_RETRY_MS = 2_000;
@@ -71,8 +71,11 @@ const iso = (v: unknown): string | null | undefined => {
   return Number.isFinite(ms) ? new Date(ms).toISOString() : undefined;
 };
 
-/** The row of a run record (an event's `Skiff-Run` header) at stream sequence `revision`; undefined when it is not one. */
-export function rowOf(r: RunRecord, revision: number): RunRow | undefined {
+/**
+ * The row of a run record (an event's `Skiff-Run` header, whose text is `text`) at stream sequence
+ * `revision`; undefined when it is not one.
+ */
+export function rowOf(r: RunRecord, revision: number, text?: string): RunRow | undefined {
   if (!UUID.test(r.run_id) || typeof r.project_id !== "string" || typeof r.app_name !== "string") return undefined;
   const queued = iso(r.queued_at);
   const started = iso(r.started_at);
@@ -96,6 +99,8 @@ export function rowOf(r: RunRecord, revision: number): RunRow | undefined {
     error_type: typeof r.error?.type === "string" ? r.error.type : null,
     record: slim,
     revision,
+    // The header's text is the record's JSON as it is kept, unless something had to be left out of it.
+    json: slim === r && text !== undefined && !text.includes("\\u0000") ? text : undefined,
   };
 }
 
@@ -289,7 +294,7 @@ export class RunProjector {
     const record = recordOfEvent(m.headers);
     // Events of versions that did not carry the record were projected from the run bucket then.
     if (record === undefined) return;
-    const row = rowOf(record, m.seq);
+    const row = rowOf(record, m.seq, m.headers?.get(RUN_RECORD_HEADER));
     if (row === undefined) {
       this.opts.logger.warn({ subject: m.subject, seq: m.seq }, "run history: an event's record is not a run record");
       return;

@@ -32,6 +32,8 @@ export const SQLITE_FILE = "runs.sqlite";
 const CACHE_KIB = 16 * 1024;
 
 const PRAGMAS = [
+  // For a new file only: fewer, fuller pages for rows that are appended in key order.
+  "page_size = 8192",
   "journal_mode = WAL",
   // In WAL mode a commit is written without a sync; a crash may lose the last batches, never half of one, and
   // their cursor goes with them, so the projector applies them again.
@@ -150,7 +152,13 @@ export async function openSqliteHistory(dir: string): Promise<SqliteHistory> {
   const write = await startSqliteThread(file, { pragmas: PRAGMAS, setup: SCHEMA });
   try {
     // Reads never write: a mistake shows as an error instead of a write racing the projector's.
-    const read = await startSqliteThread(file, { pragmas: [...PRAGMAS.slice(1), "query_only = ON"], setup: [] });
+    const read = await startSqliteThread(file, {
+      pragmas: [
+        ...PRAGMAS.filter((p) => !p.startsWith("page_size") && !p.startsWith("journal_mode")),
+        "query_only = ON",
+      ],
+      setup: [],
+    });
     return new SqliteHistory(file, write, read);
   } catch (err) {
     await write.close();
@@ -378,7 +386,7 @@ class SqliteWriter implements HistoryWriter {
           r.run_time_ms,
           r.status_code,
           r.error_type,
-          json(r.record),
+          r.json ?? json(r.record),
           r.revision,
         ]),
         mode: "run",
