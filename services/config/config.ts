@@ -41,7 +41,7 @@ export interface Config {
   host: string;
   port: number;
   dataDir: string;
-  /** PostgreSQL server of the run history, shared by every process naming it; undefined: PGlite in the data folder. Secret: never logged. */
+  /** PostgreSQL server of the run history, shared by every process naming it; undefined: SQLite in the data folder. Secret: never logged. */
   databaseUrl: string | undefined;
   /** NATS server to use; undefined means "probe the local default, else start one". */
   natsUrl: string | undefined;
@@ -470,7 +470,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "databaseUrl",
     env: "SKIFF_DATABASE_URL",
     fallback: "",
-    doc: "PostgreSQL server that holds the run history (what ListRuns, the dashboard and app stats read), e.g. `postgres://skiff:…@db:5432/skiff`; tables in schema `skiff`, created at start. Set it when several processes serve the run API: they share it, and one at a time writes to it. Unset: an embedded PostgreSQL (PGlite) in `SKIFF_DATA_DIR/run-history`, for one process. Never logged.",
+    doc: "PostgreSQL server that holds the run history (what ListRuns, the dashboard and app stats read), e.g. `postgres://skiff:…@db:5432/skiff`; tables in schema `skiff`, created at start. Set it when several processes serve the run API: they share it, and one at a time writes to it. Unset: an embedded SQLite file in `SKIFF_DATA_DIR/history`, for one process. Never logged.",
     parse: optional(databaseUrl),
   },
   {

@@ -22,7 +22,7 @@ interface ManagementRoleOptions {
   nc: NatsConnection;
   auth: Auth;
   dataDir: string;
-  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, PGlite in `dataDir`. */
+  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, SQLite in `dataDir`. */
   databaseUrl: string | undefined;
   /** SKIFF_SIGNING_KEY. */
   signingKey: string | undefined;

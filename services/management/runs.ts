@@ -72,7 +72,7 @@ interface RunApiOptions {
   logger: Logger;
   /** The process's run helpers: the store of run records and the results. */
   runs: Pick<RunContext, "store" | "results">;
-  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, PGlite in `dataDir`. */
+  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, SQLite in `dataDir`. */
   databaseUrl: string | undefined;
   dataDir: string;
   /** The run history's byte budget, and the store watch, whose figures of skiff-results its trimming reads too. */

@@ -1,5 +1,5 @@
 // The sweep of sync runs whose gateway is gone (runs/stale-sync.ts), against
-// a real nats-server and a real run history (PGlite): events published as a
+// a real nats-server and a real run history (embedded SQLite): events published as a
 // gateway publishes them (a sync run's record is its events), gateways that are RunControls listening on NATS (or
 // closed, as a dead process is), two looks `confirmMs` apart.
 import { mkdtemp, rm } from "node:fs/promises";
