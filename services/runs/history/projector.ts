@@ -36,7 +36,7 @@ export const RUNS_STREAM = streams.events.name;
 /** The stream projected before the events carried their records (the run bucket's): its cursor is moved once. */
 const OLD_STREAM = "KV_skiff-runs";
 
-const DEFAULT_BATCH_SIZE = 2000;
+const DEFAULT_BATCH_SIZE = 500;
 const DEFAULT_BATCH_MS = 50;
 /** How often a process that does not hold the projector's lock tries for it; also the pause after a failure. */
 const DEFAULT_LEADER_RETRY_MS = 2_000;
