@@ -472,4 +472,17 @@ describe("rowOf", () => {
     expect(full.record).not.toHaveProperty("result");
     expect(full.record).not.toHaveProperty("prior_revisions");
   });
+
+  it("keeps the header's text as the record's JSON unless something was left out of it or it has a NUL", () => {
+    const text = JSON.stringify(record);
+    expect(rowOf(JSON.parse(text) as RunRecord, 7, text)!.json).toBe(text);
+    const withResult = {
+      ...record,
+      result: { content_type: "text/plain", data: "aGk=", expires_at: record.queued_at },
+    };
+    expect(rowOf(withResult, 7, JSON.stringify(withResult))!.json).toBeUndefined();
+    const nul = { ...record, error: { type: "E", message: "a\u0000b" } };
+    expect(rowOf(nul, 7, JSON.stringify(nul))!.json).toBeUndefined();
+    expect(rowOf(record, 7)!.json).toBeUndefined();
+  });
 });
