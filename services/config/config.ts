@@ -463,7 +463,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "dataDir",
     env: "SKIFF_DATA_DIR",
     fallback: DEFAULT_DATA_DIR,
-    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`).",
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`).",
     parse: nonEmpty,
   },
   {
