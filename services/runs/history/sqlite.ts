@@ -40,8 +40,10 @@ const PRAGMAS = [
   "synchronous = NORMAL",
   `cache_size = -${CACHE_KIB}`,
   "busy_timeout = 10000",
-  // The write-ahead log is cut back to this after a checkpoint (it grows while readers hold old pages).
-  `journal_size_limit = ${64 * 1024 * 1024}`,
+  // The write-ahead log counts against the history's budget: a checkpoint every 256 pages (2 MiB), and
+  // the file cut back to that after one (it grows past it while a reader holds old pages).
+  "wal_autocheckpoint = 256",
+  `journal_size_limit = ${2 * 1024 * 1024}`,
 ];
 
 const FINAL = "('success', 'failure', 'cancelled')";
