@@ -1,0 +1,156 @@
+// `npx tsx bench/async-cost.ts [both|gateway|drain] [seconds] [rounds]`: the
+// CPU an async run costs, which varies far less than a rate on a busy machine.
+// `both`: one skiff process with every role takes async calls from wrk (32
+// connections) and runs them; the figures are its accept rate and p99, the
+// queue left when wrk stops and how fast it drains, and the CPU of skiff and
+// nats-server per run from the first call to the last run's end (/proc).
+// `gateway`: a process without the runner role, so only the accept path
+// costs (the runs stay queued).
+// `drain`: a gateway alone queues `seconds` of runs and stops; a process with
+// every role then starts on its data folder and runs them: the drain's rate
+// and CPU per run from the first run taken to the last (its start and its
+// replicas' are not counted).
+// Each round is a fresh wrk run; the median of the rounds is printed last.
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { connect } from "nats";
+import { streams } from "../services/nats/layout.js";
+import { startNatsServer, type TestNats } from "../test/helpers/nats-server.js";
+import { deployFolder } from "./deploy.js";
+import { startSkiffProcess, waitRunHistory, type SkiffProcess } from "./skiff-process.js";
+import { cpuSeconds, ensureTools, freePort, quiet, round, wrk } from "./tools.js";
+
+const mode = process.argv[2] ?? "both";
+const seconds = Number(process.argv[3] ?? 5);
+const rounds = Number(process.argv[4] ?? 3);
+if (!["both", "gateway", "drain"].includes(mode)) throw new Error(`unknown mode ${mode}: both, gateway or drain`);
+const GATEWAY_ROLES = "invocation,management,webhook";
+const SCALING = "[scaling]\nmin_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 64\ncooldown = 600\n";
+ensureTools();
+
+const us = (from: number, to: number, runs: number) => Math.round(((to - from) * 1e6) / runs);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** One round on a fresh NATS server and data folder; the figures of that round. */
+async function round1(): Promise<Record<string, number>> {
+  const tmp = await mkdtemp(path.join(tmpdir(), "skiff-async-cost-"));
+  const monitor = await freePort();
+  const nats: TestNats = await startNatsServer({ args: ["-m", String(monitor)] });
+  // Messages into nats-server and out of it: NATS operations per run, which do not vary with the machine's load.
+  const msgs = async () => {
+    const v = (await (await fetch(`http://127.0.0.1:${monitor}/varz`)).json()) as { in_msgs: number; out_msgs: number };
+    return [v.in_msgs, v.out_msgs];
+  };
+  const per = (from: number[], to: number[], runs: number) => ({
+    nats_in_per_run: round((to[0] - from[0]) / runs, 1),
+    nats_out_per_run: round((to[1] - from[1]) / runs, 1),
+  });
+  const nc = await connect({ servers: nats.url });
+  const jsm = await nc.jetstreamManager();
+  const queued = async () => (await jsm.streams.info(streams.runs.name)).state.messages;
+  const start = (roles?: string) =>
+    startSkiffProcess({
+      natsUrl: nats.url,
+      dataDir: path.join(tmp, "data"),
+      env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
+      ...(roles ? { roles } : {}),
+    });
+  let skiff: SkiffProcess | undefined = await start(mode === "both" ? undefined : GATEWAY_ROLES);
+  try {
+    await deployFolder(skiff, tmp, {
+      "skiff.toml": `[app]\nname = "p-add"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "index.mjs"\n${SCALING}`,
+      "index.mjs": "export function add({ a, b }) { return a + b; }\n",
+    });
+    const job = {
+      url: `${skiff.url}/v4/p-dev/p-add/add?async=true`,
+      body: '{"a":1,"b":2}',
+      headers: { Authorization: `Bearer ${skiff.devToken}` },
+      status: 202,
+      connections: 32,
+    };
+    await waitRunHistory(skiff, "p-add");
+    const drained = async () => {
+      while ((await queued()) > 0) await sleep(20);
+    };
+    // Warm-up: JIT, replicas, the run history's table.
+    await wrk({ ...job, seconds: 2 }, tmp);
+    if (mode === "both") await drained();
+    await quiet(skiff.pid, 60_000);
+    const before = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+    const msgsBefore = await msgs();
+    const r = await wrk({ ...job, seconds }, tmp);
+    const row: Record<string, number> = {
+      accept_per_s: r.rps,
+      p50_ms: round(r.p50_ms, 1),
+      p99_ms: round(r.p99_ms, 1),
+      errors: r.errors,
+      runs: r.requests,
+    };
+    if (mode === "gateway") {
+      const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+      return {
+        ...row,
+        skiff_us_per_run: us(before[0], after[0], r.requests),
+        nats_us: us(before[1], after[1], r.requests),
+        ...per(msgsBefore, await msgs(), r.requests),
+      };
+    }
+    if (mode === "both") {
+      const acceptEnd = await cpuSeconds(skiff.pid);
+      const backlog = await queued();
+      const t0 = performance.now();
+      await drained();
+      const drainSeconds = (performance.now() - t0) / 1000;
+      const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+      return {
+        ...row,
+        backlog,
+        drain_per_s: backlog > 0 ? Math.round(backlog / drainSeconds) : 0,
+        skiff_us_per_run: us(before[0], after[0], r.requests),
+        skiff_us_per_run_while_accepting: us(before[0], acceptEnd, r.requests),
+        nats_us: us(before[1], after[1], r.requests),
+        ...per(msgsBefore, await msgs(), r.requests),
+      };
+    }
+    // drain: the gateway's backlog (the warm-up's runs too), run by a process with every role.
+    await skiff.stop();
+    skiff = undefined;
+    const backlog = await queued();
+    skiff = await start();
+    let left = backlog;
+    while (left === backlog) {
+      await sleep(5);
+      left = await queued();
+    }
+    const from = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+    const msgsFrom = await msgs();
+    const t0 = performance.now();
+    await drained();
+    const drainSeconds = (performance.now() - t0) / 1000;
+    const to = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+    return {
+      backlog: left,
+      drain_per_s: Math.round(left / drainSeconds),
+      skiff_us_per_run: us(from[0], to[0], left),
+      nats_us: us(from[1], to[1], left),
+      ...per(msgsFrom, await msgs(), left),
+    };
+  } finally {
+    await nc.close();
+    await skiff?.stop();
+    await nats.stop();
+    await rm(tmp, { recursive: true, force: true });
+  }
+}
+
+const results: Record<string, number>[] = [];
+for (let i = 0; i < rounds; i++) {
+  const row = await round1();
+  console.log(JSON.stringify(row));
+  results.push(row);
+}
+const median = (k: string) => results.map((r) => r[k]).sort((a, b) => a - b)[Math.floor(results.length / 2)];
+console.log(
+  `${mode}, median of ${rounds}: ${JSON.stringify(Object.fromEntries(Object.keys(results[0]).map((k) => [k, median(k)])))}`,
+);
