@@ -20,7 +20,7 @@
 // neither read past that size nor stored: the run fails with error type
 // result_too_large.
 //
-// The message of a final run is acked with a confirmed ack (ackAck), after
+// The message of a final run is acked with a confirmed ack (confirmAck), after
 // which its record leaves KV a minute later (KvPurger, nats/kv-purge.ts), so
 // that nats-server holds nothing per ended run. By then nothing writes the
 // record: a confirmed ack is not redelivered, except by a consumer whose
@@ -31,7 +31,7 @@
 // event (runs/results.ts readFromEvent).
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
-import { consumers, ensureConsumer, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
+import { confirmAck, consumers, ensureConsumer, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
 import {
   type RunControl,
   publishRunEvent,
@@ -285,10 +285,19 @@ export class RunWorker {
     return running;
   }
 
-  /** Acks the message of a run whose record is final; the record is then due for its removal. */
+  /**
+   * Acks the message of a run whose record is final; once the server has
+   * confirmed the ack, the record is due for its removal (an ack not
+   * confirmed leaves it to the bucket's age).
+   */
   private ackFinal(msg: JsMsg, run: Pick<RunRecord, "project_id" | "app_name" | "run_id">, revisions?: number[]): void {
-    if (!this.deps.purger) return msg.ack();
-    this.deps.purger.afterAck(msg, runKey(run.project_id, run.app_name, run.run_id), revisions);
+    const { purger } = this.deps;
+    if (!purger) return msg.ack();
+    const key = runKey(run.project_id, run.app_name, run.run_id);
+    confirmAck(this.deps.runs.nc, msg).then(
+      () => purger.schedule(key, revisions),
+      () => undefined,
+    );
   }
 
   /** The run's outcome; a full app is waited for (the message stays ours through working()). */
