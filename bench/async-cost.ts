@@ -32,6 +32,17 @@ ensureTools();
 const us = (from: number, to: number, runs: number) => Math.round(((to - from) * 1e6) / runs);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** Fails unless the newest runs succeeded: a drain that dropped or failed runs measures nothing. */
+async function ranAll(skiff: SkiffProcess): Promise<void> {
+  await sleep(1_000); // the run history is a batch behind the events
+  const res = await fetch(`${skiff.url}/v2/projects/p-dev/apps/p-add/runs?page_size=20`, {
+    headers: { authorization: `Bearer ${skiff.devToken}` },
+  });
+  const { runs } = (await res.json()) as { runs: { status: string; error?: unknown }[] };
+  const bad = runs.filter((r) => r.status !== "success");
+  if (bad.length > 0) throw new Error(`runs did not succeed: ${JSON.stringify(bad.slice(0, 3))}`);
+}
+
 /** One round on a fresh NATS server and data folder; the figures of that round. */
 async function round1(): Promise<Record<string, number>> {
   const tmp = await mkdtemp(path.join(tmpdir(), "skiff-async-cost-"));
@@ -103,6 +114,7 @@ async function round1(): Promise<Record<string, number>> {
       await drained();
       const drainSeconds = (performance.now() - t0) / 1000;
       const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+      await ranAll(skiff);
       return {
         ...row,
         backlog,
@@ -129,6 +141,7 @@ async function round1(): Promise<Record<string, number>> {
     await drained();
     const drainSeconds = (performance.now() - t0) / 1000;
     const to = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+    await ranAll(skiff);
     return {
       backlog: left,
       drain_per_s: Math.round(left / drainSeconds),

@@ -3,7 +3,8 @@
 // the NATS layout, shared by every runner of the app), pulled only for free slots
 // (max_replicas × replica_concurrency of the app, less the runs under way).
 //
-// A message is a run: its record goes `running` (attempt = delivery count),
+// A message is a run: its record goes `running` (attempt = delivery count;
+// its event is published without awaiting an acknowledgement),
 // the runner invokes the app while the message's ack deadline is pushed
 // back with working() every third of ack_wait, the final record and event
 // are written, and only then is the message acked. A runner killed mid-run
@@ -34,7 +35,7 @@ import type { AppRegistry } from "../apps/index.js";
 import { confirmAck, consumers, ensureConsumer, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
 import {
   type RunControl,
-  publishRunEvent,
+  publishRunEventUnacked,
   finishAsync,
   republishFinal,
   type FinishDeps,
@@ -200,7 +201,9 @@ export class RunWorker {
       runId = req.runId;
       const running = await this.start(msg, queue.app, runId, meta);
       if (!running) return; // the message is settled
-      await publishRunEvent(deps.runs.nc, running.record);
+      // The `running` event is news, not the record (KV holds that, acknowledged): it goes out without an
+      // acknowledgement awaited, ahead of the final event on the same connection, as a sync run's does.
+      publishRunEventUnacked(deps.runs.nc, running.record);
       const controller = new AbortController();
       const done = this.invoke(queue, req, controller.signal).then((outcome) => finishAsync(deps, running, outcome));
       deps.control.track(runId, controller, done);
