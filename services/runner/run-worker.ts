@@ -65,6 +65,14 @@ import { failLostRun } from "./run-advisories.js";
  * than one redelivery meant for a live one (each counts toward max_deliver).
  */
 const PULL_EXPIRES_MS = 5_000;
+/**
+ * The most runs one pull asks for. A pull's messages arrive together, and
+ * the runs they start would do their first steps in one turn of the event
+ * loop, ahead of the calls waiting on the thread (async accepts when the
+ * gateway is this process): smaller pulls, and each run started in a turn
+ * of its own, let those in between.
+ */
+const PULL_BATCH = 32;
 const RETRY_AFTER_ERROR_MS = 2_000;
 const CLOSE_GRACE_MS = 5_000;
 
@@ -90,6 +98,8 @@ class Requeue extends Error {
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+/** Resolves after the I/O that is waiting now has been handled. */
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 class AppQueue {
   stopped = false;
@@ -123,10 +133,16 @@ class AppQueue {
             continue;
           }
           this.batch = await consumer.fetch({
-            max_messages: free,
+            max_messages: Math.min(free, PULL_BATCH),
             expires: Math.max(1_000, Math.min(PULL_EXPIRES_MS, deps.ackWaitMs)),
           });
           for await (const msg of this.batch) {
+            // A turn of the event loop per run taken: calls waiting on the thread go in between.
+            await nextTurn();
+            if (this.stopped) {
+              msg.nak(); // for another runner, or this one's next start
+              continue;
+            }
             this.inflight++;
             void this.worker.handle(this, msg).finally(() => {
               this.inflight--;
