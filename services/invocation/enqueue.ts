@@ -51,10 +51,12 @@ export interface AsyncCall {
   idempotencyKey: string | undefined;
 }
 
+const encoder = new TextEncoder();
+
 function accepted(ctx: HandlerContext, runId: string): RunResponse {
   ctx.responseHeader.set("x-request-id", runId);
   setHttpStatus(ctx, 202);
-  const data = new TextEncoder().encode(JSON.stringify({ run_id: runId }));
+  const data = encoder.encode(JSON.stringify({ run_id: runId }));
   return create(RunResponseSchema, { runId, statusCode: 202, body: { contentType: "application/json", data } });
 }
 
