@@ -63,7 +63,7 @@ function accepted(ctx: HandlerContext, runId: string): RunResponse {
 export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: HandlerContext): Promise<RunResponse> {
   const { app, record, invoke, runId } = call;
   if (call.idempotencyKey !== undefined) {
-    const first = await claimIdempotencyKey(deps.idempotency, app, call.idempotencyKey, runId);
+    const first = await claimIdempotencyKey(deps.nc, app, call.idempotencyKey, runId);
     if (first !== runId) return accepted(ctx, first);
   }
   record.run_id = invoke.runId = runId;
