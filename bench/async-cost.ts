@@ -29,7 +29,7 @@ const GATEWAY_ROLES = "invocation,management,webhook";
 const SCALING = "[scaling]\nmin_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 64\ncooldown = 600\n";
 ensureTools();
 
-const us = (from: number, to: number, runs: number) => Math.round(((to - from) * 1e6) / runs);
+const IDLE_SECONDS = 3;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Fails unless the newest runs succeeded: a drain that dropped or failed runs measures nothing. */
@@ -43,20 +43,20 @@ async function ranAll(skiff: SkiffProcess): Promise<void> {
   if (bad.length > 0) throw new Error(`runs did not succeed: ${JSON.stringify(bad.slice(0, 3))}`);
 }
 
+/** CPU seconds of skiff and nats-server, and nats-server's message counters, at one moment. */
+interface Sample {
+  t: number;
+  skiff: number;
+  nats: number;
+  in: number;
+  out: number;
+}
+
 /** One round on a fresh NATS server and data folder; the figures of that round. */
 async function round1(): Promise<Record<string, number>> {
   const tmp = await mkdtemp(path.join(tmpdir(), "skiff-async-cost-"));
   const monitor = await freePort();
   const nats: TestNats = await startNatsServer({ args: ["-m", String(monitor)] });
-  // Messages into nats-server and out of it: NATS operations per run, which do not vary with the machine's load.
-  const msgs = async () => {
-    const v = (await (await fetch(`http://127.0.0.1:${monitor}/varz`)).json()) as { in_msgs: number; out_msgs: number };
-    return [v.in_msgs, v.out_msgs];
-  };
-  const per = (from: number[], to: number[], runs: number) => ({
-    nats_in_per_run: round((to[0] - from[0]) / runs, 1),
-    nats_out_per_run: round((to[1] - from[1]) / runs, 1),
-  });
   const nc = await connect({ servers: nats.url });
   const jsm = await nc.jetstreamManager();
   const queued = async () => (await jsm.streams.info(streams.runs.name)).state.messages;
@@ -68,6 +68,40 @@ async function round1(): Promise<Record<string, number>> {
       ...(roles ? { roles } : {}),
     });
   let skiff: SkiffProcess | undefined = await start(mode === "both" ? undefined : GATEWAY_ROLES);
+  // Messages into nats-server and out of it count the NATS operations of a run, whatever the machine's load.
+  const sample = async (): Promise<Sample> => {
+    const v = (await (await fetch(`http://127.0.0.1:${monitor}/varz`)).json()) as { in_msgs: number; out_msgs: number };
+    const [s, n] = [await cpuSeconds(skiff!.pid), await cpuSeconds(nats.pid)];
+    return { t: performance.now() / 1000, skiff: s, nats: n, in: v.in_msgs, out: v.out_msgs };
+  };
+  /**
+   * Per run from `a` to `b`, less what the process does idle over as long (timers, watches, heartbeats),
+   * measured for IDLE_SECONDS once the runs are over: at a few hundred runs a second it is not negligible.
+   */
+  const idle = async (): Promise<Sample> => {
+    await quiet(skiff!.pid, 60_000);
+    const a = await sample();
+    await sleep(IDLE_SECONDS * 1000);
+    const b = await sample();
+    const d = b.t - a.t;
+    return {
+      t: 1,
+      skiff: (b.skiff - a.skiff) / d,
+      nats: (b.nats - a.nats) / d,
+      in: (b.in - a.in) / d,
+      out: (b.out - a.out) / d,
+    };
+  };
+  const cost = (a: Sample, b: Sample, runs: number, rate: Sample) => {
+    const d = b.t - a.t;
+    const net = (k: keyof Sample) => (b[k] - a[k] - rate[k] * d) / runs;
+    return {
+      skiff_us_per_run: Math.round(net("skiff") * 1e6),
+      nats_us_per_run: Math.round(net("nats") * 1e6),
+      nats_in_per_run: round(net("in"), 2),
+      nats_out_per_run: round(net("out"), 2),
+    };
+  };
   try {
     await deployFolder(skiff, tmp, {
       "skiff.toml": `[app]\nname = "p-add"\n[runtime]\nkind = "cortex"\nlanguage = "node"\nentry = "index.mjs"\n${SCALING}`,
@@ -88,8 +122,7 @@ async function round1(): Promise<Record<string, number>> {
     await wrk({ ...job, seconds: 2 }, tmp);
     if (mode === "both") await drained();
     await quiet(skiff.pid, 60_000);
-    const before = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
-    const msgsBefore = await msgs();
+    const before = await sample();
     const r = await wrk({ ...job, seconds }, tmp);
     const row: Record<string, number> = {
       accept_per_s: r.rps,
@@ -99,30 +132,22 @@ async function round1(): Promise<Record<string, number>> {
       runs: r.requests,
     };
     if (mode === "gateway") {
-      const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
-      return {
-        ...row,
-        skiff_us_per_run: us(before[0], after[0], r.requests),
-        nats_us: us(before[1], after[1], r.requests),
-        ...per(msgsBefore, await msgs(), r.requests),
-      };
+      const after = await sample();
+      return { ...row, ...cost(before, after, r.requests, await idle()) };
     }
     if (mode === "both") {
-      const acceptEnd = await cpuSeconds(skiff.pid);
+      const acceptEnd = await sample();
       const backlog = await queued();
-      const t0 = performance.now();
       await drained();
-      const drainSeconds = (performance.now() - t0) / 1000;
-      const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+      const after = await sample();
       await ranAll(skiff);
+      const rate = await idle();
       return {
         ...row,
         backlog,
-        drain_per_s: backlog > 0 ? Math.round(backlog / drainSeconds) : 0,
-        skiff_us_per_run: us(before[0], after[0], r.requests),
-        skiff_us_per_run_while_accepting: us(before[0], acceptEnd, r.requests),
-        nats_us: us(before[1], after[1], r.requests),
-        ...per(msgsBefore, await msgs(), r.requests),
+        drain_per_s: backlog > 0 ? Math.round(backlog / (after.t - acceptEnd.t)) : 0,
+        ...cost(before, after, r.requests, rate),
+        skiff_us_per_run_while_accepting: cost(before, acceptEnd, r.requests, rate).skiff_us_per_run,
       };
     }
     // drain: the gateway's backlog (the warm-up's runs too), run by a process with every role.
@@ -135,20 +160,11 @@ async function round1(): Promise<Record<string, number>> {
       await sleep(5);
       left = await queued();
     }
-    const from = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
-    const msgsFrom = await msgs();
-    const t0 = performance.now();
+    const from = await sample();
     await drained();
-    const drainSeconds = (performance.now() - t0) / 1000;
-    const to = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+    const to = await sample();
     await ranAll(skiff);
-    return {
-      backlog: left,
-      drain_per_s: Math.round(left / drainSeconds),
-      skiff_us_per_run: us(from[0], to[0], left),
-      nats_us: us(from[1], to[1], left),
-      ...per(msgsFrom, await msgs(), left),
-    };
+    return { backlog: left, drain_per_s: Math.round(left / (to.t - from.t)), ...cost(from, to, left, await idle()) };
   } finally {
     await nc.close();
     await skiff?.stop();
