@@ -32,15 +32,21 @@ ensureTools();
 const IDLE_SECONDS = 3;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** Fails unless the newest runs succeeded: a drain that dropped or failed runs measures nothing. */
+/**
+ * Fails unless the newest runs succeeded (as the run history shows them, which is a batch or more behind
+ * the events on a busy machine: up to 30 s): a drain that dropped or failed runs measures nothing.
+ */
 async function ranAll(skiff: SkiffProcess): Promise<void> {
-  await sleep(1_000); // the run history is a batch behind the events
-  const res = await fetch(`${skiff.url}/v2/projects/p-dev/apps/p-add/runs?page_size=20`, {
-    headers: { authorization: `Bearer ${skiff.devToken}` },
-  });
-  const { runs } = (await res.json()) as { runs: { status: string; error?: unknown }[] };
-  const bad = runs.filter((r) => r.status !== "success");
-  if (bad.length > 0) throw new Error(`runs did not succeed: ${JSON.stringify(bad.slice(0, 3))}`);
+  let bad: unknown[] = [];
+  for (const deadline = Date.now() + 30_000; Date.now() < deadline; await sleep(500)) {
+    const res = await fetch(`${skiff.url}/v2/projects/p-dev/apps/p-add/runs?page_size=20`, {
+      headers: { authorization: `Bearer ${skiff.devToken}` },
+    });
+    const { runs } = (await res.json()) as { runs: { status: string }[] };
+    bad = runs.filter((r) => r.status !== "success");
+    if (bad.length === 0) return;
+  }
+  throw new Error(`runs did not succeed: ${JSON.stringify(bad.slice(0, 3))}`);
 }
 
 /** CPU seconds of skiff and nats-server, and nats-server's message counters, at one moment. */
