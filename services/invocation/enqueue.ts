@@ -51,17 +51,19 @@ export interface AsyncCall {
   idempotencyKey: string | undefined;
 }
 
+const encoder = new TextEncoder();
+
 function accepted(ctx: HandlerContext, runId: string): RunResponse {
   ctx.responseHeader.set("x-request-id", runId);
   setHttpStatus(ctx, 202);
-  const data = new TextEncoder().encode(JSON.stringify({ run_id: runId }));
+  const data = encoder.encode(JSON.stringify({ run_id: runId }));
   return create(RunResponseSchema, { runId, statusCode: 202, body: { contentType: "application/json", data } });
 }
 
 export async function enqueue(deps: InvocationDeps, call: AsyncCall, ctx: HandlerContext): Promise<RunResponse> {
   const { app, record, invoke, runId } = call;
   if (call.idempotencyKey !== undefined) {
-    const first = await claimIdempotencyKey(deps.idempotency, app, call.idempotencyKey, runId);
+    const first = await claimIdempotencyKey(deps.nc, app, call.idempotencyKey, runId);
     if (first !== runId) return accepted(ctx, first);
   }
   record.run_id = invoke.runId = runId;

@@ -6,8 +6,10 @@
 // connection gets its reply on `{inbox}.{n}` of one wildcard subscription,
 // and one sweep a second fails the publishes that waited too long. Plain
 // requests (a KV record read from its stream's leader, kv-get.ts) share the
-// same subscription.
-import { createInbox, headers, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "nats";
+// same subscription, and so do confirmed acks of consumed messages
+// (confirmAck: nats.js's ackAck() makes a request entry, a timer, an error
+// for its async trace and another to cancel the finished request, per ack).
+import { createInbox, headers, type JsMsg, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "nats";
 
 /** JetStream's acknowledgement of a stored message. */
 interface PubAck {
@@ -183,6 +185,22 @@ export function publishAcked(
  */
 export function requestPipelined(nc: NatsConnection, subject: string, data: Uint8Array): Promise<Msg> {
   return publisherOf(nc).request(subject, data);
+}
+
+const ACK = encoder.encode("+ACK");
+
+/**
+ * Acks a JetStream message and resolves once the server has confirmed it (as
+ * JsMsg.ackAck(), on the connection's shared reply subscription): the
+ * message will not be delivered again. Rejects when no confirmation comes
+ * (the consumer gone, a timeout). `msg` is acked here only: nothing else may
+ * ack, nak or mark it working afterwards.
+ */
+export async function confirmAck(nc: NatsConnection, msg: JsMsg): Promise<void> {
+  // nats.js's JsMsg has the subject to ack on as `reply`, outside its typed interface: else its own ackAck().
+  const reply = (msg as { reply?: unknown }).reply;
+  if (typeof reply === "string" && reply !== "") await requestPipelined(nc, reply, ACK);
+  else if (!(await msg.ackAck())) throw new PublishError(`the message on ${msg.subject} could not be acked`);
 }
 
 /** A JetStream API answer's error. */

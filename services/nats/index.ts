@@ -3,7 +3,7 @@
 // ensuring consumers, pipelined acknowledged publishes, JetStream API errors,
 // views of KV buckets fed by watches, and byte streams between two processes
 // over a subject pair.
-export { PublishError, publishAcked } from "./acked-publish.js";
+export { PublishError, confirmAck, publishAcked } from "./acked-publish.js";
 export { BACKGROUND_FLUSH_MS, publishInBackground } from "./coalesce.js";
 export { connectNats, provision } from "./connect.js";
 export type { NatsHandle } from "./connect.js";

@@ -3,7 +3,8 @@
 // the NATS layout, shared by every runner of the app), pulled only for free slots
 // (max_replicas × replica_concurrency of the app, less the runs under way).
 //
-// A message is a run: its record goes `running` (attempt = delivery count),
+// A message is a run: its record goes `running` (attempt = delivery count;
+// its event is published without awaiting an acknowledgement),
 // the runner invokes the app while the message's ack deadline is pushed
 // back with working() every third of ack_wait, the final record and event
 // are written, and only then is the message acked. A runner killed mid-run
@@ -20,7 +21,7 @@
 // neither read past that size nor stored: the run fails with error type
 // result_too_large.
 //
-// The message of a final run is acked with a confirmed ack (ackAck), after
+// The message of a final run is acked with a confirmed ack (confirmAck), after
 // which its record leaves KV a minute later (KvPurger, nats/kv-purge.ts), so
 // that nats-server holds nothing per ended run. By then nothing writes the
 // record: a confirmed ack is not redelivered, except by a consumer whose
@@ -31,10 +32,10 @@
 // event (runs/results.ts readFromEvent).
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
-import { consumers, ensureConsumer, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
+import { confirmAck, consumers, ensureConsumer, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
 import {
   type RunControl,
-  publishRunEvent,
+  publishRunEventUnacked,
   finishAsync,
   republishFinal,
   type FinishDeps,
@@ -64,6 +65,14 @@ import { failLostRun } from "./run-advisories.js";
  * than one redelivery meant for a live one (each counts toward max_deliver).
  */
 const PULL_EXPIRES_MS = 5_000;
+/**
+ * The most runs one pull asks for. A pull's messages arrive together, and
+ * the runs they start would do their first steps in one turn of the event
+ * loop, ahead of the calls waiting on the thread (async accepts when the
+ * gateway is this process): smaller pulls, and each run started in a turn
+ * of its own, let those in between.
+ */
+const PULL_BATCH = 32;
 const RETRY_AFTER_ERROR_MS = 2_000;
 const CLOSE_GRACE_MS = 5_000;
 
@@ -89,6 +98,8 @@ class Requeue extends Error {
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+/** Resolves after the I/O that is waiting now has been handled. */
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 class AppQueue {
   stopped = false;
@@ -122,10 +133,16 @@ class AppQueue {
             continue;
           }
           this.batch = await consumer.fetch({
-            max_messages: free,
+            max_messages: Math.min(free, PULL_BATCH),
             expires: Math.max(1_000, Math.min(PULL_EXPIRES_MS, deps.ackWaitMs)),
           });
           for await (const msg of this.batch) {
+            // A turn of the event loop per run taken: calls waiting on the thread go in between.
+            await nextTurn();
+            if (this.stopped) {
+              msg.nak(); // for another runner, or this one's next start
+              continue;
+            }
             this.inflight++;
             void this.worker.handle(this, msg).finally(() => {
               this.inflight--;
@@ -200,7 +217,9 @@ export class RunWorker {
       runId = req.runId;
       const running = await this.start(msg, queue.app, runId, meta);
       if (!running) return; // the message is settled
-      await publishRunEvent(deps.runs.nc, running.record);
+      // The `running` event is news, not the record (KV holds that, acknowledged): it goes out without an
+      // acknowledgement awaited, ahead of the final event on the same connection, as a sync run's does.
+      publishRunEventUnacked(deps.runs.nc, running.record);
       const controller = new AbortController();
       const done = this.invoke(queue, req, controller.signal).then((outcome) => finishAsync(deps, running, outcome));
       deps.control.track(runId, controller, done);
@@ -285,10 +304,19 @@ export class RunWorker {
     return running;
   }
 
-  /** Acks the message of a run whose record is final; the record is then due for its removal. */
+  /**
+   * Acks the message of a run whose record is final; once the server has
+   * confirmed the ack, the record is due for its removal (an ack not
+   * confirmed leaves it to the bucket's age).
+   */
   private ackFinal(msg: JsMsg, run: Pick<RunRecord, "project_id" | "app_name" | "run_id">, revisions?: number[]): void {
-    if (!this.deps.purger) return msg.ack();
-    this.deps.purger.afterAck(msg, runKey(run.project_id, run.app_name, run.run_id), revisions);
+    const { purger } = this.deps;
+    if (!purger) return msg.ack();
+    const key = runKey(run.project_id, run.app_name, run.run_id);
+    confirmAck(this.deps.runs.nc, msg).then(
+      () => purger.schedule(key, revisions),
+      () => undefined,
+    );
   }
 
   /** The run's outcome; a full app is waited for (the message stays ours through working()). */

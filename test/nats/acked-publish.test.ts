@@ -1,9 +1,10 @@
 // Pipelined acknowledged JetStream publishes (nats/acked-publish.ts) against
 // a real nats-server: acknowledgements in any number at once, deduplication
-// by Nats-Msg-Id, refusals, no stream, and no answer.
-import { connect, type NatsConnection } from "nats";
+// by Nats-Msg-Id, refusals, no stream, and no answer; confirmed acks of
+// consumed messages.
+import { AckPolicy, RetentionPolicy, connect, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { AckedPublisher, PublishError, publishAcked } from "../../services/nats/acked-publish.js";
+import { AckedPublisher, PublishError, confirmAck, publishAcked } from "../../services/nats/acked-publish.js";
 import { JsErrorCode, isJsError } from "../../services/nats/errors.js";
 import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
 
@@ -75,5 +76,41 @@ describe("publishAcked", () => {
     } finally {
       await other.close();
     }
+  });
+});
+
+describe("confirmAck", () => {
+  it("resolves once the server has the ack: the message leaves a work queue and is not delivered again", async () => {
+    const jsm = await nc.jetstreamManager();
+    await jsm.streams.add({ name: "WORK", subjects: ["work.>"], retention: RetentionPolicy.Workqueue });
+    await jsm.consumers.add("WORK", { durable_name: "w", ack_policy: AckPolicy.Explicit, ack_wait: 1_000_000_000 });
+    for (let i = 0; i < 20; i++) await publishAcked(nc, "work.x", bytes(`${i}`));
+    const consumer = await nc.jetstream().consumers.get("WORK", "w");
+    const batch = await consumer.fetch({ max_messages: 20, expires: 2_000 });
+    const acks: Promise<void>[] = [];
+    for await (const m of batch) {
+      acks.push(confirmAck(nc, m));
+      if (acks.length === 20) break;
+    }
+    await Promise.all(acks);
+    // Confirmed: the stream holds none of them, and ack_wait passing brings none back.
+    expect((await jsm.streams.info("WORK")).state.messages).toBe(0);
+    await new Promise((r) => setTimeout(r, 1_500));
+    const again = await consumer.fetch({ max_messages: 1, expires: 1_000 });
+    const redelivered: string[] = [];
+    for await (const m of again) redelivered.push(m.string());
+    expect(redelivered).toEqual([]);
+  });
+
+  it("rejects when no consumer takes the ack", async () => {
+    const jsm = await nc.jetstreamManager();
+    await jsm.streams.add({ name: "GONE", subjects: ["gone.>"] });
+    await jsm.consumers.add("GONE", { durable_name: "g", ack_policy: AckPolicy.Explicit });
+    await publishAcked(nc, "gone.x", bytes("x"));
+    const m = await (await nc.jetstream().consumers.get("GONE", "g")).next({ expires: 2_000 });
+    expect(m).not.toBeNull();
+    await jsm.consumers.delete("GONE", "g");
+    const err = await confirmAck(nc, m!).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(PublishError);
   });
 });
