@@ -90,7 +90,7 @@ export async function superviseWorkers(config: Config, logger: Logger): Promise<
     const worker = cluster.fork({ ...process.env, ...env, [WORKER_NUMBER_VARIABLE]: String(slot.n) });
     slot.worker = worker;
     slot.startedAt = Date.now();
-    logger.info({ worker: slot.n, pid: worker.process.pid }, `started worker ${slot.n}`);
+    logger.info({ worker: slot.n, workerPid: worker.process.pid }, `started worker ${slot.n}`);
     worker.once("exit", (code, signal) => {
       if (slot.worker === worker) slot.worker = undefined;
       if (stopping) {
@@ -101,7 +101,7 @@ export async function superviseWorkers(config: Config, logger: Logger): Promise<
       const pause = quick ? slot.pause : FIRST_RESTART_PAUSE_MS;
       slot.pause = quick ? Math.min(slot.pause * 2, MAX_RESTART_PAUSE_MS) : FIRST_RESTART_PAUSE_MS;
       logger.error(
-        { worker: slot.n, pid: worker.process.pid, code, signal, restartInMs: pause },
+        { worker: slot.n, workerPid: worker.process.pid, code, signal, restartInMs: pause },
         `worker ${slot.n} ended (${signal ?? `exit code ${code}`}); starting it again`,
       );
       setTimeout(() => {
@@ -129,7 +129,7 @@ export async function superviseWorkers(config: Config, logger: Logger): Promise<
     const deadline = setTimeout(() => {
       for (const w of live)
         if (!w.isDead()) {
-          logger.error({ pid: w.process.pid }, "a worker did not stop in time: killing it");
+          logger.error({ workerPid: w.process.pid }, "a worker did not stop in time: killing it");
           w.process.kill("SIGKILL");
         }
     }, config.stopDeadlineMs + STOP_MARGIN_MS);

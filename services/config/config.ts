@@ -494,7 +494,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "dataDir",
     env: "SKIFF_DATA_DIR",
     fallback: DEFAULT_DATA_DIR,
-    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`).",
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`run-history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`); with `SKIFF_WORKERS` above 1, each worker's run history, deployments, replicas and storage go under `workers/<n>/` instead.",
     parse: nonEmpty,
   },
   {
@@ -515,7 +515,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "natsCreds",
     env: "SKIFF_NATS_CREDS",
     fallback: "",
-    doc: `Path of a NATS credentials file (\`.creds\`: a user JWT and its nkey seed, as \`nsc\` writes it) that skiff connects with; read again on each reconnect. At most one way to authenticate may be set: \`SKIFF_NATS_CREDS\`, \`SKIFF_NATS_USER\` with \`SKIFF_NATS_PASSWORD\`, or \`SKIFF_NATS_TOKEN\`. With none, skiff connects without credentials and warns at start when the server lets it in. A \`nats-server\` that skiff starts itself uses its own generated credentials instead.`,
+    doc: `Path of a NATS credentials file (\`.creds\`: a user JWT and its nkey seed, as \`nsc\` writes it) that skiff connects with; read again on each reconnect. At most one way to authenticate may be set: \`SKIFF_NATS_CREDS\`, \`SKIFF_NATS_USER\` with \`SKIFF_NATS_PASSWORD\`, \`SKIFF_NATS_TOKEN\`, or \`SKIFF_NATS_NKEY\`. With none, skiff connects without credentials and warns at start when the server lets it in. A \`nats-server\` that skiff starts itself uses its own generated credentials instead.`,
     parse: optional(credsFile),
   },
   {
