@@ -6,7 +6,7 @@
 // nats-server's, from /proc. Writes bench/results/workers.json.
 import http from "node:http";
 import { readdir, readFile, mkdtemp, rm } from "node:fs/promises";
-import { cpus, tmpdir } from "node:os";
+import { cpus, loadavg, tmpdir } from "node:os";
 import path from "node:path";
 import { startNatsServer, type TestNats } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
@@ -77,14 +77,16 @@ function postFresh(url: string, token: string): Promise<{ status: number; worker
   });
 }
 
-/** Calls on fresh connections until each worker has answered one (a replica of its own started and warm). */
+/** Calls on fresh connections until each worker has answered one (started, with a replica of its own warm). */
 async function everyWorkerAnswers(skiff: SkiffProcess, url: string, workers: number): Promise<void> {
   const seen = new Set<string>();
-  for (let i = 0; seen.size < workers; i++) {
-    if (i > 200) throw new Error(`only workers ${[...seen].join(", ")} answered`);
+  // Workers after the first start once it serves, each in tens of seconds on a busy machine.
+  const deadline = Date.now() + 180_000;
+  while (seen.size < workers) {
+    if (Date.now() > deadline) throw new Error(`in 3 minutes only workers ${[...seen].join(", ")} answered`);
     const res = await postFresh(url, skiff.devToken).catch(() => undefined);
     if (res?.status === 200) seen.add(res.worker);
-    else await new Promise((r) => setTimeout(r, 500));
+    await new Promise((r) => setTimeout(r, res?.status === 200 ? 100 : 500));
   }
 }
 
@@ -100,6 +102,10 @@ interface Case {
   skiff_cpu_us_per_call: number;
   /** Cores the measured processes kept busy on average. */
   cores_busy: number;
+  /** Cores they kept busy with no calls (timers, the run history's upkeep), over 3 s just before. */
+  idle_cores_busy: number;
+  /** The machine's 1-minute load average when the case ended: above its cores, every figure is slowed by others. */
+  load_average: number;
 }
 
 async function measure(workers: number, tmp: string): Promise<Case> {
@@ -142,13 +148,17 @@ async function measure(workers: number, tmp: string): Promise<Case> {
     await wrk({ ...job, seconds: 3 }, tmp); // warm-up: JIT, pools, replicas
     await new Promise((r) => setTimeout(r, 2000));
     const roots = [skiff.pid, nats.pid];
+    const idleFrom = await treeCpu(roots);
+    const idleStarted = performance.now();
+    await new Promise((r) => setTimeout(r, 3000));
+    const idle = spent(idleFrom, await treeCpu(roots)) / ((performance.now() - idleStarted) / 1000);
     const before = await treeCpu(roots);
-    const skiffBefore = await treeCpu([skiff.pid]);
     const started = performance.now();
     const r = await wrk({ ...job, seconds }, tmp);
     const wall = (performance.now() - started) / 1000;
-    const all = spent(before, await treeCpu(roots));
-    const own = spent(skiffBefore, await treeCpu([skiff.pid]));
+    const after = await treeCpu(roots);
+    const all = spent(before, after);
+    const own = all - ((after.get(nats.pid) ?? 0) - (before.get(nats.pid) ?? 0));
     const result: Case = {
       workers,
       rps: r.rps,
@@ -158,11 +168,13 @@ async function measure(workers: number, tmp: string): Promise<Case> {
       cpu_us_per_call: Math.round((all / r.requests) * 1e6),
       skiff_cpu_us_per_call: Math.round((own / r.requests) * 1e6),
       cores_busy: round(all / wall),
+      idle_cores_busy: round(idle),
+      load_average: round(loadavg()[0]),
     };
     console.log(
       `  SKIFF_WORKERS=${workers}: ${r.rps} calls/s  p50 ${r.p50_ms.toFixed(3)} ms  p99 ${r.p99_ms.toFixed(3)} ms  ` +
         `errors ${r.errors}  CPU ${result.cpu_us_per_call} µs/call (skiff ${result.skiff_cpu_us_per_call})  ` +
-        `${result.cores_busy} cores busy`,
+        `${result.cores_busy} cores busy (${result.idle_cores_busy} idle)  load average ${result.load_average}`,
     );
     return result;
   } finally {
