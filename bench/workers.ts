@@ -53,6 +53,16 @@ async function treeCpu(roots: number[]): Promise<Map<number, number>> {
   return out;
 }
 
+/** Waits (up to a minute) until the processes below `roots` use less than a tenth of a core over a second. */
+async function quietTree(roots: number[]): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  while (Date.now() < deadline) {
+    const before = await treeCpu(roots);
+    await new Promise((r) => setTimeout(r, 1000));
+    if (spent(before, await treeCpu(roots)) < 0.1) return;
+  }
+}
+
 /** CPU seconds spent between two snapshots by the processes in both. */
 function spent(before: Map<number, number>, after: Map<number, number>): number {
   let total = 0;
@@ -146,8 +156,9 @@ async function measure(workers: number, tmp: string): Promise<Case> {
       connections: CONNECTIONS,
     };
     await wrk({ ...job, seconds: 3 }, tmp); // warm-up: JIT, pools, replicas
-    await new Promise((r) => setTimeout(r, 2000));
     const roots = [skiff.pid, nats.pid];
+    // Every worker's start-up work done (its embedded run history made, the warm-up's runs projected).
+    await quietTree(roots);
     const idleFrom = await treeCpu(roots);
     const idleStarted = performance.now();
     await new Promise((r) => setTimeout(r, 3000));
