@@ -77,6 +77,10 @@ export async function superviseWorkers(config: Config, logger: Logger): Promise<
     logger.fatal({ err }, err instanceof Error ? err.message : String(err));
     process.exit(1);
   }
+  if (stopRequested !== undefined) {
+    await nats.close();
+    process.exit(0);
+  }
   const env = natsEnv(config, nats);
   const slots: Slot[] = Array.from({ length: config.workers }, (_, i) => ({
     n: i + 1,
