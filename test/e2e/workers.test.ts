@@ -20,6 +20,8 @@ import { TEST_ROOT } from "../helpers/paths.js";
 
 const root = join(TEST_ROOT, "..");
 const OTHER = "p-workers2";
+/** Starting a worker on a busy 2-core machine takes up to a minute; the supervisor starts them one after another. */
+const START_MS = 300_000;
 
 type LogLine = Record<string, unknown> & { msg: string };
 
@@ -187,7 +189,7 @@ describe("SKIFF_WORKERS=2", () => {
         bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
       });
     }
-  });
+  }, START_MS);
 
   afterAll(async () => {
     if (child && child.exitCode === null && child.signalCode === null) {
@@ -250,16 +252,20 @@ describe("SKIFF_WORKERS=2", () => {
     expect([...uids[0]].sort()).toEqual([...uids[1]].sort());
   });
 
-  it("a killed worker is started again under its number, and calls go on through both", async () => {
-    const started = logs.lines.findLast((l) => l.msg === "started worker 2")!;
-    const pid = Number(started.workerPid);
-    expect(alive(pid)).toBe(true);
-    const again = logs.next(serves(2));
-    process.kill(pid, "SIGKILL");
-    const restarted = await again;
-    expect(restarted.pid).not.toBe(pid);
-    await bothWorkersAnswer("p-dev", devToken);
-  });
+  it(
+    "a killed worker is started again under its number, and calls go on through both",
+    async () => {
+      const started = logs.lines.findLast((l) => l.msg === "started worker 2")!;
+      const pid = Number(started.workerPid);
+      expect(alive(pid)).toBe(true);
+      const again = logs.next(serves(2));
+      process.kill(pid, "SIGKILL");
+      const restarted = await again;
+      expect(restarted.pid).not.toBe(pid);
+      await bothWorkersAnswer("p-dev", devToken);
+    },
+    START_MS,
+  );
 
   it("SIGTERM stops every worker, their replicas and the nats-server, and the supervisor exits 0", async () => {
     const workers = logs.lines.filter((l) => typeof l.workerPid === "number").map((l) => Number(l.workerPid));
