@@ -1,19 +1,29 @@
 // The skiff process: `npm start` runs every role; `--roles a,b` picks some.
+// With SKIFF_WORKERS > 1 it is the supervisor of that many workers
+// (workers.ts), each of which runs this file again as a worker.
+import cluster from "node:cluster";
 import { parseArgs } from "node:util";
 import { ConfigError, loadConfig, parseRoles, createLogger } from "./config/index.js";
 import { deployExamples } from "./management/index.js";
 import { startSkiff } from "./start.js";
+import { superviseWorkers, workerNumber } from "./workers.js";
 
 async function main(): Promise<void> {
   let config;
   try {
     const { values } = parseArgs({ options: { roles: { type: "string" } }, strict: true });
-    config = loadConfig(process.env, values.roles === undefined ? {} : { roles: parseRoles(values.roles, "--roles") });
+    config = loadConfig(process.env, {
+      ...(values.roles === undefined ? {} : { roles: parseRoles(values.roles, "--roles") }),
+      worker: workerNumber(),
+    });
   } catch (err) {
     console.error(`skiff: ${err instanceof ConfigError || err instanceof TypeError ? err.message : String(err)}`);
     process.exit(2);
   }
-  const logger = createLogger(config.logLevel);
+  const base = createLogger(config.logLevel);
+  // A worker's every line says which worker it is.
+  const logger = config.worker === undefined ? base : base.child({ worker: config.worker });
+  if (config.workers > 1 && cluster.isPrimary) return superviseWorkers(config, logger);
   // Taken from the start: a signal while skiff starts (it says it serves before this function goes on) is held,
   // and the stop begins once it has started, instead of the signal's default ending the process at once.
   let signalled: string | undefined;
@@ -28,7 +38,8 @@ async function main(): Promise<void> {
     process.exit(1);
   }
   // In the background once the port is open: the server must answer the deploys.
-  if (config.roles.includes("management") && config.roles.includes("runner"))
+  // Once per install: by worker 1 where several serve.
+  if (config.roles.includes("management") && config.roles.includes("runner") && (config.worker ?? 1) === 1)
     void deployExamples({ url: skiff.url, dataDir: config.dataDir, logger });
   let stopping = false;
   const stop = (signal: string) => {

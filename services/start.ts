@@ -42,6 +42,8 @@ import { SKIFF_APIS } from "./apis.js";
 export interface Skiff {
   url: string;
   port: number;
+  /** This process's number among the workers of SKIFF_WORKERS; undefined when it serves alone. */
+  worker: number | undefined;
   nats: NatsHandle;
   health: HealthState;
   /** The runner of the runner role, when this process runs it. */
@@ -108,7 +110,8 @@ const ROLES: Record<Role, RoleSpec> = {
       const { config, nats, logger } = shared;
       const runnerRole = await startRunnerRole({
         nc: nats.nc,
-        dataDir: config.dataDir,
+        // Replicas and project storage are this process's own: a worker's under its folder.
+        dataDir: processDir(config),
         logger,
         registry: await shared.registry(),
         deployments: shared.deployments!,
@@ -189,6 +192,7 @@ const ROLES: Record<Role, RoleSpec> = {
         auth: await shared.auth(),
         dataDir: config.dataDir,
         databaseUrl: config.databaseUrl,
+        historyDir: processDir(config),
         signingKey: config.signingKey,
         adminToken: config.adminToken,
         maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
@@ -297,6 +301,17 @@ function dashboardSite(config: Config): ReturnType<typeof createStaticFiles> {
 }
 
 const adminTokenFile = (dataDir: string) => path.resolve(dataDir, "admin-token");
+
+/**
+ * The folder of what is this process's alone (replicas, deployments, the
+ * projects' persistent storage, the embedded run history): a worker's
+ * `workers/<n>` in the data folder, so that no two workers attach one
+ * storage image or open one embedded database; the data folder itself for a
+ * process that serves alone.
+ */
+export function processDir(config: Pick<Config, "dataDir" | "worker">): string {
+  return config.worker === undefined ? config.dataDir : path.join(config.dataDir, "workers", String(config.worker));
+}
 
 /** Live replicas of this process's runner, by app and state, for the replicas gauge. */
 function replicaCounts(runner: Runner, registry: AppRegistry): [Record<string, string>, number][] {
@@ -454,7 +469,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       webhookAllowedCidrs: webhookAllowedCidrs(config, logger),
       sandbox,
       deployments: config.roles.includes("runner")
-        ? new DeploymentCache(deploymentsDir(config.dataDir), {
+        ? new DeploymentCache(deploymentsDir(processDir(config)), {
             maxBytes: config.maxBundleBytes,
             maxFiles: config.maxBundleFiles,
             logger,
@@ -525,6 +540,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       site: config.roles.includes("management") ? dashboardSite(config) : undefined,
       interceptors: auth ? [auth.interceptor] : [],
       upgrade: started.find(([, role]) => role.upgrade)?.[1].upgrade,
+      worker: config.worker,
       cors: started.find(([, role]) => role.cors)?.[1].cors,
       metrics: {
         metrics,
@@ -538,12 +554,13 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       throw err;
     });
     logger.info(
-      { url: server.url, roles: config.roles, nats: nats.url },
+      { url: server.url, roles: config.roles, nats: nats.url, worker: config.worker },
       `skiff serves ${server.url} (REST, Connect, gRPC-Web on HTTP/1.1; gRPC on h2c)`,
     );
     return {
       url: server.url,
       port: server.port,
+      worker: config.worker,
       nats,
       health,
       runner: shared.runner,

@@ -52,6 +52,8 @@ export interface Config {
   natsPassword: string | undefined;
   /** Secret: never logged. */
   natsToken: string | undefined;
+  /** Path of a file holding a NATS user's nkey seed (SU…); a fourth way to authenticate, exclusive of the others. */
+  natsNkey: string | undefined;
   /** Copies of every stream, bucket and object store in JetStream (SKIFF_NATS_REPLICAS). */
   natsReplicas: number;
   maxBodyBytes: number;
@@ -72,6 +74,14 @@ export interface Config {
   maxConnectionsPerAddress: number;
   logLevel: string;
   roles: Role[];
+  /** Processes that serve the port together (SKIFF_WORKERS); 1: this process serves it alone. */
+  workers: number;
+  /**
+   * This process's number among a supervisor's workers (1 to SKIFF_WORKERS),
+   * set by the supervisor when it starts the process; undefined in a process
+   * that serves alone. Not a setting.
+   */
+  worker?: number;
   shutdownTimeoutMs: number;
   /** A graceful stop still under way this long after SIGTERM ends the process with exit code 1. */
   stopDeadlineMs: number;
@@ -275,13 +285,19 @@ function indexUrls(raw: string, variable: string): string[] {
 }
 
 /** The settings that say how skiff authenticates to NATS. */
-export type NatsCredentials = Partial<Pick<Config, "natsCreds" | "natsUser" | "natsPassword" | "natsToken">>;
+export type NatsCredentials = Partial<
+  Pick<Config, "natsCreds" | "natsUser" | "natsPassword" | "natsToken" | "natsNkey">
+>;
 
 /** How skiff authenticates to NATS, made from NatsCredentials by natsAuth(). */
 export type NatsAuth =
-  { kind: "creds"; file: string } | { kind: "user"; user: string; password: string } | { kind: "token"; token: string };
+  | { kind: "creds"; file: string }
+  | { kind: "user"; user: string; password: string }
+  | { kind: "token"; token: string }
+  | { kind: "nkey"; file: string };
 
-const NATS_AUTH_CHOICES = "SKIFF_NATS_CREDS, or SKIFF_NATS_USER with SKIFF_NATS_PASSWORD, or SKIFF_NATS_TOKEN";
+const NATS_AUTH_CHOICES =
+  "SKIFF_NATS_CREDS, or SKIFF_NATS_USER with SKIFF_NATS_PASSWORD, or SKIFF_NATS_TOKEN, or SKIFF_NATS_NKEY";
 
 /**
  * The one way of authenticating to NATS that the settings name; undefined when
@@ -300,6 +316,7 @@ export function natsAuth(c: NatsCredentials): NatsAuth | undefined {
     c.natsCreds !== undefined ? ["SKIFF_NATS_CREDS"] : [],
     c.natsUser !== undefined ? ["SKIFF_NATS_USER", "SKIFF_NATS_PASSWORD"] : [],
     c.natsToken !== undefined ? ["SKIFF_NATS_TOKEN"] : [],
+    c.natsNkey !== undefined ? ["SKIFF_NATS_NKEY"] : [],
   ].filter((vars) => vars.length > 0);
   if (given.length > 1) {
     const vars = given.flat();
@@ -312,6 +329,7 @@ export function natsAuth(c: NatsCredentials): NatsAuth | undefined {
   if (c.natsUser !== undefined && c.natsPassword !== undefined)
     return { kind: "user", user: c.natsUser, password: c.natsPassword };
   if (c.natsToken !== undefined) return { kind: "token", token: c.natsToken };
+  if (c.natsNkey !== undefined) return { kind: "nkey", file: c.natsNkey };
   return undefined;
 }
 
@@ -331,6 +349,19 @@ function credsFile(raw: string, variable: string): string {
       variable,
       `${raw} is not a NATS credentials file: expected a user JWT block and an nkey seed block, as nsc writes them`,
     );
+  return raw;
+}
+
+/** A readable file holding a NATS user's nkey seed (SU…); its contents (a secret) never appear in the message. */
+function nkeyFile(raw: string, variable: string): string {
+  let text: string;
+  try {
+    text = readFileSync(raw, "utf8");
+  } catch (err) {
+    throw new ConfigError(variable, `cannot read the NATS nkey seed file ${raw}: ${(err as Error).message}`);
+  }
+  if (!/^SU[A-Z2-7]{56}$/.test(text.trim()))
+    throw new ConfigError(variable, `${raw} does not hold the nkey seed of a NATS user (one line, SU…)`);
   return raw;
 }
 
@@ -463,7 +494,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "dataDir",
     env: "SKIFF_DATA_DIR",
     fallback: DEFAULT_DATA_DIR,
-    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`).",
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`); with `SKIFF_WORKERS` above 1, each worker's run history, deployments, replicas and storage go under `workers/<n>/` instead.",
     parse: nonEmpty,
   },
   {
@@ -484,7 +515,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "natsCreds",
     env: "SKIFF_NATS_CREDS",
     fallback: "",
-    doc: `Path of a NATS credentials file (\`.creds\`: a user JWT and its nkey seed, as \`nsc\` writes it) that skiff connects with; read again on each reconnect. At most one way to authenticate may be set: \`SKIFF_NATS_CREDS\`, \`SKIFF_NATS_USER\` with \`SKIFF_NATS_PASSWORD\`, or \`SKIFF_NATS_TOKEN\`. With none, skiff connects without credentials and warns at start when the server lets it in. A \`nats-server\` that skiff starts itself uses its own generated credentials instead.`,
+    doc: `Path of a NATS credentials file (\`.creds\`: a user JWT and its nkey seed, as \`nsc\` writes it) that skiff connects with; read again on each reconnect. At most one way to authenticate may be set: \`SKIFF_NATS_CREDS\`, \`SKIFF_NATS_USER\` with \`SKIFF_NATS_PASSWORD\`, \`SKIFF_NATS_TOKEN\`, or \`SKIFF_NATS_NKEY\`. With none, skiff connects without credentials and warns at start when the server lets it in. A \`nats-server\` that skiff starts itself uses its own generated credentials instead.`,
     parse: optional(credsFile),
   },
   {
@@ -507,6 +538,13 @@ const SETTINGS: Setting<keyof Config>[] = [
     fallback: "",
     doc: "NATS authorization token, taken as it is; never logged.",
     parse: secret,
+  },
+  {
+    key: "natsNkey",
+    env: "SKIFF_NATS_NKEY",
+    fallback: "",
+    doc: "Path of a file holding a NATS user's nkey seed (one line, `SU…`, as `nsc` and `nk -gen user` write it), for a server whose users are nkeys; read again on each reconnect. The workers of `SKIFF_WORKERS` connect so to the `nats-server` that skiff starts.",
+    parse: optional(nkeyFile),
   },
   {
     key: "natsReplicas",
@@ -595,6 +633,13 @@ const SETTINGS: Setting<keyof Config>[] = [
     fallback: ROLES.join(","),
     doc: "Roles this process runs (also `--roles`).",
     parse: parseRoles,
+  },
+  {
+    key: "workers",
+    env: "SKIFF_WORKERS",
+    fallback: "1",
+    doc: "Processes that serve the port together, each running the roles above: a supervisor process starts them (and the `nats-server` of the data folder, when skiff starts one), restarts one that dies, and stops them all on SIGTERM. Each worker has its own replicas, deployments, projects' persistent storage and embedded run history under `SKIFF_DATA_DIR/workers/<n>/` (set `SKIFF_DATABASE_URL` to share one history); sandbox uids come from NATS, shared. 1: one process, no supervisor. Raise it to the machine's cores when one process's CPU is the limit (its main thread near 100 %, see docs/deploy.md); each worker costs about 300 MB more. Needs `SKIFF_SANDBOX=on`.",
+    parse: integer(1, 256),
   },
   {
     key: "shutdownTimeoutMs",
@@ -934,6 +979,11 @@ export function loadConfig(env: Env = process.env, overrides: Partial<Config> = 
     throw new ConfigError(
       "SKIFF_STOP_DEADLINE_MS",
       `must be more than SKIFF_SHUTDOWN_TIMEOUT_MS (${config.shutdownTimeoutMs}), got ${config.stopDeadlineMs}: the stop would end before in-flight requests had their time`,
+    );
+  if (config.workers > 1 && config.sandbox === "off")
+    throw new ConfigError(
+      "SKIFF_WORKERS",
+      `must be 1 with SKIFF_SANDBOX=off, got ${config.workers}: unsandboxed replicas of several workers would share this machine's ports`,
     );
   natsAuth(config); // conflicting NATS credentials stop skiff here, before it connects anywhere
   return config;

@@ -22,8 +22,10 @@ interface ManagementRoleOptions {
   nc: NatsConnection;
   auth: Auth;
   dataDir: string;
-  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, SQLite in `dataDir`. */
+  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, SQLite in `historyDir`. */
   databaseUrl: string | undefined;
+  /** The folder of the embedded run history, this process's own (a worker's folder); default `dataDir`. */
+  historyDir?: string;
   /** SKIFF_SIGNING_KEY. */
   signingKey: string | undefined;
   /** SKIFF_ADMIN_TOKEN. */
@@ -75,7 +77,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
       logger: opts.logger,
       runs: opts.runs,
       databaseUrl: opts.databaseUrl,
-      dataDir: opts.dataDir,
+      dataDir: opts.historyDir ?? opts.dataDir,
       historyBudget: opts.historyBudget,
       projectCreatedAt: async (projectId) => {
         const record = await projects.get(projectId);

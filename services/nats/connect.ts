@@ -161,6 +161,9 @@ function authenticator(auth: NatsAuth | undefined): Authenticator | undefined {
       return usernamePasswordAuthenticator(auth.user, auth.password);
     case "token":
       return tokenAuthenticator(auth.token);
+    case "nkey":
+      // Read at each (re)connect, as a creds file is.
+      return nkeyAuthenticator(() => new TextEncoder().encode(readFileSync(auth.file, "utf8").trim()));
   }
 }
 
@@ -182,11 +185,14 @@ function authHint(err: unknown, auth: NatsAuth | undefined): string {
       ? `SKIFF_NATS_CREDS (${auth.file})`
       : auth.kind === "user"
         ? "SKIFF_NATS_USER and SKIFF_NATS_PASSWORD"
-        : "SKIFF_NATS_TOKEN";
+        : auth.kind === "nkey"
+          ? `SKIFF_NATS_NKEY (${auth.file})`
+          : "SKIFF_NATS_TOKEN";
   return `; the server does not accept the credentials of ${given}`;
 }
 
-const NATS_AUTH_VARIABLES = "SKIFF_NATS_CREDS, SKIFF_NATS_USER and SKIFF_NATS_PASSWORD, or SKIFF_NATS_TOKEN";
+const NATS_AUTH_VARIABLES =
+  "SKIFF_NATS_CREDS, SKIFF_NATS_USER and SKIFF_NATS_PASSWORD, SKIFF_NATS_TOKEN, or SKIFF_NATS_NKEY";
 
 function serverList(url: string): string[] {
   return url

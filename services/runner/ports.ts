@@ -12,7 +12,9 @@ export function freePort(): Promise<number> {
     const server = net.createServer();
     server.unref();
     server.on("error", reject);
-    server.listen(0, "127.0.0.1", () => {
+    // Exclusive: in a worker of SKIFF_WORKERS, a plain listen would go to the supervisor, whose port 0 is one
+    // port shared by every worker, given again at each call.
+    server.listen({ port: 0, host: "127.0.0.1", exclusive: true }, () => {
       const { port } = server.address() as net.AddressInfo;
       server.close(() => resolve(port));
     });

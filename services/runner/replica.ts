@@ -115,7 +115,8 @@ function listenChannel(socketPath: string): Promise<net.Server> {
   return new Promise((resolve, reject) => {
     const server = net.createServer();
     server.on("error", reject);
-    server.listen(socketPath, () => resolve(server));
+    // Exclusive: in a worker of SKIFF_WORKERS, a plain listen would be made by the supervisor, in its own process.
+    server.listen({ path: socketPath, exclusive: true }, () => resolve(server));
   });
 }
 

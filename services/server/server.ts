@@ -71,6 +71,8 @@ export interface ServerOptions {
   metrics?: { metrics: Metrics; authorize(token: string): boolean };
   /** Takes every HTTP/1.1 upgrade request (WebSockets); without it, they are served as plain requests. */
   upgrade?: UpgradeHandler;
+  /** The number of this worker among those serving the port (SKIFF_WORKERS): every answer carries it as `Skiff-Worker`. */
+  worker?: number;
 }
 
 /**
@@ -312,6 +314,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   let inFlight = 0;
   let drained: (() => void) | undefined;
   const metrics = opts.metrics?.metrics;
+  const worker = opts.worker === undefined ? undefined : String(opts.worker);
   /** The RPC paths served here, which metrics may name as routes (any other path is "unmatched"). */
   const procedures = new Set(handlers.map((h) => h.requestPath));
   /** What a request is counted under: its REST route or RPC method, never the raw path. */
@@ -334,6 +337,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
         metrics.requestDuration.observe({ route }, (performance.now() - started) / 1000);
       }
     });
+    if (worker !== undefined) res.setHeader("skiff-worker", worker);
     // While stopping, HTTP/1.1 keep-alive connections close after their answer.
     if (stopping && req.httpVersionMajor === 1) res.setHeader("connection", "close");
     if (isGrpcRequest(req)) minimalGrpcMessages(res);

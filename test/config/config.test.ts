@@ -1,3 +1,7 @@
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { nkeys } from "nats";
 import { describe, expect, it } from "vitest";
 import {
   ConfigError,
@@ -6,6 +10,7 @@ import {
   DEFAULT_MAX_PROJECT_UNPACKED_BYTES,
   DEFAULT_PORT,
   loadConfig,
+  natsAuth,
   ROLES,
   settingsTable,
 } from "../../services/config/config.js";
@@ -35,6 +40,7 @@ describe("config", () => {
       maxConnectionsPerAddress: 256,
       logLevel: "info",
       roles: [...ROLES],
+      workers: 1,
       shutdownTimeoutMs: 15_000,
       stopDeadlineMs: 25_000,
       signingKey: undefined,
@@ -187,6 +193,36 @@ describe("config", () => {
     expect(error).toBeInstanceOf(ConfigError);
     expect((error as ConfigError).variable).toBe(variable);
     expect((error as Error).message).toMatch(message);
+  });
+
+  it("SKIFF_WORKERS is 1 to 256, and more than 1 only with the sandbox on", () => {
+    expect(loadConfig({ SKIFF_WORKERS: "4" }).workers).toBe(4);
+    expect(() => loadConfig({ SKIFF_WORKERS: "0" })).toThrow(/SKIFF_WORKERS.*between 1 and 256/);
+    expect(() => loadConfig({ SKIFF_WORKERS: "two" })).toThrow(/SKIFF_WORKERS.*whole number/);
+    expect(() => loadConfig({ SKIFF_WORKERS: "2", SKIFF_SANDBOX: "off" })).toThrow(
+      /SKIFF_WORKERS.*SKIFF_SANDBOX=off.*share this machine's ports/,
+    );
+    expect(loadConfig({ SKIFF_WORKERS: "1", SKIFF_SANDBOX: "off" }).workers).toBe(1);
+  });
+
+  it("SKIFF_NATS_NKEY names a file holding a user's nkey seed, alone among the ways to authenticate", async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), "skiff-nkey-"));
+    try {
+      const seedFile = path.join(dir, "user.nk");
+      await writeFile(seedFile, `${new TextDecoder().decode(nkeys.createUser().getSeed())}\n`);
+      expect(natsAuth(loadConfig({ SKIFF_NATS_NKEY: seedFile }))).toEqual({ kind: "nkey", file: seedFile });
+      const accountSeed = path.join(dir, "account.nk");
+      await writeFile(accountSeed, new TextDecoder().decode(nkeys.createAccount().getSeed()));
+      expect(() => loadConfig({ SKIFF_NATS_NKEY: accountSeed })).toThrow(
+        /SKIFF_NATS_NKEY.*not hold the nkey seed of a NATS user/,
+      );
+      expect(() => loadConfig({ SKIFF_NATS_NKEY: path.join(dir, "missing") })).toThrow(/SKIFF_NATS_NKEY.*cannot read/);
+      expect(() => loadConfig({ SKIFF_NATS_NKEY: seedFile, SKIFF_NATS_TOKEN: "t" })).toThrow(
+        /SKIFF_NATS_TOKEN, SKIFF_NATS_NKEY.*only one/,
+      );
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it("SKIFF_PIP_INDEX_URL is one index; SKIFF_PIP_EXTRA_INDEX_URL several, separated by spaces", () => {

@@ -29,7 +29,8 @@ const sc = StringCodec();
 const USER = "skiff";
 const PASSWORD = "pw-4c1b9e0f7a2d-with spaces & $igns";
 const TOKEN = "tok-8e51d03b2f6a47c9a1e0";
-const ALL_AUTH_VARIABLES = /SKIFF_NATS_CREDS, SKIFF_NATS_USER and SKIFF_NATS_PASSWORD, or SKIFF_NATS_TOKEN/;
+const ALL_AUTH_VARIABLES =
+  /SKIFF_NATS_CREDS, SKIFF_NATS_USER and SKIFF_NATS_PASSWORD, SKIFF_NATS_TOKEN, or SKIFF_NATS_NKEY/;
 const OPEN_SERVER_WARNING =
   /accepts connections without credentials: any process that can reach it, app replicas included, can read and write skiff's state.*SKIFF_NATS_CREDS/;
 

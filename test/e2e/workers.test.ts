@@ -1,0 +1,301 @@
+// SKIFF_WORKERS=2 as `npm start` runs it: a supervisor with the data folder's
+// nats-server and two workers on one port. Both workers answer sync and async
+// calls, a killed worker is started again and calls go on, no two projects'
+// replicas share a uid and a project has one in both workers (read in /proc), and
+// SIGTERM stops every worker, their replicas and the nats-server.
+import { spawn, type ChildProcess } from "node:child_process";
+import http from "node:http";
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import { packApp } from "../../services/apps/bundle.js";
+import { bearerAuth } from "../../services/auth/bearer.js";
+import { skiffToml, writeApp } from "../helpers/apps.js";
+import { TEST_ROOT } from "../helpers/paths.js";
+
+const root = join(TEST_ROOT, "..");
+const OTHER = "p-workers2";
+/** Starting a worker on a busy 2-core machine takes up to a minute; the supervisor starts them one after another. */
+const START_MS = 300_000;
+
+type LogLine = Record<string, unknown> & { msg: string };
+
+/** The supervisor's and its workers' log lines (they share its stdout), as they come. */
+class Logs {
+  readonly lines: LogLine[] = [];
+  private waiters: { match: (l: LogLine) => boolean; resolve: (l: LogLine) => void }[] = [];
+  constructor(child: ChildProcess) {
+    createInterface({ input: child.stdout! }).on("line", (text) => {
+      let line: LogLine;
+      try {
+        line = JSON.parse(text);
+      } catch {
+        return;
+      }
+      this.lines.push(line);
+      // Errors show in the test's output, for a failure to be read.
+      if (Number(line.level) >= 50) console.error(text);
+      this.waiters = this.waiters.filter((w) => (w.match(line) ? (w.resolve(line), false) : true));
+    });
+  }
+  /** The first line from now on (or already seen, when `seen` is true) that matches. */
+  next(match: (l: LogLine) => boolean, seen = false): Promise<LogLine> {
+    const found = seen ? this.lines.find(match) : undefined;
+    if (found) return Promise.resolve(found);
+    return new Promise((resolve) => this.waiters.push({ match, resolve }));
+  }
+}
+
+const serves = (worker: number) => (l: LogLine) => l.worker === worker && l.msg.startsWith("skiff serves");
+
+/** A POST on a connection of its own, so that the supervisor hands it to the next worker. */
+function call(url: string, token: string, body: string): Promise<{ status: number; worker: string; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(url, {
+      method: "POST",
+      agent: false,
+      headers: { authorization: `Bearer ${token}`, "content-type": "text/plain" },
+    });
+    req.on("error", reject);
+    req.on("response", (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (c: Buffer) => chunks.push(c));
+      res.on("end", () =>
+        resolve({
+          status: res.statusCode!,
+          worker: String(res.headers["skiff-worker"]),
+          body: Buffer.concat(chunks).toString(),
+        }),
+      );
+    });
+    req.end(body);
+  });
+}
+
+const ECHO_SERVER = [
+  "import http from 'node:http';",
+  "http.createServer((req, res) => {",
+  "  if (req.url === '/health') return res.end('ok');",
+  "  const chunks = [];",
+  "  req.on('data', (c) => chunks.push(c));",
+  "  req.on('end', () => res.end(Buffer.concat(chunks)));",
+  "}).listen(Number(process.env.PORT), '127.0.0.1');",
+].join("\n");
+
+const echoApp = (name: string) => ({
+  "skiff.toml": skiffToml({
+    name,
+    runtime: { kind: "custom", command: ["node", "server.mjs"], healthcheck: "/health" },
+    scaling: { min_replicas: 0, max_replicas: 2, replica_concurrency: 8, cooldown: 600 },
+  }),
+  "server.mjs": ECHO_SERVER,
+});
+
+/** Uid of a live process, from /proc/<pid>/status; undefined once it is gone. */
+async function uidOf(pid: number): Promise<number | undefined> {
+  const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
+  const m = /^Uid:\s+(\d+)/m.exec(status);
+  return m ? Number(m[1]) : undefined;
+}
+
+/** The fields of /proc/<pid>/stat after the command: state, ppid, …, start time at [19]; undefined once it is gone. */
+async function statFields(pid: number): Promise<string[] | undefined> {
+  const stat = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => "");
+  return stat === "" ? undefined : stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+}
+
+/** The uids (other than root) of the processes below `pid`: its replicas' sandboxes. */
+async function sandboxUids(pid: number): Promise<number[]> {
+  const parents = new Map<number, number>();
+  for (const name of await readdir("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    const ppid = Number((await statFields(Number(name)))?.[1]);
+    if (ppid > 0) parents.set(Number(name), ppid);
+  }
+  const below = (p: number): boolean => {
+    for (let q = parents.get(p); q !== undefined; q = parents.get(q)) if (q === pid) return true;
+    return false;
+  };
+  const uids: number[] = [];
+  for (const p of parents.keys()) {
+    if (!below(p)) continue;
+    const uid = await uidOf(p);
+    if (uid !== undefined && uid !== 0) uids.push(uid);
+  }
+  return uids;
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+describe("SKIFF_WORKERS=2", () => {
+  let dataDir: string;
+  let tmp: string;
+  let child: ChildProcess;
+  let logs: Logs;
+  let url: string;
+  let devToken: string;
+  let adminToken: string;
+
+  beforeAll(async () => {
+    dataDir = await mkdtemp(join(tmpdir(), "skiff-workers-"));
+    tmp = await mkdtemp(join(tmpdir(), "skiff-workers-apps-"));
+    // SKIFF_NATS_URL unset: the supervisor starts the data folder's nats-server, and the workers use its nkey.
+    child = spawn(process.execPath, ["--import", "tsx", "services/main.ts"], {
+      cwd: root,
+      env: {
+        PATH: process.env.PATH,
+        HOME: process.env.HOME,
+        CI: "1",
+        SKIFF_WORKERS: "2",
+        SKIFF_PORT: "0",
+        SKIFF_DATA_DIR: dataDir,
+      },
+      stdio: ["ignore", "pipe", "inherit"],
+    });
+    logs = new Logs(child);
+    const ready = await Promise.race([
+      Promise.all([logs.next(serves(1), true), logs.next(serves(2), true)]),
+      new Promise<never>((_, reject) => child.once("exit", (code) => reject(new Error(`skiff exited with ${code}`)))),
+    ]);
+    url = String(ready[0].url);
+    expect(ready[1].url).toBe(url);
+    devToken = (await readFile(join(dataDir, "dev-token"), "utf8")).trim();
+    adminToken = (await readFile(join(dataDir, "admin-token"), "utf8")).trim();
+    expect((await readFile(join(dataDir, "address"), "utf8")).trim()).toBe(url);
+    const admin = createClient(
+      ManagementService,
+      createConnectTransport({ baseUrl: url, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
+    );
+    await admin.createProject({ projectId: OTHER, name: "other" });
+    for (const [project, name] of [
+      ["p-dev", "echo"],
+      [OTHER, "echo"],
+    ]) {
+      const dir = await writeApp(tmp, echoApp(name));
+      await admin.deployApp({
+        projectId: project,
+        bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
+      });
+    }
+  }, START_MS);
+
+  afterAll(async () => {
+    if (child && child.exitCode === null && child.signalCode === null) {
+      child.kill("SIGKILL");
+      await new Promise((resolve) => child.once("exit", resolve));
+    }
+    await rm(dataDir, { recursive: true, force: true });
+    await rm(tmp, { recursive: true, force: true });
+  });
+
+  /** Sync calls on fresh connections until both workers have answered; each echoes its body. */
+  async function bothWorkersAnswer(project: string, token: string): Promise<void> {
+    const seen = new Set<string>();
+    for (let i = 0; i < 20 && seen.size < 2; i++) {
+      const body = `call ${i} to ${project}`;
+      const answer = await call(`${url}/v4/${project}/echo/x`, token, body);
+      expect(answer).toMatchObject({ status: 200, body });
+      seen.add(answer.worker);
+    }
+    expect([...seen].sort()).toEqual(["1", "2"]);
+  }
+
+  it("both workers answer sync calls, each from a replica it started, for every project", async () => {
+    await bothWorkersAnswer("p-dev", devToken);
+    await bothWorkersAnswer(OTHER, adminToken);
+  });
+
+  it("async calls are accepted by either worker and run", async () => {
+    const admin = createClient(
+      ManagementService,
+      createConnectTransport({ baseUrl: url, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
+    );
+    const accepted = new Set<string>();
+    const ids: string[] = [];
+    for (let i = 0; i < 6; i++) {
+      const answer = await call(`${url}/v4/p-dev/echo/x?async=true`, devToken, `async ${i}`);
+      expect(answer.status).toBe(202);
+      accepted.add(answer.worker);
+      ids.push(JSON.parse(answer.body).run_id);
+    }
+    expect([...accepted].sort()).toEqual(["1", "2"]);
+    for (const runId of ids) {
+      let status = "";
+      for (let i = 0; i < 100 && status !== "success"; i++) {
+        status = await admin.getRun({ projectId: "p-dev", appName: "echo", runId }).then(
+          (r) => r.run?.status ?? "",
+          () => "",
+        );
+        if (status !== "success") await new Promise((r) => setTimeout(r, 200));
+      }
+      expect(status).toBe("success");
+    }
+  });
+
+  it("no two projects' replicas share a uid, and a project has one uid in both workers (/proc)", async () => {
+    const workers = [1, 2].map((n) => Number(logs.lines.findLast(serves(n))!.pid));
+    const uids = await Promise.all(workers.map(async (pid) => new Set(await sandboxUids(pid))));
+    // Each worker started replicas of both projects (the calls above went to both): two uids in each, the same two.
+    for (const set of uids) expect(set.size).toBe(2);
+    expect([...uids[0]].sort()).toEqual([...uids[1]].sort());
+  });
+
+  it(
+    "a killed worker is started again under its number, and calls go on through both",
+    async () => {
+      const started = logs.lines.findLast((l) => l.msg === "started worker 2")!;
+      const pid = Number(started.workerPid);
+      expect(alive(pid)).toBe(true);
+      const again = logs.next(serves(2));
+      process.kill(pid, "SIGKILL");
+      const restarted = await again;
+      expect(restarted.pid).not.toBe(pid);
+      await bothWorkersAnswer("p-dev", devToken);
+    },
+    START_MS,
+  );
+
+  it("SIGTERM stops every worker, their replicas and the nats-server, and the supervisor exits 0", async () => {
+    const workers = logs.lines.filter((l) => typeof l.workerPid === "number").map((l) => Number(l.workerPid));
+    const natsPid = Number(logs.lines.find((l) => l.msg.startsWith("started nats-server"))?.serverPid);
+    expect(natsPid).toBeGreaterThan(0);
+    // The workers' children (sandboxes, helpers), each with its start time, which tells it from a later process of its pid.
+    const replicas: [number, string][] = [];
+    for (const name of (await readdir("/proc")).filter((n) => /^\d+$/.test(n))) {
+      const fields = await statFields(Number(name));
+      if (fields && workers.includes(Number(fields[1]))) replicas.push([Number(name), fields[19]]);
+    }
+    expect(replicas.length).toBeGreaterThan(0);
+    const exit = new Promise<number | null>((resolve) => child.once("exit", resolve));
+    child.kill("SIGTERM");
+    expect(await exit).toBe(0);
+    expect(workers.filter(alive)).toEqual([]);
+    expect(alive(natsPid)).toBe(false);
+    // Ended with their worker (bwrap's --die-with-parent): none still runs a moment later.
+    const running = async () => {
+      const left = [];
+      for (const [pid, start] of replicas) {
+        const fields = await statFields(pid);
+        if (fields && fields[19] === start && fields[0] !== "Z" && fields[0] !== "X") left.push(pid);
+      }
+      return left;
+    };
+    for (let i = 0; i < 50 && (await running()).length > 0; i++) await new Promise((r) => setTimeout(r, 100));
+    expect(await running()).toEqual([]);
+    expect(logs.lines.filter((l) => l.msg === "stopped").map((l) => l.worker ?? "supervisor")).toEqual(
+      expect.arrayContaining([1, 2, "supervisor"]),
+    );
+  });
+});
