@@ -433,7 +433,7 @@ async function acceptOnGateway(tmp: string, body: string, seconds: number): Prom
       status: 202,
       connections: 32,
     };
-    // Its run history's first start (PGlite's initdb, seconds of CPU) is over before the load, and JIT is warm.
+    // Its run history has started before the load, and JIT is warm.
     await waitRunHistory(gateway, CORTEX);
     await wrk({ ...job, seconds: 3 }, tmp);
     return await wrk({ ...job, seconds }, tmp);

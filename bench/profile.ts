@@ -169,7 +169,7 @@ console.log(
     .join(", ")}`,
 );
 // The main thread's profile is thread 0 in its file name (CPU.{date}.{time}.{pid}.{thread}.{seq}.cpuprofile);
-// PROFILE_THREAD=3 looks at thread 3 instead (a worker, such as the run history's PGlite thread).
+// PROFILE_THREAD=3 looks at thread 3 instead (a worker, such as the run history's writer thread).
 const threadId = process.env.PROFILE_THREAD ?? "0";
 const main = threads.find((t) => t.name.split(".")[4] === threadId) ?? threads[0];
 const total = main.total;
