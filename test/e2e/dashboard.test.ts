@@ -670,7 +670,7 @@ describe("dashboard - layout at 1280 and 390 px", () => {
         (await t.management().listRuns({ projectId: P, appName: WEB, pageSize: 50 })).runs.some(
           (r) => r.runId === long.runId,
         ),
-      { timeout: 60_000 },
+      { timeout: 60_000, interval: 250 },
     );
     await freshPage();
     await signIn(t.adminToken);
