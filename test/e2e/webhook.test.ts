@@ -96,7 +96,7 @@ describe("webhooks end to end", () => {
       async () =>
         (await admin.listWebhookDeliveries({ projectId: P, appName: "hooks", runId: runId! })).deliveries[0]?.state ===
         "delivered",
-      { timeout: 60_000, interval: 250 },
+      { timeout: 60_000 },
     );
     receiver.held.length = 0;
   });
@@ -180,7 +180,7 @@ describe("webhooks end to end", () => {
         const r = (await admin.getRun({ projectId: P, appName: "hooks", runId })).run;
         return r?.webhookDeliveries[0]?.state === "delivered" ? r : undefined;
       },
-      { timeout: 60_000, interval: 250 },
+      { timeout: 60_000 },
     );
     expect(run.status).toBe("failure");
     expect(run.async).toBe(true);
@@ -204,7 +204,7 @@ describe("webhooks end to end", () => {
         const list = (await admin.listWebhookDeliveries({ projectId: P, appName: "hooks", runId })).deliveries;
         return list.length === 2 && list.every((d) => d.state === "delivered");
       },
-      { timeout: 60_000, interval: 250 },
+      { timeout: 60_000 },
     );
     receiver.held.length = 0;
   });
@@ -220,7 +220,7 @@ describe("webhooks end to end", () => {
             .getRun({ projectId: P, appName: "hooks", runId })
             .catch(() => undefined)
         )?.run?.status === "success",
-      { timeout: 60_000, interval: 250 },
+      { timeout: 60_000 },
     );
     const again = await fetch(`${t.url}/v2/projects/${P}/apps/hooks/runs/${runId}/webhook:redeliver`, {
       method: "POST",
