@@ -69,7 +69,7 @@ const runningOn = (runId: string, attempt: number) =>
       const r = await getRun(runId);
       return r.status === "running" && r.attempts === attempt ? r : undefined;
     },
-    { timeout: 90_000 },
+    { timeout: 90_000, interval: 250 },
   );
 /** The run once it has `status`. */
 const reaches = (runId: string, status: string, timeout: number) =>
@@ -78,7 +78,7 @@ const reaches = (runId: string, status: string, timeout: number) =>
       const r = await getRun(runId);
       return r.status === status ? r : undefined;
     },
-    { timeout },
+    { timeout, interval: 250 },
   );
 
 beforeAll(async () => {
@@ -116,7 +116,7 @@ describe("async - runners that die", () => {
         const r = await post(v4("add"), t.devToken, '{"a":1,"b":1}');
         return r.status === 200 ? r : undefined;
       },
-      { timeout: 60_000 },
+      { timeout: 60_000, interval: 250 },
     );
     expect(again.json).toMatchObject({ run_id: again.headers.get("x-request-id"), result: 2 });
   });

@@ -2,8 +2,10 @@
 // against a real skiff: sign in, API keys with the token shown once, an async
 // run that failed marked `async` and `failure` live, its webhook attempts and
 // a redelivery, every app's runs at once, a Custom app's 4xx answer, sync
-// runs' pages, the apps page, and every page on a 390 px wide phone. Each
-// page's screenshot goes to test-results/screenshots/.
+// runs' pages, the apps page, the Secrets page (set, replace, a refused name,
+// delete after a confirmation, never a value shown), and every page on a
+// 390 px wide phone. Each page's screenshot goes to test-results/screenshots/.
+// One file, so that one skiff and one browser serve every page's tests.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -670,7 +672,7 @@ describe("dashboard - layout at 1280 and 390 px", () => {
         (await t.management().listRuns({ projectId: P, appName: WEB, pageSize: 50 })).runs.some(
           (r) => r.runId === long.runId,
         ),
-      { timeout: 60_000 },
+      { timeout: 60_000, interval: 250 },
     );
     await freshPage();
     await signIn(t.adminToken);
@@ -817,5 +819,84 @@ describe("dashboard - layout at 1280 and 390 px", () => {
       await dialog.getByRole("button", { name: "Cancel" }).click();
       await context.close();
     }
+  });
+});
+
+/** Secret values the Secrets page must never show. Its tests come last: they leave a secret in P. */
+const SECRET_VALUE = "dash-secret-value-5e0a91c3";
+const SECRET_VALUE2 = "dash-secret-value-second-77b2";
+
+describe("dashboard - secrets", () => {
+  it("sets a secret shown by name and times only, replaces its value, shows a refusal, deletes it after asking", async () => {
+    await freshPage();
+    await signIn(t.devToken);
+    await page.getByRole("link", { name: "Secrets" }).click();
+    await page.getByRole("heading", { name: "Secrets", exact: true }).waitFor();
+    await page.getByText("No secrets yet.").waitFor();
+
+    await page.getByLabel("Name", { exact: true }).fill("HF_AUTH_TOKEN");
+    await page.getByLabel("Value", { exact: true }).fill(SECRET_VALUE);
+    await page.getByRole("button", { name: "Save secret" }).click();
+    await page.getByText("Secret HF_AUTH_TOKEN was created").waitFor();
+    const row = page.getByRole("row", { name: /HF_AUTH_TOKEN/ });
+    await row.waitFor();
+    expect(await page.getByLabel("Value", { exact: true }).inputValue()).toBe("");
+    expect(await page.content()).not.toContain(SECRET_VALUE);
+    await screenshot(page, "secrets-01-created");
+    const listed = await t.management().listSecrets({ projectId: P });
+    expect(listed.secrets.map((s) => s.name)).toEqual(["HF_AUTH_TOKEN"]);
+
+    // Replace value: the form takes the name; the new value is saved over the old.
+    await page.getByRole("button", { name: "Replace the value of HF_AUTH_TOKEN" }).click();
+    expect(await page.getByLabel("Name", { exact: true }).inputValue()).toBe("HF_AUTH_TOKEN");
+    await page.getByLabel("Value", { exact: true }).fill(SECRET_VALUE2);
+    await page.getByRole("button", { name: "Save secret" }).click();
+    await page.getByText("Secret HF_AUTH_TOKEN was updated").waitFor();
+    expect(await page.getByRole("row", { name: /HF_AUTH_TOKEN/ }).count()).toBe(1);
+
+    // A name skiff keeps for itself: the server's reason is shown, nothing is listed.
+    await page.getByLabel("Name", { exact: true }).fill("PORT");
+    await page.getByLabel("Value", { exact: true }).fill("80");
+    await page.getByRole("button", { name: "Save secret" }).click();
+    await page.getByText(/name is set by skiff itself/).waitFor();
+    expect(await page.getByRole("row", { name: /PORT/ }).count()).toBe(0);
+
+    // After a reload the value is nowhere on the page.
+    await page.reload();
+    await page.getByRole("row", { name: /HF_AUTH_TOKEN/ }).waitFor();
+    const html = await page.content();
+    expect(html).not.toContain(SECRET_VALUE);
+    expect(html).not.toContain(SECRET_VALUE2);
+
+    // Delete asks first; Cancel keeps it, confirming deletes it.
+    await page.getByRole("button", { name: "Delete secret HF_AUTH_TOKEN" }).click();
+    const dialog = page.getByRole("dialog", { name: "Delete HF_AUTH_TOKEN?" });
+    await dialog.waitFor();
+    await screenshot(page, "secrets-02-confirm-delete");
+    await dialog.getByRole("button", { name: "Cancel" }).click();
+    expect(await page.getByRole("row", { name: /HF_AUTH_TOKEN/ }).count()).toBe(1);
+    await page.getByRole("button", { name: "Delete secret HF_AUTH_TOKEN" }).click();
+    await page.getByRole("dialog").getByRole("button", { name: "Delete secret" }).click();
+    await page.getByText("Secret HF_AUTH_TOKEN was deleted").waitFor();
+    expect(await page.getByRole("row", { name: /HF_AUTH_TOKEN/ }).count()).toBe(0);
+    expect((await t.management().listSecrets({ projectId: P })).secrets).toEqual([]);
+    // The one problem is the refusal of PORT, which the browser reports as a failed load.
+    expect(problems).toEqual([
+      "console: Failed to load resource: the server responded with a status of 400 (Bad Request)",
+    ]);
+  });
+
+  it("on a phone nothing reaches past the window, with a secret listed and in the confirmation", async () => {
+    await t.management().setSecret({ projectId: P, name: "A_RATHER_LONG_SECRET_NAME_FOR_A_PHONE", value: "v" });
+    await freshPage("phone");
+    await signIn(t.devToken);
+    await page.goto(`${t.url}/projects/${P}/secrets`);
+    await page.getByRole("row", { name: /A_RATHER_LONG_SECRET_NAME_FOR_A_PHONE/ }).waitFor();
+    await screenshot(page, "phone-secrets");
+    expect(await overflowsViewport(page)).toEqual([]);
+    await page.getByRole("button", { name: "Delete secret A_RATHER_LONG_SECRET_NAME_FOR_A_PHONE" }).click();
+    await page.getByRole("dialog").waitFor();
+    expect(await overflowsViewport(page)).toEqual([]);
+    expect(problems).toEqual([]);
   });
 });

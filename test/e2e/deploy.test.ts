@@ -212,7 +212,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
         const a = (await t.management().getApp({ projectId: P, appName: "hello-python" })).app!;
         return a.replicas.some((r) => r.state === "ready") ? a : undefined;
       },
-      { timeout: 60_000 },
+      { timeout: 60_000, interval: 250 },
     );
     expect(app).toMatchObject({
       appName: "hello-python",
@@ -244,7 +244,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
         const r = await skiff(["logs", "hello-python", "--run", "run-logs-1"]);
         return r.stdout.includes("greeting Logs") ? r : undefined;
       },
-      { timeout: 60_000 },
+      { timeout: 60_000, interval: 250 },
     );
     expect(res.stdout.trim().split("\n")).toEqual([
       expect.stringMatching(/^\S+Z hello-python-v1-\w+ \[run-logs-1\] greeting Logs$/),
@@ -318,7 +318,7 @@ describe("deploy - a second runner process", () => {
           const a = (await t.management().getApp({ projectId: P, appName: "warm" })).app!;
           return a.replicas.filter((r) => r.state === "ready").length === 2 ? a : undefined;
         },
-        { timeout: 60_000 },
+        { timeout: 60_000, interval: 250 },
       );
       const here = runner.replicas(P, "warm").map((r) => r.replicaId);
       const there = app.replicas.filter((r) => !here.includes(r.replicaId));

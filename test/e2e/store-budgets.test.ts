@@ -100,7 +100,7 @@ describe("store budgets, end to end", () => {
   it("a queue filled by another process between two measures: JetStream's refusal is the same clear 503", async () => {
     await (await nc.jetstreamManager()).streams.purge(streams.runs.name);
     // Let this process measure the empty queue, then fill it behind its back.
-    await vi.waitUntil(async () => (await readyz()).body.full_stores === undefined, { timeout: 45_000 });
+    await vi.waitUntil(async () => (await readyz()).body.full_stores === undefined, { timeout: 45_000, interval: 250 });
     await new Promise((r) => setTimeout(r, 5_500));
     // Large messages, then small ones, until not even a small one fits.
     for (const size of [8 * 1024, 16]) {

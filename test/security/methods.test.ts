@@ -248,7 +248,10 @@ describe("methods, queries and paths to a Custom app, attacked", () => {
     // A queued run keeps an odd-but-allowed method and its query, and nothing else.
     const queued = await fetch(v4("rec", "queued?z=%0D%0A&async=true"), { method: "DELETE", headers: auth });
     expect(queued.status).toBe(202);
-    await vi.waitUntil(async () => (await seen()).some((r) => r.url.startsWith("/queued")), { timeout: 30_000 });
+    await vi.waitUntil(async () => (await seen()).some((r) => r.url.startsWith("/queued")), {
+      timeout: 30_000,
+      interval: 250,
+    });
     const got = (await seen()).filter((r) => r.url.startsWith("/queued"));
     expect(got).toHaveLength(1);
     expect(got[0]).toMatchObject({ method: "DELETE", url: "/queued?z=%0D%0A" });

@@ -170,7 +170,7 @@ describe("log floods and large results", () => {
         const r = await getRun(app, runId);
         return r.status === "success" || r.status === "failure" ? r : undefined;
       },
-      { timeout: 60_000 },
+      { timeout: 60_000, interval: 250 },
     );
   const stored = async (runId: string) =>
     (await (await t.skiff.nats.nc.jetstream().views.os(objectStores.results.name)).info(runId)) !== null;
