@@ -21,6 +21,8 @@ import { startSkiffProcess, waitRunHistory } from "./skiff-process.js";
 import { cpuSeconds, ECHO_SERVER, ensureTools, wrk } from "./tools.js";
 
 const kind = process.argv[2] ?? "async";
+/** The checkout's folder, which the profile's file names start with. */
+const ROOT = path.resolve(import.meta.dirname, "..");
 const seconds = Number(process.argv[3] ?? 8);
 ensureTools();
 /** The measured run, on the monotonic clock in µs, as V8's profiles time their samples. */
@@ -180,7 +182,7 @@ for (const [id, hits] of main.hits) {
   const file = n.callFrame.url
     .replace(/^file:\/\//, "")
     .replace(/.*node_modules\//, "npm:")
-    .replace(/.*\/main\//, "");
+    .replace(`${ROOT}/`, "");
   const fn = `${n.callFrame.functionName || "(anonymous)"} ${file}:${n.callFrame.lineNumber + 1}`;
   byFn.set(fn, (byFn.get(fn) ?? 0) + hits);
   const key = file.startsWith("npm:")
@@ -206,15 +208,14 @@ for (const [id, hits] of main.hits) {
   const files = new Set<string>();
   for (let up: number | undefined = id; up !== undefined; up = parents.get(up)) {
     const url = byName.get(up)!.callFrame.url;
-    const own = url.match(/\/main\/(services\/.*)$/);
-    if (own) files.add(own[1]);
+    if (url.startsWith(`file://${ROOT}/services/`)) files.add(url.slice(`file://${ROOT}/`.length));
   }
   for (const f of files) inclusive.set(f, (inclusive.get(f) ?? 0) + hits);
 }
 console.log(`\ninclusive time by file of skiff's own (a frame of it on the stack):\n${top(inclusive, 30)}`);
 // PROFILE_CALLERS=writeBuffer,encode: who calls these functions (six frames up), by self time.
 const frame = (n: Node) =>
-  `${n.callFrame.functionName}@${n.callFrame.url.replace(/.*\/(main|node_modules)\//, "")}:${n.callFrame.lineNumber + 1}`;
+  `${n.callFrame.functionName}@${n.callFrame.url.replace(`file://${ROOT}/`, "").replace(/.*\/node_modules\//, "")}:${n.callFrame.lineNumber + 1}`;
 for (const name of (process.env.PROFILE_CALLERS ?? "").split(",").filter(Boolean)) {
   const chains = new Map<string, number>();
   for (const [id, hits] of main.hits) {
