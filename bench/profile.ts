@@ -10,7 +10,8 @@
 // It also prints the CPU per request of each of skiff's threads (the main
 // thread, the run history's, V8's) and its user and system time, from
 // /proc; PROFILE_OFF=1 runs skiff without the profiler, for those figures
-// without its overhead, and prints nothing else. PROFILE_KEEP=dir keeps the
+// without its overhead, and prints nothing else. The bytes skiff's main
+// thread allocates on the JS heap per request come from bench/alloc-probe.mjs. PROFILE_KEEP=dir keeps the
 // profiles in dir (Chrome's DevTools open them).
 import { cp, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -18,7 +19,7 @@ import path from "node:path";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
 import { startSkiffProcess, waitRunHistory } from "./skiff-process.js";
-import { cpuSeconds, ECHO_SERVER, ensureTools, wrk } from "./tools.js";
+import { ALLOC_PROBE, cpuSeconds, ECHO_SERVER, ensureTools, processCost, wrk } from "./tools.js";
 
 const kind = process.argv[2] ?? "async";
 /** The checkout's folder, which the profile's file names start with. */
@@ -30,12 +31,17 @@ const window = { from: 0, to: 0 };
 const microseconds = () => Number(process.hrtime.bigint() / 1000n);
 const tmp = await mkdtemp(path.join(tmpdir(), "skiff-profile-"));
 const profDir = path.join(tmp, "prof");
+const allocFile = path.join(tmp, "alloc.json");
 const nats = await startNatsServer();
 const skiff = await startSkiffProcess({
   natsUrl: nats.url,
   dataDir: path.join(tmp, "data"),
-  env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
-  nodeArgs: process.env.PROFILE_OFF === "1" ? [] : ["--cpu-prof", `--cpu-prof-dir=${profDir}`],
+  env: { SKIFF_MAX_QUEUED_RUNS: "10000000", SKIFF_BENCH_ALLOC_FILE: allocFile },
+  nodeArgs: [
+    "--import",
+    ALLOC_PROBE,
+    ...(process.env.PROFILE_OFF === "1" ? [] : ["--cpu-prof", `--cpu-prof-dir=${profDir}`]),
+  ],
   // `accept`: async calls to a process without the runner role, so the queue only fills: the accept path alone.
   ...(kind === "accept" ? { roles: "invocation,management,webhook" } : {}),
 });
@@ -69,7 +75,7 @@ try {
   const threadsBefore = await threadTicks(skiff.pid);
   const before = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
   window.from = microseconds();
-  const r = await wrk({ ...job, seconds }, tmp);
+  const { result: r, heapBytes } = await processCost(skiff.pid, allocFile, () => wrk({ ...job, seconds }, tmp));
   window.to = microseconds();
   const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
   const threadsAfter = await threadTicks(skiff.pid);
@@ -79,6 +85,9 @@ try {
   const perCall = (i: number) => `${Math.round(((after[i] - before[i]) * 1e6) / r.requests)} µs`;
   console.log(
     `CPU over the run (100% = one core): skiff ${share(0)}, nats-server ${share(1)}; per request: skiff ${perCall(0)}, nats-server ${perCall(1)}`,
+  );
+  console.log(
+    `allocated per request on skiff's main thread's heap: ${Math.round((heapBytes ?? NaN) / r.requests)} bytes`,
   );
   // Clock ticks are hundredths of a second: µs per request = ticks * 10,000 / requests.
   const us = (ticks: number) => Math.round((ticks * 10_000) / r.requests);
