@@ -4,10 +4,16 @@
 // growth over the window plus what each garbage collection in it freed
 // (v8.GCProfiler's heap sizes before and after each one). Buffers' bytes
 // outside the heap are not counted; their small objects on the heap are.
+// With SKIFF_BENCH_HEAP_PROFILE too, V8's sampling heap profiler runs over
+// the same window, collected objects included, and its profile (where the
+// bytes were allocated) is written there (Chrome's DevTools open it).
 import { writeFileSync } from "node:fs";
+import { Session } from "node:inspector";
 import v8 from "node:v8";
 
 const file = process.env.SKIFF_BENCH_ALLOC_FILE;
+const heapProfile = process.env.SKIFF_BENCH_HEAP_PROFILE;
+let session;
 let profiler;
 let startUsed = 0;
 if (file)
@@ -16,8 +22,23 @@ if (file)
       profiler = new v8.GCProfiler();
       startUsed = v8.getHeapStatistics().used_heap_size;
       profiler.start();
+      if (heapProfile) {
+        session = new Session();
+        session.connect();
+        session.post("HeapProfiler.startSampling", {
+          samplingInterval: 512,
+          includeObjectsCollectedByMajorGC: true,
+          includeObjectsCollectedByMinorGC: true,
+        });
+      }
       return;
     }
+    if (session)
+      session.post("HeapProfiler.stopSampling", (err, res) => {
+        if (!err) writeFileSync(heapProfile, JSON.stringify(res.profile));
+        session.disconnect();
+        session = undefined;
+      });
     const { statistics } = profiler.stop();
     const endUsed = v8.getHeapStatistics().used_heap_size;
     profiler = undefined;

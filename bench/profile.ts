@@ -10,9 +10,11 @@
 // It also prints the CPU per request of each of skiff's threads (the main
 // thread, the run history's, V8's) and its user and system time, from
 // /proc; PROFILE_OFF=1 runs skiff without the profiler, for those figures
-// without its overhead, and prints nothing else. The bytes skiff's main
-// thread allocates on the JS heap per request come from bench/alloc-probe.mjs. PROFILE_KEEP=dir keeps the
-// profiles in dir (Chrome's DevTools open them).
+// without its overhead, and prints nothing else. PROFILE_KEEP=dir keeps the
+// profiles in dir (Chrome's DevTools open them). The bytes skiff's main
+// thread allocates on the JS heap per request come from bench/alloc-probe.mjs;
+// PROFILE_HEAP=file.heapprofile also keeps where they were allocated
+// (sampled) and prints the functions that allocated most.
 import { cp, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -36,7 +38,11 @@ const nats = await startNatsServer();
 const skiff = await startSkiffProcess({
   natsUrl: nats.url,
   dataDir: path.join(tmp, "data"),
-  env: { SKIFF_MAX_QUEUED_RUNS: "10000000", SKIFF_BENCH_ALLOC_FILE: allocFile },
+  env: {
+    SKIFF_MAX_QUEUED_RUNS: "10000000",
+    SKIFF_BENCH_ALLOC_FILE: allocFile,
+    ...(process.env.PROFILE_HEAP ? { SKIFF_BENCH_HEAP_PROFILE: path.resolve(process.env.PROFILE_HEAP) } : {}),
+  },
   nodeArgs: [
     "--import",
     ALLOC_PROBE,
@@ -89,6 +95,7 @@ try {
   console.log(
     `allocated per request on skiff's main thread's heap: ${Math.round((heapBytes ?? NaN) / r.requests)} bytes`,
   );
+  if (process.env.PROFILE_HEAP) await printAllocations(path.resolve(process.env.PROFILE_HEAP), r.requests);
   // Clock ticks are hundredths of a second: µs per request = ticks * 10,000 / requests.
   const us = (ticks: number) => Math.round((ticks * 10_000) / r.requests);
   const threads = [...threadsAfter]
@@ -107,6 +114,36 @@ try {
 } finally {
   await skiff.stop();
   await nats.stop();
+}
+
+interface HeapNode {
+  callFrame: { functionName: string; url: string; lineNumber: number };
+  selfSize: number;
+  children: HeapNode[];
+}
+
+/** The functions that allocated most in a sampled heap profile (alloc-probe.mjs), in bytes per request. */
+async function printAllocations(file: string, requests: number): Promise<void> {
+  let text: string | undefined;
+  for (let i = 0; i < 100 && !text; i++) {
+    text = await readFile(file, "utf8").catch(() => undefined);
+    if (!text) await new Promise((r) => setTimeout(r, 50));
+  }
+  if (!text) return console.log(`no heap profile in ${file}`);
+  const bySite = new Map<string, number>();
+  const name = (n: HeapNode) =>
+    `${n.callFrame.functionName || "(anonymous)"} ${n.callFrame.url.replace(`file://${ROOT}/`, "").replace(/.*\/node_modules\//, "npm:")}:${n.callFrame.lineNumber + 1}`;
+  const walk = (n: HeapNode, caller: string) => {
+    const here = name(n);
+    const site = `${here} < ${caller}`;
+    bySite.set(site, (bySite.get(site) ?? 0) + n.selfSize);
+    for (const c of n.children) walk(c, here);
+  };
+  walk((JSON.parse(text) as { head: HeapNode }).head, "");
+  const top = [...bySite].sort((a, b) => b[1] - a[1]).slice(0, 40);
+  console.log(
+    `allocations by function (< its caller), bytes per request:\n${top.map(([k, v]) => `  ${String(Math.round(v / requests)).padStart(6)}  ${k}`).join("\n")}`,
+  );
 }
 
 /** CPU clock ticks (user, system) of each thread of a process, by thread id. */
