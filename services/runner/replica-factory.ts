@@ -129,6 +129,7 @@ export class ProcessReplicas implements ReplicaFactory<Replica> {
       port: sandboxed ? (fixedPort ?? SANDBOX_APP_PORT) : (fixedPort ?? 0),
       healthcheck: runtime.kind === "custom" ? runtime.healthcheck : "/health",
       startTimeoutMs: this.o.startTimeoutMs,
+      connections: d.config.scaling.replicaConcurrency,
       sandbox: sandboxed
         ? {
             host: this.o.sandbox.host,
