@@ -28,6 +28,7 @@ export const SANDBOX_APP_PORT = 8080;
 
 export interface ProcessReplicaOptions {
   workDir: string;
+  /** The runner's keep-alive agent, for replicas' health probes. */
   agent: http.Agent;
   logger: Logger;
   ports: PortLeases;

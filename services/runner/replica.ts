@@ -123,6 +123,7 @@ function listenChannel(socketPath: string): Promise<net.Server> {
 }
 
 export interface ReplicaHooks {
+  /** The runner's keep-alive agent, for health probes; requests go through the replica's own pool (see send). */
   agent: http.Agent;
   /** Makes connections inside sandboxes, for a relayed app's requests to go straight to it. */
   netns?: NetnsConnector;
@@ -750,7 +751,11 @@ export class Replica {
     return this.endpoint;
   }
 
-  /** GET path; the status, or 0 when the replica did not answer in time. */
+  /**
+   * GET path; the status, or 0 when the replica did not answer in time. On
+   * the agent's connections, not the pool's: a replica whose every
+   * connection is busy with a long request is still probed.
+   */
   probe(path: string, timeoutMs: number): Promise<number> {
     return new Promise((resolve) => {
       const req = http.get({ ...this.endpoint, path, agent: this.hooks.agent, timeout: timeoutMs }, (res) => {
