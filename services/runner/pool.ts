@@ -198,7 +198,7 @@ export class AppPool {
 
   private release(r: Replica): void {
     this.queue.release(r);
-    if (r.state !== "ready") setImmediate(() => r.dropIdleSockets()); // once the agent has taken the socket back
+    if (r.state !== "ready") setImmediate(() => r.dropIdleSockets()); // once the request has left its connection
   }
 
   /**
