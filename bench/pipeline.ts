@@ -1,6 +1,8 @@
 // The run pipeline against references measured in the same run: the same
-// echo server called directly, behind nginx (one worker, keep-alive), and
-// as skiff's Custom app; a Node Cortex app; sync at 1 and 32 connections,
+// echo server called directly, behind nginx (one worker, keep-alive), behind
+// a bare node:http proxy, behind OpenFaaS CE (when ../shared/peers/openfaas
+// is there), and as skiff's Custom app, with skiff's CPU and heap allocations
+// per sync call; a Node Cortex app; sync at 1 and 32 connections,
 // async accept at 32 (wrk is the load). Then webhook latency (a run's end
 // to its delivery at a local receiver), cold starts against the bare
 // runtime's start, revocation across two processes, and skiff's memory.
@@ -20,15 +22,18 @@ import { deployFolder } from "./deploy.js";
 import { streamedAnswers } from "./streaming.js";
 import { startSkiffProcess, waitRunHistory, type SkiffProcess } from "./skiff-process.js";
 import {
+  ALLOC_PROBE,
   ECHO_SERVER,
   NODE_PROXY,
   ensureTools,
   percentile,
+  processCost,
   quiet,
   round,
   rssMb,
   serveNode,
   startNginx,
+  startOpenFaas,
   stop,
   wrk,
   type Latency,
@@ -41,9 +46,18 @@ const CORTEX = "bench-add";
 
 export interface PipelineResults {
   machine: { cores: number; node: string; quick: boolean; date: string };
-  /** node_proxy: the same echo server behind a bare node:http proxy (tools.ts NODE_PROXY), the floor of a Node.js proxy. */
-  sync_c1: { direct: Latency; nginx: Latency; node_proxy: Latency; skiff: Latency; cortex: Latency };
-  sync: { direct: Latency; nginx: Latency; node_proxy: Latency; skiff: Latency; cortex: Latency };
+  /**
+   * node_proxy: the same echo server behind a bare node:http proxy (tools.ts NODE_PROXY), the floor of a Node.js
+   * proxy; openfaas: behind OpenFaaS CE (gateway → provider → of-watchdog → the echo server), null when it is not
+   * there (tools.ts OPENFAAS_DIR).
+   */
+  sync_c1: SyncCases;
+  sync: SyncCases;
+  /**
+   * What skiff's process spends on a sync call to the Custom app at 32 connections: CPU of all its threads
+   * (/proc, user + system) and bytes its main thread allocates on the JS heap (bench/alloc-probe.mjs), per call.
+   */
+  sync_cost: { cpu_us_per_call: number; heap_bytes_per_call: number | null };
   async_accept: Latency;
   /**
    * The same accepts on a gateway alone (a process without the runner role, on a NATS server of its own), as
@@ -63,6 +77,15 @@ export interface PipelineResults {
   history_projected_per_s: number | null;
   errors: Record<string, number>;
   ratios: Record<string, number>;
+}
+
+interface SyncCases {
+  direct: Latency;
+  nginx: Latency;
+  node_proxy: Latency;
+  openfaas: Latency | null;
+  skiff: Latency;
+  cortex: Latency;
 }
 
 const latency = (r: WrkResult): Latency => ({ rps: r.rps, p50_ms: round(r.p50_ms, 3), p99_ms: round(r.p99_ms, 3) });
@@ -264,11 +287,16 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
     children.push(nginx.child);
     const nodeProxy = await serveNode(NODE_PROXY, { TARGET: String(direct.port) });
     children.push(nodeProxy.child);
+    const openfaas = await startOpenFaas(path.join(tmp, "openfaas"), ECHO_SERVER);
+    if (openfaas) children.push(openfaas.child);
+    else console.log("OpenFaaS CE is not there (SKIFF_OPENFAAS_DIR): its cases are left out");
     nats = await startNatsServer();
+    const allocFile = path.join(tmp, "alloc.json");
     skiff = await startSkiffProcess({
       natsUrl: nats.url,
       dataDir: path.join(tmp, "data"),
-      env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
+      env: { SKIFF_MAX_QUEUED_RUNS: "10000000", SKIFF_BENCH_ALLOC_FILE: allocFile },
+      nodeArgs: ["--import", ALLOC_PROBE],
     });
     const scaling = "min_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 64\ncooldown = 600";
     await deployFolder(skiff, tmp, {
@@ -283,6 +311,8 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       "skiff.toml": appToml(CORTEX, 'kind = "cortex"\nlanguage = "node"\nentry = "index.mjs"', scaling),
       "index.mjs": "export function add({ a, b }) { return a + b; }\n",
     });
+    // The run history's first start (PGlite's initdb, seconds of CPU) is over before anything is measured.
+    await waitRunHistory(skiff, CUSTOM);
     const auth = { Authorization: `Bearer ${skiff.devToken}` };
     const echoBody = JSON.stringify({ hello: "world", n: 42 });
     const addBody = JSON.stringify({ a: 1, b: 2 });
@@ -291,6 +321,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       direct: `http://127.0.0.1:${direct.port}/echo`,
       nginx: `http://127.0.0.1:${nginx.port}/echo`,
       nodeProxy: `http://127.0.0.1:${nodeProxy.port}/echo`,
+      openfaas: openfaas ? `${openfaas.url}/echo` : undefined,
       skiff: `${skiff.url}/v4/${P}/${CUSTOM}/echo`,
       cortex: `${skiff.url}/v4/${P}/${CORTEX}/add`,
     };
@@ -305,20 +336,22 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
     await new Promise((r) => setTimeout(r, 2000));
     const idle = await rssMb(skiff.pid);
     const errors: Record<string, number> = {};
+    let lastRequests = 0;
     const run = async (name: string, url: string, body: string, connections: number, status = 200, secs = seconds) => {
       const r = await wrk(
         { url, body, headers: url.startsWith(skiff!.url) ? auth : {}, status, connections, seconds: secs },
         tmp,
       );
       errors[name] = r.errors;
+      lastRequests = r.requests;
       console.log(
         `  ${name.padEnd(22)} ${String(r.rps).padStart(7)} req/s  p50 ${r.p50_ms.toFixed(3)} ms  p99 ${r.p99_ms.toFixed(3)} ms  errors ${r.errors}`,
       );
       return latency(r);
     };
     // Warm-up of every path (JIT, connection pools, replicas).
-    for (const url of [urls.direct, urls.nginx, urls.nodeProxy, urls.skiff])
-      await run("warm-up", url, echoBody, 32, 200, 2);
+    for (const url of [urls.direct, urls.nginx, urls.nodeProxy, urls.openfaas, urls.skiff])
+      if (url) await run("warm-up", url, echoBody, 32, 200, 2);
     await run("warm-up", urls.cortex, addBody, 32, 200, 2);
 
     console.log(`sync, 1 connection, ${seconds} s a case:`);
@@ -326,17 +359,34 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       direct: await run("direct c=1", urls.direct, echoBody, 1),
       nginx: await run("nginx c=1", urls.nginx, echoBody, 1),
       node_proxy: await run("node proxy c=1", urls.nodeProxy, echoBody, 1),
+      openfaas: urls.openfaas ? await run("openfaas c=1", urls.openfaas, echoBody, 1) : null,
       skiff: await run("skiff custom c=1", urls.skiff, echoBody, 1),
       cortex: await run("skiff cortex c=1", urls.cortex, addBody, 1),
     };
     console.log(`sync, 32 connections:`);
-    const sync = {
-      direct: await run("direct c=32", urls.direct, echoBody, 32),
-      nginx: await run("nginx c=32", urls.nginx, echoBody, 32),
-      node_proxy: await run("node proxy c=32", urls.nodeProxy, echoBody, 32),
-      skiff: await run("skiff custom c=32", urls.skiff, echoBody, 32),
+    const direct32 = await run("direct c=32", urls.direct, echoBody, 32);
+    const nginx32 = await run("nginx c=32", urls.nginx, echoBody, 32);
+    const nodeProxy32 = await run("node proxy c=32", urls.nodeProxy, echoBody, 32);
+    const openfaas32 = urls.openfaas ? await run("openfaas c=32", urls.openfaas, echoBody, 32) : null;
+    // What the earlier cases left for skiff to do (projecting their runs into the run history) is not counted.
+    await quiet(skiff.pid);
+    const cost = await processCost(skiff.pid, allocFile, () => run("skiff custom c=32", urls.skiff, echoBody, 32));
+    const calls = lastRequests;
+    const sync: SyncCases = {
+      direct: direct32,
+      nginx: nginx32,
+      node_proxy: nodeProxy32,
+      openfaas: openfaas32,
+      skiff: cost.result,
       cortex: await run("skiff cortex c=32", urls.cortex, addBody, 32),
     };
+    const sync_cost = {
+      cpu_us_per_call: Math.round((cost.cpuSeconds * 1e6) / calls),
+      heap_bytes_per_call: cost.heapBytes === null ? null : Math.round(cost.heapBytes / calls),
+    };
+    console.log(
+      `  skiff per sync call: ${sync_cost.cpu_us_per_call} µs CPU (all threads), ${sync_cost.heap_bytes_per_call} bytes allocated on the heap`,
+    );
     console.log(`async accept, 32 connections:`);
     const async_accept = await run("skiff async c=32", `${urls.cortex}?async=true`, addBody, 32, 202);
     const loaded = await rssMb(skiff.pid);
@@ -376,6 +426,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       },
       sync_c1,
       sync,
+      sync_cost,
       async_accept,
       async_accept_gateway,
       async_drain,
@@ -392,6 +443,12 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
         sync_cortex_vs_nginx: round(sync.cortex.rps / sync.nginx.rps),
         sync_node_proxy_vs_nginx: round(sync.node_proxy.rps / sync.nginx.rps),
         sync_skiff_vs_node_proxy: round(sync.skiff.rps / sync.node_proxy.rps),
+        ...(sync.openfaas && sync_c1.openfaas
+          ? {
+              sync_skiff_vs_openfaas: round(sync.skiff.rps / sync.openfaas.rps),
+              sync_openfaas_c1_added_p50_ms: round(sync_c1.openfaas.p50_ms - sync_c1.direct.p50_ms, 3),
+            }
+          : {}),
         sync_c1_added_p50_ms: round(sync_c1.skiff.p50_ms - sync_c1.direct.p50_ms, 3),
         cold_start_node_vs_floor: round(cold_start_ms.node / cold_start_ms.node_floor),
         cold_start_python_vs_floor: round(cold_start_ms.python / cold_start_ms.python_floor),

@@ -11,16 +11,21 @@
 // thread, the run history's, V8's) and its user and system time, from
 // /proc; PROFILE_OFF=1 runs skiff without the profiler, for those figures
 // without its overhead, and prints nothing else. PROFILE_KEEP=dir keeps the
-// profiles in dir (Chrome's DevTools open them).
+// profiles in dir (Chrome's DevTools open them). The bytes skiff's main
+// thread allocates on the JS heap per request come from bench/alloc-probe.mjs;
+// PROFILE_HEAP=file.heapprofile also keeps where they were allocated
+// (sampled) and prints the functions that allocated most.
 import { cp, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
 import { startSkiffProcess, waitRunHistory } from "./skiff-process.js";
-import { cpuSeconds, ECHO_SERVER, ensureTools, wrk } from "./tools.js";
+import { ALLOC_PROBE, cpuSeconds, ECHO_SERVER, ensureTools, processCost, wrk } from "./tools.js";
 
 const kind = process.argv[2] ?? "async";
+/** The checkout's folder, which the profile's file names start with. */
+const ROOT = path.resolve(import.meta.dirname, "..");
 const seconds = Number(process.argv[3] ?? 8);
 ensureTools();
 /** The measured run, on the monotonic clock in µs, as V8's profiles time their samples. */
@@ -28,12 +33,21 @@ const window = { from: 0, to: 0 };
 const microseconds = () => Number(process.hrtime.bigint() / 1000n);
 const tmp = await mkdtemp(path.join(tmpdir(), "skiff-profile-"));
 const profDir = path.join(tmp, "prof");
+const allocFile = path.join(tmp, "alloc.json");
 const nats = await startNatsServer();
 const skiff = await startSkiffProcess({
   natsUrl: nats.url,
   dataDir: path.join(tmp, "data"),
-  env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
-  nodeArgs: process.env.PROFILE_OFF === "1" ? [] : ["--cpu-prof", `--cpu-prof-dir=${profDir}`],
+  env: {
+    SKIFF_MAX_QUEUED_RUNS: "10000000",
+    SKIFF_BENCH_ALLOC_FILE: allocFile,
+    ...(process.env.PROFILE_HEAP ? { SKIFF_BENCH_HEAP_PROFILE: path.resolve(process.env.PROFILE_HEAP) } : {}),
+  },
+  nodeArgs: [
+    "--import",
+    ALLOC_PROBE,
+    ...(process.env.PROFILE_OFF === "1" ? [] : ["--cpu-prof", `--cpu-prof-dir=${profDir}`]),
+  ],
   // `accept`: async calls to a process without the runner role, so the queue only fills: the accept path alone.
   ...(kind === "accept" ? { roles: "invocation,management,webhook" } : {}),
 });
@@ -67,7 +81,7 @@ try {
   const threadsBefore = await threadTicks(skiff.pid);
   const before = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
   window.from = microseconds();
-  const r = await wrk({ ...job, seconds }, tmp);
+  const { result: r, heapBytes } = await processCost(skiff.pid, allocFile, () => wrk({ ...job, seconds }, tmp));
   window.to = microseconds();
   const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
   const threadsAfter = await threadTicks(skiff.pid);
@@ -78,6 +92,10 @@ try {
   console.log(
     `CPU over the run (100% = one core): skiff ${share(0)}, nats-server ${share(1)}; per request: skiff ${perCall(0)}, nats-server ${perCall(1)}`,
   );
+  console.log(
+    `allocated per request on skiff's main thread's heap: ${Math.round((heapBytes ?? NaN) / r.requests)} bytes`,
+  );
+  if (process.env.PROFILE_HEAP) await printAllocations(path.resolve(process.env.PROFILE_HEAP), r.requests);
   // Clock ticks are hundredths of a second: µs per request = ticks * 10,000 / requests.
   const us = (ticks: number) => Math.round((ticks * 10_000) / r.requests);
   const threads = [...threadsAfter]
@@ -96,6 +114,36 @@ try {
 } finally {
   await skiff.stop();
   await nats.stop();
+}
+
+interface HeapNode {
+  callFrame: { functionName: string; url: string; lineNumber: number };
+  selfSize: number;
+  children: HeapNode[];
+}
+
+/** The functions that allocated most in a sampled heap profile (alloc-probe.mjs), in bytes per request. */
+async function printAllocations(file: string, requests: number): Promise<void> {
+  let text: string | undefined;
+  for (let i = 0; i < 100 && !text; i++) {
+    text = await readFile(file, "utf8").catch(() => undefined);
+    if (!text) await new Promise((r) => setTimeout(r, 50));
+  }
+  if (!text) return console.log(`no heap profile in ${file}`);
+  const bySite = new Map<string, number>();
+  const name = (n: HeapNode) =>
+    `${n.callFrame.functionName || "(anonymous)"} ${n.callFrame.url.replace(`file://${ROOT}/`, "").replace(/.*\/node_modules\//, "npm:")}:${n.callFrame.lineNumber + 1}`;
+  const walk = (n: HeapNode, caller: string) => {
+    const here = name(n);
+    const site = `${here} < ${caller}`;
+    bySite.set(site, (bySite.get(site) ?? 0) + n.selfSize);
+    for (const c of n.children) walk(c, here);
+  };
+  walk((JSON.parse(text) as { head: HeapNode }).head, "");
+  const top = [...bySite].sort((a, b) => b[1] - a[1]).slice(0, 40);
+  console.log(
+    `allocations by function (< its caller), bytes per request:\n${top.map(([k, v]) => `  ${String(Math.round(v / requests)).padStart(6)}  ${k}`).join("\n")}`,
+  );
 }
 
 /** CPU clock ticks (user, system) of each thread of a process, by thread id. */
@@ -180,7 +228,7 @@ for (const [id, hits] of main.hits) {
   const file = n.callFrame.url
     .replace(/^file:\/\//, "")
     .replace(/.*node_modules\//, "npm:")
-    .replace(/.*\/main\//, "");
+    .replace(`${ROOT}/`, "");
   const fn = `${n.callFrame.functionName || "(anonymous)"} ${file}:${n.callFrame.lineNumber + 1}`;
   byFn.set(fn, (byFn.get(fn) ?? 0) + hits);
   const key = file.startsWith("npm:")
@@ -206,15 +254,14 @@ for (const [id, hits] of main.hits) {
   const files = new Set<string>();
   for (let up: number | undefined = id; up !== undefined; up = parents.get(up)) {
     const url = byName.get(up)!.callFrame.url;
-    const own = url.match(/\/main\/(services\/.*)$/);
-    if (own) files.add(own[1]);
+    if (url.startsWith(`file://${ROOT}/services/`)) files.add(url.slice(`file://${ROOT}/`.length));
   }
   for (const f of files) inclusive.set(f, (inclusive.get(f) ?? 0) + hits);
 }
 console.log(`\ninclusive time by file of skiff's own (a frame of it on the stack):\n${top(inclusive, 30)}`);
 // PROFILE_CALLERS=writeBuffer,encode: who calls these functions (six frames up), by self time.
 const frame = (n: Node) =>
-  `${n.callFrame.functionName}@${n.callFrame.url.replace(/.*\/(main|node_modules)\//, "")}:${n.callFrame.lineNumber + 1}`;
+  `${n.callFrame.functionName}@${n.callFrame.url.replace(`file://${ROOT}/`, "").replace(/.*\/node_modules\//, "")}:${n.callFrame.lineNumber + 1}`;
 for (const name of (process.env.PROFILE_CALLERS ?? "").split(",").filter(Boolean)) {
   const chains = new Map<string, number>();
   for (const [id, hits] of main.hits) {

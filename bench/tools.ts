@@ -4,7 +4,8 @@
 // nginx from Debian when they are missing.
 import { execFile, execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { promisify } from "node:util";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
 
@@ -61,7 +62,7 @@ export async function stop(child: ChildProcess | undefined): Promise<void> {
   clearTimeout(timer);
 }
 
-/** The app behind every case: POST /echo answers a small JSON body; GET /health for skiff. */
+/** The app behind every case (OpenFaaS's function too): a POST to any path answers a small JSON body; GET /health for skiff. */
 export const ECHO_SERVER = `
 import http from "node:http";
 const server = http.createServer((req, res) => {
@@ -72,7 +73,7 @@ const server = http.createServer((req, res) => {
     let status = 404;
     let body = '{"error":"not found"}';
     if (path === "/health") [status, body] = [200, '{"status":"ok"}'];
-    else if (path === "/echo" && req.method === "POST") [status, body] = [200, JSON.stringify({ ok: true, bytes: Buffer.concat(chunks).length })];
+    else if (req.method === "POST") [status, body] = [200, JSON.stringify({ ok: true, bytes: Buffer.concat(chunks).length })];
     res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(body) });
     res.end(body);
   });
@@ -114,6 +115,39 @@ server.keepAliveTimeout = 60_000;
 process.on("SIGTERM", () => server.close(() => process.exit(0)));
 server.listen(Number(process.env.PORT), "127.0.0.1", () => console.log("port " + server.address().port));
 `;
+
+/** The ready-to-run OpenFaaS CE (gateway, provider, of-watchdog) beside the repository, or SKIFF_OPENFAAS_DIR. */
+export const OPENFAAS_DIR =
+  process.env.SKIFF_OPENFAAS_DIR ?? path.resolve(import.meta.dirname, "..", "..", "shared", "peers", "openfaas");
+
+/**
+ * OpenFaaS CE in front of the echo server (`code`) as its function: caller → gateway → provider → of-watchdog →
+ * function, without per-request logs or the provider lookup per call (OF_QUIET=1, OF_SCALE_FROM_ZERO=false).
+ * Undefined when it is not there (OPENFAAS_DIR). The URL takes any path after it, as the function's own.
+ */
+export async function startOpenFaas(
+  dir: string,
+  code: string,
+): Promise<{ url: string; child: ChildProcess } | undefined> {
+  const script = path.join(OPENFAAS_DIR, "run-openfaas.sh");
+  if (!existsSync(script)) return undefined;
+  await mkdir(dir, { recursive: true });
+  const fn = path.join(dir, "echo.mjs");
+  await writeFile(fn, code);
+  const child = spawn("bash", [script], {
+    env: { ...process.env, OF_QUIET: "1", OF_SCALE_FROM_ZERO: "false", ECHO_JS: fn, OF_RUNS_DIR: dir },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  return new Promise((resolve, reject) => {
+    let out = "";
+    child.once("exit", (c) => reject(new Error(`run-openfaas.sh exited (${c}) before it was ready:\n${out}`)));
+    child.stdout!.on("data", (d: Buffer) => {
+      out += d.toString();
+      const m = /^URL=(\S+)$/m.exec(out);
+      if (m) resolve({ url: m[1], child });
+    });
+  });
+}
 
 /** Starts a Node module given as text that prints "port N" once listening. */
 export function serveNode(
@@ -260,6 +294,34 @@ export async function quiet(pid: number, maxMs = 30_000): Promise<void> {
     if ((await cpuSeconds(pid)) - before < 0.05) return;
   }
 }
+
+/**
+ * What a process spends over `work`: CPU time of all its threads (from /proc) and, when it runs with
+ * bench/alloc-probe.mjs (ALLOC_PROBE and SKIFF_BENCH_ALLOC_FILE = `allocFile`), the bytes its main thread
+ * allocated on the JS heap (null without the probe).
+ */
+export async function processCost<T>(
+  pid: number,
+  allocFile: string | undefined,
+  work: () => Promise<T>,
+): Promise<{ result: T; cpuSeconds: number; heapBytes: number | null }> {
+  if (allocFile) await rm(allocFile, { force: true });
+  const cpuBefore = await cpuSeconds(pid);
+  if (allocFile) process.kill(pid, "SIGUSR2");
+  const result = await work();
+  if (allocFile) process.kill(pid, "SIGUSR2");
+  const cpu = (await cpuSeconds(pid)) - cpuBefore;
+  let heapBytes: number | null = null;
+  for (let i = 0; allocFile && heapBytes === null && i < 100; i++) {
+    const text = await readFile(allocFile, "utf8").catch(() => undefined);
+    if (text) heapBytes = (JSON.parse(text) as { bytes: number }).bytes;
+    else await new Promise((r) => setTimeout(r, 20));
+  }
+  return { result, cpuSeconds: cpu, heapBytes };
+}
+
+/** The probe that counts a process's heap allocations (see processCost). */
+export const ALLOC_PROBE = path.join(import.meta.dirname, "alloc-probe.mjs");
 
 export function percentile(xs: number[], p: number): number {
   const s = [...xs].sort((a, b) => a - b);

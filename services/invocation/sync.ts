@@ -44,36 +44,27 @@ export async function runSync(
   if (secret !== undefined) await storeWebhookSecret(deps.secrets, deps.box, record.run_id, secret);
   // Bookkeeping of a sync run is not awaited, nor acknowledged (see finishSync);
   // a run that ends quickly is written only once it ended.
-  const announce = setTimeout(() => deps.syncRuns.running(record), SYNC_RUNNING_RECORD_AFTER_MS);
+  const books = new SyncBooks(deps, record);
 
   // What stops the run: a REST call's own signal, which aborts only when its caller goes away (or by
   // exchange.abort, a cancel); a Connect call's aborts when the handler returns too, which a streamed
   // answer outlives, so such a run has a controller of its own.
   const exchange = httpExchange(ctx);
   const controller = exchange ? undefined : new AbortController();
-  const onGone = () => controller?.abort(ctx.signal.reason);
-  if (controller) ctx.signal.addEventListener("abort", onGone, { once: true });
+  const onGone = controller && (() => controller.abort(ctx.signal.reason));
+  if (onGone) ctx.signal.addEventListener("abort", onGone, { once: true });
   invoke.signal = controller?.signal ?? ctx.signal;
   // A REST caller and RunStream take a streamed answer as it comes; a Connect or gRPC caller of Run gets it whole.
   const streamed = takesStream(ctx);
   invoke.acceptStream = true;
-  const started = performance.now();
   const work = deps.runners
     .invoke(app, invoke)
     .then((res): Answer =>
       res.stream ? keepStreamed(res, !streamed || record.webhook_endpoint !== undefined) : { res },
     );
-  const end = (outcome: RunOutcome) => {
-    clearTimeout(announce);
-    deps.syncRuns.finished(record, outcome);
-  };
-  const failed = (err: unknown) => end(outcomeOfError(err, Math.round(performance.now() - started)));
   const finished = work.then(
-    ({ res, kept, streamed }) =>
-      kept
-        ? res.stream!.ended.then((streamEnd) => end(outcomeOfStream(res, streamEnd, kept(), streamed!())), failed)
-        : end(outcomeOfAnswer(res)),
-    failed,
+    (answer) => books.answered(answer),
+    (err: unknown) => books.failed(err),
   );
   deps.control.track(record.run_id, controller ?? exchange!, finished);
   let streaming = false;
@@ -82,7 +73,7 @@ export async function runSync(
     if (!kept) return answer(ctx, record, res, app.config.runtime.kind === "custom");
     if (streamTo(ctx, res.stream!)) {
       // A RunStream caller that goes away while the body streams stops the run, as a REST caller does.
-      if (controller) void finished.finally(() => ctx.signal.removeEventListener("abort", onGone));
+      if (onGone) void finished.finally(() => ctx.signal.removeEventListener("abort", onGone));
       streaming = true;
       return answer(ctx, record, res, true);
     }
@@ -92,8 +83,51 @@ export async function runSync(
   } catch (err) {
     throw runFailure(err).connect;
   } finally {
-    if (controller && !streaming) ctx.signal.removeEventListener("abort", onGone);
+    if (onGone && !streaming) ctx.signal.removeEventListener("abort", onGone);
   }
+}
+
+/**
+ * A sync run's record keeping: its `running` announcement after
+ * SYNC_RUNNING_RECORD_AFTER_MS and its end, as one object whose methods are
+ * its class's (a run makes no closures for them).
+ */
+class SyncBooks {
+  private readonly started = performance.now();
+  private readonly announce: NodeJS.Timeout;
+
+  constructor(
+    private readonly deps: InvocationDeps,
+    private readonly record: RunRecord,
+  ) {
+    this.announce = setTimeout(announceRunning, SYNC_RUNNING_RECORD_AFTER_MS, this);
+  }
+
+  announceRunning(): void {
+    this.deps.syncRuns.running(this.record);
+  }
+
+  end(outcome: RunOutcome): void {
+    clearTimeout(this.announce);
+    this.deps.syncRuns.finished(this.record, outcome);
+  }
+
+  failed(err: unknown): void {
+    this.end(outcomeOfError(err, Math.round(performance.now() - this.started)));
+  }
+
+  /** The app answered: the run ends now, or when a streamed body has ended. */
+  answered({ res, kept, streamed }: Answer): void | Promise<void> {
+    if (!kept) return this.end(outcomeOfAnswer(res));
+    return res.stream!.ended.then(
+      (streamEnd) => this.end(outcomeOfStream(res, streamEnd, kept(), streamed!())),
+      (err: unknown) => this.failed(err),
+    );
+  }
+}
+
+function announceRunning(books: SyncBooks): void {
+  books.announceRunning();
 }
 
 /** A streamed answer's outcome: the app's status, unless the app reported a failure after the head went out. */

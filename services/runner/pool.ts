@@ -12,7 +12,6 @@
 // the run takes (a Cortex function's past SKIFF_MAX_RESULT_BYTES, an async
 // run's past its limit) is cut, and the run gets a result_too_large error in
 // its place.
-import type http from "node:http";
 import { finished } from "node:stream";
 import { realClock, type Clock, type Logger } from "../config/index.js";
 import {
@@ -31,7 +30,7 @@ import {
   type InvokeResponse,
 } from "../runs/index.js";
 import { callerHeaders } from "../server/index.js";
-import { AnswerTooLarge, type Replica } from "./replica.js";
+import { AnswerTooLarge, type AnswerBody, type Replica, type ReplicaRequest } from "./replica.js";
 import { ProcessReplicas, type ProcessReplicaOptions } from "./replica-factory.js";
 import { exitsWithin, ReplicaSet } from "./replica-set.js";
 import {
@@ -199,7 +198,7 @@ export class AppPool {
 
   private release(r: Replica): void {
     this.queue.release(r);
-    if (r.state !== "ready") setImmediate(() => r.dropIdleSockets()); // once the agent has taken the socket back
+    if (r.state !== "ready") setImmediate(() => r.dropIdleSockets()); // once the request has left its connection
   }
 
   /**
@@ -209,7 +208,7 @@ export class AppPool {
    * has been read to the end or has failed (see answerStream).
    */
   private async exchange(r: Replica, req: InvokeRequest, fn: string | undefined): Promise<InvokeResponse> {
-    let request: http.ClientRequest | undefined;
+    let request: ReplicaRequest | undefined;
     let failure: Error | undefined;
     const timer = this.clock.setTimeout(() => {
       failure = new RunTimeout(this.deployment.config.scaling.responseGracePeriod);
@@ -376,7 +375,7 @@ function trailerError(value: string | undefined): StreamEnd["error"] {
  * body ends or breaks, and a reader that stops early cancels the run.
  */
 function answerStream(
-  res: http.IncomingMessage,
+  res: AnswerBody,
   started: number,
   run: {
     failure: () => Error | undefined;

@@ -28,6 +28,7 @@ export const SANDBOX_APP_PORT = 8080;
 
 export interface ProcessReplicaOptions {
   workDir: string;
+  /** The runner's keep-alive agent, for replicas' health probes. */
   agent: http.Agent;
   logger: Logger;
   ports: PortLeases;
@@ -129,6 +130,7 @@ export class ProcessReplicas implements ReplicaFactory<Replica> {
       port: sandboxed ? (fixedPort ?? SANDBOX_APP_PORT) : (fixedPort ?? 0),
       healthcheck: runtime.kind === "custom" ? runtime.healthcheck : "/health",
       startTimeoutMs: this.o.startTimeoutMs,
+      connections: d.config.scaling.replicaConcurrency,
       sandbox: sandboxed
         ? {
             host: this.o.sandbox.host,

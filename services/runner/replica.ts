@@ -14,7 +14,8 @@ import { lstat, mkdir, rename, rm } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { pipeline } from "node:stream";
+import { Readable } from "node:stream";
+import { Pool, util as undiciUtil, type buildConnector, type Dispatcher } from "undici";
 import type { Logger } from "../config/index.js";
 import { requestBodyFailed, StartFailed } from "../runs/index.js";
 import type { StreamedRequestBody } from "../server/index.js";
@@ -50,6 +51,8 @@ export interface ReplicaSpec {
   commandCheck?: string;
   /** A sandboxed Custom app: it listens on `port` in the sandbox's network namespace, behind the relay. */
   relayed?: boolean;
+  /** Connections the runner keeps to it for requests: the requests it runs at once (replica_concurrency). */
+  connections?: number;
 }
 
 /** The channel's socket in a replica's folder. */
@@ -121,6 +124,7 @@ function listenChannel(socketPath: string): Promise<net.Server> {
 }
 
 export interface ReplicaHooks {
+  /** The runner's keep-alive agent, for health probes; requests go through the replica's own pool (see send). */
   agent: http.Agent;
   /** Makes connections inside sandboxes, for a relayed app's requests to go straight to it. */
   netns?: NetnsConnector;
@@ -139,8 +143,8 @@ export interface Exchange {
   headers: http.IncomingHttpHeaders;
   /** The whole body; empty when it streams. */
   body: Buffer;
-  /** The response still being read, when the answer streams. */
-  stream?: http.IncomingMessage;
+  /** The answer's body still being read, when it streams. */
+  stream?: AnswerBody;
 }
 
 const EMPTY = Buffer.alloc(0);
@@ -174,6 +178,221 @@ export function streams(status: number | undefined, headers: http.IncomingHttpHe
     Number(length) > above ||
     (headers["content-type"]?.startsWith("text/event-stream") ?? false)
   );
+}
+
+/**
+ * Longest a connection to a replica stays idle in its pool; shorter still
+ * when the replica announces less (`Keep-Alive: timeout=5`, less a margin).
+ * Reusing a connection at the moment the replica's server closes it would
+ * fail the run.
+ */
+export const REPLICA_IDLE_CONNECTION_MS = 4_000;
+
+/** A request to a replica, as its caller holds it: destroying it aborts the exchange and closes its connection. */
+export interface ReplicaRequest {
+  destroy(err?: Error): void;
+}
+
+/** An answer's body as it streams from the replica, read at its reader's pace; its trailers once it has ended. */
+export class AnswerBody extends Readable {
+  trailers: NodeJS.Dict<string> = {};
+
+  constructor(private readonly call: ReplicaCall) {
+    super();
+  }
+
+  override _read(): void {
+    this.call.resume();
+  }
+
+  override _destroy(err: Error | null, callback: (err?: Error | null) => void): void {
+    // A reader that goes away before the end: nothing more of the answer is read, its connection is closed.
+    this.call.destroy(err ?? undefined);
+    callback(err);
+  }
+}
+
+/** Header fields of which Node's parser keeps the first only, as the runner did when it read answers with it. */
+const SINGLE_FIELDS = new Set([
+  "age",
+  "authorization",
+  "content-length",
+  "content-type",
+  "etag",
+  "expires",
+  "from",
+  "host",
+  "if-modified-since",
+  "if-unmodified-since",
+  "last-modified",
+  "location",
+  "max-forwards",
+  "proxy-authorization",
+  "referer",
+  "retry-after",
+  "server",
+  "user-agent",
+]);
+
+/** Raw header lines as Node's IncomingMessage gives them: lower-case names, repeats joined by ", " (Set-Cookie's kept apart). */
+function answerHeaders(raw: readonly (Buffer | string)[] | null): http.IncomingHttpHeaders {
+  const out: Record<string, string | string[]> = {};
+  if (raw === null) return out;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = undiciUtil.headerNameToString(raw[i]);
+    const field = raw[i + 1];
+    const value = typeof field === "string" ? field : field.toString("latin1");
+    const had = out[name];
+    if (had === undefined) out[name] = name === "set-cookie" ? [value] : value;
+    else if (Array.isArray(had)) had.push(value);
+    else if (!SINGLE_FIELDS.has(name)) out[name] = `${had}, ${value}`;
+  }
+  return out;
+}
+
+/** Connects to a replica's channel socket or 127.0.0.1:port; the callback has the socket once it is connected. */
+function connectPlain(
+  endpoint: { socketPath?: string; host: string; port: number },
+  callback: buildConnector.Callback,
+): void {
+  const socket =
+    endpoint.socketPath !== undefined
+      ? net.connect(endpoint.socketPath)
+      : net.connect({ host: endpoint.host, port: endpoint.port, noDelay: true });
+  const failed = (err: Error) => callback(err, null);
+  socket.once("error", failed);
+  socket.once("connect", () => {
+    socket.off("error", failed);
+    callback(null, socket);
+  });
+}
+
+const CANCELLED = "the request to the replica was cancelled";
+
+/**
+ * One exchange with a replica, as the handler undici's pool calls while it
+ * runs (see Replica.send): it collects a whole answer, or hands over a
+ * streamed one as an AnswerBody at its head.
+ */
+class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
+  private abort: ((err: Error) => void) | undefined;
+  /** Why the exchange was destroyed before undici gave it a way to abort. */
+  private early: Error | undefined;
+  private resumeAnswer: (() => void) | undefined;
+  /** The exchange has ended: answered whole, streamed to its end, or failed. */
+  private ended = false;
+  /** The caller has its answer (or its error). */
+  private settled = false;
+  private status = 0;
+  private headers: http.IncomingHttpHeaders = {};
+  private chunks: Buffer[] = [];
+  private size = 0;
+  private stream: AnswerBody | undefined;
+  /** Why the caller's streamed body broke: the run's error rather than the failed request's. */
+  private broke: Error | undefined;
+
+  constructor(
+    private readonly resolve: (ex: Exchange) => void,
+    private readonly reject: (err: Error) => void,
+    private readonly mayStream: boolean,
+    private readonly streamAbove: number,
+    private readonly maxBody: number,
+  ) {}
+
+  /** The caller's streamed body, whose failure is the run's (RequestBodyFailed). */
+  async *requestBody(body: StreamedRequestBody): AsyncGenerator<Uint8Array> {
+    try {
+      yield* body.chunks();
+    } catch (err) {
+      throw (this.broke = requestBodyFailed(err));
+    }
+  }
+
+  destroy(err: Error = new Error(CANCELLED)): void {
+    if (this.ended) return;
+    if (this.abort) this.abort(err);
+    else {
+      this.early = err;
+      this.onError(err);
+    }
+  }
+
+  resume(): void {
+    this.resumeAnswer?.();
+  }
+
+  onConnect(abort: (err?: Error) => void): void {
+    if (this.early) abort(this.early);
+    else this.abort = abort;
+  }
+
+  onHeaders(status: number, raw: Buffer[], resume: () => void): boolean {
+    if (status < 200 && status >= 100) return true; // informational: the answer follows
+    this.status = status;
+    this.headers = answerHeaders(raw);
+    if (this.mayStream && streams(status, this.headers, this.streamAbove)) {
+      this.resumeAnswer = resume;
+      const stream = (this.stream = new AnswerBody(this));
+      stream.on("error", () => {}); // its reader sees the error; an unread one is no crash of the runner
+      this.settle({ status, headers: this.headers, body: EMPTY, stream });
+      return true;
+    }
+    const length = Number(this.headers["content-length"]);
+    if (length > this.maxBody) return this.tooLarge(length);
+    return true;
+  }
+
+  onData(chunk: Buffer): boolean {
+    if (this.stream) return this.stream.push(chunk);
+    if (this.settled) return false;
+    this.size += chunk.byteLength;
+    if (this.size > this.maxBody) return this.tooLarge(this.size);
+    this.chunks.push(chunk);
+    return true;
+  }
+
+  onComplete(rawTrailers: (Buffer | string)[] | null): void {
+    this.ended = true;
+    if (this.stream) {
+      this.stream.trailers = answerHeaders(rawTrailers) as NodeJS.Dict<string>; // no Set-Cookie in trailers
+      this.stream.push(null);
+      return;
+    }
+    const chunks = this.chunks;
+    const answer = {
+      status: this.status,
+      headers: this.headers,
+      body: chunks.length === 1 ? chunks[0] : chunks.length === 0 ? EMPTY : Buffer.concat(chunks),
+    };
+    // What the app printed before answering is already in its stdout pipe: let the next poll of the
+    // event loop read it while the run is still in flight, so the line names this run, not the next.
+    setImmediate(() => setImmediate(() => this.settle(answer)));
+  }
+
+  onError(err: Error): void {
+    this.ended = true;
+    const why = this.broke ?? err;
+    if (this.stream) this.stream.destroy(why);
+    else if (!this.settled) {
+      this.settled = true;
+      this.chunks.length = 0;
+      this.reject(why);
+    }
+  }
+
+  private settle(ex: Exchange): void {
+    if (this.settled) return;
+    this.settled = true;
+    this.resolve(ex);
+  }
+
+  /** An answer larger than the caller takes: rejected at once, and its connection closed before more of it comes. */
+  private tooLarge(bytes: number): false {
+    const err = new AnswerTooLarge(bytes, this.maxBody);
+    this.onError(err);
+    this.abort?.(err);
+    return false;
+  }
 }
 
 /** How many stderr lines a StartFailed quotes. */
@@ -219,6 +438,8 @@ export class Replica {
   private readonly channel: string | undefined;
   /** New connections go straight to the app (see goDirect). */
   private direct = false;
+  /** Keep-alive connections for requests (see dispatcher). */
+  private pool: Pool | undefined;
 
   /**
    * Where requests go: the channel's socket, or 127.0.0.1:port (the port may
@@ -355,6 +576,7 @@ export class Replica {
         (this.hooks.agent as ReplicaAgent).route(this.channel!, undefined);
         this.hooks.netns?.close(this.channel!);
       }
+      this.closePool();
       this.hooks.onExit(this, code, sig);
       // Stopped means its folder is gone too, so that a caller that waited may remove what holds it.
       const socket = this.endpoint.socketPath;
@@ -530,7 +752,11 @@ export class Replica {
     return this.endpoint;
   }
 
-  /** GET path; the status, or 0 when the replica did not answer in time. */
+  /**
+   * GET path; the status, or 0 when the replica did not answer in time. On
+   * the agent's connections, not the pool's: a replica whose every
+   * connection is busy with a long request is still probed.
+   */
   probe(path: string, timeoutMs: number): Promise<number> {
     return new Promise((resolve) => {
       const req = http.get({ ...this.endpoint, path, agent: this.hooks.agent, timeout: timeoutMs }, (res) => {
@@ -544,78 +770,83 @@ export class Replica {
   }
 
   /**
-   * One HTTP exchange with the replica; `onRequest` receives the request so
-   * the caller can abort it. With `mayStream`, an answer that streams (see
-   * streams(), larger than `streamAbove` among them) resolves as soon as its
-   * head arrives, with the response to read as `stream`; any other answer
-   * resolves once it has arrived whole, or rejects with AnswerTooLarge as
-   * soon as it is known to be larger than `maxBody` (the request is then
-   * destroyed: nothing more of it is read). A streamed body is sent as it comes.
+   * One HTTP exchange with the replica, on its pool of keep-alive
+   * connections; `onRequest` receives the request so the caller can abort
+   * it. With `mayStream`, an answer that streams (see streams(), larger than
+   * `streamAbove` among them) resolves as soon as its head arrives, with its
+   * body to read as `stream`; any other answer resolves once it has arrived
+   * whole, or rejects with AnswerTooLarge as soon as it is known to be larger
+   * than `maxBody` (the request is then aborted: nothing more of it is read).
+   * A streamed body is sent as it comes.
    */
   send(
     method: string,
     path: string,
     headers: http.OutgoingHttpHeaders,
     body: Uint8Array | StreamedRequestBody,
-    onRequest: (req: http.ClientRequest) => void,
+    onRequest: (req: ReplicaRequest) => void,
     mayStream = false,
     streamAbove = Infinity,
     maxBody = Infinity,
   ): Promise<Exchange> {
     return new Promise((resolve, reject) => {
-      let broke: Error | undefined;
-      const req = http.request({ ...this.endpoint, method, path, headers, agent: this.hooks.agent }, (res) => {
-        // The app answered before it read the whole body: the rest is not sent (nor the connection kept).
-        if (!(body instanceof Uint8Array)) res.once("end", () => req.writableFinished || req.destroy());
-        if (mayStream && streams(res.statusCode, res.headers, streamAbove)) {
-          res.on("error", () => {}); // its reader sees the error; an unread one is no crash of the runner
-          resolve({ status: res.statusCode ?? 502, headers: res.headers, body: EMPTY, stream: res });
-          return;
-        }
-        const chunks: Buffer[] = [];
-        let size = 0;
-        const tooLarge = (bytes: number) => {
-          chunks.length = 0;
-          reject(new AnswerTooLarge(bytes, maxBody));
-          res.on("error", () => {}); // the answer is cut on purpose
-          req.destroy();
-        };
-        const length = Number(res.headers["content-length"]);
-        if (length > maxBody) return tooLarge(length);
-        res.on("data", (c: Buffer) => {
-          if (size > maxBody) return;
-          size += c.byteLength;
-          if (size > maxBody) tooLarge(size);
-          else chunks.push(c);
-        });
-        res.on("end", () => {
-          const answer = {
-            status: res.statusCode ?? 502,
-            headers: res.headers,
-            body: chunks.length === 1 ? chunks[0] : Buffer.concat(chunks),
-          };
-          // What the app printed before answering is already in its stdout pipe: let the next poll of the
-          // event loop read it while the run is still in flight, so the line names this run, not the next.
-          setImmediate(() => setImmediate(() => resolve(answer)));
-        });
-        res.on("error", reject);
-      });
-      req.on("error", (err) => reject(broke ?? err));
-      onRequest(req);
-      if (body instanceof Uint8Array) req.end(body);
-      else
-        pipeline(
-          (async function* () {
-            try {
-              yield* body.chunks();
-            } catch (err) {
-              throw (broke = requestBodyFailed(err));
-            }
-          })(),
-          req,
-          () => undefined, // its failures reach the request's "error"
+      const call = new ReplicaCall(resolve, reject, mayStream, streamAbove, maxBody);
+      onRequest(call);
+      try {
+        this.dispatcher().dispatch(
+          {
+            method,
+            path,
+            headers: headers as Record<string, string>,
+            // undici sends an async iterable chunked, or with the Content-Length given (its types name streams only).
+            body: body instanceof Uint8Array ? body : (call.requestBody(body) as unknown as Readable),
+          },
+          call,
         );
+      } catch (err) {
+        call.onError(err as Error);
+      }
     });
+  }
+
+  /** The replica's pool of keep-alive connections, made at its first request (and again after dropIdleSockets). */
+  private dispatcher(): Pool {
+    if (this.pool === undefined) {
+      const origin = this.channel ? "http://localhost" : `http://127.0.0.1:${this.spec.port}`;
+      this.pool = new Pool(origin, {
+        connections: this.spec.connections ?? 1,
+        pipelining: 1,
+        keepAliveTimeout: REPLICA_IDLE_CONNECTION_MS,
+        keepAliveMaxTimeout: REPLICA_IDLE_CONNECTION_MS,
+        // A run's time is bounded by response_grace_period and its caller (AppPool), a streamed answer's by its reader.
+        headersTimeout: 0,
+        bodyTimeout: 0,
+        connect: (_options, callback) => this.connectSocket(callback),
+      });
+    }
+    return this.pool;
+  }
+
+  /**
+   * A new connection to the app: made inside its network namespace once it
+   * has a direct route (see goDirect), through its channel if that fails or
+   * otherwise, or to 127.0.0.1:port.
+   */
+  private connectSocket(callback: buildConnector.Callback): void {
+    const netns = this.hooks.netns;
+    if (this.direct && netns !== undefined && this.channel !== undefined)
+      netns.connect(this.channel, this.spec.port).then(
+        (socket) => callback(null, socket),
+        () => connectPlain(this.endpoint, callback),
+      );
+    else connectPlain(this.endpoint, callback);
+  }
+
+  /** Closes the connection pool once its requests have ended; a later request makes a new one. */
+  private closePool(): void {
+    const pool = this.pool;
+    this.pool = undefined;
+    pool?.close().catch(() => undefined);
   }
 
   /** SIGTERM now; SIGKILL when the process is still there after `graceMs`. */
@@ -637,10 +868,13 @@ export class Replica {
   }
 
   /**
-   * Closes the runner's idle keep-alive connections to the replica: a server
-   * that drains on SIGTERM waits for every connection to close.
+   * Closes the runner's idle keep-alive connections to the replica, and
+   * those in use once their request ends: a server that drains on SIGTERM
+   * waits for every connection to close. The health probes' connections
+   * are the agent's.
    */
   dropIdleSockets(): void {
+    this.closePool();
     const idle = this.hooks.agent.freeSockets[this.hooks.agent.getName(this.endpoint)];
     for (const socket of idle ?? []) socket.destroy();
   }

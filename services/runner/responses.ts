@@ -9,20 +9,24 @@ const JSON_HEADERS = { "content-type": "application/json" } as const;
 /**
  * A Custom app's request headers: the caller's that apps get (the gateway
  * filtered them already; a runner does not rely on it, and drops any other),
- * plus the run id and the body length, or chunked for a streamed body of
- * unknown length. Written into the request's own headers, which are the
- * replica request's from here on: no copy.
+ * less Expect (the caller's 100-continue is answered by skiff's server, and
+ * the body is sent at once), plus the run id and the body length when it is
+ * known (a streamed body of unknown length goes chunked). Written into the
+ * request's own headers, which are the replica request's from here on: no
+ * copy.
  */
 export function forwardHeaders(
   headers: Record<string, string>,
   runId: string,
   length: number | undefined,
 ): http.OutgoingHttpHeaders {
-  for (const name in headers) if (!isForwardedToApp(name.toLowerCase())) delete headers[name];
+  for (const name in headers) {
+    const lower = name.toLowerCase();
+    if (!isForwardedToApp(lower) || lower === "expect") delete headers[name];
+  }
   const out: http.OutgoingHttpHeaders = headers;
   out["x-request-id"] = runId;
-  if (length === undefined) out["transfer-encoding"] = "chunked";
-  else out["content-length"] = length;
+  if (length !== undefined) out["content-length"] = length;
   return out;
 }
 

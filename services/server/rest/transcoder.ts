@@ -246,21 +246,8 @@ async function transcode(
   const body = pending ? NO_BODY_BYTES : await readBody(req, limit);
   try {
     const input = requestMessage(route, match.segments, query, body, header(req, "content-type"));
-    // The call's signal (see restContext).
-    const controller = new AbortController();
-    const exchange: HttpExchange = {
-      method,
-      query,
-      status: undefined,
-      requestId,
-      rawPathVariable: (fieldPath) => {
-        const found = route.variables.find((v) => v.variable.fieldPath.join(".") === fieldPath);
-        return found && rawVariableValue(found.variable, expandSlashes(found.variable, match.segments));
-      },
-      requestBody: pending,
-      abort: (reason) => controller.abort(reason),
-    };
-    const output = await callMethod(req, res, route, input, exchange, controller, opts, pending);
+    const exchange = new RestExchange(method, query, requestId, route, match.segments, pending);
+    const output = await callMethod(req, res, route, input, exchange, opts, pending);
     const passed = exchange.responseHeaders;
     // Content-Type is the payload's (an HttpBody's own); CORS headers are skiff's where it answers CORS.
     if (passed)
@@ -279,6 +266,53 @@ async function transcode(
 }
 
 const NO_BODY_BYTES = new Uint8Array(0);
+
+/**
+ * A REST call's exchange, with the call's signal (see restContext): one
+ * object whose methods are its class's, so that a call makes no closures
+ * for it. It also hears the server's shutdown (handleEvent).
+ */
+class RestExchange implements HttpExchange {
+  status: number | undefined = undefined;
+  stream?: StreamedBody;
+  responseHeaders?: Record<string, string | string[]>;
+  readonly controller = new AbortController();
+  shutdown: AbortSignal | undefined = undefined;
+
+  constructor(
+    readonly method: string,
+    readonly query: URLSearchParams,
+    readonly requestId: string | undefined,
+    private readonly route: Route,
+    private readonly segments: readonly string[],
+    readonly requestBody: PendingBody | undefined,
+  ) {}
+
+  rawPathVariable(fieldPath: string): string | undefined {
+    for (const { variable } of this.route.variables)
+      if (variable.fieldPath.join(".") === fieldPath)
+        return rawVariableValue(variable, expandSlashes(variable, this.segments));
+    return undefined;
+  }
+
+  abort(reason: unknown): void {
+    this.controller.abort(reason);
+  }
+
+  /** The server's shutdown signal aborted. */
+  handleEvent(): void {
+    this.controller.abort(this.shutdown!.reason);
+  }
+}
+
+/** The exchange of the call a response answers, for the response's "close" listener. */
+const kRestExchange = Symbol("skiff REST exchange");
+type TrackedResponse = NodeResponse & { [kRestExchange]?: RestExchange };
+
+/** A response closed: when its caller went away before the answer ended, its call's signal aborts. */
+function onResponseClose(this: TrackedResponse): void {
+  if (closedEarly(this)) this[kRestExchange]?.controller.abort(new ClientGoneError("client closed the request"));
+}
 
 /** The body left for the handler to stream on (see TranscoderOptions.streamedBodies), or undefined to read it whole. */
 function streamedBody(req: NodeRequest, route: Route, limit: number, opts: TranscoderOptions): PendingBody | undefined {
@@ -377,6 +411,9 @@ function requestMessage(
  */
 function expandSlashes(variable: Variable, segments: readonly string[]): readonly string[] {
   if (variable.length >= 0) return segments;
+  let encoded = false;
+  for (let i = variable.start; i < segments.length && !encoded; i++) encoded = segments[i].includes("%");
+  if (!encoded) return segments;
   const tail = segments.slice(variable.start).flatMap((segment) => segment.split(/%2F/i));
   return [...segments.slice(0, variable.start), ...tail];
 }
@@ -404,7 +441,10 @@ function bodyMessage(route: Route, body: Uint8Array, contentType: string | undef
     case "raw-field": {
       const msg = create(input);
       const field = route.bodyField!;
-      if (field.fieldKind === "message")
+      // A message field outside a oneof is a plain property of its message (no reflection: a Map a message).
+      if (field.fieldKind === "message" && !field.oneof)
+        (msg as unknown as Record<string, unknown>)[field.localName] = httpBody(field.message, body, contentType);
+      else if (field.fieldKind === "message")
         reflect(input, msg).set(field, reflect(field.message, httpBody(field.message, body, contentType)));
       return msg;
     }
@@ -471,27 +511,26 @@ async function callMethod(
   res: NodeResponse,
   route: Route,
   input: Message,
-  exchange: HttpExchange,
-  controller: AbortController,
+  exchange: RestExchange,
   opts: TranscoderOptions,
   pending: PendingBody | undefined,
 ): Promise<Message> {
-  const call = restContext(req, res, route, exchange, controller, opts.shutdownSignal);
+  const context = restContext(req, res, route, exchange, opts.shutdownSignal);
   try {
     const output = await invokeUnaryImplementation(
       route.impl as Extract<MethodImplSpec, { kind: "unary" }>,
-      call.context,
+      context,
       input,
       (opts.interceptors ?? []) as Interceptor[],
     );
-    copyResponseHeaders(call.context.responseHeader, res);
+    copyResponseHeaders(context.responseHeader, res);
     return output;
   } catch (e) {
-    copyResponseHeaders(call.context.responseHeader, res);
+    copyResponseHeaders(context.responseHeader, res);
     // A body that broke while the handler read it (too large, the caller gone) is the call's answer.
     throw pending?.failure ?? handlerError(e, route, opts.logger, res);
   } finally {
-    call.end();
+    endRestContext(res, exchange);
   }
 }
 
@@ -502,7 +541,7 @@ const NO_TIMEOUT = () => undefined;
  * makes one for a call without a deadline (REST has no timeout header), with
  * one abort signal of its own: aborted when the caller goes away before the
  * handler returned, when the server shuts down meanwhile, or by
- * HttpExchange.abort; `end` drops its listeners. Unlike a Connect call's,
+ * HttpExchange.abort; endRestContext drops its listeners. Unlike a Connect call's,
  * it is not aborted when the handler returns (nothing needs it: a streamed
  * answer that outlives the handler is cancelled through its own body), so a
  * call costs no abort event. The request headers are a view of the ones
@@ -510,20 +549,18 @@ const NO_TIMEOUT = () => undefined;
  */
 function restContext(
   req: NodeRequest,
-  res: NodeResponse,
+  res: TrackedResponse,
   route: Route,
-  exchange: HttpExchange,
-  controller: AbortController,
+  exchange: RestExchange,
   shutdown: AbortSignal | undefined,
-): { context: HandlerContext; end(): void } {
-  const onClose = () => {
-    if (closedEarly(res)) controller.abort(new ClientGoneError("client closed the request"));
-  };
-  const onShutdown = () => controller.abort(shutdown!.reason);
-  res.once("close", onClose);
-  if (shutdown?.aborted) onShutdown();
-  else shutdown?.addEventListener("abort", onShutdown, { once: true });
-  const context: HandlerContext = {
+): HandlerContext {
+  const controller = exchange.controller;
+  res[kRestExchange] = exchange;
+  res.on("close", onResponseClose);
+  exchange.shutdown = shutdown;
+  if (shutdown?.aborted) exchange.handleEvent();
+  else shutdown?.addEventListener("abort", exchange, { once: true });
+  return {
     service: route.binding.service,
     method: route.binding.method,
     protocolName: "rest",
@@ -536,13 +573,12 @@ function restContext(
     responseTrailer: new Headers(),
     values: createContextValues().set(kHttpExchange, exchange),
   };
-  return {
-    context,
-    end() {
-      res.off("close", onClose);
-      shutdown?.removeEventListener("abort", onShutdown);
-    },
-  };
+}
+
+function endRestContext(res: TrackedResponse, exchange: RestExchange): void {
+  res.off("close", onResponseClose);
+  res[kRestExchange] = undefined;
+  exchange.shutdown?.removeEventListener("abort", exchange);
 }
 
 const AUTHORITY = /^[A-Za-z0-9.\-_~:[\]]+$/;
@@ -584,7 +620,10 @@ function responsePayload(binding: HttpBinding, output: Message): Payload {
   const field = desc.fields.find((f) => f.name === binding.responseBody)!;
   if (field.fieldKind === "message") {
     // An unset message field reads as an empty message.
-    const value = (reflect(desc, output).get(field) as ReflectMessage).message;
+    const value = field.oneof
+      ? (reflect(desc, output).get(field) as ReflectMessage).message
+      : (((output as unknown as Record<string, unknown>)[field.localName] as Message | undefined) ??
+        create(field.message));
     return field.message.typeName === HTTP_BODY
       ? rawPayload(value)
       : jsonPayload(toJson(field.message, value, JSON_WRITE));
