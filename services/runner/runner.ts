@@ -108,7 +108,8 @@ export interface RunnerOptions {
 export const REPLICA_IDLE_SOCKET_MS = 4_000;
 
 /**
- * Keep-alive connections to replicas. An idle one is dropped before the
+ * Keep-alive connections for replicas' health and ready probes (calls go
+ * through each replica's own pool, `Replica.send`). An idle one is dropped before the
  * replica's server closes it: reusing a socket at the moment the server
  * closes it fails the run with EPIPE or ECONNRESET (Node's servers, the
  * Cortex shim's included, close after 5 s and say so in `Keep-Alive:
