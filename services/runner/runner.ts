@@ -47,6 +47,7 @@ import { AppPool, type PoolOptions } from "./pool.js";
 import { PortLeases } from "./ports.js";
 import { prepareDeployment } from "./prepare.js";
 import { RELAY_PYTHON, type ProcessReplicaOptions } from "./replica-factory.js";
+import { REPLICA_IDLE_CONNECTION_MS } from "./replica.js";
 import { defaultSandbox, type SandboxOptions } from "./sandbox.js";
 import type { AppDeployment, AppLogLine, ReplicaChange, ReplicaInfo } from "./types.js";
 import { hashedUids, type ProjectUids } from "./uids.js";
@@ -104,9 +105,6 @@ export interface RunnerOptions {
   projectStorage?: ProcessReplicaOptions["projectStorage"];
 }
 
-/** Longest a connection to a replica stays idle in the pool; shorter still when the replica announces less. */
-export const REPLICA_IDLE_SOCKET_MS = 4_000;
-
 /**
  * Keep-alive connections for replicas' health and ready probes (calls go
  * through each replica's own pool, `Replica.send`). An idle one is dropped before the
@@ -118,7 +116,7 @@ export const REPLICA_IDLE_SOCKET_MS = 4_000;
  * progress are not cut by it: a socket timeout ends only idle sockets.
  */
 export function replicaAgent(): ReplicaAgent {
-  return new ReplicaAgent({ keepAlive: true, timeout: REPLICA_IDLE_SOCKET_MS });
+  return new ReplicaAgent({ keepAlive: true, timeout: REPLICA_IDLE_CONNECTION_MS });
 }
 
 export class Runner {

@@ -6,7 +6,8 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { REPLICA_IDLE_SOCKET_MS, replicaAgent } from "../../services/runner/runner.js";
+import { REPLICA_IDLE_CONNECTION_MS } from "../../services/runner/replica.js";
+import { replicaAgent } from "../../services/runner/runner.js";
 
 let server: http.Server;
 let port: number;
@@ -47,9 +48,9 @@ it("an idle socket leaves the pool before the server's keep-alive timeout; a bus
   // Reused while fresh.
   expect((await get("/")).reused).toBe(true);
   // Past the agent's idle time, still inside the server's 5 s: gone from the pool.
-  await new Promise((r) => setTimeout(r, REPLICA_IDLE_SOCKET_MS + 300));
+  await new Promise((r) => setTimeout(r, REPLICA_IDLE_CONNECTION_MS + 300));
   expect(free()).toBe(0);
   expect((await get("/")).reused).toBe(false);
   // A request that takes longer than the idle time is answered.
-  expect((await get(`/?ms=${REPLICA_IDLE_SOCKET_MS + 1_000}`)).status).toBe(200);
+  expect((await get(`/?ms=${REPLICA_IDLE_CONNECTION_MS + 1_000}`)).status).toBe(200);
 }, 30_000);
