@@ -11,6 +11,7 @@
 // cgroups, and a sandbox's processes may outlive it (one still starting,
 // before bwrap's --die-with-parent holds). The next skiff to start ends them
 // and removes the folders, empty ones too (reapLeftovers).
+import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
 import { rmdir } from "node:fs/promises";
 import path from "node:path";
@@ -383,7 +384,10 @@ export function detectCgroups(): Cgroups | string {
             // a cgroup still in it: removed at the next start (reapLeftovers)
           }
       });
-      const probe = cgroups.create(`probe-${Date.now()}`, { memoryBytes: 64 * 1024 * 1024, pids: 16 });
+      const probe = cgroups.create(`probe-${randomBytes(4).toString("hex")}`, {
+        memoryBytes: 64 * 1024 * 1024,
+        pids: 16,
+      });
       void probe.remove();
       return cgroups;
     } catch (err) {

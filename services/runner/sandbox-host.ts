@@ -6,6 +6,7 @@
 // replicas with outbound network must not reach, and what is computed once
 // (the seccomp filter, the base mounts). configureSandbox (sandbox-setup.ts)
 // makes the process's; a test or a bench may make its own.
+import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { DEFAULT_REPLICA_DENIED_CIDRS } from "../config/index.js";
 import { detectCgroups, type CgroupLimits, type Cgroups, type SandboxCgroup } from "./cgroups.js";
@@ -30,6 +31,12 @@ export class SandboxHost {
   mounts: MountKind = "overlay";
   private cgroupsInUse: Cgroups | undefined;
   private cgroupSeq = 0;
+  /**
+   * Part of each sandbox cgroup's name: the folder `skiff-<pid>` is the process's, and two hosts in one process
+   * (a gateway's and a runner's, or one after another) must not take each other's `sandbox-<n>`, which can
+   * outlive its sandbox for a moment while its processes end.
+   */
+  private readonly cgroupTag = randomBytes(4).toString("hex");
   private seccomp: Buffer | undefined;
   private base: string[] | undefined;
 
@@ -58,7 +65,7 @@ export class SandboxHost {
 
   /** A new cgroup for one sandbox with these limits, when cgroups are in use. */
   sandboxCgroup(limits: CgroupLimits): SandboxCgroup | undefined {
-    return this.cgroupsInUse?.create(`sandbox-${++this.cgroupSeq}`, limits);
+    return this.cgroupsInUse?.create(`sandbox-${this.cgroupTag}-${++this.cgroupSeq}`, limits);
   }
 
   /** The seccomp filter every sandbox stage runs under, written once per host. */
