@@ -70,9 +70,19 @@ export default defineConfig({
           // cost about a second of CPU a file. Files keep no state in modules: each starts and stops what it uses
           // (nats-server, skiff, replicas) and gives back what it changes (process.env).
           isolate: false,
+          // The server's and the CLI's bundles, made once before the files that start them.
+          globalSetup: ["test/helpers/global-setup.ts"],
         },
       },
-      { test: { name: "integration-isolated", include: ISOLATED, ...timeouts, pool: "forks" } },
+      {
+        test: {
+          name: "integration-isolated",
+          include: ISOLATED,
+          ...timeouts,
+          pool: "forks",
+          globalSetup: ["test/helpers/global-setup.ts"],
+        },
+      },
       { test: { name: "fuzz", include: FUZZ, ...timeouts, pool: "forks" } },
     ],
   },

@@ -12,6 +12,7 @@ export default defineConfig({
     testTimeout: 600_000,
     hookTimeout: 300_000,
     pool: "forks",
+    globalSetup: ["test/helpers/global-setup.ts"],
     fileParallelism: false,
     sequence: { concurrent: false },
   },

@@ -27,7 +27,7 @@ export async function startSkiffProcess(opts: {
 }): Promise<SkiffProcess> {
   const child = spawn(
     process.execPath,
-    [...(opts.nodeArgs ?? []), "--import", "tsx", "services/main.ts", ...(opts.roles ? ["--roles", opts.roles] : [])],
+    [...(opts.nodeArgs ?? []), "bin/skiff-server.js", ...(opts.roles ? ["--roles", opts.roles] : [])],
     {
       cwd: ROOT,
       env: {

@@ -149,7 +149,7 @@ async function clusterProcesses(dir: string): Promise<Record<string, number>> {
     const env = await readFile(`/proc/${pid}/environ`, "utf8").catch(() => "");
     const cmd = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
     const data = /(?:^|\0)SKIFF_DATA_DIR=([^\0]+)/.exec(env)?.[1];
-    if (data?.startsWith(dir + path.sep) && cmd.includes("services/main.ts")) found[path.basename(data)] = Number(pid);
+    if (data?.startsWith(dir + path.sep) && cmd.includes("skiff-server.js")) found[path.basename(data)] = Number(pid);
     else if (cmd.startsWith("nats-server") || cmd.includes("/nats-server\0")) {
       const conf = /\0-c\0([^\0]+)/.exec(cmd)?.[1] ?? /--config\0([^\0]+)/.exec(cmd)?.[1];
       if (conf?.startsWith(dir + path.sep)) found[`nats-${path.basename(path.dirname(conf))}`] = Number(pid);

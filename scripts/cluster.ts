@@ -201,26 +201,22 @@ async function main(): Promise<void> {
 
   /** Starts one process; like systemd's Restart=on-failure, one that exits unasked is started again after a pause. */
   function launch(p: (typeof PROCESSES)[number], attempt = 1): void {
-    const child = spawn(
-      process.execPath,
-      ["--import", "tsx", path.join(ROOT, "services", "main.ts"), "--roles", p.roles],
-      {
-        cwd: ROOT,
-        env: {
-          ...process.env,
-          SKIFF_PORT: String(p.port),
-          SKIFF_DATA_DIR: path.join(dir, p.name),
-          SKIFF_NATS_URL: cluster!.url,
-          SKIFF_NATS_USER: cluster!.user,
-          SKIFF_NATS_PASSWORD: cluster!.password,
-          SKIFF_NATS_REPLICAS: process.env.SKIFF_NATS_REPLICAS ?? "3",
-          SKIFF_ADMIN_TOKEN: adminToken,
-          SKIFF_LOG_LEVEL: logLevel,
-          ...(database ? { SKIFF_DATABASE_URL: database } : {}),
-        },
-        stdio: ["ignore", "pipe", "pipe"],
+    const child = spawn(process.execPath, [path.join(ROOT, "bin", "skiff-server.js"), "--roles", p.roles], {
+      cwd: ROOT,
+      env: {
+        ...process.env,
+        SKIFF_PORT: String(p.port),
+        SKIFF_DATA_DIR: path.join(dir, p.name),
+        SKIFF_NATS_URL: cluster!.url,
+        SKIFF_NATS_USER: cluster!.user,
+        SKIFF_NATS_PASSWORD: cluster!.password,
+        SKIFF_NATS_REPLICAS: process.env.SKIFF_NATS_REPLICAS ?? "3",
+        SKIFF_ADMIN_TOKEN: adminToken,
+        SKIFF_LOG_LEVEL: logLevel,
+        ...(database ? { SKIFF_DATABASE_URL: database } : {}),
       },
-    );
+      stdio: ["ignore", "pipe", "pipe"],
+    });
     relay(p.name, child.stdout);
     relay(p.name, child.stderr);
     const started = Date.now();

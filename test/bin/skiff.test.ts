@@ -1,5 +1,6 @@
-// bin/skiff.js: the CLI runs from one bundled file made on first use, and is
-// bundled again when a file it holds changes.
+// bin/skiff.js and bin/skiff-server.js: the CLI and the server run from one
+// bundled file each (bin/bundle.js), made on first use and again when a file
+// it holds changes.
 import { readFile, stat, utimes } from "node:fs/promises";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
@@ -26,5 +27,23 @@ describe("bin/skiff.js", () => {
     const now = await stat(source);
     expect(recorded["services/cli/table.ts"]).toBe(`${now.mtimeMs}:${now.size}`);
     expect((await stat(BUNDLE)).mtimeMs).toBeGreaterThan(before);
+  });
+});
+
+describe("bin/skiff-server.js", () => {
+  it("runs the server from its bundle, in which every module keeps its own place: files beside a module are found from services/", async () => {
+    // Made by the test run's global setup, as `npm start` makes it on its first start.
+    const bundle = await readFile(path.join(ROOT, "node_modules/.cache/skiff/server.mjs"), "utf8");
+    const inputs = Object.keys(
+      JSON.parse(await readFile(path.join(ROOT, "node_modules/.cache/skiff/server.inputs.json"), "utf8")) as Record<
+        string,
+        string
+      >,
+    );
+    expect(inputs).toEqual(expect.arrayContaining(["services/main.ts", "services/runner/sandbox-argv.ts"]));
+    // The bundle's own import.meta would point every module at node_modules/.cache/skiff/.
+    expect(bundle).not.toMatch(/import\.meta\.(url|dirname|filename)/);
+    // netns-connect.ts finds its helper script beside it: `path.join(import.meta.dirname, "netns-connect.py")`.
+    expect(bundle).toMatch(`.join(${JSON.stringify(path.join(ROOT, "services", "runner"))}, "netns-connect.py")`);
   });
 });

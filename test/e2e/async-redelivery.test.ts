@@ -9,7 +9,7 @@ import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 import { cortexApp, deploy, P, post, UUID_V7 } from "../helpers/run-apps.js";
-import { TEST_ROOT } from "../helpers/paths.js";
+import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
 
 const ROOT = path.resolve(TEST_ROOT, "..");
 const ACK_WAIT_MS = 1500;
@@ -21,24 +21,20 @@ const getRun = async (runId: string) => (await t.management().getRun({ projectId
 
 async function startRunner(): Promise<{ child: ChildProcess; dataDir: string }> {
   const dataDir = await mkdtemp(path.join(tmp, "runner-"));
-  const child = spawn(
-    process.execPath,
-    ["--import", "tsx", path.join(ROOT, "services", "main.ts"), "--roles", "runner"],
-    {
-      cwd: ROOT,
-      env: {
-        PATH: process.env.PATH,
-        HOME: process.env.HOME,
-        SKIFF_NATS_URL: t.nats.url,
-        SKIFF_PORT: "0",
-        SKIFF_DATA_DIR: dataDir,
-        SKIFF_RUN_ACK_WAIT_MS: String(ACK_WAIT_MS),
-        SKIFF_RESULT_TTL: "0",
-        SKIFF_LOG_LEVEL: "error",
-      },
-      stdio: ["ignore", "ignore", "inherit"],
+  const child = spawn(process.execPath, [SKIFF_SERVER, "--roles", "runner"], {
+    cwd: ROOT,
+    env: {
+      PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      SKIFF_NATS_URL: t.nats.url,
+      SKIFF_PORT: "0",
+      SKIFF_DATA_DIR: dataDir,
+      SKIFF_RUN_ACK_WAIT_MS: String(ACK_WAIT_MS),
+      SKIFF_RESULT_TTL: "0",
+      SKIFF_LOG_LEVEL: "error",
     },
-  );
+    stdio: ["ignore", "ignore", "inherit"],
+  });
   const r = { child, dataDir };
   runners.add(r);
   return r;

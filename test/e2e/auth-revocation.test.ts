@@ -9,7 +9,7 @@ import path from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
-import { TEST_ROOT } from "../helpers/paths.js";
+import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
 
 const root = path.join(TEST_ROOT, "..");
 
@@ -36,7 +36,7 @@ describe("revocation across processes", () => {
   beforeAll(async () => {
     t = await startTestSkiff();
     secondData = await mkdtemp(path.join(tmpdir(), "skiff-second-"));
-    child = spawn(process.execPath, ["--import", "tsx", "services/main.ts", "--roles", "management"], {
+    child = spawn(process.execPath, [SKIFF_SERVER, "--roles", "management"], {
       cwd: root,
       env: {
         PATH: process.env.PATH,

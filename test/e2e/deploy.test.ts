@@ -13,7 +13,7 @@ import { skiffToml, writeApp, type Scaling } from "../helpers/apps.js";
 import { runCli, spawnCli } from "../helpers/cli.js";
 import { rawTar, TOML } from "../helpers/raw-tar.js";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
-import { TEST_ROOT } from "../helpers/paths.js";
+import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
 
 const ROOT = path.resolve(TEST_ROOT, "..");
 const P = "p-dev";
@@ -290,22 +290,18 @@ describe("deploy - versions, replicas, logs, delete", () => {
 describe("deploy - a second runner process", () => {
   it("hosts the apps deployed through another process: prepares them and keeps its own replica warm", async () => {
     const dataDir = await mkdtemp(path.join(tmp, "runner2-"));
-    const child = spawn(
-      process.execPath,
-      ["--import", "tsx", path.join(ROOT, "services", "main.ts"), "--roles", "runner"],
-      {
-        cwd: ROOT,
-        env: {
-          PATH: process.env.PATH,
-          HOME: process.env.HOME,
-          SKIFF_NATS_URL: t.nats.url,
-          SKIFF_DATA_DIR: dataDir,
-          SKIFF_PORT: "0",
-          SKIFF_LOG_LEVEL: "warn",
-        },
-        stdio: ["ignore", "ignore", "inherit"],
+    const child = spawn(process.execPath, [SKIFF_SERVER, "--roles", "runner"], {
+      cwd: ROOT,
+      env: {
+        PATH: process.env.PATH,
+        HOME: process.env.HOME,
+        SKIFF_NATS_URL: t.nats.url,
+        SKIFF_DATA_DIR: dataDir,
+        SKIFF_PORT: "0",
+        SKIFF_LOG_LEVEL: "warn",
       },
-    );
+      stdio: ["ignore", "ignore", "inherit"],
+    });
     const exited = new Promise((resolve) => child.once("exit", resolve));
     try {
       expect(await skiff(["deploy", await writeApp(tmp, nodeApp("warm", { min_replicas: 1 }, "v1"))])).toMatchObject({

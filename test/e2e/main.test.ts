@@ -6,12 +6,12 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
-import { TEST_ROOT } from "../helpers/paths.js";
+import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
 
 const root = join(TEST_ROOT, "..");
 
 function startMain(env: Record<string, string>, args: string[] = []): ChildProcess {
-  return spawn(process.execPath, ["--import", "tsx", "services/main.ts", ...args], {
+  return spawn(process.execPath, [SKIFF_SERVER, ...args], {
     cwd: root,
     env: { PATH: process.env.PATH, HOME: process.env.HOME, CI: "1", ...env },
     stdio: ["ignore", "pipe", "pipe"],

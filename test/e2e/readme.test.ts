@@ -14,6 +14,7 @@ import path from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EXAMPLE_APPS } from "../../services/management/examples.js";
+import { SKIFF_SERVER } from "../helpers/paths.js";
 
 const root = path.resolve(import.meta.dirname, "../..");
 
@@ -81,7 +82,7 @@ describe("README", () => {
       path.join(home, ".readme-shell"),
       `npx() { if [ "$1" = skiff ]; then shift; node ${JSON.stringify(path.join(root, "bin", "skiff.js"))} "$@"; else command npx "$@"; fi; }\n`,
     );
-    skiff = spawn(process.execPath, ["--import", "tsx", "services/main.ts"], {
+    skiff = spawn(process.execPath, [SKIFF_SERVER], {
       cwd: root,
       env: {
         PATH: process.env.PATH,

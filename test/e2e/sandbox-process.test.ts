@@ -12,7 +12,7 @@ import { packApp } from "../../services/apps/bundle.js";
 import { skiffToml } from "../helpers/apps.js";
 import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
 import { hostProcessesWith } from "../helpers/host-processes.js";
-import { TEST_ROOT } from "../helpers/paths.js";
+import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
 
 const ROOT = path.resolve(TEST_ROOT, "..");
 const SHUTDOWN_TIMEOUT_MS = 15_000;
@@ -40,7 +40,7 @@ interface Skiff {
 }
 
 function startMain(env: Record<string, string>): Skiff {
-  const child = spawn(process.execPath, ["--import", "tsx", "services/main.ts"], {
+  const child = spawn(process.execPath, [SKIFF_SERVER], {
     cwd: ROOT,
     env: { PATH: process.env.PATH, HOME: process.env.HOME, CI: "1", SKIFF_NATS_URL: nats.url, SKIFF_PORT: "0", ...env },
     stdio: ["ignore", "pipe", "pipe"],

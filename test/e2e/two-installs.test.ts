@@ -9,6 +9,7 @@ import path from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "../helpers/cli.js";
+import { SKIFF_SERVER } from "../helpers/paths.js";
 
 const root = path.resolve(import.meta.dirname, "../..");
 
@@ -27,7 +28,7 @@ interface Install {
 /** `npm start` as it runs after its dashboard build: only a data folder and a free port set. */
 async function start(): Promise<Install> {
   const dataDir = mkdtempSync(path.join(tmpdir(), "skiff-install-"));
-  const child = spawn(process.execPath, ["--import", "tsx", "services/main.ts"], {
+  const child = spawn(process.execPath, [SKIFF_SERVER], {
     cwd: root,
     env: { PATH: process.env.PATH, HOME: process.env.HOME, CI: "1", SKIFF_DATA_DIR: dataDir, SKIFF_PORT: "0" },
     stdio: ["ignore", "pipe", "ignore"],

@@ -16,7 +16,7 @@ import { ManagementService } from "../../gen/skiff/management/v2/management_pb.j
 import { packApp } from "../../services/apps/bundle.js";
 import { bearerAuth } from "../../services/auth/bearer.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
-import { TEST_ROOT } from "../helpers/paths.js";
+import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
 
 const root = join(TEST_ROOT, "..");
 const OTHER = "p-workers2";
@@ -152,7 +152,7 @@ describe("SKIFF_WORKERS=2", () => {
     dataDir = await mkdtemp(join(tmpdir(), "skiff-workers-"));
     tmp = await mkdtemp(join(tmpdir(), "skiff-workers-apps-"));
     // SKIFF_NATS_URL unset: the supervisor starts the data folder's nats-server, and the workers use its nkey.
-    child = spawn(process.execPath, ["--import", "tsx", "services/main.ts"], {
+    child = spawn(process.execPath, [SKIFF_SERVER], {
       cwd: root,
       env: {
         PATH: process.env.PATH,

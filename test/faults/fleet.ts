@@ -98,12 +98,7 @@ export async function spawnSkiff(opts: {
       if (proc.alive) return;
       const c = spawn(
         process.execPath,
-        [
-          "--import",
-          "tsx",
-          path.join(ROOT, "services", "main.ts"),
-          ...(opts.roles === undefined ? [] : ["--roles", opts.roles]),
-        ],
+        [path.join(ROOT, "bin", "skiff-server.js"), ...(opts.roles === undefined ? [] : ["--roles", opts.roles])],
         {
           cwd: ROOT,
           env: {

@@ -3,3 +3,6 @@
 import path from "node:path";
 
 export const TEST_ROOT = path.resolve(import.meta.dirname, "..");
+
+/** The skiff server as `npm start` runs it: `node SKIFF_SERVER [--roles …]`. */
+export const SKIFF_SERVER = path.resolve(TEST_ROOT, "..", "bin", "skiff-server.js");
