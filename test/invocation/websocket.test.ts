@@ -154,9 +154,15 @@ describe("WebSockets - the connection", () => {
     expect(record.websocket!.bytes_in).toBeGreaterThan(5 + 5 + MAX_MESSAGE);
     expect(record.websocket!.bytes_out).toBeGreaterThan(5 + 5 + MAX_MESSAGE);
     expect(record.websocket!.bytes_in).toBeGreaterThan(record.websocket!.bytes_out);
-    // GetRun shows the same, over REST too.
-    const { run } = await t.management().getRun({ projectId: P, appName: "ws-echo", runId });
-    expect(run?.websocket).toMatchObject({ closeCode: 1000, closeReason: "done", closedBy: "caller", messagesIn: 3n });
+    // GetRun shows the same once the run history has the final event (it follows the events), over REST too.
+    const run = await vi.waitUntil(
+      async () => {
+        const { run } = await t.management().getRun({ projectId: P, appName: "ws-echo", runId });
+        return run?.websocket ? run : undefined;
+      },
+      { timeout: 30_000, interval: 50 },
+    );
+    expect(run.websocket).toMatchObject({ closeCode: 1000, closeReason: "done", closedBy: "caller", messagesIn: 3n });
     const rest = await fetch(`${t.url}/v2/projects/${P}/apps/ws-echo/runs/${runId}`, {
       headers: { authorization: `Bearer ${t.devToken}` },
     });
