@@ -2,16 +2,14 @@
 // SIGKILL is delivered again to another runner (attempts counted), and one
 // whose runner dies on every attempt ends in failure, never stuck in
 // running. The gateway here runs no runner, so sync runs go over NATS.
-import { spawn, type ChildProcess } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { mkdtemp, readdir, readlink, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { spawnRunnerProcess, startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 import { cortexApp, deploy, P, post, UUID_V7 } from "../helpers/run-apps.js";
-import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
 
-const ROOT = path.resolve(TEST_ROOT, "..");
 const ACK_WAIT_MS = 1500;
 let t: TestSkiff;
 let tmp: string;
@@ -21,19 +19,10 @@ const getRun = async (runId: string) => (await t.management().getRun({ projectId
 
 async function startRunner(): Promise<{ child: ChildProcess; dataDir: string }> {
   const dataDir = await mkdtemp(path.join(tmp, "runner-"));
-  const child = spawn(process.execPath, [SKIFF_SERVER, "--roles", "runner"], {
-    cwd: ROOT,
-    env: {
-      PATH: process.env.PATH,
-      HOME: process.env.HOME,
-      SKIFF_NATS_URL: t.nats.url,
-      SKIFF_PORT: "0",
-      SKIFF_DATA_DIR: dataDir,
-      SKIFF_RUN_ACK_WAIT_MS: String(ACK_WAIT_MS),
-      SKIFF_RESULT_TTL: "0",
-      SKIFF_LOG_LEVEL: "error",
-    },
-    stdio: ["ignore", "ignore", "inherit"],
+  const child = spawnRunnerProcess(t.nats.url, dataDir, {
+    SKIFF_RUN_ACK_WAIT_MS: String(ACK_WAIT_MS),
+    SKIFF_RESULT_TTL: "0",
+    SKIFF_LOG_LEVEL: "error",
   });
   const r = { child, dataDir };
   runners.add(r);

@@ -1,7 +1,6 @@
 // Deploying apps through the `skiff` CLI against a test skiff, and calling
 // them through the Runner of its runner role; a second runner process
 // picking up the same deployments.
-import { spawn } from "node:child_process";
 import { mkdtemp, readdir, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -12,8 +11,8 @@ import type { InvokeRequest } from "../../services/runs/invoke.js";
 import { skiffToml, writeApp, type Scaling } from "../helpers/apps.js";
 import { runCli, spawnCli } from "../helpers/cli.js";
 import { rawTar, TOML } from "../helpers/raw-tar.js";
-import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
-import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
+import { spawnRunnerProcess, startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { TEST_ROOT } from "../helpers/paths.js";
 
 const ROOT = path.resolve(TEST_ROOT, "..");
 const P = "p-dev";
@@ -290,18 +289,7 @@ describe("deploy - versions, replicas, logs, delete", () => {
 describe("deploy - a second runner process", () => {
   it("hosts the apps deployed through another process: prepares them and keeps its own replica warm", async () => {
     const dataDir = await mkdtemp(path.join(tmp, "runner2-"));
-    const child = spawn(process.execPath, [SKIFF_SERVER, "--roles", "runner"], {
-      cwd: ROOT,
-      env: {
-        PATH: process.env.PATH,
-        HOME: process.env.HOME,
-        SKIFF_NATS_URL: t.nats.url,
-        SKIFF_DATA_DIR: dataDir,
-        SKIFF_PORT: "0",
-        SKIFF_LOG_LEVEL: "warn",
-      },
-      stdio: ["ignore", "ignore", "inherit"],
-    });
+    const child = spawnRunnerProcess(t.nats.url, dataDir, { SKIFF_LOG_LEVEL: "warn" });
     const exited = new Promise((resolve) => child.once("exit", resolve));
     try {
       expect(await skiff(["deploy", await writeApp(tmp, nodeApp("warm", { min_replicas: 1 }, "v1"))])).toMatchObject({

@@ -1,6 +1,7 @@
 // A skiff for one test file: its own nats-server (unless one is given), a
 // temporary data folder, every role, a free port, and the admin token the
 // bootstrap wrote. Later issues' tests start theirs the same way.
+import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -12,6 +13,7 @@ import { loadConfig } from "../../services/config/config.js";
 import { silentLogger, type Logger } from "../../services/config/logger.js";
 import { startSkiff, type Skiff } from "../../services/start.js";
 import { startNatsServer, type TestNats } from "./nats-server.js";
+import { SKIFF_SERVER, TEST_ROOT } from "./paths.js";
 
 export interface TestSkiffOptions {
   /** Share a server between several skiffs; default a new one, stopped with this skiff. */
@@ -100,4 +102,24 @@ export async function startTestRunner(of: TestSkiff): Promise<TestRunner> {
     skiff,
     close: () => (closed ??= skiff.close().finally(() => rm(dataDir, { recursive: true, force: true }))),
   };
+}
+
+/**
+ * A runner process (`bin/skiff-server.js --roles runner`) on `natsUrl` with its own data folder, as a second
+ * machine would run one: PATH, HOME, the settings given and nothing else of the test's environment; its stderr
+ * goes to the test's.
+ */
+export function spawnRunnerProcess(natsUrl: string, dataDir: string, env: Record<string, string> = {}): ChildProcess {
+  return spawn(process.execPath, [SKIFF_SERVER, "--roles", "runner"], {
+    cwd: path.resolve(TEST_ROOT, ".."),
+    env: {
+      PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      SKIFF_NATS_URL: natsUrl,
+      SKIFF_PORT: "0",
+      SKIFF_DATA_DIR: dataDir,
+      ...env,
+    },
+    stdio: ["ignore", "ignore", "inherit"],
+  });
 }
