@@ -638,7 +638,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "workers",
     env: "SKIFF_WORKERS",
     fallback: "1",
-    doc: "Processes that serve the port together, each running the roles above: a supervisor process starts them (and the `nats-server` of the data folder, when skiff starts one), restarts one that dies, and stops them all on SIGTERM. Each worker has its own replicas, deployments, projects' persistent storage and embedded run history under `SKIFF_DATA_DIR/workers/<n>/` (set `SKIFF_DATABASE_URL` to share one history); sandbox uids come from NATS, shared. 1: one process, no supervisor. Raise it to the machine's cores when one process's CPU is the limit (its main thread near 100 %, see docs/deploy.md); each worker costs about 300 MB more. Needs `SKIFF_SANDBOX=on`.",
+    doc: "Processes that serve the port together, each running the roles above: a supervisor process starts them (and the `nats-server` of the data folder, when skiff starts one), restarts one that dies, and stops them all on SIGTERM. Each worker has its own replicas, deployments, projects' persistent storage and embedded run history under `SKIFF_DATA_DIR/workers/<n>/` (set `SKIFF_DATABASE_URL` to share one history); sandbox uids come from NATS, shared. 1: one process, no supervisor. Raise it to the machine's cores when one process's CPU is the limit (its main thread near 100 %, see docs/deploy.md); each worker costs about 300 MB more. Needs `SKIFF_SANDBOX=on`. The per-process limits (`SKIFF_MAX_CONNECTIONS`, `SKIFF_MAX_CONNECTIONS_PER_ADDRESS`, `SKIFF_PROJECT_MAX_REPLICAS`, `SKIFF_PROJECT_MEMORY_MB`) count per worker: set them to the machine's limit divided by the workers.",
     parse: integer(1, 256),
   },
   {
