@@ -268,6 +268,12 @@ function connectPlain(
 }
 
 const CANCELLED = "the request to the replica was cancelled";
+/**
+ * Informational (1xx) heads an answer may have before its final one: a few
+ * 103 Early Hints or 102 Processing are what servers send; past this many the
+ * exchange fails.
+ */
+export const MAX_INFORMATIONAL_ANSWERS = 32;
 
 /**
  * One exchange with a replica, as the handler undici's pool calls while it
@@ -284,6 +290,10 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
   /** The caller has its answer (or its error). */
   private settled = false;
   private status = 0;
+  /** Informational (1xx) heads of the answer so far. */
+  private informational = 0;
+  /** undici has taken the request on a connection (onConnect was called). */
+  connected = false;
   private headers: http.IncomingHttpHeaders = {};
   private chunks: Buffer[] = [];
   private size = 0;
@@ -321,13 +331,26 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
     this.resumeAnswer?.();
   }
 
+  /** The exchange ended before undici put it on a connection: the request was refused as it was handed over. */
+  refusedBefore(): boolean {
+    return this.ended && !this.connected && this.early === undefined;
+  }
+
   onConnect(abort: (err?: Error) => void): void {
+    this.connected = true;
     if (this.early) abort(this.early);
     else this.abort = abort;
   }
 
   onHeaders(status: number, raw: Buffer[], resume: () => void): boolean {
-    if (status < 200 && status >= 100) return true; // informational: the answer follows
+    if (status < 200 && status >= 100) {
+      // Informational: the answer follows. Each head costs the runner's thread a parse and a call while the app's
+      // writes never wait for a reader, so an app sending them without end is stopped here, not at its grace period.
+      if (++this.informational <= MAX_INFORMATIONAL_ANSWERS) return true;
+      return this.fail(
+        new Error(`the app sent more than ${MAX_INFORMATIONAL_ANSWERS} informational (1xx) heads before its answer`),
+      );
+    }
     this.status = status;
     this.headers = answerHeaders(raw);
     if (this.mayStream && streams(status, this.headers, this.streamAbove)) {
@@ -388,7 +411,11 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
 
   /** An answer larger than the caller takes: rejected at once, and its connection closed before more of it comes. */
   private tooLarge(bytes: number): false {
-    const err = new AnswerTooLarge(bytes, this.maxBody);
+    return this.fail(new AnswerTooLarge(bytes, this.maxBody));
+  }
+
+  /** Rejects the exchange with `err` and closes its connection: nothing more of the answer is read. */
+  private fail(err: Error): false {
     this.onError(err);
     this.abort?.(err);
     return false;
@@ -792,8 +819,9 @@ export class Replica {
     return new Promise((resolve, reject) => {
       const call = new ReplicaCall(resolve, reject, mayStream, streamAbove, maxBody);
       onRequest(call);
+      const pool = this.dispatcher();
       try {
-        this.dispatcher().dispatch(
+        pool.dispatch(
           {
             method,
             path,
@@ -806,6 +834,10 @@ export class Replica {
       } catch (err) {
         call.onError(err as Error);
       }
+      // A request undici refused (a header or path it does not send) ends before any connection took it, and the
+      // pool then counts the connection it chose as busy until a drain that never comes: with one connection, every
+      // later request would wait in the pool for good. That pool is left to its requests in flight; a new one serves.
+      if (call.refusedBefore() && this.pool === pool) this.closePool();
     });
   }
 
