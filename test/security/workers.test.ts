@@ -11,7 +11,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import http from "node:http";
 import net from "node:net";
-import { mkdtemp, readFile, readlink, rm } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, readlink, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -29,6 +29,7 @@ const OTHER = "p-workersother";
 /** Starting a worker on a busy 2-core machine takes up to a minute; the supervisor starts them one after another. */
 const START_MS = 300_000;
 const PER_ADDRESS = 4;
+const QUOTA = "p-workersquota";
 
 type LogLine = Record<string, unknown> & { msg: string };
 
@@ -121,6 +122,68 @@ const probeApp = {
   "server.mjs": PROBE,
 };
 
+/** An app whose every replica runs `node server.mjs quota-marker` (found in /proc), answering after ?ms. */
+const slowApp = {
+  "skiff.toml": skiffToml({
+    name: "slow",
+    runtime: { kind: "custom", command: ["node", "server.mjs", "quota-marker"], healthcheck: "/health" },
+    scaling: { min_replicas: 0, max_replicas: 4, replica_concurrency: 1, cooldown: 600 },
+  }),
+  "server.mjs": [
+    "import http from 'node:http';",
+    "http.createServer((req, res) => {",
+    "  if (req.url === '/health') return res.end('ok');",
+    "  setTimeout(() => res.end('slept'), Number(new URL(req.url, 'http://x').searchParams.get('ms')));",
+    "}).listen(Number(process.env.PORT), '127.0.0.1');",
+  ].join("\n"),
+};
+
+/** Live processes whose command line is exactly `argv`. */
+async function processesRunning(argv: string[]): Promise<number[]> {
+  const want = argv.join("\0") + "\0";
+  const pids: number[] = [];
+  for (const name of await readdir("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    const cmdline = await readFile(`/proc/${name}/cmdline`, "latin1").catch(() => "");
+    if (cmdline === want) pids.push(Number(name));
+  }
+  return pids;
+}
+
+/** The socket inodes a process holds open. */
+async function socketsOf(pid: number): Promise<Set<string>> {
+  const out = new Set<string>();
+  for (const fd of await readdir(`/proc/${pid}/fd`).catch(() => [] as string[])) {
+    const link = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => "");
+    const m = /^socket:\[(\d+)\]$/.exec(link);
+    if (m) out.add(m[1]);
+  }
+  return out;
+}
+
+/** Listening TCP sockets (IPv4 and IPv6): inode to port. */
+async function tcpListeners(): Promise<Map<string, number>> {
+  const out = new Map<string, number>();
+  for (const file of ["/proc/net/tcp", "/proc/net/tcp6"]) {
+    const lines = (await readFile(file, "utf8").catch(() => "")).split("\n").slice(1);
+    for (const line of lines) {
+      const f = line.trim().split(/\s+/);
+      if (f[3] === "0A") out.set(f[9], parseInt(f[1].split(":").pop()!, 16));
+    }
+  }
+  return out;
+}
+
+/** Inodes of Unix sockets bound to a replica's channel path. */
+async function channelSockets(): Promise<Set<string>> {
+  const out = new Set<string>();
+  for (const line of (await readFile("/proc/net/unix", "utf8")).split("\n").slice(1)) {
+    const f = line.trim().split(/\s+/);
+    if (f[7]?.includes("channel.sock") || f[7]?.includes("skiff-channels-")) out.add(f[6]);
+  }
+  return out;
+}
+
 describe("SKIFF_WORKERS=2 against an outsider", () => {
   let dataDir: string;
   let tmp: string;
@@ -143,6 +206,7 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
         SKIFF_PORT: "0",
         SKIFF_DATA_DIR: dataDir,
         SKIFF_MAX_CONNECTIONS_PER_ADDRESS: String(PER_ADDRESS),
+        SKIFF_PROJECT_MAX_REPLICAS: "1",
       },
       stdio: ["ignore", "pipe", "inherit"],
     });
@@ -159,6 +223,12 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
       createConnectTransport({ baseUrl: url, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
     );
     await admin.createProject({ projectId: OTHER, name: "other" });
+    await admin.createProject({ projectId: QUOTA, name: "quota" });
+    const slow = await writeApp(tmp, slowApp);
+    await admin.deployApp({
+      projectId: QUOTA,
+      bundle: { contentType: "application/gzip", data: (await packApp(slow)).bytes },
+    });
     for (const project of ["p-dev", OTHER]) {
       const dir = await writeApp(tmp, probeApp);
       await admin.deployApp({
@@ -246,6 +316,42 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
     expect(other.size).toBe(1);
     expect([...dev][0]).not.toBe([...other][0]);
   });
+
+  it("the supervisor holds no replica's port or channel: it listens on skiff's port alone", async () => {
+    // Replicas of both projects run in both workers by now (the calls above).
+    const channels = await channelSockets();
+    expect(channels.size).toBeGreaterThan(0);
+    const held = await socketsOf(child.pid!);
+    expect([...held].filter((inode) => channels.has(inode))).toEqual([]);
+    const listeners = await tcpListeners();
+    const ports = [...held].flatMap((inode) => (listeners.has(inode) ? [listeners.get(inode)] : []));
+    expect(ports).toEqual([Number(new URL(url).port)]);
+  });
+
+  // Open: SKIFF_PROJECT_MAX_REPLICAS and SKIFF_PROJECT_MEMORY_MB count one runner process's replicas, and each
+  // worker is a runner of its own, so a project runs that many replicas per worker on one machine (as the README
+  // says of the setting, but not of SKIFF_WORKERS, whose operator sets a bound for the machine). Proposed fix: a
+  // worker takes ceil(quota / SKIFF_WORKERS) of each, or the replicas a project runs are counted in KV for the
+  // machine, as its uid is.
+  it.fails(
+    "a project runs SKIFF_PROJECT_MAX_REPLICAS replicas on the machine, not that many per worker",
+    async () => {
+      const marker = ["node", "server.mjs", "quota-marker"];
+      const calls = Array.from({ length: 4 }, () => call(`${url}/v4/${QUOTA}/slow/x?ms=4000`, adminToken));
+      try {
+        let most = 0;
+        for (let i = 0; i < 30; i++) {
+          most = Math.max(most, (await processesRunning(marker)).length);
+          await new Promise((r) => setTimeout(r, 200));
+        }
+        expect(most).toBeGreaterThan(0);
+        expect(most).toBeLessThanOrEqual(1);
+      } finally {
+        await Promise.allSettled(calls);
+      }
+    },
+    60_000,
+  );
 
   // Open: each worker counts the connections it was handed, so one address gets the limit once per worker (the
   // supervisor hands connections out in turn). Proposed fix: count per address in the supervisor, before handing a
