@@ -786,13 +786,25 @@ export class Replica {
    */
   probe(path: string, timeoutMs: number): Promise<number> {
     return new Promise((resolve) => {
+      // The whole exchange within timeoutMs: the socket's own timeout counts silence only, which an app that
+      // answers a byte at a time, or with informational heads without end, never leaves.
+      const deadline = setTimeout(() => req.destroy(), timeoutMs);
+      const settle = (status: number) => {
+        clearTimeout(deadline);
+        resolve(status);
+      };
       const req = http.get({ ...this.endpoint, path, agent: this.hooks.agent, timeout: timeoutMs }, (res) => {
         res.resume();
-        res.on("end", () => resolve(res.statusCode ?? 0));
-        res.on("error", () => resolve(0));
+        res.on("end", () => settle(res.statusCode ?? 0));
+        res.on("error", () => settle(0));
+        res.on("close", () => settle(0)); // cut before its end (a settled promise keeps its first status)
+      });
+      let informational = 0;
+      req.on("information", () => {
+        if (++informational > MAX_INFORMATIONAL_ANSWERS) req.destroy();
       });
       req.on("timeout", () => req.destroy());
-      req.on("error", () => resolve(0));
+      req.on("error", () => settle(0));
     });
   }
 

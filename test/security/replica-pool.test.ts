@@ -50,6 +50,10 @@ net.createServer((socket) => {
         const heads = Buffer.from("HTTP/1.1 102 Processing\\r\\n\\r\\n".repeat(4096));
         const more = () => { while (!socket.destroyed && socket.write(heads)) {} if (!socket.destroyed) socket.once("drain", more); };
         more();
+      } else if (target === "/trickle") {
+        // A head that never ends, a byte at a time: the connection is never idle.
+        socket.write("HTTP/1.1 200 OK\\r\\n");
+        const timer = setInterval(() => (socket.destroyed ? clearInterval(timer) : socket.write("x")), 100);
       } else if (target === "/big-head") socket.write(answer("big", "X-Big: " + "a".repeat(256 * 1024) + "\\r\\n"));
       else socket.write(answer("echo " + target));
     }
@@ -165,5 +169,38 @@ describe("a caller cannot smuggle a second request into the kept connection", ()
     const seen = JSON.parse(await text("/seen")) as string[];
     expect(seen.filter((line) => line.includes("/smuggled"))).toEqual([]);
     expect(await text("/after")).toBe("echo /after");
+  });
+});
+
+describe("an app's answers to health probes cannot hold them past their timeout", () => {
+  it("a probe answered a byte at a time gets no status within its timeout", async () => {
+    const started = Date.now();
+    expect(await within(3_000, replica.probe("/trickle", 500))).toBe(0);
+    expect(Date.now() - started).toBeLessThan(1_500);
+  });
+
+  it("a probe answered with endless informational heads gets no status within its timeout", async () => {
+    const started = Date.now();
+    expect(await within(3_000, replica.probe("/flood", 500))).toBe(0);
+    expect(Date.now() - started).toBeLessThan(1_500);
+  });
+
+  it("a replica whose healthcheck floods informational heads fails its start by its start timeout", async () => {
+    const flooding = new Replica(
+      {
+        ...replica.spec,
+        replicaId: "r2",
+        workDir: path.join(tmp, "work2"),
+        port: await freePort(),
+        healthcheck: "/flood",
+        startTimeoutMs: 1_000,
+      },
+      { agent, logger: silentLogger, onExit: () => undefined },
+    );
+    try {
+      await expect(within(4_000, flooding.start())).rejects.toThrow(/did not answer 200/);
+    } finally {
+      await flooding.stop(1_000);
+    }
   });
 });
