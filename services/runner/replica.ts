@@ -250,6 +250,29 @@ function answerHeaders(raw: readonly (Buffer | string)[] | null): http.IncomingH
   return out;
 }
 
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+const REQUEST_PATH = /^\/[\u0021-\u00ff]*$/;
+/** Request header fields undici sets itself or refuses to send. */
+const UNDICI_FIELDS = new Set(["connection", "expect", "host", "keep-alive", "transfer-encoding", "upgrade"]);
+
+/**
+ * Why undici would refuse to send this request (a method, path or header it
+ * does not write), or undefined when it sends it.
+ */
+export function unsendableRequest(method: string, path: string, headers: http.OutgoingHttpHeaders): string | undefined {
+  if (!TOKEN.test(method)) return "the method is not an HTTP token";
+  if (!REQUEST_PATH.test(path)) return "the path has a character a request line cannot carry";
+  for (const [name, value] of Object.entries(headers)) {
+    if (value === undefined) continue;
+    if (!TOKEN.test(name)) return "a header name is not an HTTP token";
+    if (UNDICI_FIELDS.has(name.toLowerCase())) return `header ${name} is the connection's`;
+    for (const v of Array.isArray(value) ? value : [value])
+      if (!FIELD_VALUE.test(String(v))) return `header ${name} has a character a field value cannot carry`;
+  }
+  return undefined;
+}
+
 /** Connects to a replica's channel socket or 127.0.0.1:port; the callback has the socket once it is connected. */
 function connectPlain(
   endpoint: { socketPath?: string; host: string; port: number },
@@ -292,8 +315,6 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
   private status = 0;
   /** Informational (1xx) heads of the answer so far. */
   private informational = 0;
-  /** undici has taken the request on a connection (onConnect was called). */
-  connected = false;
   private headers: http.IncomingHttpHeaders = {};
   private chunks: Buffer[] = [];
   private size = 0;
@@ -331,13 +352,7 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
     this.resumeAnswer?.();
   }
 
-  /** The exchange ended before undici put it on a connection: the request was refused as it was handed over. */
-  refusedBefore(): boolean {
-    return this.ended && !this.connected && this.early === undefined;
-  }
-
   onConnect(abort: (err?: Error) => void): void {
-    this.connected = true;
     if (this.early) abort(this.early);
     else this.abort = abort;
   }
@@ -831,9 +846,12 @@ export class Replica {
     return new Promise((resolve, reject) => {
       const call = new ReplicaCall(resolve, reject, mayStream, streamAbove, maxBody);
       onRequest(call);
-      const pool = this.dispatcher();
+      // Checked here, not by undici: a request it refuses leaves the pool counting a connection as busy until a
+      // drain that never comes, and with one connection every later request to the replica waits for good.
+      const unsendable = unsendableRequest(method, path, headers);
+      if (unsendable !== undefined) return call.onError(new Error(`cannot send the request to the app: ${unsendable}`));
       try {
-        pool.dispatch(
+        this.dispatcher().dispatch(
           {
             method,
             path,
@@ -846,10 +864,6 @@ export class Replica {
       } catch (err) {
         call.onError(err as Error);
       }
-      // A request undici refused (a header or path it does not send) ends before any connection took it, and the
-      // pool then counts the connection it chose as busy until a drain that never comes: with one connection, every
-      // later request would wait in the pool for good. That pool is left to its requests in flight; a new one serves.
-      if (call.refusedBefore() && this.pool === pool) this.closePool();
     });
   }
 
