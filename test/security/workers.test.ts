@@ -294,6 +294,27 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
     expect(read.body).not.toMatch(/^READ/);
   });
 
+  it("no descriptor of a sandbox is held by skiff's processes or by another project's sandbox", async () => {
+    const links = async (project: string, token: string) => {
+      const out: string[] = [];
+      for (const body of (await fromBothWorkers(project, token, "/self")).values())
+        out.push(...Object.values((JSON.parse(body) as { fds: Record<string, string> }).fds));
+      return out.filter((l) => /^(socket|pipe):\[\d+\]$/.test(l));
+    };
+    const dev = await links("p-dev", devToken);
+    const other = await links(OTHER, adminToken);
+    expect(dev.length).toBeGreaterThan(0);
+    const natsPid = Number(logs.lines.find((l) => l.msg.startsWith("started nats-server"))?.serverPid);
+    const workers = [1, 2].map((n) => Number(logs.lines.findLast(serves(n))!.pid));
+    const held = new Set<string>();
+    for (const pid of [child.pid!, natsPid, ...workers])
+      for (const fd of await readdir(`/proc/${pid}/fd`).catch(() => [] as string[]))
+        held.add(await readlink(`/proc/${pid}/fd/${fd}`).catch(() => ""));
+    expect(dev.filter((l) => held.has(l))).toEqual([]);
+    expect(other.filter((l) => held.has(l))).toEqual([]);
+    expect(dev.filter((l) => other.includes(l))).toEqual([]);
+  });
+
   it("no sandbox reaches the nats-server, by any address", async () => {
     const natsUrl = String(logs.lines.find((l) => l.msg.startsWith("started nats-server"))?.url);
     const port = Number(new URL(natsUrl).port);
