@@ -263,7 +263,8 @@ const UNDICI_FIELDS = new Set(["connection", "expect", "host", "keep-alive", "tr
 export function unsendableRequest(method: string, path: string, headers: http.OutgoingHttpHeaders): string | undefined {
   if (!TOKEN.test(method)) return "the method is not an HTTP token";
   if (!REQUEST_PATH.test(path)) return "the path has a character a request line cannot carry";
-  for (const [name, value] of Object.entries(headers)) {
+  for (const name in headers) {
+    const value = headers[name];
     if (value === undefined) continue;
     if (!TOKEN.test(name)) return "a header name is not an HTTP token";
     if (UNDICI_FIELDS.has(name.toLowerCase())) return `header ${name} is the connection's`;
