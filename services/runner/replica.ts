@@ -250,6 +250,30 @@ function answerHeaders(raw: readonly (Buffer | string)[] | null): http.IncomingH
   return out;
 }
 
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+const REQUEST_PATH = /^\/[\u0021-\u00ff]*$/;
+/** Request header fields undici sets itself or refuses to send. */
+const UNDICI_FIELDS = new Set(["connection", "expect", "host", "keep-alive", "transfer-encoding", "upgrade"]);
+
+/**
+ * Why undici would refuse to send this request (a method, path or header it
+ * does not write), or undefined when it sends it.
+ */
+export function unsendableRequest(method: string, path: string, headers: http.OutgoingHttpHeaders): string | undefined {
+  if (!TOKEN.test(method)) return "the method is not an HTTP token";
+  if (!REQUEST_PATH.test(path)) return "the path has a character a request line cannot carry";
+  for (const name in headers) {
+    const value = headers[name];
+    if (value === undefined) continue;
+    if (!TOKEN.test(name)) return "a header name is not an HTTP token";
+    if (UNDICI_FIELDS.has(name.toLowerCase())) return `header ${name} is the connection's`;
+    for (const v of Array.isArray(value) ? value : [value])
+      if (!FIELD_VALUE.test(String(v))) return `header ${name} has a character a field value cannot carry`;
+  }
+  return undefined;
+}
+
 /** Connects to a replica's channel socket or 127.0.0.1:port; the callback has the socket once it is connected. */
 function connectPlain(
   endpoint: { socketPath?: string; host: string; port: number },
@@ -268,6 +292,12 @@ function connectPlain(
 }
 
 const CANCELLED = "the request to the replica was cancelled";
+/**
+ * Informational (1xx) heads an answer may have before its final one: a few
+ * 103 Early Hints or 102 Processing are what servers send; past this many the
+ * exchange fails.
+ */
+export const MAX_INFORMATIONAL_ANSWERS = 32;
 
 /**
  * One exchange with a replica, as the handler undici's pool calls while it
@@ -284,6 +314,8 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
   /** The caller has its answer (or its error). */
   private settled = false;
   private status = 0;
+  /** Informational (1xx) heads of the answer so far. */
+  private informational = 0;
   private headers: http.IncomingHttpHeaders = {};
   private chunks: Buffer[] = [];
   private size = 0;
@@ -327,7 +359,14 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
   }
 
   onHeaders(status: number, raw: Buffer[], resume: () => void): boolean {
-    if (status < 200 && status >= 100) return true; // informational: the answer follows
+    if (status < 200 && status >= 100) {
+      // Informational: the answer follows. Each head costs the runner's thread a parse and a call while the app's
+      // writes never wait for a reader, so an app sending them without end is stopped here, not at its grace period.
+      if (++this.informational <= MAX_INFORMATIONAL_ANSWERS) return true;
+      return this.fail(
+        new Error(`the app sent more than ${MAX_INFORMATIONAL_ANSWERS} informational (1xx) heads before its answer`),
+      );
+    }
     this.status = status;
     this.headers = answerHeaders(raw);
     if (this.mayStream && streams(status, this.headers, this.streamAbove)) {
@@ -388,7 +427,11 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
 
   /** An answer larger than the caller takes: rejected at once, and its connection closed before more of it comes. */
   private tooLarge(bytes: number): false {
-    const err = new AnswerTooLarge(bytes, this.maxBody);
+    return this.fail(new AnswerTooLarge(bytes, this.maxBody));
+  }
+
+  /** Rejects the exchange with `err` and closes its connection: nothing more of the answer is read. */
+  private fail(err: Error): false {
     this.onError(err);
     this.abort?.(err);
     return false;
@@ -759,13 +802,25 @@ export class Replica {
    */
   probe(path: string, timeoutMs: number): Promise<number> {
     return new Promise((resolve) => {
+      // The whole exchange within timeoutMs: the socket's own timeout counts silence only, which an app that
+      // answers a byte at a time, or with informational heads without end, never leaves.
+      const deadline = setTimeout(() => req.destroy(), timeoutMs);
+      const settle = (status: number) => {
+        clearTimeout(deadline);
+        resolve(status);
+      };
       const req = http.get({ ...this.endpoint, path, agent: this.hooks.agent, timeout: timeoutMs }, (res) => {
         res.resume();
-        res.on("end", () => resolve(res.statusCode ?? 0));
-        res.on("error", () => resolve(0));
+        res.on("end", () => settle(res.statusCode ?? 0));
+        res.on("error", () => settle(0));
+        res.on("close", () => settle(0)); // cut before its end (a settled promise keeps its first status)
+      });
+      let informational = 0;
+      req.on("information", () => {
+        if (++informational > MAX_INFORMATIONAL_ANSWERS) req.destroy();
       });
       req.on("timeout", () => req.destroy());
-      req.on("error", () => resolve(0));
+      req.on("error", () => settle(0));
     });
   }
 
@@ -792,6 +847,10 @@ export class Replica {
     return new Promise((resolve, reject) => {
       const call = new ReplicaCall(resolve, reject, mayStream, streamAbove, maxBody);
       onRequest(call);
+      // Checked here, not by undici: a request it refuses leaves the pool counting a connection as busy until a
+      // drain that never comes, and with one connection every later request to the replica waits for good.
+      const unsendable = unsendableRequest(method, path, headers);
+      if (unsendable !== undefined) return call.onError(new Error(`cannot send the request to the app: ${unsendable}`));
       try {
         this.dispatcher().dispatch(
           {

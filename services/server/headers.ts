@@ -75,15 +75,18 @@ export function appRequestHeaders(
 
 /**
  * Response headers of an app that its caller gets: all but hop-by-hop ones,
- * Content-Length (recomputed), X-Request-Id (skiff's: the run id) and those
- * of the RPC protocols (including Connect's `trailer-` prefix). Content-Type
- * passes; an RPC carries it with the body rather than as a header.
+ * Content-Length (recomputed), X-Request-Id (skiff's: the run id),
+ * Skiff-Worker (skiff's: the worker that answered, which an app's own would
+ * replace) and those of the RPC protocols (including Connect's `trailer-`
+ * prefix). Content-Type passes; an RPC carries it with the body rather than
+ * as a header.
  */
 export function isPassedToCaller(name: string): boolean {
   return (
     !HOP_BY_HOP.has(name) &&
     name !== "content-length" &&
     name !== "x-request-id" &&
+    name !== "skiff-worker" &&
     !isRpcProtocol(name) &&
     !name.startsWith("trailer-")
   );
