@@ -4,7 +4,7 @@
 // function without a network hop. Writes go through the management role
 // (compare-and-set on the KV entry); this module only defines the record
 // and reads it.
-import type { KvEntry, NatsConnection } from "nats";
+import type { KV, KvEntry, NatsConnection } from "nats";
 import type { AppConfig } from "./app-config.js";
 import { followKv, jsonOf, type KvFollower, buckets } from "../nats/index.js";
 import type { Logger } from "../config/index.js";
@@ -70,10 +70,15 @@ type AppChange = { kind: "put"; record: AppRecord } | { kind: "delete"; projectI
 
 export class AppRegistry {
   private readonly apps = new Map<string, AppRecord>();
+  /** The KV revision last applied to each key (deletes included): an older entry never replaces a newer one. */
+  private readonly revisions = new Map<string, number>();
   private readonly listeners = new Set<(change: AppChange) => void>();
   private follower: KvFollower | undefined;
 
-  private constructor(private readonly logger: Logger) {}
+  private constructor(
+    private readonly logger: Logger,
+    private readonly kv: KV,
+  ) {}
 
   /** Binds KV `skiff-apps` and resolves once the current apps are loaded (or the wait timed out). */
   static async start(
@@ -82,7 +87,7 @@ export class AppRegistry {
     timeoutMs = DEFAULT_REGISTRY_INIT_TIMEOUT_MS,
   ): Promise<AppRegistry> {
     const kv = await nc.jetstream().views.kv(buckets.apps.name, { bindOnly: true });
-    const registry = new AppRegistry(logger);
+    const registry = new AppRegistry(logger, kv);
     registry.follower = followKv({
       kv,
       name: "apps",
@@ -96,6 +101,23 @@ export class AppRegistry {
 
   get(projectId: string, appName: string): AppRecord | undefined {
     return this.apps.get(appKey(projectId, appName));
+  }
+
+  /**
+   * The app as get() has it or, when the view does not have it yet, as KV has it now: a call right after its
+   * app's deploy finds it even while the watch is behind (a loaded process, another process's deploy).
+   */
+  async lookup(projectId: string, appName: string): Promise<AppRecord | undefined> {
+    const known = this.get(projectId, appName);
+    if (known) return known;
+    let entry: KvEntry | null;
+    try {
+      entry = await this.kv.get(appKey(projectId, appName));
+    } catch {
+      return undefined; // a name no key can have (KV refuses it), or NATS unreachable: not found
+    }
+    if (entry) this.apply(entry);
+    return this.get(projectId, appName);
   }
 
   /** Every app, or those of one project. */
@@ -116,6 +138,8 @@ export class AppRegistry {
   }
 
   private apply(entry: KvEntry): void {
+    if (entry.revision <= (this.revisions.get(entry.key) ?? 0)) return;
+    this.revisions.set(entry.key, entry.revision);
     const record = entry.operation === "PUT" ? decodeAppRecord(jsonOf(entry)) : undefined;
     if (entry.operation === "PUT" && !record) this.logger.warn({ key: entry.key }, "unreadable app record ignored");
     const had = this.apps.get(entry.key);

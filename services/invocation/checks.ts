@@ -11,8 +11,12 @@ const utf8 = new TextDecoder("utf-8", { fatal: true });
 
 const quoted = (text: string) => JSON.stringify(text.length > 80 ? `${text.slice(0, 80)}...` : text);
 
-export function findApp(registry: Pick<AppRegistry, "get">, projectId: string, appName: string): AppRecord {
-  const app = registry.get(projectId, appName);
+export async function findApp(
+  registry: Pick<AppRegistry, "lookup">,
+  projectId: string,
+  appName: string,
+): Promise<AppRecord> {
+  const app = await registry.lookup(projectId, appName);
   if (!app) throw new ConnectError(`app ${quoted(appName)} not found in project ${projectId}`, Code.NotFound);
   return app;
 }

@@ -112,7 +112,7 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
   const exchange = httpExchange(ctx);
   const runId = exchange?.requestId ?? newRunId();
   ctx.responseHeader.set("x-request-id", runId);
-  const app = findApp(deps.registry, req.projectId, req.appName);
+  const app = await findApp(deps.registry, req.projectId, req.appName);
   const cortex = app.config.runtime.kind === "cortex";
   const line = requestLine(req, ctx, exchange);
   if (cortex) cortexMethod(line.method, app);

@@ -46,6 +46,7 @@ import {
   type RelayEnd,
   type UpgradeHandler,
 } from "../server/index.js";
+import { findApp } from "./checks.js";
 import type { InvocationDeps } from "./deps.js";
 import { forwardedQuery } from "./run.js";
 
@@ -225,8 +226,7 @@ async function accept(deps: InvocationDeps, opts: WebSocketOptions, open: Map<st
     );
   const { token, protocols, tokenOnly } = credentials(req);
   await principalFor(opts, token, projectId);
-  const app = deps.registry.get(projectId, appName);
-  if (!app) throw new ConnectError(`app ${quoted(appName)} not found in project ${projectId}`, Code.NotFound);
+  const app = await findApp(deps.registry, projectId, appName);
   if (app.config.runtime.kind !== "custom")
     throw new ConnectError(
       `app ${app.app_name} is a Cortex app: WebSockets reach Custom apps only, which answer the handshake themselves; call a Cortex function with POST`,

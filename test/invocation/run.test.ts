@@ -44,7 +44,9 @@ function setUp(apps: AppRecord[], runner: FakeRunner) {
   const recorded: Recorded = { running: [], finished: [] };
   const deps: InvocationDeps = {
     ...QUEUE_ONLY,
-    registry: { get: (projectId, appName) => apps.find((a) => a.project_id === projectId && a.app_name === appName) },
+    registry: {
+      lookup: async (projectId, appName) => apps.find((a) => a.project_id === projectId && a.app_name === appName),
+    },
     runners: runnerClient({ local: runner }),
     syncRuns: {
       running: (record) => recorded.running.push(record),
