@@ -333,32 +333,41 @@ describe("security - nothing a tenant controls reaches a stage with host privile
   }, 30_000);
 
   it("slirp4netns runs with its own sandbox and seccomp filter, and no scratch folder is left in /tmp", async () => {
-    const before = (await readdir(tmpdir())).filter((n) => n.startsWith("skiff-sandbox-"));
-    const sandboxed = spawnSandboxed(SANDBOX.host, {
-      appDir: tmp,
-      uid: 1_234_568,
-      limits: SANDBOX.limits,
-      command: "/bin/sh",
-      args: ["-c", "cat /etc/resolv.conf; sleep 3"],
-      env: {},
-      network: "slirp4netns",
-    });
+    // The temporary folder of this process is one of its own for the test: whatever the sandbox's set-up leaves
+    // there is its own (other test files, running beside it, make folders in the machine's /tmp).
+    const scratch = await mkdtemp(path.join(tmpdir(), "skiff-slirp-scratch-"));
+    const savedTmp = process.env.TMPDIR;
+    process.env.TMPDIR = scratch;
     let out = "";
-    sandboxed.child.stdout!.on("data", (c: Buffer) => (out += c.toString()));
-    await new Promise<void>((resolve) => sandboxed.child.stdout!.once("data", () => resolve()));
-    const slirp = (await readdir("/proc")).filter((p) => /^\d+$/.test(p));
-    let seen = 0;
-    for (const pid of slirp) {
-      const cmd = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
-      if (!cmd.startsWith("/usr/bin/slirp4netns") || !cmd.includes(String(sandboxed.initPid()))) continue;
-      seen++;
-      expect(cmd.split("\0")).toEqual(expect.arrayContaining(["--enable-sandbox", "--enable-seccomp"]));
-      expect(await readFile(`/proc/${pid}/status`, "utf8")).toMatch(/^Seccomp:\s+2$/m);
+    try {
+      const sandboxed = spawnSandboxed(SANDBOX.host, {
+        appDir: tmp,
+        uid: 1_234_568,
+        limits: SANDBOX.limits,
+        command: "/bin/sh",
+        args: ["-c", "cat /etc/resolv.conf; sleep 3"],
+        env: {},
+        network: "slirp4netns",
+      });
+      sandboxed.child.stdout!.on("data", (c: Buffer) => (out += c.toString()));
+      await new Promise<void>((resolve) => sandboxed.child.stdout!.once("data", () => resolve()));
+      const slirp = (await readdir("/proc")).filter((p) => /^\d+$/.test(p));
+      let seen = 0;
+      for (const pid of slirp) {
+        const cmd = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+        if (!cmd.startsWith("/usr/bin/slirp4netns") || !cmd.includes(String(sandboxed.initPid()))) continue;
+        seen++;
+        expect(cmd.split("\0")).toEqual(expect.arrayContaining(["--enable-sandbox", "--enable-seccomp"]));
+        expect(await readFile(`/proc/${pid}/status`, "utf8")).toMatch(/^Seccomp:\s+2$/m);
+      }
+      expect(seen).toBe(1);
+      await new Promise((resolve) => sandboxed.child.on("close", resolve));
+    } finally {
+      if (savedTmp === undefined) delete process.env.TMPDIR;
+      else process.env.TMPDIR = savedTmp;
     }
-    expect(seen).toBe(1);
-    await new Promise((resolve) => sandboxed.child.on("close", resolve));
     expect(out).toContain("nameserver 10.0.2.3");
-    const after = (await readdir(tmpdir())).filter((n) => n.startsWith("skiff-sandbox-"));
-    expect(after).toEqual(before);
+    expect(await readdir(scratch)).toEqual([]);
+    await rm(scratch, { recursive: true, force: true });
   });
 });
