@@ -96,7 +96,8 @@ export interface ProvisionOptions {
 export async function provision(nc: NatsConnection, logger: Logger, opts: ProvisionOptions = {}): Promise<void> {
   const replicas = opts.replicas ?? 1;
   // Placing copies on a cluster's nodes can take longer than an API call's usual 5 s.
-  const jsm = await nc.jetstreamManager({ timeout: PROVISION_TIMEOUT_MS });
+  // Its first request (JetStream's account info) is retried as every other: a fresh server under load can lose one.
+  const jsm = await retryingTimeouts(() => nc.jetstreamManager({ timeout: PROVISION_TIMEOUT_MS }), logger, "JetStream");
   const js = nc.jetstream({ timeout: PROVISION_TIMEOUT_MS });
   const targets = [
     ...Object.values(streams).map((spec) =>
@@ -172,17 +173,19 @@ function cannotReserve(target: Target, err: unknown): boolean {
 /** Attempts at one target when JetStream's API does not answer in time (a cluster busy placing copies). */
 const PROVISION_ATTEMPTS = 4;
 
-async function ensureWithRetries(jsm: JetStreamManager, target: Target, logger: Logger): Promise<void> {
+function ensureWithRetries(jsm: JetStreamManager, target: Target, logger: Logger): Promise<void> {
+  return retryingTimeouts(() => ensure(jsm, target, logger), logger, `${target.kind} ${target.name}`);
+}
+
+/** `call`, tried again (PROVISION_ATTEMPTS in all) when JetStream's API did not answer it in time. */
+async function retryingTimeouts<T>(call: () => Promise<T>, logger: Logger, what: string): Promise<T> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await ensure(jsm, target, logger);
+      return await call();
     } catch (err) {
       const cause = err instanceof NatsProvisionError ? err.cause : err;
       if (attempt >= PROVISION_ATTEMPTS || !(cause instanceof NatsError && cause.code === ErrorCode.Timeout)) throw err;
-      logger.warn(
-        { kind: target.kind, name: target.name, attempt },
-        `${target.kind} ${target.name}: JetStream did not answer in time; trying again`,
-      );
+      logger.warn({ what, attempt }, `${what}: JetStream did not answer in time; trying again`);
       await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
     }
   }
