@@ -268,10 +268,14 @@ export function unsendableRequest(method: string, path: string, headers: http.Ou
     if (value === undefined) continue;
     if (!TOKEN.test(name)) return "a header name is not an HTTP token";
     if (UNDICI_FIELDS.has(name.toLowerCase())) return `header ${name} is the connection's`;
-    for (const v of Array.isArray(value) ? value : [value])
-      if (!FIELD_VALUE.test(String(v))) return `header ${name} has a character a field value cannot carry`;
+    if (Array.isArray(value) ? !value.every(isFieldValue) : !isFieldValue(value))
+      return `header ${name} has a character a field value cannot carry`;
   }
   return undefined;
+}
+
+function isFieldValue(value: string | number): boolean {
+  return FIELD_VALUE.test(String(value));
 }
 
 /** Connects to a replica's channel socket or 127.0.0.1:port; the callback has the socket once it is connected. */
