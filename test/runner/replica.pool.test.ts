@@ -6,14 +6,9 @@
 // an answer past the cap is cut, trailers and every method and query reach
 // their side. A real app process, unsandboxed, on 127.0.0.1.
 import { createHash } from "node:crypto";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import path from "node:path";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { silentLogger } from "../../services/config/logger.js";
-import { freePort } from "../../services/runner/ports.js";
-import { AnswerTooLarge, Replica, type Exchange, type ReplicaRequest } from "../../services/runner/replica.js";
-import { replicaAgent } from "../../services/runner/runner.js";
+import { describe, expect, it, vi } from "vitest";
+import { AnswerTooLarge, type Exchange, type ReplicaRequest } from "../../services/runner/replica.js";
+import { nodeReplicaForFile } from "../helpers/node-replica.js";
 
 const BIG = 64 * 1024 * 1024;
 
@@ -68,40 +63,7 @@ const server = http.createServer((req, res) => {
 server.listen(Number(process.env.PORT), "127.0.0.1");
 `;
 
-let tmp: string;
-let replica: Replica;
-const agent = replicaAgent();
-
-beforeAll(async () => {
-  tmp = await mkdtemp(path.join(tmpdir(), "skiff-replica-pool-"));
-  const source = path.join(tmp, "app");
-  await mkdir(source);
-  await writeFile(path.join(source, "server.mjs"), APP);
-  replica = new Replica(
-    {
-      projectId: "p",
-      appName: "pool",
-      version: 1,
-      replicaId: "r1",
-      source,
-      workDir: path.join(tmp, "work"),
-      command: process.execPath,
-      args: ["server.mjs"],
-      env: {},
-      port: await freePort(),
-      healthcheck: "/health",
-      startTimeoutMs: 20_000,
-      connections: 2,
-    },
-    { agent, logger: silentLogger, onExit: () => undefined },
-  );
-  await replica.start();
-}, 30_000);
-afterAll(async () => {
-  await replica?.stop(2_000);
-  agent.destroy();
-  await rm(tmp, { recursive: true, force: true });
-});
+const held = nodeReplicaForFile(APP, "pool", 2);
 
 function send(
   method: string,
@@ -109,7 +71,7 @@ function send(
   opts: { body?: Uint8Array; mayStream?: boolean; maxBody?: number; onRequest?: (r: ReplicaRequest) => void } = {},
 ): Promise<Exchange> {
   const body = opts.body ?? new Uint8Array(0);
-  return replica.send(
+  return held.replica.send(
     method,
     target,
     { "content-length": body.byteLength, "x-request-id": "run-1" },

@@ -8,14 +8,12 @@
 // connection; the app must see exactly the requests it was sent. A real app
 // process (a raw TCP server speaking HTTP/1.1 as badly as it likes), unsandboxed,
 // on 127.0.0.1.
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
 import path from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { silentLogger } from "../../services/config/logger.js";
 import { freePort } from "../../services/runner/ports.js";
 import { Replica, type Exchange, type ReplicaRequest } from "../../services/runner/replica.js";
-import { replicaAgent } from "../../services/runner/runner.js";
+import { nodeReplicaForFile } from "../helpers/node-replica.js";
 
 /**
  * The app: reads request heads (no bodies: every request here has none) and
@@ -67,41 +65,8 @@ net.createServer((socket) => {
 }).listen(Number(process.env.PORT), "127.0.0.1");
 `;
 
-let tmp: string;
-let replica: Replica;
-const agent = replicaAgent();
-
-beforeAll(async () => {
-  tmp = await mkdtemp(path.join(tmpdir(), "skiff-sec-replica-pool-"));
-  const source = path.join(tmp, "app");
-  await mkdir(source);
-  await writeFile(path.join(source, "server.mjs"), APP);
-  replica = new Replica(
-    {
-      projectId: "p",
-      appName: "hostile",
-      version: 1,
-      replicaId: "r1",
-      source,
-      workDir: path.join(tmp, "work"),
-      command: process.execPath,
-      args: ["server.mjs"],
-      env: {},
-      port: await freePort(),
-      healthcheck: "/health",
-      startTimeoutMs: 20_000,
-      // One connection: whatever one call leaves on it is what the next call reads.
-      connections: 1,
-    },
-    { agent, logger: silentLogger, onExit: () => undefined },
-  );
-  await replica.start();
-}, 30_000);
-afterAll(async () => {
-  await replica?.stop(2_000);
-  agent.destroy();
-  await rm(tmp, { recursive: true, force: true });
-});
+// One connection: whatever one call leaves on it is what the next call reads.
+const held = nodeReplicaForFile(APP, "hostile", 1);
 
 function send(
   method: string,
@@ -109,7 +74,7 @@ function send(
   headers: Record<string, string> = {},
   onRequest: (r: ReplicaRequest) => void = () => undefined,
 ): Promise<Exchange> {
-  return replica.send(method, target, { ...headers, "x-request-id": "run-1" }, new Uint8Array(0), onRequest);
+  return held.replica.send(method, target, { ...headers, "x-request-id": "run-1" }, new Uint8Array(0), onRequest);
 }
 
 const text = async (target: string) => (await send("GET", target)).body.toString();
@@ -211,27 +176,27 @@ describe("a request that cannot be sent", () => {
 describe("an app's answers to health probes cannot hold them past their timeout", () => {
   it("a probe answered a byte at a time gets no status within its timeout", async () => {
     const started = Date.now();
-    expect(await within(3_000, replica.probe("/trickle", 500))).toBe(0);
+    expect(await within(3_000, held.replica.probe("/trickle", 500))).toBe(0);
     expect(Date.now() - started).toBeLessThan(1_500);
   });
 
   it("a probe answered with endless informational heads gets no status within its timeout", async () => {
     const started = Date.now();
-    expect(await within(3_000, replica.probe("/flood", 500))).toBe(0);
+    expect(await within(3_000, held.replica.probe("/flood", 500))).toBe(0);
     expect(Date.now() - started).toBeLessThan(1_500);
   });
 
   it("a replica whose healthcheck floods informational heads fails its start by its start timeout", async () => {
     const flooding = new Replica(
       {
-        ...replica.spec,
+        ...held.replica.spec,
         replicaId: "r2",
-        workDir: path.join(tmp, "work2"),
+        workDir: path.join(held.tmp, "work2"),
         port: await freePort(),
         healthcheck: "/flood",
         startTimeoutMs: 1_000,
       },
-      { agent, logger: silentLogger, onExit: () => undefined },
+      { agent: held.agent, logger: silentLogger, onExit: () => undefined },
     );
     try {
       await expect(within(4_000, flooding.start())).rejects.toThrow(/did not answer 200/);
