@@ -3,12 +3,11 @@
 // calls, a killed worker is started again and calls go on, no two projects'
 // replicas share a uid and a project has one in both workers (read in /proc), and
 // SIGTERM stops every worker, their replicas and the nats-server.
-import { spawn, type ChildProcess } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import http from "node:http";
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -16,42 +15,11 @@ import { ManagementService } from "../../gen/skiff/management/v2/management_pb.j
 import { packApp } from "../../services/apps/bundle.js";
 import { bearerAuth } from "../../services/auth/bearer.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
-import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
+import { Logs, serves, startWorkersSkiff } from "../helpers/workers-skiff.js";
 
-const root = join(TEST_ROOT, "..");
 const OTHER = "p-workers2";
 /** Starting a worker on a busy 2-core machine takes up to a minute; the supervisor starts them one after another. */
 const START_MS = 300_000;
-
-type LogLine = Record<string, unknown> & { msg: string };
-
-/** The supervisor's and its workers' log lines (they share its stdout), as they come. */
-class Logs {
-  readonly lines: LogLine[] = [];
-  private waiters: { match: (l: LogLine) => boolean; resolve: (l: LogLine) => void }[] = [];
-  constructor(child: ChildProcess) {
-    createInterface({ input: child.stdout! }).on("line", (text) => {
-      let line: LogLine;
-      try {
-        line = JSON.parse(text);
-      } catch {
-        return;
-      }
-      this.lines.push(line);
-      // Errors show in the test's output, for a failure to be read.
-      if (Number(line.level) >= 50) console.error(text);
-      this.waiters = this.waiters.filter((w) => (w.match(line) ? (w.resolve(line), false) : true));
-    });
-  }
-  /** The first line from now on (or already seen, when `seen` is true) that matches. */
-  next(match: (l: LogLine) => boolean, seen = false): Promise<LogLine> {
-    const found = seen ? this.lines.find(match) : undefined;
-    if (found) return Promise.resolve(found);
-    return new Promise((resolve) => this.waiters.push({ match, resolve }));
-  }
-}
-
-const serves = (worker: number) => (l: LogLine) => l.worker === worker && l.msg.startsWith("skiff serves");
 
 /** A POST on a connection of its own, so that the supervisor hands it to the next worker. */
 function call(url: string, token: string, body: string): Promise<{ status: number; worker: string; body: string }> {
@@ -149,35 +117,11 @@ describe("SKIFF_WORKERS=2", () => {
   let adminToken: string;
 
   beforeAll(async () => {
-    dataDir = await mkdtemp(join(tmpdir(), "skiff-workers-"));
     tmp = await mkdtemp(join(tmpdir(), "skiff-workers-apps-"));
-    // SKIFF_NATS_URL unset: the supervisor starts the data folder's nats-server, and the workers use its nkey.
-    child = spawn(process.execPath, [SKIFF_SERVER], {
-      cwd: root,
-      env: {
-        PATH: process.env.PATH,
-        HOME: process.env.HOME,
-        CI: "1",
-        SKIFF_WORKERS: "2",
-        SKIFF_PORT: "0",
-        SKIFF_DATA_DIR: dataDir,
-      },
-      stdio: ["ignore", "pipe", "inherit"],
-    });
-    logs = new Logs(child);
-    const ready = await Promise.race([
-      Promise.all([logs.next(serves(1), true), logs.next(serves(2), true)]),
-      new Promise<never>((_, reject) => child.once("exit", (code) => reject(new Error(`skiff exited with ${code}`)))),
-    ]);
-    url = String(ready[0].url);
-    expect(ready[1].url).toBe(url);
-    devToken = (await readFile(join(dataDir, "dev-token"), "utf8")).trim();
-    adminToken = (await readFile(join(dataDir, "admin-token"), "utf8")).trim();
+    const started = await startWorkersSkiff();
+    ({ child, logs, dataDir, url, devToken, adminToken } = started);
     expect((await readFile(join(dataDir, "address"), "utf8")).trim()).toBe(url);
-    const admin = createClient(
-      ManagementService,
-      createConnectTransport({ baseUrl: url, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
-    );
+    const admin = started.admin;
     await admin.createProject({ projectId: OTHER, name: "other" });
     for (const [project, name] of [
       ["p-dev", "echo"],

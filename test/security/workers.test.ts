@@ -8,55 +8,22 @@
 // uid in both workers, another project's another. From the network: one
 // address gets SKIFF_MAX_CONNECTIONS_PER_ADDRESS connections, not that many
 // per worker.
-import { spawn, type ChildProcess } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import http from "node:http";
 import net from "node:net";
 import { mkdtemp, readdir, readFile, readlink, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
-import { createClient } from "@connectrpc/connect";
-import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { packApp } from "../../services/apps/bundle.js";
-import { bearerAuth } from "../../services/auth/bearer.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
-import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
+import { Logs, serves, startWorkersSkiff } from "../helpers/workers-skiff.js";
 
-const root = join(TEST_ROOT, "..");
 const OTHER = "p-workersother";
 /** Starting a worker on a busy 2-core machine takes up to a minute; the supervisor starts them one after another. */
 const START_MS = 300_000;
 const PER_ADDRESS = 8;
 const QUOTA = "p-workersquota";
-
-type LogLine = Record<string, unknown> & { msg: string };
-
-/** The supervisor's and its workers' log lines (they share its stdout). */
-class Logs {
-  readonly lines: LogLine[] = [];
-  private waiters: { match: (l: LogLine) => boolean; resolve: (l: LogLine) => void }[] = [];
-  constructor(child: ChildProcess) {
-    createInterface({ input: child.stdout! }).on("line", (text) => {
-      let line: LogLine;
-      try {
-        line = JSON.parse(text);
-      } catch {
-        return;
-      }
-      this.lines.push(line);
-      this.waiters = this.waiters.filter((w) => (w.match(line) ? (w.resolve(line), false) : true));
-    });
-  }
-  next(match: (l: LogLine) => boolean): Promise<LogLine> {
-    const found = this.lines.find(match);
-    if (found) return Promise.resolve(found);
-    return new Promise((resolve) => this.waiters.push({ match, resolve }));
-  }
-}
-
-const serves = (worker: number) => (l: LogLine) => l.worker === worker && l.msg.startsWith("skiff serves");
 
 /** A GET on a connection of its own, so that the supervisor hands it to the next worker. */
 function call(
@@ -194,34 +161,13 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
   let adminToken: string;
 
   beforeAll(async () => {
-    dataDir = await mkdtemp(join(tmpdir(), "skiff-sec-workers-"));
     tmp = await mkdtemp(join(tmpdir(), "skiff-sec-workers-apps-"));
-    child = spawn(process.execPath, [SKIFF_SERVER], {
-      cwd: root,
-      env: {
-        PATH: process.env.PATH,
-        HOME: process.env.HOME,
-        CI: "1",
-        SKIFF_WORKERS: "2",
-        SKIFF_PORT: "0",
-        SKIFF_DATA_DIR: dataDir,
-        SKIFF_MAX_CONNECTIONS_PER_ADDRESS: String(PER_ADDRESS),
-        SKIFF_PROJECT_MAX_REPLICAS: "1",
-      },
-      stdio: ["ignore", "pipe", "inherit"],
+    const started = await startWorkersSkiff({
+      SKIFF_MAX_CONNECTIONS_PER_ADDRESS: String(PER_ADDRESS),
+      SKIFF_PROJECT_MAX_REPLICAS: "1",
     });
-    logs = new Logs(child);
-    const ready = await Promise.race([
-      Promise.all([logs.next(serves(1)), logs.next(serves(2))]),
-      new Promise<never>((_, reject) => child.once("exit", (code) => reject(new Error(`skiff exited with ${code}`)))),
-    ]);
-    url = String(ready[0].url);
-    devToken = (await readFile(join(dataDir, "dev-token"), "utf8")).trim();
-    adminToken = (await readFile(join(dataDir, "admin-token"), "utf8")).trim();
-    const admin = createClient(
-      ManagementService,
-      createConnectTransport({ baseUrl: url, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
-    );
+    ({ child, logs, dataDir, url, devToken, adminToken } = started);
+    const admin = started.admin;
     await admin.createProject({ projectId: OTHER, name: "other" });
     await admin.createProject({ projectId: QUOTA, name: "quota" });
     const slow = await writeApp(tmp, slowApp);
