@@ -1,4 +1,4 @@
-// skiff as the benchmarks see it: `services/main.ts` in its own process, on
+// skiff as the benchmarks see it: `bin/skiff-server.js` (as `npm start` runs it) in its own process, on
 // its own NATS server and data folder, exactly as `npm start` runs it, so
 // that its CPU and memory are its own and not the load generator's.
 import { spawn, type ChildProcess } from "node:child_process";
