@@ -4,13 +4,13 @@
 // Reports calls a second, latency, and the CPU every process spent per call:
 // skiff's (the supervisor, its workers, the replicas, everything below it) and
 // nats-server's, from /proc. Writes bench/results/workers.json.
-import http from "node:http";
 import { readdir, readFile, mkdtemp, rm } from "node:fs/promises";
 import { cpus, loadavg, tmpdir } from "node:os";
 import path from "node:path";
 import { startNatsServer, type TestNats } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
 import { writeResults } from "./pipeline.js";
+import { callOnNewConnection } from "../test/helpers/workers-skiff.js";
 import { startSkiffProcess, waitRunHistory, type SkiffProcess } from "./skiff-process.js";
 import { ECHO_SERVER, ensureTools, round, wrk } from "./tools.js";
 
@@ -70,23 +70,6 @@ function spent(before: Map<number, number>, after: Map<number, number>): number 
   return total;
 }
 
-/** A POST on a connection of its own (the supervisor hands each new connection to the next worker). */
-function postFresh(url: string, token: string): Promise<{ status: number; worker: string }> {
-  return new Promise((resolve, reject) => {
-    const req = http.request(url, {
-      method: "POST",
-      agent: false,
-      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
-    });
-    req.on("error", reject);
-    req.on("response", (res) => {
-      res.resume();
-      res.on("end", () => resolve({ status: res.statusCode!, worker: String(res.headers["skiff-worker"] ?? "1") }));
-    });
-    req.end("{}");
-  });
-}
-
 /** Calls on fresh connections until each worker has answered one (started, with a replica of its own warm). */
 async function everyWorkerAnswers(skiff: SkiffProcess, url: string, workers: number): Promise<void> {
   const seen = new Set<string>();
@@ -94,8 +77,10 @@ async function everyWorkerAnswers(skiff: SkiffProcess, url: string, workers: num
   const deadline = Date.now() + 180_000;
   while (seen.size < workers) {
     if (Date.now() > deadline) throw new Error(`in 3 minutes only workers ${[...seen].join(", ")} answered`);
-    const res = await postFresh(url, skiff.devToken).catch(() => undefined);
-    if (res?.status === 200) seen.add(res.worker);
+    const res = await callOnNewConnection(url, skiff.devToken, { data: "{}", contentType: "application/json" }).catch(
+      () => undefined,
+    );
+    if (res?.status === 200) seen.add(res.worker ?? "1");
     await new Promise((r) => setTimeout(r, res?.status === 200 ? 100 : 500));
   }
 }

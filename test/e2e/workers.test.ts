@@ -4,7 +4,6 @@
 // replicas share a uid and a project has one in both workers (read in /proc), and
 // SIGTERM stops every worker, their replicas and the nats-server.
 import type { ChildProcess } from "node:child_process";
-import http from "node:http";
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -15,35 +14,11 @@ import { ManagementService } from "../../gen/skiff/management/v2/management_pb.j
 import { packApp } from "../../services/apps/bundle.js";
 import { bearerAuth } from "../../services/auth/bearer.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
-import { Logs, serves, startWorkersSkiff } from "../helpers/workers-skiff.js";
+import { callOnNewConnection, Logs, serves, startWorkersSkiff } from "../helpers/workers-skiff.js";
 
 const OTHER = "p-workers2";
 /** Starting a worker on a busy 2-core machine takes up to a minute; the supervisor starts them one after another. */
 const START_MS = 300_000;
-
-/** A POST on a connection of its own, so that the supervisor hands it to the next worker. */
-function call(url: string, token: string, body: string): Promise<{ status: number; worker: string; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = http.request(url, {
-      method: "POST",
-      agent: false,
-      headers: { authorization: `Bearer ${token}`, "content-type": "text/plain" },
-    });
-    req.on("error", reject);
-    req.on("response", (res) => {
-      const chunks: Buffer[] = [];
-      res.on("data", (c: Buffer) => chunks.push(c));
-      res.on("end", () =>
-        resolve({
-          status: res.statusCode!,
-          worker: String(res.headers["skiff-worker"]),
-          body: Buffer.concat(chunks).toString(),
-        }),
-      );
-    });
-    req.end(body);
-  });
-}
 
 const ECHO_SERVER = [
   "import http from 'node:http';",
@@ -149,9 +124,12 @@ describe("SKIFF_WORKERS=2", () => {
     const seen = new Set<string>();
     for (let i = 0; i < 20 && seen.size < 2; i++) {
       const body = `call ${i} to ${project}`;
-      const answer = await call(`${url}/v4/${project}/echo/x`, token, body);
+      const answer = await callOnNewConnection(`${url}/v4/${project}/echo/x`, token, {
+        data: body,
+        contentType: "text/plain",
+      });
       expect(answer).toMatchObject({ status: 200, body });
-      seen.add(answer.worker);
+      seen.add(String(answer.worker));
     }
     expect([...seen].sort()).toEqual(["1", "2"]);
   }
@@ -169,9 +147,12 @@ describe("SKIFF_WORKERS=2", () => {
     const accepted = new Set<string>();
     const ids: string[] = [];
     for (let i = 0; i < 6; i++) {
-      const answer = await call(`${url}/v4/p-dev/echo/x?async=true`, devToken, `async ${i}`);
+      const answer = await callOnNewConnection(`${url}/v4/p-dev/echo/x?async=true`, devToken, {
+        data: `async ${i}`,
+        contentType: "text/plain",
+      });
       expect(answer.status).toBe(202);
-      accepted.add(answer.worker);
+      accepted.add(String(answer.worker));
       ids.push(JSON.parse(answer.body).run_id);
     }
     expect([...accepted].sort()).toEqual(["1", "2"]);

@@ -2,6 +2,7 @@
 // a supervisor and two workers in processes of their own, on a data folder
 // and free port of their own, their log lines read as they come.
 import { spawn, type ChildProcess } from "node:child_process";
+import http from "node:http";
 import { mkdtemp, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -89,4 +90,46 @@ export async function startWorkersSkiff(env: Record<string, string> = {}): Promi
       createConnectTransport({ baseUrl: url, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
     ),
   };
+}
+
+export interface FreshAnswer {
+  status: number;
+  /** Its Skiff-Worker header: the worker that answered (absent from a skiff of one process). */
+  worker: string | undefined;
+  body: string;
+}
+
+/**
+ * A call on a connection of its own (no agent), so that the supervisor hands it to the next worker: a GET, or a
+ * POST of `body` when one is given.
+ */
+export function callOnNewConnection(
+  url: string,
+  token: string,
+  body?: { data: string; contentType: string },
+): Promise<FreshAnswer> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(url, {
+      method: body === undefined ? "GET" : "POST",
+      agent: false,
+      headers: {
+        authorization: `Bearer ${token}`,
+        ...(body === undefined ? {} : { "content-type": body.contentType }),
+      },
+    });
+    req.on("error", reject);
+    req.on("response", (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (c: Buffer) => chunks.push(c));
+      res.on("end", () => {
+        const worker = res.headers["skiff-worker"];
+        resolve({
+          status: res.statusCode!,
+          worker: Array.isArray(worker) ? worker.join(", ") : worker,
+          body: Buffer.concat(chunks).toString(),
+        });
+      });
+    });
+    req.end(body?.data);
+  });
 }

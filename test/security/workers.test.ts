@@ -9,7 +9,6 @@
 // address gets SKIFF_MAX_CONNECTIONS_PER_ADDRESS connections, not that many
 // per worker.
 import type { ChildProcess } from "node:child_process";
-import http from "node:http";
 import net from "node:net";
 import { mkdtemp, readdir, readFile, readlink, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -17,36 +16,13 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { packApp } from "../../services/apps/bundle.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
-import { Logs, serves, startWorkersSkiff } from "../helpers/workers-skiff.js";
+import { callOnNewConnection, Logs, serves, startWorkersSkiff } from "../helpers/workers-skiff.js";
 
 const OTHER = "p-workersother";
 /** Starting a worker on a busy 2-core machine takes up to a minute; the supervisor starts them one after another. */
 const START_MS = 300_000;
 const PER_ADDRESS = 8;
 const QUOTA = "p-workersquota";
-
-/** A GET on a connection of its own, so that the supervisor hands it to the next worker. */
-function call(
-  url: string,
-  token: string,
-): Promise<{ status: number; worker: string | string[] | undefined; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = http.request(url, { agent: false, headers: { authorization: `Bearer ${token}` } });
-    req.on("error", reject);
-    req.on("response", (res) => {
-      const chunks: Buffer[] = [];
-      res.on("data", (c: Buffer) => chunks.push(c));
-      res.on("end", () =>
-        resolve({
-          status: res.statusCode!,
-          worker: res.headers["skiff-worker"],
-          body: Buffer.concat(chunks).toString(),
-        }),
-      );
-    });
-    req.end();
-  });
-}
 
 /** The hostile app: reports what its sandbox shows, tries connections, and answers with a Skiff-Worker of its own. */
 const PROBE = `
@@ -200,7 +176,7 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
   async function fromBothWorkers(project: string, token: string, path: string): Promise<Map<string, string>> {
     const byWorker = new Map<string, string>();
     for (let i = 0; i < 20 && byWorker.size < 2; i++) {
-      const answer = await call(`${url}/v4/${project}/probe${path}`, token);
+      const answer = await callOnNewConnection(`${url}/v4/${project}/probe${path}`, token);
       expect(answer.status).toBe(200);
       byWorker.set(String(answer.worker), answer.body);
     }
@@ -210,7 +186,7 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
   it("an app's Skiff-Worker never replaces skiff's own", async () => {
     const seen = new Set<string>();
     for (let i = 0; i < 6; i++) {
-      const answer = await call(`${url}/v4/p-dev/probe/worker`, devToken);
+      const answer = await callOnNewConnection(`${url}/v4/p-dev/probe/worker`, devToken);
       expect(answer.status).toBe(200);
       seen.add(String(answer.worker));
     }
@@ -236,7 +212,7 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
       expect(JSON.stringify(self.env)).not.toMatch(/SU[A-Z0-9]{50,}/);
       for (const link of Object.values(self.fds)) expect(channels).not.toContain(link);
     }
-    const read = await call(`${url}/v4/p-dev/probe/read?path=${encodeURIComponent(seedFile)}`, devToken);
+    const read = await callOnNewConnection(`${url}/v4/p-dev/probe/read?path=${encodeURIComponent(seedFile)}`, devToken);
     expect(read.body).not.toMatch(/^READ/);
   });
 
@@ -269,7 +245,7 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
     for (const iface of Object.values((await import("node:os")).networkInterfaces()))
       for (const a of iface ?? []) if (!a.internal && a.family === "IPv4") hosts.push(a.address);
     for (const host of hosts) {
-      const answer = await call(`${url}/v4/p-dev/probe/connect?host=${host}&port=${port}`, devToken);
+      const answer = await callOnNewConnection(`${url}/v4/p-dev/probe/connect?host=${host}&port=${port}`, devToken);
       expect({ host, result: answer.body }).not.toEqual({ host, result: "connected" });
     }
   });
@@ -306,7 +282,7 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
       const marker = ["node", "server.mjs", "quota-marker"];
       // Each on a connection of its own: two to each worker. Their answers do not matter (some wait, then get 429).
       const calls = Array.from({ length: 4 }, () =>
-        call(`${url}/v4/${QUOTA}/slow/x?ms=4000`, adminToken).catch((err: unknown) => err),
+        callOnNewConnection(`${url}/v4/${QUOTA}/slow/x?ms=4000`, adminToken).catch((err: unknown) => err),
       );
       try {
         let most = 0;
