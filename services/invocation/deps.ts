@@ -25,7 +25,7 @@ export interface InvocationDeps {
   /** Runs waiting or running per app, for SKIFF_MAX_QUEUED_RUNS. */
   queueDepths: QueueDepths;
   /** The apps, as the process's registry has them. */
-  registry: Pick<AppRegistry, "lookup">;
+  registry: Pick<AppRegistry, "get" | "lookup">;
   /** The runners of apps: this process's when it hosts the app, else one over NATS. */
   runners: RunnerClient;
   syncRuns: SyncRunRecorder;

@@ -112,7 +112,9 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
   const exchange = httpExchange(ctx);
   const runId = exchange?.requestId ?? newRunId();
   ctx.responseHeader.set("x-request-id", runId);
-  const app = await findApp(deps.registry, req.projectId, req.appName);
+  // The view has the app but right after its deploy (then findApp reads KV): no await on the way that most calls take.
+  const app =
+    deps.registry.get(req.projectId, req.appName) ?? (await findApp(deps.registry, req.projectId, req.appName));
   const cortex = app.config.runtime.kind === "cortex";
   const line = requestLine(req, ctx, exchange);
   if (cortex) cortexMethod(line.method, app);

@@ -42,11 +42,11 @@ interface Recorded {
 
 function setUp(apps: AppRecord[], runner: FakeRunner) {
   const recorded: Recorded = { running: [], finished: [] };
+  const find = (projectId: string, appName: string) =>
+    apps.find((a) => a.project_id === projectId && a.app_name === appName);
   const deps: InvocationDeps = {
     ...QUEUE_ONLY,
-    registry: {
-      lookup: async (projectId, appName) => apps.find((a) => a.project_id === projectId && a.app_name === appName),
-    },
+    registry: { get: find, lookup: async (projectId, appName) => find(projectId, appName) },
     runners: runnerClient({ local: runner }),
     syncRuns: {
       running: (record) => recorded.running.push(record),
