@@ -70,8 +70,6 @@ type AppChange = { kind: "put"; record: AppRecord } | { kind: "delete"; projectI
 
 export class AppRegistry {
   private readonly apps = new Map<string, AppRecord>();
-  /** The KV revision last applied to each key (deletes included): an older entry never replaces a newer one. */
-  private readonly revisions = new Map<string, number>();
   private readonly listeners = new Set<(change: AppChange) => void>();
   private follower: KvFollower | undefined;
 
@@ -105,7 +103,8 @@ export class AppRegistry {
 
   /**
    * The app as get() has it or, when the view does not have it yet, as KV has it now: a call right after its
-   * app's deploy finds it even while the watch is behind (a loaded process, another process's deploy).
+   * app's deploy finds it even while the watch is behind (a loaded process, another process's deploy). The
+   * watch, in order, then brings the view to KV's latest as it does for every entry.
    */
   async lookup(projectId: string, appName: string): Promise<AppRecord | undefined> {
     const known = this.get(projectId, appName);
@@ -138,8 +137,6 @@ export class AppRegistry {
   }
 
   private apply(entry: KvEntry): void {
-    if (entry.revision <= (this.revisions.get(entry.key) ?? 0)) return;
-    this.revisions.set(entry.key, entry.revision);
     const record = entry.operation === "PUT" ? decodeAppRecord(jsonOf(entry)) : undefined;
     if (entry.operation === "PUT" && !record) this.logger.warn({ key: entry.key }, "unreadable app record ignored");
     const had = this.apps.get(entry.key);
