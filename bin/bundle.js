@@ -104,15 +104,22 @@ export async function runBundled(source, name) {
   }
 }
 
-// `node bin/bundle.js` (`npm run build`): makes both bundles now, for an install whose node_modules is read-only later.
-if (process.argv[1] !== undefined && pathToFileURL(process.argv[1]).href === import.meta.url) {
+/** Makes (or makes again) the server's and the CLI's bundles; the entries it could not bundle. */
+export async function bundleAll() {
+  const failed = [];
   for (const [source, name] of [
     ["services/main.ts", "server"],
     ["services/cli/main.ts", "cli"],
-  ]) {
-    if ((await bundleOf(source, name)) === undefined) {
-      console.error(`could not bundle ${source} into ${cache}`);
-      process.exit(1);
-    }
+  ])
+    if ((await bundleOf(source, name)) === undefined) failed.push(source);
+  return failed;
+}
+
+// `node bin/bundle.js` (`npm run build`): makes both bundles now, for an install whose node_modules is read-only later.
+if (process.argv[1] !== undefined && pathToFileURL(process.argv[1]).href === import.meta.url) {
+  const failed = await bundleAll();
+  if (failed.length > 0) {
+    console.error(`could not bundle ${failed.join(", ")} into ${cache}`);
+    process.exit(1);
   }
 }
