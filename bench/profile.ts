@@ -186,6 +186,26 @@ if (process.env.PROFILE_OFF === "1") {
   await rm(tmp, { recursive: true, force: true });
   process.exit(0);
 }
+// The server runs bundled (bin/bundle.js): esbuild marks where each source file's code starts in the bundle
+// with a `// services/…` line, so a frame of the bundle is named by the file its line came from.
+const BUNDLE = path.join(ROOT, "node_modules", ".cache", "skiff", "server.mjs");
+const bundleFiles: { line: number; file: string }[] = [];
+(await readFile(BUNDLE, "utf8").catch(() => ""))
+  .split("\n")
+  .forEach((text, i) => /^\/\/ ((services|gen)\/\S+\.ts)$/.test(text) && bundleFiles.push({ line: i, file: text.slice(3) }));
+/** The source file (as `services/…`) of a bundle's frame, or the frame's own url less `file://`. */
+function sourceOf(n: Node): string {
+  const url = n.callFrame.url.replace(/^file:\/\//, "");
+  if (url !== BUNDLE) return url;
+  let lo = 0;
+  let hi = bundleFiles.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (bundleFiles[mid].line <= n.callFrame.lineNumber) lo = mid;
+    else hi = mid - 1;
+  }
+  return bundleFiles[lo] ? `${ROOT}/${bundleFiles[lo].file}` : url;
+}
 const byName = new Map<number, Node>();
 const parents = new Map<number, number>();
 const threads: { name: string; hits: Map<number, number>; busy: number; total: number }[] = [];
@@ -225,8 +245,7 @@ const byFn = new Map<string, number>();
 const byFile = new Map<string, number>();
 for (const [id, hits] of main.hits) {
   const n = byName.get(id)!;
-  const file = n.callFrame.url
-    .replace(/^file:\/\//, "")
+  const file = sourceOf(n)
     .replace(/.*node_modules\//, "npm:")
     .replace(`${ROOT}/`, "");
   const fn = `${n.callFrame.functionName || "(anonymous)"} ${file}:${n.callFrame.lineNumber + 1}`;
@@ -253,12 +272,13 @@ const inclusive = new Map<string, number>();
 for (const [id, hits] of main.hits) {
   const files = new Set<string>();
   for (let up: number | undefined = id; up !== undefined; up = parents.get(up)) {
-    const url = byName.get(up)!.callFrame.url;
-    if (url.startsWith(`file://${ROOT}/services/`)) files.add(url.slice(`file://${ROOT}/`.length));
+    const url = sourceOf(byName.get(up)!);
+    if (url.startsWith(`${ROOT}/services/`)) files.add(url.slice(`${ROOT}/`.length));
+    else if (url.includes("/node_modules/")) files.add(`npm:${/node_modules\/((@[^/]+\/)?[^/]+)/.exec(url)![1]}`);
   }
   for (const f of files) inclusive.set(f, (inclusive.get(f) ?? 0) + hits);
 }
-console.log(`\ninclusive time by file of skiff's own (a frame of it on the stack):\n${top(inclusive, 30)}`);
+console.log(`\ninclusive time by file of skiff's own and by package (a frame of it on the stack):\n${top(inclusive, 40)}`);
 // PROFILE_CALLERS=writeBuffer,encode: who calls these functions (six frames up), by self time.
 const frame = (n: Node) =>
   `${n.callFrame.functionName}@${n.callFrame.url.replace(`file://${ROOT}/`, "").replace(/.*\/node_modules\//, "")}:${n.callFrame.lineNumber + 1}`;
