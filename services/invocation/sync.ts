@@ -53,7 +53,7 @@ export async function runSync(
   const controller = exchange ? undefined : new AbortController();
   const onGone = controller && (() => controller.abort(ctx.signal.reason));
   if (onGone) ctx.signal.addEventListener("abort", onGone, { once: true });
-  invoke.signal = controller?.signal ?? ctx.signal;
+  invoke.signal = controller?.signal ?? exchange!.signal;
   // A REST caller and RunStream take a streamed answer as it comes; a Connect or gRPC caller of Run gets it whole.
   const streamed = takesStream(ctx);
   invoke.acceptStream = true;

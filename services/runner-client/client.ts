@@ -11,6 +11,7 @@ import type http from "node:http";
 import type { Duplex } from "node:stream";
 import type { AppRecord } from "../apps/index.js";
 import { NoRunner, type InvokeRequest, type InvokeResponse } from "../runs/index.js";
+import type { CallSignal } from "../server/index.js";
 
 export interface UpgradeRequest {
   runId: string;
@@ -87,7 +88,7 @@ const FRESH_DEPLOY_POLL_MS = 50;
  * failing at once. (A gateway without a runner of its own cannot know
  * whether one is coming.)
  */
-async function hosts(runner: HostedRunner, app: AppRecord, signal: AbortSignal | undefined): Promise<boolean> {
+async function hosts(runner: HostedRunner, app: AppRecord, signal: CallSignal | undefined): Promise<boolean> {
   const age = Date.now() - Date.parse(app.deployment.created_at);
   const end = Date.now() + (age < FRESH_DEPLOY_MS ? FRESH_DEPLOY_WAIT_MS : 0);
   for (;;) {
@@ -115,7 +116,7 @@ export function noRunner(app: Pick<AppRecord, "project_id" | "app_name">): NoRun
 export function runnerClient({ local, remote }: { local?: HostedRunner; remote?: RunnerClient }): RunnerClient {
   const inProcess = local && new InProcessClient(local);
   const elsewhere = remote ?? NOWHERE;
-  const pick = async (app: AppRecord, signal: AbortSignal | undefined): Promise<RunnerClient> =>
+  const pick = async (app: AppRecord, signal: CallSignal | undefined): Promise<RunnerClient> =>
     local && inProcess && (await hosts(local, app, signal)) ? inProcess : elsewhere;
   // The usual call: this process's runner has the app's version already, decided without a wait.
   const ready = (app: AppRecord) =>

@@ -10,6 +10,7 @@
 // ready (dispatch) or tells it none will come (rejectAll).
 import type { Clock, ClockTimer } from "../config/index.js";
 import { Cancelled, Overloaded } from "../runs/index.js";
+import type { CallSignal } from "../server/index.js";
 
 const RETRY_AFTER_SECONDS = 1;
 
@@ -57,7 +58,7 @@ interface Waiter<R extends SlotHolder, O> {
   /** The clock its timer runs on: that of the queue it first waited in. */
   clock: Clock;
   timer: ClockTimer;
-  signal: AbortSignal | undefined;
+  signal: CallSignal | undefined;
   onAbort: () => void;
 }
 
@@ -96,7 +97,7 @@ export class SlotQueue<R extends SlotHolder, O> {
   }
 
   /** Waits for a slot; rejects with Overloaded when the queue is full or the wait too long, Cancelled on abort. */
-  wait(signal: AbortSignal | undefined): Promise<Slot<R, O>> {
+  wait(signal: CallSignal | undefined): Promise<Slot<R, O>> {
     if (this.waiters.length >= this.o.limit) {
       throw new Overloaded(
         `app ${this.o.owner} has ${this.waiters.length} requests waiting, the most it queues`,

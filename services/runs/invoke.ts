@@ -1,6 +1,6 @@
 // What a run asks of a runner and what it gets back: the contract between the
 // gateway and the runner, in-process or over NATS (see runner-client/).
-import type { StreamedRequestBody } from "../server/index.js";
+import type { CallSignal, StreamedRequestBody } from "../server/index.js";
 
 /**
  * A Custom app's bodies larger than this (or of unknown length) stream
@@ -25,7 +25,8 @@ export interface InvokeRequest {
    * on the run's byte stream (runner-client/nats.ts).
    */
   bodyStream?: StreamedRequestBody;
-  signal?: AbortSignal;
+  /** Stops the run: an AbortSignal, or a REST call's own (lighter) signal. */
+  signal?: CallSignal;
   /**
    * The caller takes a streamed answer: an answer the app streams (no
    * Content-Length, or text/event-stream) comes back as `stream` as soon as

@@ -180,7 +180,7 @@ describe("runner client over NATS: streamed answers", () => {
   });
 
   it("a caller that stops reading cancels the answer on the runner and aborts the run there", async () => {
-    let runSignal: AbortSignal | undefined;
+    let runSignal: InvokeRequest["signal"];
     const { stream, cancelled } = streamedAnswer(async function* () {
       for (;;) {
         yield new Uint8Array(1024);

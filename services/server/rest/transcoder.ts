@@ -47,10 +47,12 @@
 import {
   create,
   fromJson,
+  isMessage,
   toJson,
   type DescField,
   type DescMessage,
   type DescMethod,
+  type DescMethodUnary,
   type DescService,
   type JsonValue,
   type Message,
@@ -59,17 +61,20 @@ import { reflect, type ReflectMessage } from "@bufbuild/protobuf/reflect";
 import {
   Code,
   ConnectError,
+  createContextKey,
   createContextValues,
+  type ContextValues,
   type HandlerContext,
   type Interceptor,
   type MethodImplSpec,
+  type UnaryRequest,
+  type UnaryResponse,
 } from "@connectrpc/connect";
-import { invokeUnaryImplementation } from "@connectrpc/connect/protocol";
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
 import { isRpcExchangeResponseHeader } from "../headers.js";
 import { requestHeaderView } from "./request-headers.js";
-import { kHttpExchange, type HttpExchange, type StreamedBody } from "./http-exchange.js";
+import { kHttpExchange, type CallSignal, type HttpExchange, type StreamedBody } from "./http-exchange.js";
 import { httpBindings, resolveFieldPath, type HttpBinding, type Variable } from "./http-rules.js";
 import type { Logger } from "../../config/index.js";
 import {
@@ -155,6 +160,8 @@ interface Route {
   variables: { variable: Variable; path: DescField[] }[];
   /** Proto names of fields bound by the path or the body: query parameters never set them. */
   bound: string[][];
+  /** The method's implementation behind the interceptors, put together once (see RestCall). */
+  call: (req: UnaryRequest) => Promise<UnaryResponse>;
 }
 
 /**
@@ -173,18 +180,44 @@ export function restRouteOf(res: object): string | undefined {
 }
 
 export function createTranscoder(opts: TranscoderOptions): NodeHandler {
-  const table = new RouteTable(compileRoutes(opts.services, opts.implementations));
+  const table = new RouteTable(compileRoutes(opts.services, opts.implementations, opts.interceptors ?? []));
+  const live = new LiveCalls(opts.shutdownSignal);
   return (req, nodeRes) => {
     const res = nodeRes as NodeResponse;
     // An aborted request emits "error"; without a listener that would be an uncaught exception.
     req.on("error", () => {});
-    transcode(req, res, table, opts).catch((e: unknown) => answerError(req, res, e, opts));
+    transcode(req, res, table, opts, live).catch((e: unknown) => answerError(req, res, e, opts));
   };
+}
+
+/**
+ * The calls under way, which the server's shutdown aborts: one listener on
+ * the shutdown signal for all of them, not one per call (an EventTarget's
+ * listener costs more than the call's other bookkeeping).
+ */
+class LiveCalls {
+  private readonly calls = new Set<RestExchange>();
+
+  constructor(private readonly shutdown: AbortSignal | undefined) {
+    shutdown?.addEventListener("abort", () => {
+      for (const exchange of this.calls) exchange.abort(shutdown.reason);
+    });
+  }
+
+  add(exchange: RestExchange): void {
+    if (this.shutdown?.aborted) exchange.abort(this.shutdown.reason);
+    else this.calls.add(exchange);
+  }
+
+  delete(exchange: RestExchange): void {
+    this.calls.delete(exchange);
+  }
 }
 
 function compileRoutes(
   services: readonly DescService[],
   implementations: ReadonlyMap<DescMethod, MethodImplSpec>,
+  interceptors: readonly Interceptor[],
 ): Route[] {
   return httpBindings(services).map((binding) => {
     const impl = implementations.get(binding.method);
@@ -202,8 +235,29 @@ function compileRoutes(
     const bound = binding.template.variables.map((v) => v.fieldPath);
     if (bodyField) bound.push([bodyField.name]);
     const label = `${binding.httpMethod} ${binding.template.source}`;
-    return { binding, impl, label, body: bodyMode(binding, bodyField), bodyField, variables, bound };
+    const call = interceptors.reduceRight(
+      (next, interceptor) => interceptor(next as Parameters<Interceptor>[0]),
+      handlerCall(impl) as Parameters<Interceptor>[0],
+    ) as Route["call"];
+    return { binding, impl, label, body: bodyMode(binding, bodyField), bodyField, variables, bound, call };
   });
+}
+
+/**
+ * The innermost step of a REST call's chain of interceptors: the method's
+ * implementation, given the call as its handler context. An interceptor that
+ * passed on a request of its own (a copy with another message) gets a
+ * context merged from it, as Connect merges one.
+ */
+function handlerCall(impl: Extract<MethodImplSpec, { kind: "unary" }>) {
+  const method = impl.method;
+  return async (req: UnaryRequest): Promise<UnaryResponse> => {
+    const call = req instanceof RestCall ? req : req.contextValues.get(kRestCall)!;
+    const ctx: HandlerContext = req === call ? call : call.mergedWith(req);
+    const out = await impl.impl(req.message, ctx);
+    const message = isMessage(out, method.output) ? out : create(method.output, out);
+    return new RestResponse(call, message);
+  };
 }
 
 function bodyMode(binding: HttpBinding, bodyField: DescField | undefined): BodyMode {
@@ -223,6 +277,7 @@ async function transcode(
   res: NodeResponse,
   table: RouteTable<Route>,
   opts: TranscoderOptions,
+  live: LiveCalls,
 ): Promise<void> {
   const url = req.url ?? "";
   const q = url.indexOf("?");
@@ -247,7 +302,7 @@ async function transcode(
   try {
     const input = requestMessage(route, match.segments, query, body, header(req, "content-type"));
     const exchange = new RestExchange(method, query, requestId, route, match.segments, pending);
-    const output = await callMethod(req, res, route, input, exchange, opts, pending);
+    const output = await callMethod(req, res, route, input, exchange, opts, pending, live);
     const passed = exchange.responseHeaders;
     // Content-Type is the payload's (an HttpBody's own); CORS headers are skiff's where it answers CORS.
     if (passed)
@@ -267,17 +322,25 @@ async function transcode(
 
 const NO_BODY_BYTES = new Uint8Array(0);
 
+type Listener = Parameters<AbortSignal["addEventListener"]>[1];
+
 /**
- * A REST call's exchange, with the call's signal (see restContext): one
- * object whose methods are its class's, so that a call makes no closures
- * for it. It also hears the server's shutdown (handleEvent).
+ * A REST call's exchange, and its signal: one object whose methods are its
+ * class's, so that a call makes no closures for it. The signal aborts when
+ * the caller goes away before the answer ended, when the server shuts down,
+ * or by abort(); it is the exchange itself (CallSignal), a few fields and a
+ * list of listeners, because a real AbortSignal costs several microseconds
+ * to make. One is made (contextSignal) only for a handler that reads its
+ * context's signal.
  */
-class RestExchange implements HttpExchange {
+class RestExchange implements HttpExchange, CallSignal {
   status: number | undefined = undefined;
   stream?: StreamedBody;
   responseHeaders?: Record<string, string | string[]>;
-  readonly controller = new AbortController();
-  shutdown: AbortSignal | undefined = undefined;
+  aborted = false;
+  reason: unknown = undefined;
+  private listeners: Listener[] | undefined = undefined;
+  private controller: AbortController | undefined = undefined;
 
   constructor(
     readonly method: string,
@@ -288,6 +351,10 @@ class RestExchange implements HttpExchange {
     readonly requestBody: PendingBody | undefined,
   ) {}
 
+  get signal(): CallSignal {
+    return this;
+  }
+
   rawPathVariable(fieldPath: string): string | undefined {
     for (const { variable } of this.route.variables)
       if (variable.fieldPath.join(".") === fieldPath)
@@ -296,12 +363,39 @@ class RestExchange implements HttpExchange {
   }
 
   abort(reason: unknown): void {
-    this.controller.abort(reason);
+    if (this.aborted) return;
+    this.aborted = true;
+    this.reason = reason;
+    this.controller?.abort(reason);
+    const listeners = this.listeners;
+    this.listeners = undefined;
+    if (!listeners) return;
+    const event = new Event("abort");
+    for (const l of listeners) {
+      if (typeof l === "function") l.call(this, event);
+      else l.handleEvent(event);
+    }
   }
 
-  /** The server's shutdown signal aborted. */
-  handleEvent(): void {
-    this.controller.abort(this.shutdown!.reason);
+  addEventListener(type: string, listener: Listener | null): void {
+    if (type !== "abort" || listener === null || this.aborted) return;
+    (this.listeners ??= []).push(listener);
+  }
+
+  removeEventListener(type: string, listener: Listener | null): void {
+    const listeners = this.listeners;
+    if (type !== "abort" || !listeners) return;
+    const i = listeners.indexOf(listener!);
+    if (i !== -1) listeners.splice(i, 1);
+  }
+
+  /** An AbortSignal that follows this one, made the first time a handler reads its context's signal. */
+  contextSignal(): AbortSignal {
+    if (this.controller === undefined) {
+      this.controller = new AbortController();
+      if (this.aborted) this.controller.abort(this.reason);
+    }
+    return this.controller.signal;
   }
 }
 
@@ -311,7 +405,7 @@ type TrackedResponse = NodeResponse & { [kRestExchange]?: RestExchange };
 
 /** A response closed: when its caller went away before the answer ended, its call's signal aborts. */
 function onResponseClose(this: TrackedResponse): void {
-  if (closedEarly(this)) this[kRestExchange]?.controller.abort(new ClientGoneError("client closed the request"));
+  if (closedEarly(this)) this[kRestExchange]?.abort(new ClientGoneError("client closed the request"));
 }
 
 /** The body left for the handler to stream on (see TranscoderOptions.streamedBodies), or undefined to read it whole. */
@@ -514,71 +608,140 @@ async function callMethod(
   exchange: RestExchange,
   opts: TranscoderOptions,
   pending: PendingBody | undefined,
+  live: LiveCalls,
 ): Promise<Message> {
-  const context = restContext(req, res, route, exchange, opts.shutdownSignal);
+  const call = new RestCall(route, input, req, exchange);
+  const tracked = res as TrackedResponse;
+  tracked[kRestExchange] = exchange;
+  res.on("close", onResponseClose);
+  live.add(exchange);
   try {
-    const output = await invokeUnaryImplementation(
-      route.impl as Extract<MethodImplSpec, { kind: "unary" }>,
-      context,
-      input,
-      (opts.interceptors ?? []) as Interceptor[],
-    );
-    copyResponseHeaders(context.responseHeader, res);
-    return output;
+    const answer = await route.call(call);
+    copyResponseHeaders(answer instanceof RestResponse ? call.headersSet() : answer.header, res);
+    return answer.message;
   } catch (e) {
-    copyResponseHeaders(context.responseHeader, res);
+    copyResponseHeaders(call.headersSet(), res);
     // A body that broke while the handler read it (too large, the caller gone) is the call's answer.
     throw pending?.failure ?? handlerError(e, route, opts.logger, res);
   } finally {
-    endRestContext(res, exchange);
+    res.off("close", onResponseClose);
+    tracked[kRestExchange] = undefined;
+    live.delete(exchange);
   }
 }
 
 const NO_TIMEOUT = () => undefined;
 
+/** Where a REST call's context values hold the call (see handlerCall). */
+const kRestCall = createContextKey<RestCall | undefined>(undefined, { description: "skiff REST call" });
+
 /**
- * The handler context of a REST call, as Connect's createHandlerContext
- * makes one for a call without a deadline (REST has no timeout header), with
- * one abort signal of its own: aborted when the caller goes away before the
- * handler returned, when the server shuts down meanwhile, or by
- * HttpExchange.abort; endRestContext drops its listeners. Unlike a Connect call's,
- * it is not aborted when the handler returns (nothing needs it: a streamed
- * answer that outlives the handler is cancelled through its own body), so a
- * call costs no abort event. The request headers are a view of the ones
- * Node read (request-headers.ts), not a copy of them.
+ * A REST call as the interceptors and the handler see it: its request
+ * (UnaryRequest) and its handler context in one object, as Connect makes
+ * them for a call without a deadline (REST has no timeout header), but with
+ * no copies per call, and with what most calls never read made only when
+ * read: the URL, the AbortSignal (the exchange's signal is what aborts it:
+ * the caller gone before the handler returned, the server's shutdown,
+ * HttpExchange.abort), the response headers and trailers. Unlike a Connect
+ * call's, its signal is not aborted when the handler returns (nothing needs
+ * it: a streamed answer that outlives the handler is cancelled through its
+ * own body), so a call costs no abort event. The request headers are a view
+ * of the ones Node read (request-headers.ts), not a copy of them.
  */
-function restContext(
-  req: NodeRequest,
-  res: TrackedResponse,
-  route: Route,
-  exchange: RestExchange,
-  shutdown: AbortSignal | undefined,
-): HandlerContext {
-  const controller = exchange.controller;
-  res[kRestExchange] = exchange;
-  res.on("close", onResponseClose);
-  exchange.shutdown = shutdown;
-  if (shutdown?.aborted) exchange.handleEvent();
-  else shutdown?.addEventListener("abort", exchange, { once: true });
-  return {
-    service: route.binding.service,
-    method: route.binding.method,
-    protocolName: "rest",
-    requestMethod: req.method ?? "POST",
-    url: `http://${authority(req)}${req.url ?? "/"}`,
-    signal: controller.signal,
-    timeoutMs: NO_TIMEOUT,
-    requestHeader: requestHeaderView(req.headers),
-    responseHeader: new Headers(),
-    responseTrailer: new Headers(),
-    values: createContextValues().set(kHttpExchange, exchange),
-  };
+class RestCall implements HandlerContext, UnaryRequest {
+  readonly stream = false;
+  readonly protocolName = "rest";
+  readonly timeoutMs = NO_TIMEOUT;
+  readonly service: DescService;
+  readonly method: DescMethodUnary;
+  readonly requestMethod: string;
+  readonly requestHeader: Headers;
+  readonly values: ContextValues;
+  private responseHeaders: Headers | undefined = undefined;
+  private responseTrailers: Headers | undefined = undefined;
+
+  constructor(
+    route: Route,
+    readonly message: Message,
+    private readonly req: NodeRequest,
+    readonly exchange: RestExchange,
+  ) {
+    this.service = route.binding.service;
+    this.method = route.binding.method as DescMethodUnary;
+    this.requestMethod = req.method ?? "POST";
+    this.requestHeader = requestHeaderView(req.headers);
+    this.values = createContextValues().set(kHttpExchange, exchange).set(kRestCall, this);
+  }
+
+  /** The request's headers, as an interceptor reads them. */
+  get header(): Headers {
+    return this.requestHeader;
+  }
+
+  get contextValues(): ContextValues {
+    return this.values;
+  }
+
+  get url(): string {
+    return `http://${authority(this.req)}${this.req.url ?? "/"}`;
+  }
+
+  get signal(): AbortSignal {
+    return this.exchange.contextSignal();
+  }
+
+  get responseHeader(): Headers {
+    return (this.responseHeaders ??= new Headers());
+  }
+
+  get responseTrailer(): Headers {
+    return (this.responseTrailers ??= new Headers());
+  }
+
+  /** The response headers the handler set, if it set any. */
+  headersSet(): Headers | undefined {
+    return this.responseHeaders;
+  }
+
+  /** The context of a request an interceptor passed on in place of this one. */
+  mergedWith(req: UnaryRequest): HandlerContext {
+    return {
+      service: req.service,
+      method: this.method,
+      protocolName: this.protocolName,
+      requestMethod: this.requestMethod,
+      url: req.url ?? this.url,
+      signal: req.signal ?? this.signal,
+      timeoutMs: NO_TIMEOUT,
+      requestHeader: req.header ?? this.requestHeader,
+      responseHeader: this.responseHeader,
+      responseTrailer: this.responseTrailer,
+      values: req.contextValues ?? this.values,
+    };
+  }
 }
 
-function endRestContext(res: TrackedResponse, exchange: RestExchange): void {
-  res.off("close", onResponseClose);
-  res[kRestExchange] = undefined;
-  exchange.shutdown?.removeEventListener("abort", exchange);
+/** The handler's answer through the interceptors; its headers are the call's, made only when read. */
+class RestResponse implements UnaryResponse {
+  readonly stream = false;
+  readonly method: DescMethodUnary;
+  readonly service: DescService;
+
+  constructor(
+    private readonly call: RestCall,
+    readonly message: Message,
+  ) {
+    this.method = call.method;
+    this.service = call.service;
+  }
+
+  get header(): Headers {
+    return this.call.responseHeader;
+  }
+
+  get trailer(): Headers {
+    return this.call.responseTrailer;
+  }
 }
 
 const AUTHORITY = /^[A-Za-z0-9.\-_~:[\]]+$/;
