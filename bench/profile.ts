@@ -51,6 +51,28 @@ const skiff = await startSkiffProcess({
   // `accept`: async calls to a process without the runner role, so the queue only fills: the accept path alone.
   ...(kind === "accept" ? { roles: "invocation,management,webhook" } : {}),
 });
+// The server runs bundled (bin/bundle.js): esbuild marks where each source file's code starts in the bundle
+// with a `// services/…` line, so a frame of the bundle is named by the file its line came from.
+const BUNDLE = path.join(ROOT, "node_modules", ".cache", "skiff", "server.mjs");
+const bundleFiles: { line: number; file: string }[] = [];
+(await readFile(BUNDLE, "utf8").catch(() => ""))
+  .split("\n")
+  .forEach(
+    (text, i) => /^\/\/ ((services|gen)\/\S+\.ts)$/.test(text) && bundleFiles.push({ line: i, file: text.slice(3) }),
+  );
+/** The source file (as `services/…`) of a bundle's frame, or the frame's own url less `file://`. */
+function sourceOf(n: { callFrame: { url: string; lineNumber: number } }): string {
+  const url = n.callFrame.url.replace(/^file:\/\//, "");
+  if (url !== BUNDLE) return url;
+  let lo = 0;
+  let hi = bundleFiles.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (bundleFiles[mid].line <= n.callFrame.lineNumber) lo = mid;
+    else hi = mid - 1;
+  }
+  return bundleFiles[lo] ? `${ROOT}/${bundleFiles[lo].file}` : url;
+}
 try {
   const scaling = "[scaling]\nmin_replicas = 1\nmax_replicas = 2\nreplica_concurrency = 64\ncooldown = 600\n";
   await deployFolder(skiff, tmp, {
@@ -124,22 +146,28 @@ interface HeapNode {
 
 /** The functions that allocated most in a sampled heap profile (alloc-probe.mjs), in bytes per request. */
 async function printAllocations(file: string, requests: number): Promise<void> {
-  let text: string | undefined;
-  for (let i = 0; i < 100 && !text; i++) {
-    text = await readFile(file, "utf8").catch(() => undefined);
-    if (!text) await new Promise((r) => setTimeout(r, 50));
+  // The probe may still be writing it: read until it parses.
+  let profile: { head: HeapNode } | undefined;
+  for (let i = 0; i < 200 && !profile; i++) {
+    try {
+      profile = JSON.parse(await readFile(file, "utf8")) as { head: HeapNode };
+    } catch {
+      await new Promise((r) => setTimeout(r, 100));
+    }
   }
-  if (!text) return console.log(`no heap profile in ${file}`);
+  if (!profile) return console.log(`no heap profile in ${file}`);
   const bySite = new Map<string, number>();
   const name = (n: HeapNode) =>
-    `${n.callFrame.functionName || "(anonymous)"} ${n.callFrame.url.replace(`file://${ROOT}/`, "").replace(/.*\/node_modules\//, "npm:")}:${n.callFrame.lineNumber + 1}`;
+    `${n.callFrame.functionName || "(anonymous)"} ${sourceOf(n)
+      .replace(`${ROOT}/`, "")
+      .replace(/.*\/node_modules\//, "npm:")}:${n.callFrame.lineNumber + 1}`;
   const walk = (n: HeapNode, caller: string) => {
     const here = name(n);
     const site = `${here} < ${caller}`;
     bySite.set(site, (bySite.get(site) ?? 0) + n.selfSize);
     for (const c of n.children) walk(c, here);
   };
-  walk((JSON.parse(text) as { head: HeapNode }).head, "");
+  walk(profile.head, "");
   const top = [...bySite].sort((a, b) => b[1] - a[1]).slice(0, 40);
   console.log(
     `allocations by function (< its caller), bytes per request:\n${top.map(([k, v]) => `  ${String(Math.round(v / requests)).padStart(6)}  ${k}`).join("\n")}`,
@@ -185,26 +213,6 @@ function samplesInWindow(p: Profile): Map<number, number> {
 if (process.env.PROFILE_OFF === "1") {
   await rm(tmp, { recursive: true, force: true });
   process.exit(0);
-}
-// The server runs bundled (bin/bundle.js): esbuild marks where each source file's code starts in the bundle
-// with a `// services/…` line, so a frame of the bundle is named by the file its line came from.
-const BUNDLE = path.join(ROOT, "node_modules", ".cache", "skiff", "server.mjs");
-const bundleFiles: { line: number; file: string }[] = [];
-(await readFile(BUNDLE, "utf8").catch(() => ""))
-  .split("\n")
-  .forEach((text, i) => /^\/\/ ((services|gen)\/\S+\.ts)$/.test(text) && bundleFiles.push({ line: i, file: text.slice(3) }));
-/** The source file (as `services/…`) of a bundle's frame, or the frame's own url less `file://`. */
-function sourceOf(n: Node): string {
-  const url = n.callFrame.url.replace(/^file:\/\//, "");
-  if (url !== BUNDLE) return url;
-  let lo = 0;
-  let hi = bundleFiles.length - 1;
-  while (lo < hi) {
-    const mid = (lo + hi + 1) >> 1;
-    if (bundleFiles[mid].line <= n.callFrame.lineNumber) lo = mid;
-    else hi = mid - 1;
-  }
-  return bundleFiles[lo] ? `${ROOT}/${bundleFiles[lo].file}` : url;
 }
 const byName = new Map<number, Node>();
 const parents = new Map<number, number>();
@@ -265,7 +273,7 @@ const top = (m: Map<string, number>, n: number) =>
     .map(([k, v]) => `  ${((100 * v) / total).toFixed(1).padStart(5)}%  ${k}`)
     .join("\n");
 console.log(
-  `thread ${threadId}, measured run only; self time by file or package:\n${top(byFile, 25)}\n\nself time by function:\n${top(byFn, 25)}`,
+  `thread ${threadId}, measured run only; self time by file or package:\n${top(byFile, 25)}\n\nself time by function:\n${top(byFn, Number(process.env.PROFILE_TOP ?? 25))}`,
 );
 // Inclusive time by file of skiff's own: the share of samples with a frame of that file on the stack.
 const inclusive = new Map<string, number>();
@@ -278,7 +286,9 @@ for (const [id, hits] of main.hits) {
   }
   for (const f of files) inclusive.set(f, (inclusive.get(f) ?? 0) + hits);
 }
-console.log(`\ninclusive time by file of skiff's own and by package (a frame of it on the stack):\n${top(inclusive, 40)}`);
+console.log(
+  `\ninclusive time by file of skiff's own and by package (a frame of it on the stack):\n${top(inclusive, 40)}`,
+);
 // PROFILE_CALLERS=writeBuffer,encode: who calls these functions (six frames up), by self time.
 const frame = (n: Node) =>
   `${n.callFrame.functionName}@${n.callFrame.url.replace(`file://${ROOT}/`, "").replace(/.*\/node_modules\//, "")}:${n.callFrame.lineNumber + 1}`;

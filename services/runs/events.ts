@@ -12,7 +12,7 @@
 // record: each of its state changes is this one publish. An async run keeps
 // a KV record as well, for the compare-and-set of its state changes
 // (runs/store.ts), and publishes this event after each.
-import { headers, type MsgHdrs, type NatsConnection } from "nats";
+import { MsgHdrsImpl, type MsgHdrs, type NatsConnection } from "nats";
 import { publishAcked, publishInBackground, subjects } from "../nats/index.js";
 import { runEventBytes, type EventResponse } from "./event-bytes.js";
 import { isFinal } from "./status.js";
@@ -40,10 +40,15 @@ export function eventResponseLimit(nc: NatsConnection): number {
 const eventBytes = (record: RunRecord, response: EventResponse) => runEventBytes(record, response);
 const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math.max(1, record.attempts)}`;
 
-/** The record as the event's header carries it: JSON (no line breaks), without the result's bytes. */
+/**
+ * The record as the event's header carries it: JSON, without the result's
+ * bytes. Put in the header's map as it is: nats.js's set() looks for the key
+ * twice and checks the value for CR and LF, which JSON.stringify never
+ * writes (it escapes them), on every event.
+ */
 function recordHeader(record: RunRecord): MsgHdrs {
-  const h = headers();
-  h.set(RUN_RECORD_HEADER, JSON.stringify(withoutResult(record)));
+  const h = new MsgHdrsImpl();
+  h.headers.set(RUN_RECORD_HEADER, [JSON.stringify(withoutResult(record))]);
   return h;
 }
 
@@ -56,7 +61,11 @@ export function withoutResult(record: RunRecord): RunRecord {
 
 /** The record an event carries in its header; undefined when it has none or it is not a run record. */
 export function recordOfEvent(h: MsgHdrs | undefined): RunRecord | undefined {
-  const text = h?.get(RUN_RECORD_HEADER);
+  return recordOfText(h?.get(RUN_RECORD_HEADER));
+}
+
+/** The record of a `Skiff-Run` header's text; undefined when there is none or it is not a run record. */
+export function recordOfText(text: string | undefined): RunRecord | undefined {
   if (!text) return undefined;
   try {
     const r = JSON.parse(text) as RunRecord;

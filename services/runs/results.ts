@@ -50,6 +50,11 @@ export class RunResults {
     }));
   }
 
+  /** Whether a sync run's body fits its event, so that ending the run stores nothing (keep() not needed). */
+  fitsEvent(body: Body): boolean {
+    return body.data.byteLength <= this.eventLimit;
+  }
+
   /**
    * Stores what must outlive the run and says how the record and the event
    * refer to it. `forGetRun`: keep the result for GetRun (async runs).

@@ -41,6 +41,10 @@ import { METRICS_CONTENT_TYPE, type Metrics } from "../metrics/index.js";
 
 type NodeRequest = Parameters<NodeHandler>[0];
 type NodeResponse = Parameters<NodeHandler>[1];
+const kRequest = Symbol("skiff request");
+const kStarted = Symbol("skiff request start");
+/** A response with its request and start time, for the metrics counted when it closes. */
+type TrackedResponse = NodeResponse & { [kRequest]?: NodeRequest; [kStarted]?: number };
 
 export interface ServerOptions {
   host: string;
@@ -325,18 +329,25 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     if (plain.has(path) || path === METRICS_PATH || procedures.has(path)) return path;
     return opts.site && !isApiPath(path) ? "dashboard" : "unmatched";
   };
+  // One listener for every answer (no closure per request): the request and its start ride on the response.
+  function answered(this: TrackedResponse): void {
+    inFlight--;
+    if (inFlight === 0) drained?.();
+    if (metrics) {
+      const req = this[kRequest]!;
+      const route = routeOf(req, this);
+      metrics.requests.inc({ route, method: req.method ?? "", code: String(this.statusCode) });
+      metrics.requestDuration.observe({ route }, (performance.now() - this[kStarted]!) / 1000);
+    }
+    this[kRequest] = undefined;
+  }
   const track = (req: NodeRequest, res: NodeResponse) => {
     inFlight++;
-    const started = metrics ? performance.now() : 0;
-    res.once("close", () => {
-      inFlight--;
-      if (inFlight === 0) drained?.();
-      if (metrics) {
-        const route = routeOf(req, res);
-        metrics.requests.inc({ route, method: req.method ?? "", code: String(res.statusCode) });
-        metrics.requestDuration.observe({ route }, (performance.now() - started) / 1000);
-      }
-    });
+    const tracked = res as TrackedResponse;
+    tracked[kRequest] = req;
+    tracked[kStarted] = metrics ? performance.now() : 0;
+    // "close" comes once per answer: on(), not once(), which wraps the listener per request.
+    res.on("close", answered);
     if (worker !== undefined) res.setHeader("skiff-worker", worker);
     // While stopping, HTTP/1.1 keep-alive connections close after their answer.
     if (stopping && req.httpVersionMajor === 1) res.setHeader("connection", "close");

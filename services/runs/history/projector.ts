@@ -27,7 +27,7 @@ import {
 } from "nats";
 import type { Logger } from "../../config/index.js";
 import { streams, subjects } from "../../nats/index.js";
-import { DELIVERY_RECORD_HEADER, RUN_RECORD_HEADER, recordOfEvent, withoutResult } from "../events.js";
+import { DELIVERY_RECORD_HEADER, RUN_RECORD_HEADER, recordOfText, withoutResult } from "../events.js";
 import { isFinal, type RunStatus } from "../status.js";
 import type { RunRecord } from "../store.js";
 import type { Batch, DeliveryRow, HistoryBackend, HistoryWriter, RunRow } from "./history.js";
@@ -291,10 +291,11 @@ export class RunProjector {
       else this.opts.logger.warn({ subject: m.subject, seq: m.seq }, "run history: not a webhook delivery record");
       return;
     }
-    const record = recordOfEvent(m.headers);
+    const text = m.headers?.get(RUN_RECORD_HEADER);
+    const record = recordOfText(text);
     // Events of versions that did not carry the record were projected from the run bucket then.
     if (record === undefined) return;
-    const row = rowOf(record, m.seq, m.headers?.get(RUN_RECORD_HEADER));
+    const row = rowOf(record, m.seq, text);
     if (row === undefined) {
       this.opts.logger.warn({ subject: m.subject, seq: m.seq }, "run history: an event's record is not a run record");
       return;
