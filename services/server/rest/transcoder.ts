@@ -48,6 +48,7 @@ import {
   create,
   fromJson,
   isMessage,
+  ScalarType,
   toJson,
   type DescField,
   type DescMessage,
@@ -156,8 +157,11 @@ interface Route {
   impl: MethodImplSpec;
   body: BodyMode;
   bodyField: DescField | undefined;
-  /** Path variables and the fields they set. */
-  variables: { variable: Variable; path: DescField[] }[];
+  /**
+   * Path variables and the fields they set; `property`: the message's property a variable sets as it is
+   * (a string field at the top, outside any oneof), with no reflection.
+   */
+  variables: { variable: Variable; path: DescField[]; property: string | undefined }[];
   /** Proto names of fields bound by the path or the body: query parameters never set them. */
   bound: string[][];
   /** The method's implementation behind the interceptors, put together once (see RestCall). */
@@ -228,10 +232,13 @@ function compileRoutes(
     const input = binding.method.input;
     const bodyField =
       binding.body === "" || binding.body === "*" ? undefined : input.fields.find((f) => f.name === binding.body);
-    const variables = binding.template.variables.map((variable) => ({
-      variable,
-      path: protoPath(input, variable.fieldPath),
-    }));
+    const variables = binding.template.variables.map((variable) => {
+      const path = protoPath(input, variable.fieldPath);
+      const field = path[0];
+      const plain =
+        path.length === 1 && field.fieldKind === "scalar" && field.scalar === ScalarType.STRING && !field.oneof;
+      return { variable, path, property: plain ? field.localName : undefined };
+    });
     const bound = binding.template.variables.map((v) => v.fieldPath);
     if (bodyField) bound.push([bodyField.name]);
     const label = `${binding.httpMethod} ${binding.template.source}`;
@@ -489,11 +496,18 @@ function requestMessage(
 ): Message {
   const input = route.binding.method.input;
   const msg = bodyMessage(route, body, contentType);
-  const r = reflect(input, msg);
-  if (route.body !== "json-all" && route.body !== "raw-all") applyQuery(r, route, query);
-  for (const { variable, path } of route.variables) {
+  let r: ReflectMessage | undefined;
+  if (route.body !== "json-all" && route.body !== "raw-all")
+    for (const [key, value] of query) {
+      r ??= reflect(input, msg);
+      const path = resolveDotted(input, key);
+      if (!path || isBound(route, path)) continue;
+      setFromText(r, path, value, `query parameter "${truncate(key)}"`);
+    }
+  for (const { variable, path, property } of route.variables) {
     const value = variableValue(variable, expandSlashes(variable, segments));
-    setFromText(r, path, value, `path variable "${variable.fieldPath.join(".")}"`);
+    if (property !== undefined) (msg as unknown as Record<string, unknown>)[property] = value;
+    else setFromText((r ??= reflect(input, msg)), path, value, `path variable "${variable.fieldPath.join(".")}"`);
   }
   return msg;
 }
@@ -510,14 +524,6 @@ function expandSlashes(variable: Variable, segments: readonly string[]): readonl
   if (!encoded) return segments;
   const tail = segments.slice(variable.start).flatMap((segment) => segment.split(/%2F/i));
   return [...segments.slice(0, variable.start), ...tail];
-}
-
-function applyQuery(r: ReflectMessage, route: Route, query: URLSearchParams): void {
-  for (const [key, value] of query) {
-    const path = resolveDotted(r.desc, key);
-    if (!path || isBound(route, path)) continue;
-    setFromText(r, path, value, `query parameter "${truncate(key)}"`);
-  }
 }
 
 /** Whether a field path is, contains or lies inside a field bound by the path or the body. */
