@@ -44,6 +44,8 @@ const skiff = await startSkiffProcess({
     ...(process.env.PROFILE_HEAP ? { SKIFF_BENCH_HEAP_PROFILE: path.resolve(process.env.PROFILE_HEAP) } : {}),
   },
   nodeArgs: [
+    // PROFILE_NODE_ARGS: more options for skiff's node (V8's, say), space-separated.
+    ...(process.env.PROFILE_NODE_ARGS ?? "").split(" ").filter(Boolean),
     "--import",
     ALLOC_PROBE,
     ...(process.env.PROFILE_OFF === "1" ? [] : ["--cpu-prof", `--cpu-prof-dir=${profDir}`]),
