@@ -73,17 +73,12 @@ export class RunControl {
 
   /** Tracks a run until `done` settles (its final record is written); cancel aborts `controller`. */
   track(runId: string, controller: Abortable, done: Promise<unknown>): void {
-    const entry: InFlight = {
-      controller,
-      done: done.then(
-        () => undefined,
-        () => undefined,
-      ),
-    };
-    this.runs.set(runId, entry);
-    void entry.done.then(() => {
+    // One settle handler that also drops the entry: every sync run is tracked, so no second chain.
+    const untrack = () => {
       if (this.runs.get(runId) === entry) this.runs.delete(runId);
-    });
+    };
+    const entry: InFlight = { controller, done: done.then(untrack, untrack) };
+    this.runs.set(runId, entry);
   }
 
   close(): void {

@@ -189,10 +189,12 @@ export function createTranscoder(opts: TranscoderOptions): NodeHandler {
   return (req, nodeRes) => {
     const res = nodeRes as NodeResponse;
     // An aborted request emits "error"; without a listener that would be an uncaught exception.
-    req.on("error", () => {});
+    req.on("error", ignore);
     transcode(req, res, table, opts, live).catch((e: unknown) => answerError(req, res, e, opts));
   };
 }
+
+function ignore(): void {}
 
 /**
  * The calls under way, which the server's shutdown aborts: one listener on
