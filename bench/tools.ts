@@ -149,12 +149,13 @@ export async function startOpenFaas(
   });
 }
 
-/** Starts a Node module given as text that prints "port N" once listening. */
+/** Starts a Node module given as text that prints "port N" once listening; `nodeArgs` go to node first. */
 export function serveNode(
   code: string,
   env: Record<string, string> = {},
+  nodeArgs: string[] = [],
 ): Promise<{ port: number; child: ChildProcess }> {
-  const child = spawn(process.execPath, ["--input-type=module", "-e", code], {
+  const child = spawn(process.execPath, [...nodeArgs, "--input-type=module", "-e", code], {
     env: { ...process.env, PORT: "0", ...env },
     stdio: ["ignore", "pipe", "inherit"],
   });
