@@ -103,11 +103,13 @@ try {
   await waitRunHistory(skiff, "p-add");
   await wrk({ ...job, seconds: 3 }, tmp);
   const threadsBefore = await threadTicks(skiff.pid);
+  const ioBefore = await syscalls(skiff.pid);
   const before = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
   window.from = microseconds();
   const { result: r, heapBytes } = await processCost(skiff.pid, allocFile, () => wrk({ ...job, seconds }, tmp));
   window.to = microseconds();
   const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
+  const ioAfter = await syscalls(skiff.pid);
   const threadsAfter = await threadTicks(skiff.pid);
   const share = (i: number) => `${Math.round((100 * (after[i] - before[i])) / seconds)}%`;
   console.log(`${kind}: ${r.rps} req/s, p50 ${r.p50_ms} ms, p99 ${r.p99_ms} ms, errors ${r.errors}`);
@@ -115,6 +117,11 @@ try {
   const perCall = (i: number) => `${Math.round(((after[i] - before[i]) * 1e6) / r.requests)} µs`;
   console.log(
     `CPU over the run (100% = one core): skiff ${share(0)}, nats-server ${share(1)}; per request: skiff ${perCall(0)}, nats-server ${perCall(1)}`,
+  );
+  // Writes and reads (sockets included) skiff's threads made, a figure the machine's load does not change.
+  const perRequest = (n: number) => (n / r.requests).toFixed(2);
+  console.log(
+    `system calls per request: ${perRequest(ioAfter.writes - ioBefore.writes)} writes, ${perRequest(ioAfter.reads - ioBefore.reads)} reads`,
   );
   console.log(
     `allocated per request on skiff's main thread's heap: ${Math.round((heapBytes ?? NaN) / r.requests)} bytes`,
@@ -174,6 +181,13 @@ async function printAllocations(file: string, requests: number): Promise<void> {
   console.log(
     `allocations by function (< its caller), bytes per request:\n${top.map(([k, v]) => `  ${String(Math.round(v / requests)).padStart(6)}  ${k}`).join("\n")}`,
   );
+}
+
+/** Read and write system calls a process made so far (/proc/<pid>/io: syscr, syscw). */
+async function syscalls(pid: number): Promise<{ reads: number; writes: number }> {
+  const text = await readFile(`/proc/${pid}/io`, "utf8");
+  const field = (name: string) => Number(new RegExp(`^${name}: (\\d+)`, "m").exec(text)?.[1] ?? NaN);
+  return { reads: field("syscr"), writes: field("syscw") };
 }
 
 /** CPU clock ticks (user, system) of each thread of a process, by thread id. */
