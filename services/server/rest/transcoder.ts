@@ -665,6 +665,10 @@ class RestCall implements HandlerContext, UnaryRequest {
   readonly requestMethod: string;
   readonly requestHeader: Headers;
   readonly values: ContextValues;
+  // The request's fields under their UnaryRequest names, as own properties: an interceptor's copy
+  // ({ ...req, message }) keeps them (the lazy ones below, read through getters, it does not).
+  readonly header: Headers;
+  readonly contextValues: ContextValues;
   private responseHeaders: Headers | undefined = undefined;
   private responseTrailers: Headers | undefined = undefined;
 
@@ -677,17 +681,8 @@ class RestCall implements HandlerContext, UnaryRequest {
     this.service = route.binding.service;
     this.method = route.binding.method as DescMethodUnary;
     this.requestMethod = req.method ?? "POST";
-    this.requestHeader = requestHeaderView(req.headers);
-    this.values = createContextValues().set(kHttpExchange, exchange).set(kRestCall, this);
-  }
-
-  /** The request's headers, as an interceptor reads them. */
-  get header(): Headers {
-    return this.requestHeader;
-  }
-
-  get contextValues(): ContextValues {
-    return this.values;
+    this.header = this.requestHeader = requestHeaderView(req.headers);
+    this.contextValues = this.values = createContextValues().set(kHttpExchange, exchange).set(kRestCall, this);
   }
 
   get url(): string {
