@@ -116,7 +116,7 @@ async function* whileValid<T>(
 }
 
 function authInterceptor(
-  auth: Pick<Authenticator, "authenticate">,
+  auth: Pick<Authenticator, "authenticate" | "cached">,
   logger: Logger,
   recheckMs = STREAM_RECHECK_MS,
 ): Interceptor {
@@ -131,7 +131,8 @@ function authInterceptor(
       );
     let principal: Principal | undefined;
     try {
-      principal = await auth.authenticate(token);
+      // A token seen before is known without an await; any other is checked.
+      principal = auth.cached(token) ?? (await auth.authenticate(token));
     } catch (err) {
       logger.warn({ err }, "cannot check a token");
       throw new ConnectError("cannot check the token right now; try again", Code.Unavailable);

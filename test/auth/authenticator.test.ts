@@ -46,15 +46,34 @@ describe("token cache", () => {
     const { auth, accounts, add, token } = await setup();
     add("sa-gone");
     const t = await token("sa-gone");
+    expect(auth.cached(t)).toBeUndefined(); // not verified yet
     expect(await auth.authenticate(t)).toBeDefined();
+    expect(auth.cached(t)).toMatchObject({ kind: "service_account", serviceAccountId: "sa-gone" });
     accounts.delete("p-a.sa-gone");
+    expect(auth.cached(t)).toBeUndefined();
     expect(await auth.authenticate(t)).toBeUndefined();
 
     add("sa-brief");
     const brief = await token("sa-brief", new Date(Math.ceil(Date.now() / 1000) * 1000 + 1_000));
     expect(await auth.authenticate(brief)).toBeDefined();
+    expect(auth.cached(brief)).toBeDefined();
     await new Promise((r) => setTimeout(r, 2_100));
+    expect(auth.cached(brief)).toBeUndefined();
     expect(await auth.authenticate(brief)).toBeUndefined();
+  });
+
+  it("knows a cached token at once only while its account is the one it was issued for", async () => {
+    const { auth, accounts, add, token } = await setup();
+    add("sa-again");
+    const old = await token("sa-again");
+    expect(await auth.authenticate(old)).toBeDefined();
+    // The account deleted and made again under the same id after the token was issued.
+    accounts.set("p-a.sa-again", {
+      ...accounts.get("p-a.sa-again")!,
+      created_at: new Date(Date.now() + 5_000).toISOString(),
+    });
+    expect(auth.cached(old)).toBeUndefined();
+    expect(await auth.authenticate(old)).toBeUndefined();
   });
 
   it("the cache is bounded: beyond its size the oldest token is verified again", async () => {
