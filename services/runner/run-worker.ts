@@ -69,10 +69,17 @@ const PULL_EXPIRES_MS = 5_000;
  * The most runs one pull asks for. A pull's messages arrive together, and
  * the runs they start would do their first steps in one turn of the event
  * loop, ahead of the calls waiting on the thread (async accepts when the
- * gateway is this process): smaller pulls, and each run started in a turn
- * of its own, let those in between.
+ * gateway is this process): smaller pulls, and runs started a few at a time
+ * (START_TURN_MS), let those in between.
  */
 const PULL_BATCH = 32;
+/**
+ * How long runs are started in one turn of the event loop before the calls
+ * waiting on the thread get theirs. The runs of a turn write their first
+ * records in one socket write (nats/coalesce.ts); a turn per run made that a
+ * write per run, and nats-server a read per run.
+ */
+const START_TURN_MS = 0.5;
 const RETRY_AFTER_ERROR_MS = 2_000;
 const CLOSE_GRACE_MS = 5_000;
 
@@ -136,9 +143,13 @@ class AppQueue {
             max_messages: Math.min(free, PULL_BATCH),
             expires: Math.max(1_000, Math.min(PULL_EXPIRES_MS, deps.ackWaitMs)),
           });
+          let turn = -Infinity;
           for await (const msg of this.batch) {
-            // A turn of the event loop per run taken: calls waiting on the thread go in between.
-            await nextTurn();
+            // Runs start for START_TURN_MS of a turn of the event loop: calls waiting on the thread go in between.
+            if (performance.now() - turn >= START_TURN_MS) {
+              await nextTurn();
+              turn = performance.now();
+            }
             if (this.stopped) {
               msg.nak(); // for another runner, or this one's next start
               continue;
