@@ -32,7 +32,7 @@
 // event (runs/results.ts readFromEvent).
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
-import { confirmAck, consumers, ensureConsumer, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
+import { confirmAck, consumers, ensureConsumer, inBackground, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
 import {
   type RunControl,
   publishRunEventUnacked,
@@ -69,17 +69,10 @@ const PULL_EXPIRES_MS = 5_000;
  * The most runs one pull asks for. A pull's messages arrive together, and
  * the runs they start would do their first steps in one turn of the event
  * loop, ahead of the calls waiting on the thread (async accepts when the
- * gateway is this process): smaller pulls, and runs started a few at a time
- * (START_TURN_MS), let those in between.
+ * gateway is this process): smaller pulls, and each run started in a turn
+ * of its own, let those in between.
  */
 const PULL_BATCH = 32;
-/**
- * How long runs are started in one turn of the event loop before the calls
- * waiting on the thread get theirs. The runs of a turn write their first
- * records in one socket write (nats/coalesce.ts); a turn per run made that a
- * write per run, and nats-server a read per run.
- */
-const START_TURN_MS = 0.5;
 const RETRY_AFTER_ERROR_MS = 2_000;
 const CLOSE_GRACE_MS = 5_000;
 
@@ -143,13 +136,9 @@ class AppQueue {
             max_messages: Math.min(free, PULL_BATCH),
             expires: Math.max(1_000, Math.min(PULL_EXPIRES_MS, deps.ackWaitMs)),
           });
-          let turn = -Infinity;
           for await (const msg of this.batch) {
-            // Runs start for START_TURN_MS of a turn of the event loop: calls waiting on the thread go in between.
-            if (performance.now() - turn >= START_TURN_MS) {
-              await nextTurn();
-              turn = performance.now();
-            }
+            // A turn of the event loop per run taken: calls waiting on the thread go in between.
+            await nextTurn();
             if (this.stopped) {
               msg.nak(); // for another runner, or this one's next start
               continue;
@@ -290,7 +279,10 @@ export class RunWorker {
       }
       const attempt = Math.max(1, msg.info.redeliveryCount);
       if (attempt > MAX_RUN_ATTEMPTS) return lost();
-      const created = await deps.runs.create({ ...meta.record, ...startedBy(attempt) });
+      // A run starts in a turn of its own: its first record would be a socket write of its own. Its publish
+      // goes with the connection's next write instead (an accept's, another run's step), BACKGROUND_FLUSH_MS at most.
+      const record = { ...meta.record, ...startedBy(attempt) };
+      const created = await inBackground(deps.runs.nc, () => deps.runs.create(record));
       if (created) return created;
       // A cancel, or another delivery of the message, wrote first: go on from theirs.
       cur = await deps.runs.get(projectId, appName, runId);
