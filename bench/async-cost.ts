@@ -60,13 +60,15 @@ interface Sample {
   out: number;
   writes: number;
   reads: number;
+  wchar: number;
+  inBytes: number;
 }
 
 /** The write and read system calls a process has made (/proc/{pid}/io: syscw, syscr). */
-async function syscalls(pid: number): Promise<{ writes: number; reads: number }> {
+async function syscalls(pid: number): Promise<{ writes: number; reads: number; wchar: number }> {
   const text = await readFile(`/proc/${pid}/io`, "utf8");
   const field = (name: string) => Number(new RegExp(`^${name}: (\\d+)$`, "m").exec(text)?.[1] ?? NaN);
-  return { writes: field("syscw"), reads: field("syscr") };
+  return { writes: field("syscw"), reads: field("syscr"), wchar: field("wchar") };
 }
 
 /** One round on a fresh NATS server and data folder; the figures of that round. */
@@ -87,9 +89,21 @@ async function round1(): Promise<Record<string, number>> {
   let skiff: SkiffProcess | undefined = await start(mode === "both" ? undefined : GATEWAY_ROLES);
   // Messages into nats-server and out of it count the NATS operations of a run, whatever the machine's load.
   const sample = async (): Promise<Sample> => {
-    const v = (await (await fetch(`http://127.0.0.1:${monitor}/varz`)).json()) as { in_msgs: number; out_msgs: number };
+    const v = (await (await fetch(`http://127.0.0.1:${monitor}/varz`)).json()) as {
+      in_msgs: number;
+      out_msgs: number;
+      in_bytes: number;
+    };
     const [s, n, io] = [await cpuSeconds(skiff!.pid), await cpuSeconds(nats.pid), await syscalls(skiff!.pid)];
-    return { t: performance.now() / 1000, skiff: s, nats: n, in: v.in_msgs, out: v.out_msgs, ...io };
+    return {
+      t: performance.now() / 1000,
+      skiff: s,
+      nats: n,
+      in: v.in_msgs,
+      out: v.out_msgs,
+      inBytes: v.in_bytes,
+      ...io,
+    };
   };
   /**
    * Per run from `a` to `b`, less what the process does idle over as long (timers, watches, heartbeats),
@@ -109,6 +123,8 @@ async function round1(): Promise<Record<string, number>> {
       out: (b.out - a.out) / d,
       writes: (b.writes - a.writes) / d,
       reads: (b.reads - a.reads) / d,
+      wchar: (b.wchar - a.wchar) / d,
+      inBytes: (b.inBytes - a.inBytes) / d,
     };
   };
   const cost = (a: Sample, b: Sample, runs: number, rate: Sample) => {
@@ -121,6 +137,8 @@ async function round1(): Promise<Record<string, number>> {
       nats_out_per_run: round(net("out"), 2),
       skiff_writes_per_run: round(net("writes"), 2),
       skiff_reads_per_run: round(net("reads"), 2),
+      skiff_wbytes_per_run: Math.round(net("wchar")),
+      nats_in_bytes_per_run: Math.round(net("inBytes")),
     };
   };
   try {

@@ -163,12 +163,18 @@ interface HeapNode {
 
 /** The functions that allocated most in a sampled heap profile (alloc-probe.mjs), in bytes per request. */
 async function printAllocations(file: string, requests: number): Promise<void> {
-  let text: string | undefined;
-  for (let i = 0; i < 100 && !text; i++) {
-    text = await readFile(file, "utf8").catch(() => undefined);
-    if (!text) await new Promise((r) => setTimeout(r, 50));
+  // A large profile may be read while the probe still writes it: read again until it parses.
+  let profile: { head: HeapNode } | undefined;
+  for (let i = 0; i < 100 && !profile; i++) {
+    const text = await readFile(file, "utf8").catch(() => undefined);
+    try {
+      profile = text ? (JSON.parse(text) as { head: HeapNode }) : undefined;
+    } catch {
+      profile = undefined;
+    }
+    if (!profile) await new Promise((r) => setTimeout(r, 50));
   }
-  if (!text) return console.log(`no heap profile in ${file}`);
+  if (!profile) return console.log(`no heap profile in ${file}`);
   const bySite = new Map<string, number>();
   const name = (n: HeapNode) =>
     `${n.callFrame.functionName || "(anonymous)"} ${n.callFrame.url.replace(`file://${ROOT}/`, "").replace(/.*\/node_modules\//, "npm:")}:${n.callFrame.lineNumber + 1}`;
@@ -178,7 +184,7 @@ async function printAllocations(file: string, requests: number): Promise<void> {
     bySite.set(site, (bySite.get(site) ?? 0) + n.selfSize);
     for (const c of n.children) walk(c, here);
   };
-  walk((JSON.parse(text) as { head: HeapNode }).head, "");
+  walk(profile.head, "");
   const top = [...bySite].sort((a, b) => b[1] - a[1]).slice(0, 40);
   console.log(
     `allocations by function (< its caller), bytes per request:\n${top.map(([k, v]) => `  ${String(Math.round(v / requests)).padStart(6)}  ${k}`).join("\n")}`,
