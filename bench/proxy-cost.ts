@@ -27,11 +27,16 @@ const serve = (code: string, env: Record<string, string>, args: string[] = []) =
   });
 };
 const echo = await serve(ECHO_SERVER, {});
-const proxy = await serve(NODE_PROXY, { TARGET: String(echo.port), SKIFF_BENCH_ALLOC_FILE: allocFile }, ["--import", ALLOC_PROBE]);
+const proxy = await serve(NODE_PROXY, { TARGET: String(echo.port), SKIFF_BENCH_ALLOC_FILE: allocFile }, [
+  "--import",
+  ALLOC_PROBE,
+]);
 try {
   const job = { url: `http://127.0.0.1:${proxy.port}/echo`, body: '{"a":1,"b":2}', status: 200, connections: 32 };
   await wrk({ ...job, seconds: 2 }, tmp);
-  const { result, cpuSeconds, heapBytes } = await processCost(proxy.child.pid!, allocFile, () => wrk({ ...job, seconds }, tmp));
+  const { result, cpuSeconds, heapBytes } = await processCost(proxy.child.pid!, allocFile, () =>
+    wrk({ ...job, seconds }, tmp),
+  );
   console.log(
     `bare proxy: ${result.rps} req/s, p50 ${result.p50_ms} ms; CPU ${Math.round((cpuSeconds * 1e6) / result.requests)} µs and heap ${Math.round((heapBytes ?? NaN) / result.requests)} bytes per request`,
   );
