@@ -3,7 +3,9 @@
 // `both`: one skiff process with every role takes async calls from wrk (32
 // connections) and runs them; the figures are its accept rate and p99, the
 // queue left when wrk stops and how fast it drains, and the CPU of skiff and
-// nats-server per run from the first call to the last run's end (/proc).
+// nats-server per run from the first call to the last run's end (/proc), with
+// nats-server's messages and skiff's write and read system calls (all its
+// sockets and files: NATS, the replicas, the run history) per run.
 // `gateway`: a process without the runner role, so only the accept path
 // costs (the runs stay queued).
 // `drain`: a gateway alone queues `seconds` of runs and stops; a process with
@@ -11,7 +13,7 @@
 // and CPU per run from the first run taken to the last (its start and its
 // replicas' are not counted).
 // Each round is a fresh wrk run; the median of the rounds is printed last.
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { connect } from "nats";
@@ -49,13 +51,24 @@ async function ranAll(skiff: SkiffProcess): Promise<void> {
   throw new Error(`runs did not succeed: ${JSON.stringify(bad.slice(0, 3))}`);
 }
 
-/** CPU seconds of skiff and nats-server, and nats-server's message counters, at one moment. */
+/** CPU seconds of skiff and nats-server, nats-server's message counters and skiff's write and read calls, at one moment. */
 interface Sample {
   t: number;
   skiff: number;
   nats: number;
   in: number;
   out: number;
+  writes: number;
+  reads: number;
+  wchar: number;
+  inBytes: number;
+}
+
+/** The write and read system calls a process has made (/proc/{pid}/io: syscw, syscr). */
+async function syscalls(pid: number): Promise<{ writes: number; reads: number; wchar: number }> {
+  const text = await readFile(`/proc/${pid}/io`, "utf8");
+  const field = (name: string) => Number(new RegExp(`^${name}: (\\d+)$`, "m").exec(text)?.[1] ?? NaN);
+  return { writes: field("syscw"), reads: field("syscr"), wchar: field("wchar") };
 }
 
 /** One round on a fresh NATS server and data folder; the figures of that round. */
@@ -76,9 +89,21 @@ async function round1(): Promise<Record<string, number>> {
   let skiff: SkiffProcess | undefined = await start(mode === "both" ? undefined : GATEWAY_ROLES);
   // Messages into nats-server and out of it count the NATS operations of a run, whatever the machine's load.
   const sample = async (): Promise<Sample> => {
-    const v = (await (await fetch(`http://127.0.0.1:${monitor}/varz`)).json()) as { in_msgs: number; out_msgs: number };
-    const [s, n] = [await cpuSeconds(skiff!.pid), await cpuSeconds(nats.pid)];
-    return { t: performance.now() / 1000, skiff: s, nats: n, in: v.in_msgs, out: v.out_msgs };
+    const v = (await (await fetch(`http://127.0.0.1:${monitor}/varz`)).json()) as {
+      in_msgs: number;
+      out_msgs: number;
+      in_bytes: number;
+    };
+    const [s, n, io] = [await cpuSeconds(skiff!.pid), await cpuSeconds(nats.pid), await syscalls(skiff!.pid)];
+    return {
+      t: performance.now() / 1000,
+      skiff: s,
+      nats: n,
+      in: v.in_msgs,
+      out: v.out_msgs,
+      inBytes: v.in_bytes,
+      ...io,
+    };
   };
   /**
    * Per run from `a` to `b`, less what the process does idle over as long (timers, watches, heartbeats),
@@ -96,6 +121,10 @@ async function round1(): Promise<Record<string, number>> {
       nats: (b.nats - a.nats) / d,
       in: (b.in - a.in) / d,
       out: (b.out - a.out) / d,
+      writes: (b.writes - a.writes) / d,
+      reads: (b.reads - a.reads) / d,
+      wchar: (b.wchar - a.wchar) / d,
+      inBytes: (b.inBytes - a.inBytes) / d,
     };
   };
   const cost = (a: Sample, b: Sample, runs: number, rate: Sample) => {
@@ -106,6 +135,10 @@ async function round1(): Promise<Record<string, number>> {
       nats_us_per_run: Math.round(net("nats") * 1e6),
       nats_in_per_run: round(net("in"), 2),
       nats_out_per_run: round(net("out"), 2),
+      skiff_writes_per_run: round(net("writes"), 2),
+      skiff_reads_per_run: round(net("reads"), 2),
+      skiff_wbytes_per_run: Math.round(net("wchar")),
+      nats_in_bytes_per_run: Math.round(net("inBytes")),
     };
   };
   try {

@@ -1,11 +1,15 @@
-// `npx tsx bench/profile.ts [sync|async|accept|custom] [seconds]`: runs skiff
+// `npx tsx bench/profile.ts [sync|async|accept|drain|custom] [seconds]`: runs skiff
 // under `node --cpu-prof` with one kind of load from wrk (`accept`: async
-// calls to a process without the runner role, the accept path alone), then
+// calls to a process without the runner role, the accept path alone;
+// `drain`: such a process queues `seconds` of async calls and stops, and one
+// with every role, profiled, runs them: the measured run is from the first run
+// taken to the queue's end, "per request" is per run drained), then
 // prints req/s, the CPU that skiff and nats-server used, and where skiff's
 // main thread spent its time during the measured run only (self time by
 // function and by file), for the profile that should come before an
 // optimisation. PROFILE_CALLERS=fn1,fn2 also prints who calls those
-// functions (PROFILE_DEPTH frames up, default 6); PROFILE_THREAD=n looks at thread n
+// functions (PROFILE_DEPTH frames up, default 6); PROFILE_TOP=n lists n functions
+// by self time (default 25); PROFILE_THREAD=n looks at thread n
 // (its number in the profile's file name) instead of the main thread.
 // It also prints the CPU per request of each of skiff's threads (the main
 // thread, the run history's, V8's) and its user and system time, from
@@ -18,6 +22,8 @@
 import { cp, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
+import { connect } from "nats";
+import { streams } from "../services/nats/layout.js";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { deployFolder } from "./deploy.js";
 import { startSkiffProcess, waitRunHistory } from "./skiff-process.js";
@@ -35,24 +41,36 @@ const tmp = await mkdtemp(path.join(tmpdir(), "skiff-profile-"));
 const profDir = path.join(tmp, "prof");
 const allocFile = path.join(tmp, "alloc.json");
 const nats = await startNatsServer();
-const skiff = await startSkiffProcess({
-  natsUrl: nats.url,
-  dataDir: path.join(tmp, "data"),
-  env: {
-    SKIFF_MAX_QUEUED_RUNS: "10000000",
-    SKIFF_BENCH_ALLOC_FILE: allocFile,
-    ...(process.env.PROFILE_HEAP ? { SKIFF_BENCH_HEAP_PROFILE: path.resolve(process.env.PROFILE_HEAP) } : {}),
-  },
-  nodeArgs: [
-    // PROFILE_NODE_ARGS: more options for skiff's node (V8's, say), space-separated.
-    ...(process.env.PROFILE_NODE_ARGS ?? "").split(" ").filter(Boolean),
-    "--import",
-    ALLOC_PROBE,
-    ...(process.env.PROFILE_OFF === "1" ? [] : ["--cpu-prof", `--cpu-prof-dir=${profDir}`]),
-  ],
-  // `accept`: async calls to a process without the runner role, so the queue only fills: the accept path alone.
-  ...(kind === "accept" ? { roles: "invocation,management,webhook" } : {}),
-});
+const GATEWAY_ROLES = "invocation,management,webhook";
+/** The process to profile; with `drain`, a gateway alone queues the runs first (not profiled). */
+const startProfiled = () =>
+  startSkiffProcess({
+    natsUrl: nats.url,
+    dataDir: path.join(tmp, "data"),
+    env: {
+      SKIFF_MAX_QUEUED_RUNS: "10000000",
+      SKIFF_BENCH_ALLOC_FILE: allocFile,
+      ...(process.env.PROFILE_HEAP ? { SKIFF_BENCH_HEAP_PROFILE: path.resolve(process.env.PROFILE_HEAP) } : {}),
+    },
+    nodeArgs: [
+      // PROFILE_NODE_ARGS: more options for skiff's node (V8's, say), space-separated.
+      ...(process.env.PROFILE_NODE_ARGS ?? "").split(" ").filter(Boolean),
+      "--import",
+      ALLOC_PROBE,
+      ...(process.env.PROFILE_OFF === "1" ? [] : ["--cpu-prof", `--cpu-prof-dir=${profDir}`]),
+    ],
+    // `accept`: async calls to a process without the runner role, so the queue only fills: the accept path alone.
+    ...(kind === "accept" ? { roles: GATEWAY_ROLES } : {}),
+  });
+let skiff =
+  kind === "drain"
+    ? await startSkiffProcess({
+        natsUrl: nats.url,
+        dataDir: path.join(tmp, "data"),
+        env: { SKIFF_MAX_QUEUED_RUNS: "10000000" },
+        roles: GATEWAY_ROLES,
+      })
+    : await startProfiled();
 // The server runs bundled (bin/bundle.js): esbuild marks where each source file's code starts in the bundle
 // with a `// services/…` line, so a frame of the bundle is named by the file its line came from.
 const BUNDLE = path.join(ROOT, "node_modules", ".cache", "skiff", "server.mjs");
@@ -88,10 +106,11 @@ try {
   const url = {
     sync: `${skiff.url}/v4/p-dev/p-add/add`,
     async: `${skiff.url}/v4/p-dev/p-add/add?async=true`,
+    drain: `${skiff.url}/v4/p-dev/p-add/add?async=true`,
     accept: `${skiff.url}/v4/p-dev/p-add/add?async=true`,
     custom: `${skiff.url}/v4/p-dev/p-echo/echo`,
   }[kind]!;
-  const status = kind === "async" || kind === "accept" ? 202 : 200;
+  const status = kind === "async" || kind === "accept" || kind === "drain" ? 202 : 200;
   const job = {
     url,
     body: '{"a":1,"b":2}',
@@ -102,16 +121,36 @@ try {
   };
   await waitRunHistory(skiff, "p-add");
   await wrk({ ...job, seconds: 3 }, tmp);
+  /** `drain`: the gateway's queue (warm-up included) and the wrk figures of the calls that filled it. */
+  let work = () => wrk({ ...job, seconds }, tmp);
+  if (kind === "drain") {
+    const r = await wrk({ ...job, seconds }, tmp);
+    await skiff.stop();
+    const nc = await connect({ servers: nats.url });
+    const jsm = await nc.jetstreamManager();
+    const queued = async () => (await jsm.streams.info(streams.runs.name)).state.messages;
+    const backlog = await queued();
+    skiff = await startProfiled();
+    // The measured run starts with the first run taken (the process's start and its replicas' are not in it).
+    while ((await queued()) === backlog) await new Promise((res) => setTimeout(res, 5));
+    const left = await queued();
+    work = async () => {
+      while ((await queued()) > 0) await new Promise((res) => setTimeout(res, 20));
+      await nc.close();
+      return { ...r, requests: left, rps: 0 };
+    };
+  }
   const threadsBefore = await threadTicks(skiff.pid);
   const ioBefore = await syscalls(skiff.pid);
   const before = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
   window.from = microseconds();
-  const { result: r, heapBytes } = await processCost(skiff.pid, allocFile, () => wrk({ ...job, seconds }, tmp));
+  const { result: r, heapBytes } = await processCost(skiff.pid, allocFile, work);
   window.to = microseconds();
+  if (kind === "drain") r.rps = Math.round(r.requests / ((window.to - window.from) / 1e6));
   const after = [await cpuSeconds(skiff.pid), await cpuSeconds(nats.pid)];
   const ioAfter = await syscalls(skiff.pid);
   const threadsAfter = await threadTicks(skiff.pid);
-  const share = (i: number) => `${Math.round((100 * (after[i] - before[i])) / seconds)}%`;
+  const share = (i: number) => `${Math.round((100 * (after[i] - before[i])) / ((window.to - window.from) / 1e6))}%`;
   console.log(`${kind}: ${r.rps} req/s, p50 ${r.p50_ms} ms, p99 ${r.p99_ms} ms, errors ${r.errors}`);
   // CPU per request varies less than req/s when other work shares the machine.
   const perCall = (i: number) => `${Math.round(((after[i] - before[i]) * 1e6) / r.requests)} µs`;

@@ -13,7 +13,9 @@
 // with the next write anything else makes, whichever comes first. Order on
 // the connection is still the order of the calls; at a few requests at a
 // time each request then costs no write of its own to the server, nor the
-// server a wake-up and a delivery to each consumer per event.
+// server a wake-up and a delivery to each consumer per event. inBackground()
+// does the same for what a function publishes (an acknowledged publish whose
+// acknowledgement nobody hurries for: an async run's first record).
 import type { NatsConnection, PublishOptions } from "nats";
 
 /** The parts of nats.js's protocol handler (not public API) that this replaces or uses. */
@@ -88,12 +90,22 @@ export function publishInBackground(
   data: Uint8Array,
   options?: PublishOptions,
 ): void {
+  inBackground(nc, () => nc.publish(subject, data, options));
+}
+
+/**
+ * Calls `fn`; what it publishes on `nc` before it returns (an async
+ * function: before its first await) waits for company as
+ * publishInBackground's publishes do. For acknowledged publishes whose
+ * acknowledgement nobody hurries for.
+ */
+export function inBackground<T>(nc: NatsConnection, fn: () => T): T {
   const background = backgrounds.get(nc);
-  if (background === undefined) return nc.publish(subject, data, options);
+  if (background === undefined || background.on) return fn();
   // nats.js fills the buffer within publish(), synchronously: sendCommand sees the flag.
   background.on = true;
   try {
-    nc.publish(subject, data, options);
+    return fn();
   } finally {
     background.on = false;
   }

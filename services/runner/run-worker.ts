@@ -32,7 +32,7 @@
 // event (runs/results.ts readFromEvent).
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
-import { confirmAck, consumers, ensureConsumer, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
+import { confirmAck, consumers, ensureConsumer, inBackground, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
 import {
   type RunControl,
   publishRunEventUnacked,
@@ -279,7 +279,10 @@ export class RunWorker {
       }
       const attempt = Math.max(1, msg.info.redeliveryCount);
       if (attempt > MAX_RUN_ATTEMPTS) return lost();
-      const created = await deps.runs.create({ ...meta.record, ...startedBy(attempt) });
+      // A run starts in a turn of its own: its first record would be a socket write of its own. Its publish
+      // goes with the connection's next write instead (an accept's, another run's step), BACKGROUND_FLUSH_MS at most.
+      const record = { ...meta.record, ...startedBy(attempt) };
+      const created = await inBackground(deps.runs.nc, () => deps.runs.create(record));
       if (created) return created;
       // A cancel, or another delivery of the message, wrote first: go on from theirs.
       cur = await deps.runs.get(projectId, appName, runId);

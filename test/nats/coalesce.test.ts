@@ -4,7 +4,12 @@
 // the next write, or a few milliseconds.
 import { connect, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { BACKGROUND_FLUSH_MS, coalesceWrites, publishInBackground } from "../../services/nats/coalesce.js";
+import {
+  BACKGROUND_FLUSH_MS,
+  coalesceWrites,
+  inBackground,
+  publishInBackground,
+} from "../../services/nats/coalesce.js";
 import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
 
 let nats: TestNats;
@@ -128,6 +133,44 @@ describe("coalesced writes", () => {
       await turn();
       expect(counter.count).toBe(2);
       expect(await both()).toEqual(["a", "b", "c"]);
+    } finally {
+      await Promise.all([nc.close(), reader.close()]);
+    }
+  });
+
+  it("hold what a function publishes before its first await as background publishes, and no more", async () => {
+    const nc = await connect({ servers: nats.url });
+    const reader = await connect({ servers: nats.url });
+    const bytes = (s: string) => new TextEncoder().encode(s);
+    const turn = () => new Promise((resolve) => setImmediate(resolve));
+    try {
+      coalesceWrites(nc);
+      const counter = countWrites(nc);
+      // Alone, what it publishes waits for the timer.
+      const alone = await received(reader, "coalesce.held.alone", 2);
+      const result = inBackground(nc, () => {
+        nc.publish("coalesce.held.alone", bytes("a"));
+        // Nested: still held, and the outer call's flag stays set.
+        inBackground(nc, () => nc.publish("coalesce.held.alone", bytes("b")));
+        return 42;
+      });
+      expect(result).toBe(42);
+      await turn();
+      expect(counter.count).toBe(0);
+      await new Promise((resolve) => setTimeout(resolve, BACKGROUND_FLUSH_MS * 4));
+      expect(counter.count).toBe(1);
+      expect(await alone()).toEqual(["a", "b"]);
+      // An async function: held until its first await; a publish after it is written in the turn's write.
+      const split = await received(reader, "coalesce.held.split", 2);
+      const done = inBackground(nc, async () => {
+        nc.publish("coalesce.held.split", bytes("held"));
+        await Promise.resolve();
+        nc.publish("coalesce.held.split", bytes("urgent"));
+      });
+      await done;
+      await turn();
+      expect(counter.count).toBe(2);
+      expect(await split()).toEqual(["held", "urgent"]);
     } finally {
       await Promise.all([nc.close(), reader.close()]);
     }
