@@ -280,7 +280,7 @@ export class RunWorker {
       const attempt = Math.max(1, msg.info.redeliveryCount);
       if (attempt > MAX_RUN_ATTEMPTS) return lost();
       // A run starts in a turn of its own: its first record would be a socket write of its own. Its publish
-      // goes with the connection's next write instead (an accept's, another run's step), BACKGROUND_FLUSH_MS at most.
+      // goes with the connection's next write instead (an accept's, another run's step), WAITED_FLUSH_MS at most.
       const record = { ...meta.record, ...startedBy(attempt) };
       const created = await inBackground(deps.runs.nc, () => deps.runs.create(record));
       if (created) return created;

@@ -204,6 +204,11 @@ function withoutUpgrade(req: http.IncomingMessage): Buffer {
 
 const METRICS_PATH = "/metrics";
 
+/** Whether a request's path is one of the HTTP/JSON API's (`/v4/…`, `/v2/…`), which no RPC path is. */
+function isRestPath(url: string | undefined): boolean {
+  return url !== undefined && (url.startsWith("/v4/") || url.startsWith("/v2/"));
+}
+
 /** GET /metrics: the Prometheus text, for an admin token or the metrics token. */
 async function serveMetrics(
   req: NodeRequest,
@@ -352,7 +357,9 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     // While stopping, HTTP/1.1 keep-alive connections close after their answer.
     if (stopping && req.httpVersionMajor === 1) res.setHeader("connection", "close");
     if (isGrpcRequest(req)) minimalGrpcMessages(res);
-    adapter(req, res);
+    // A REST path is never an RPC's (those are /{package}.{Service}/{Method}): it skips the RPC router's lookup.
+    if (isRestPath(req.url)) fallback(req, res);
+    else adapter(req, res);
   };
 
   const limits: ConnectionLimits = { ...DEFAULT_CONNECTION_LIMITS, ...definedOnly(opts.connections ?? {}) };

@@ -3,12 +3,13 @@
 // same order, requests and flush() unchanged; background publishes wait for
 // the next write, or a few milliseconds.
 import { connect, type NatsConnection } from "nats";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import {
   BACKGROUND_FLUSH_MS,
   coalesceWrites,
   inBackground,
   publishInBackground,
+  WAITED_FLUSH_MS,
 } from "../../services/nats/coalesce.js";
 import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
 
@@ -171,6 +172,38 @@ describe("coalesced writes", () => {
       await turn();
       expect(counter.count).toBe(2);
       expect(await split()).toEqual(["held", "urgent"]);
+    } finally {
+      await Promise.all([nc.close(), reader.close()]);
+    }
+  });
+  it("write a background publish that something waits on within WAITED_FLUSH_MS, bringing the timer forward, never back", async () => {
+    const nc = await connect({ servers: nats.url });
+    const reader = await connect({ servers: nats.url });
+    const bytes = (s: string) => new TextEncoder().encode(s);
+    try {
+      coalesceWrites(nc);
+      const counter = countWrites(nc);
+      const got = await received(reader, "coalesce.waited", 4);
+      vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "performance"] });
+      try {
+        // Nothing waits on the first: it may wait BACKGROUND_FLUSH_MS; the second, awaited, brings it forward.
+        publishInBackground(nc, "coalesce.waited", bytes("a"));
+        vi.advanceTimersByTime(1);
+        inBackground(nc, () => nc.publish("coalesce.waited", bytes("b")));
+        vi.advanceTimersByTime(WAITED_FLUSH_MS - 1);
+        expect(counter.count).toBe(0);
+        vi.advanceTimersByTime(1);
+        expect(counter.count).toBe(1);
+        // An awaited one first: one that may wait longer does not put its write off.
+        inBackground(nc, () => nc.publish("coalesce.waited", bytes("c")));
+        publishInBackground(nc, "coalesce.waited", bytes("d"));
+        vi.advanceTimersByTime(WAITED_FLUSH_MS);
+        expect(counter.count).toBe(2);
+        expect(WAITED_FLUSH_MS).toBeLessThan(BACKGROUND_FLUSH_MS);
+      } finally {
+        vi.useRealTimers();
+      }
+      expect(await got()).toEqual(["a", "b", "c", "d"]);
     } finally {
       await Promise.all([nc.close(), reader.close()]);
     }
