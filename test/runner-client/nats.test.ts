@@ -320,9 +320,14 @@ describe("runner client over NATS: WebSockets", () => {
     const data = Buffer.alloc(3 * WINDOW_BYTES + 5).map((_, i) => (i * 31) & 0xff);
     const back: Buffer[] = [];
     up.socket.on("data", (c: Buffer) => back.push(c));
-    const ended = new Promise((resolve) => up.socket.once("end", resolve));
+    // The echo ends when its input ended; a socket that closes without its end fails at once, with why.
+    const ended = new Promise<void>((resolve, reject) => {
+      up.socket.once("end", resolve);
+      up.socket.once("error", (err) => reject(new Error(`the socket failed before its end: ${String(err)}`)));
+      up.socket.once("close", () => reject(new Error(`the socket closed before its end (${back.length} chunks back)`)));
+    });
     up.socket.end(data);
-    await ended; // the echo ends when its input ended
+    await ended;
     expect(Buffer.concat(back).equals(data)).toBe(true);
     await vi.waitUntil(() => up.socket.destroyed, { timeout: 30_000 });
   });
