@@ -358,7 +358,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
 
     // The sync cases run in interleaved rounds, and each case's figure is its round of median req/s: a few
     // seconds when a machine shared with others is slow then fall on every case alike, not on the one that
-    // happened to run then. skiff's CPU and heap bytes a call are over all its Custom rounds.
+    // happened to run then. skiff's CPU and heap bytes a call are over all its Custom rounds (not its warm-ups).
     const syncRounds = async (connections: number, roundSeconds: number) => {
       const cases: [keyof SyncCases, string, string, string][] = [
         ["direct", "direct", urls.direct, echoBody],
@@ -375,6 +375,12 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       for (let round = 1; round <= SYNC_ROUNDS; round++)
         for (const [key, name, url, body] of cases) {
           const label = `${name} c=${connections}`;
+          // A second of the same load first, not counted: each case is measured warm (connections that closed
+          // while the other cases ran, as skiff's to a replica do after 4 s idle, are open again).
+          await wrk(
+            { url, body, headers: url.startsWith(skiff!.url) ? auth : {}, status: 200, connections, seconds: 1 },
+            tmp,
+          );
           let result: Latency;
           if (key === "skiff") {
             // What the earlier cases left for skiff to do (projecting their runs into the run history) is not counted.
