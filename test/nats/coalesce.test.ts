@@ -34,6 +34,26 @@ function countWrites(nc: NatsConnection): { readonly count: number } {
   return counter;
 }
 
+const bytes = (s: string) => new TextEncoder().encode(s);
+const turn = () => new Promise((resolve) => setImmediate(resolve));
+
+/**
+ * A coalesced connection, the count of its socket writes and a second connection to read with, for `test`;
+ * both connections are closed after it.
+ */
+async function withCoalesced(
+  test: (nc: NatsConnection, reader: NatsConnection, counter: { readonly count: number }) => Promise<void>,
+): Promise<void> {
+  const nc = await connect({ servers: nats.url });
+  const reader = await connect({ servers: nats.url });
+  try {
+    coalesceWrites(nc);
+    await test(nc, reader, countWrites(nc));
+  } finally {
+    await Promise.all([nc.close(), reader.close()]);
+  }
+}
+
 /** Publishes `n` messages, one per microtask, all within one turn of the event loop. */
 async function publishAcrossMicrotasks(nc: NatsConnection, subject: string, n: number): Promise<void> {
   for (let i = 0; i < n; i++) {
@@ -111,13 +131,7 @@ describe("coalesced writes", () => {
   });
 
   it("write a background publish with the next write, or within BACKGROUND_FLUSH_MS, in the order of the calls", async () => {
-    const nc = await connect({ servers: nats.url });
-    const reader = await connect({ servers: nats.url });
-    const bytes = (s: string) => new TextEncoder().encode(s);
-    const turn = () => new Promise((resolve) => setImmediate(resolve));
-    try {
-      coalesceWrites(nc);
-      const counter = countWrites(nc);
+    await withCoalesced(async (nc, reader, counter) => {
       // Alone, it waits out a turn of the event loop, and is written by the timer.
       const alone = await received(reader, "coalesce.background.alone", 1);
       publishInBackground(nc, "coalesce.background.alone", bytes("late"));
@@ -134,19 +148,11 @@ describe("coalesced writes", () => {
       await turn();
       expect(counter.count).toBe(2);
       expect(await both()).toEqual(["a", "b", "c"]);
-    } finally {
-      await Promise.all([nc.close(), reader.close()]);
-    }
+    });
   });
 
   it("hold what a function publishes before its first await as background publishes, and no more", async () => {
-    const nc = await connect({ servers: nats.url });
-    const reader = await connect({ servers: nats.url });
-    const bytes = (s: string) => new TextEncoder().encode(s);
-    const turn = () => new Promise((resolve) => setImmediate(resolve));
-    try {
-      coalesceWrites(nc);
-      const counter = countWrites(nc);
+    await withCoalesced(async (nc, reader, counter) => {
       // Alone, what it publishes waits for the timer.
       const alone = await received(reader, "coalesce.held.alone", 2);
       const result = inBackground(nc, () => {
@@ -172,17 +178,10 @@ describe("coalesced writes", () => {
       await turn();
       expect(counter.count).toBe(2);
       expect(await split()).toEqual(["held", "urgent"]);
-    } finally {
-      await Promise.all([nc.close(), reader.close()]);
-    }
+    });
   });
   it("write a background publish that something waits on within WAITED_FLUSH_MS, bringing the timer forward, never back", async () => {
-    const nc = await connect({ servers: nats.url });
-    const reader = await connect({ servers: nats.url });
-    const bytes = (s: string) => new TextEncoder().encode(s);
-    try {
-      coalesceWrites(nc);
-      const counter = countWrites(nc);
+    await withCoalesced(async (nc, reader, counter) => {
       const got = await received(reader, "coalesce.waited", 4);
       vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "performance"] });
       try {
@@ -204,8 +203,6 @@ describe("coalesced writes", () => {
         vi.useRealTimers();
       }
       expect(await got()).toEqual(["a", "b", "c", "d"]);
-    } finally {
-      await Promise.all([nc.close(), reader.close()]);
-    }
+    });
   });
 });
