@@ -1,6 +1,7 @@
 // Projects in KV `skiff-projects`, one key per project id.
-import type { KV } from "nats";
-import { jsonOf } from "../nats/index.js";
+import type { KV, NatsConnection } from "nats";
+import { PROJECT_ID } from "../auth/index.js";
+import { buckets, kvGetLatest } from "../nats/index.js";
 
 export interface ProjectRecord {
   project_id: string;
@@ -24,7 +25,11 @@ function decode(value: unknown): ProjectRecord | undefined {
 }
 
 export class ProjectStore {
-  constructor(private readonly kv: KV) {}
+  constructor(
+    private readonly kv: KV,
+    /** Reads go through the connection's shared reply subscription (nats/kv-get.ts), not kv.get(). */
+    private readonly nc: NatsConnection,
+  ) {}
 
   /** Stores a new project; false when the id is taken (the first writer wins). */
   async create(record: ProjectRecord): Promise<boolean> {
@@ -40,9 +45,21 @@ export class ProjectStore {
     }
   }
 
+  /**
+   * The project's record, read by the bucket's stream leader: every listing of runs asks for it (the time
+   * its runs start from), so it is one request on the connection's shared reply subscription, not kv.get()'s
+   * own (which makes an error object with a stack to end each).
+   */
   async get(projectId: string): Promise<ProjectRecord | undefined> {
-    const entry = await this.kv.get(projectId);
-    return entry && entry.operation === "PUT" ? decode(jsonOf(entry)) : undefined;
+    // An id no project can have (a wildcard would name every key's subject) has none.
+    if (!PROJECT_ID.test(projectId)) return undefined;
+    const entry = await kvGetLatest(this.nc, buckets.projects.name, projectId);
+    if (entry?.operation !== "PUT") return undefined;
+    try {
+      return decode(JSON.parse(Buffer.from(entry.value).toString("utf8")));
+    } catch {
+      return undefined;
+    }
   }
 
   /** Deletes a project's record; false when there was none. */

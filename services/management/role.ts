@@ -58,7 +58,7 @@ interface ManagementRole {
 export async function startManagementRole(opts: ManagementRoleOptions): Promise<ManagementRole> {
   const js = opts.nc.jetstream();
   const key = await opts.auth.keyring.signingKey(opts.signingKey);
-  const projects = new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true }));
+  const projects = new ProjectStore(await js.views.kv(buckets.projects.name, { bindOnly: true }), opts.nc);
   const deps: ManagementDeps = {
     projects,
     serviceAccounts: new ServiceAccountStore(

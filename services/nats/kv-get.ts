@@ -54,8 +54,12 @@ export async function streamMessage(
   };
 }
 
-/** The latest entry of `key` in `bucket`; undefined when it has none. */
+/** A KV key as NATS takes one (nats.js's rule): no wildcard, no empty token, so it names one subject. */
+const KV_KEY = /^[-/=\w]+(\.[-/=\w]+)*$/;
+
+/** The latest entry of `key` in `bucket`; undefined when it has none. Throws for a key that is none (`*`, `>`, ...). */
 export async function kvGetLatest(nc: NatsConnection, bucket: string, key: string): Promise<KvGetEntry | undefined> {
+  if (!KV_KEY.test(key)) throw new Error(`invalid KV key ${JSON.stringify(key.slice(0, 80))}`);
   const m = await streamMessage(nc, `KV_${bucket}`, { last_by_subj: `$KV.${bucket}.${key}` }, `${key} of KV ${bucket}`);
   if (!m) return undefined;
   const op = /^KV-Operation:\s*(DEL|PURGE)\s*$/im.exec(m.headers);

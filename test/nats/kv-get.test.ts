@@ -43,6 +43,15 @@ describe("kvGetLatest", () => {
     expect(await kvGetLatest(nc, "direct-test", "never")).toBeUndefined();
   });
 
+  it("refuses a key that is none (a wildcard would read the last entry of another key), as kv.get does", async () => {
+    await kv.put("w.one", "1");
+    await kv.put("w.two", "2");
+    for (const key of ["w.>", "w.*", ">", "*", "w..two", ".w", "w.", "", "w two"]) {
+      await expect(kvGetLatest(nc, "direct-test", key)).rejects.toThrow(/invalid KV key/);
+      await expect(kv.get(key)).rejects.toThrow();
+    }
+  });
+
   it("answers many reads in flight at once, each with its own key", async () => {
     await Promise.all(Array.from({ length: 200 }, (_, i) => kv.put(`many.${i}`, String(i))));
     const entries = await Promise.all(
