@@ -336,10 +336,12 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   };
   // One listener for every answer (no closure per request): the request and its start ride on the response.
   function answered(this: TrackedResponse): void {
+    const req = this[kRequest];
+    // Counted once, should a response ever say "close" twice.
+    if (req === undefined) return;
     inFlight--;
     if (inFlight === 0) drained?.();
     if (metrics) {
-      const req = this[kRequest]!;
       const route = routeOf(req, this);
       metrics.requests.inc({ route, method: req.method ?? "", code: String(this.statusCode) });
       metrics.requestDuration.observe({ route }, (performance.now() - this[kStarted]!) / 1000);
