@@ -557,3 +557,50 @@ describe("the REST request path", () => {
     });
   });
 });
+
+describe("the server's shutdown with REST calls in flight", () => {
+  it("aborts them through LiveCalls: a sleeping sync run ends, the close does not wait it out", async () => {
+    const tmp = await mkdtemp(path.join(tmpdir(), "skiff-request-path-stop-"));
+    const t = await startTestSkiff({ env: { SKIFF_SHUTDOWN_TIMEOUT_MS: "500" } });
+    let closed = false;
+    try {
+      const dir = await writeApp(tmp, {
+        "skiff.toml": skiffToml({
+          name: APP,
+          runtime: { kind: "cortex", language: "node", entry: "index.mjs" },
+          scaling: { min_replicas: 1, max_replicas: 1, replica_concurrency: 4 },
+        }),
+        "index.mjs": INDEX,
+      });
+      await t.management(t.devToken).deployApp({
+        projectId: P,
+        bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
+      });
+      const calls = Array.from({ length: 4 }, () =>
+        fetch(`${t.url}/v4/${P}/${APP}/sleep`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${t.devToken}`, "content-type": "application/json" },
+          body: JSON.stringify({ ms: 60_000 }),
+        }).then(
+          async (r) => r.status,
+          () => "gone" as const,
+        ),
+      );
+      await vi.waitFor(
+        async () => {
+          const list = await t.management().listRuns({ projectId: P, appName: APP, pageSize: 100 });
+          expect(list.runs.filter((r) => r.status === "running")).toHaveLength(4);
+        },
+        { timeout: 10_000, interval: 100 },
+      );
+      const started = Date.now();
+      await t.close();
+      closed = true;
+      expect(Date.now() - started).toBeLessThan(20_000);
+      for (const outcome of await Promise.all(calls)) expect(outcome === "gone" || outcome !== 200).toBe(true);
+    } finally {
+      if (!closed) await t.close();
+      await rm(tmp, { recursive: true, force: true });
+    }
+  }, 90_000);
+});
