@@ -37,13 +37,28 @@ export class NoRunner extends Error {
 
 const decoder = new TextDecoder();
 
+/**
+ * How much of an app's error a run's record keeps (the answer's body, which the caller and the webhook get and
+ * a kept result holds, keeps all of it): the record travels in every event's header, and one past the NATS
+ * server's max_payload could not be published, which left the run out of the history.
+ */
+export const MAX_ERROR_TYPE_CHARS = 200;
+export const MAX_ERROR_MESSAGE_CHARS = 8 * 1024;
+
+function cut(text: string, max: number): string {
+  return text.length <= max ? text : `${text.slice(0, max)}… (${text.length - max} more characters)`;
+}
+
 /** A Cortex error envelope's {"error": {type, message}}, or the HTTP status for anything else. */
 function answerError(res: InvokeResponse, contentType: string): RunErrorInfo {
   if (contentType.startsWith("application/json")) {
     try {
       const error = (JSON.parse(decoder.decode(res.body)) as { error?: { type?: unknown; message?: unknown } }).error;
       if (error && typeof error.type === "string")
-        return { type: error.type, message: typeof error.message === "string" ? error.message : "" };
+        return {
+          type: cut(error.type, MAX_ERROR_TYPE_CHARS),
+          message: typeof error.message === "string" ? cut(error.message, MAX_ERROR_MESSAGE_CHARS) : "",
+        };
     } catch {
       // not the envelope: fall through
     }

@@ -14,6 +14,7 @@ import { streams } from "../../services/nats/layout.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
 import { exchange } from "../helpers/raw-http.js";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { MAX_ERROR_MESSAGE_CHARS } from "../../services/runs/outcome.js";
 
 const P = "p-dev";
 const OTHER = "p-other";
@@ -447,6 +448,9 @@ describe("the REST request path", () => {
         async () => {
           const got = await t.management(t.devToken).getRun({ projectId: P, appName: APP, runId: huge });
           expect(got.run!.status).toBe("failure");
+          // The record keeps the start of the error and says how much it left out; the answer had all of it.
+          expect(got.run!.error!.message.length).toBeLessThan(MAX_ERROR_MESSAGE_CHARS + 100);
+          expect(got.run!.error!.message).toMatch(/… \(\d+ more characters\)$/);
         },
         { timeout: 15_000, interval: 200 },
       );
