@@ -37,6 +37,22 @@ interface Answer {
   text: string;
 }
 
+/** The app under attack (INDEX) deployed in the dev project, one replica taking `concurrency` calls at once. */
+async function deployApp(t: TestSkiff, tmp: string, concurrency: number): Promise<void> {
+  const dir = await writeApp(tmp, {
+    "skiff.toml": skiffToml({
+      name: APP,
+      runtime: { kind: "cortex", language: "node", entry: "index.mjs" },
+      scaling: { min_replicas: 1, max_replicas: 1, replica_concurrency: concurrency },
+    }),
+    "index.mjs": INDEX,
+  });
+  await t.management(t.devToken).deployApp({
+    projectId: P,
+    bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
+  });
+}
+
 describe("the REST request path", () => {
   let t: TestSkiff;
   let tmp: string;
@@ -82,18 +98,7 @@ describe("the REST request path", () => {
     t = await startTestSkiff();
     await t.management().createProject({ projectId: OTHER });
     otherToken = (await serviceAccount(OTHER)).token;
-    const dir = await writeApp(tmp, {
-      "skiff.toml": skiffToml({
-        name: APP,
-        runtime: { kind: "cortex", language: "node", entry: "index.mjs" },
-        scaling: { min_replicas: 1, max_replicas: 1, replica_concurrency: 8 },
-      }),
-      "index.mjs": INDEX,
-    });
-    await t.management(t.devToken).deployApp({
-      projectId: P,
-      bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
-    });
+    await deployApp(t, tmp, 8);
   }, 180_000);
 
   afterAll(async () => {
@@ -460,6 +465,30 @@ describe("the REST request path", () => {
   });
 
   describe("calls that end early", () => {
+    /** A sync call to `sleep` under way, and its run's id, found among the project's runs (known only from the answer). */
+    async function sleepingRun(ms: number): Promise<{ res: Promise<Response>; runId: string }> {
+      // Runs listed before: a finished one may still show as running until the history has its end.
+      const before = new Set(
+        (await t.management().listRuns({ projectId: P, appName: APP, pageSize: 100 })).runs.map((r) => r.runId),
+      );
+      const res = fetch(`${t.url}/v4/${P}/${APP}/sleep`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${t.devToken}`, "content-type": "application/json" },
+        body: JSON.stringify({ ms }),
+      });
+      let runId = "";
+      await vi.waitFor(
+        async () => {
+          const list = await t.management().listRuns({ projectId: P, appName: APP, pageSize: 100 });
+          const r = list.runs.find((x) => x.path === "sleep" && x.status === "running" && !before.has(x.runId));
+          expect(r).toBeDefined();
+          runId = r!.runId;
+        },
+        { timeout: ms / 2, interval: 50 },
+      );
+      return { res, runId };
+    }
+
     it("callers that go away mid-run end their runs, and skiff keeps answering", async () => {
       const ids: string[] = [];
       await Promise.all(
@@ -478,10 +507,9 @@ describe("the REST request path", () => {
           );
         }),
       );
-      // Each sleeping run held one of 8 slots: had the aborts not reached them, the next call would queue behind.
-      const started = Date.now();
+      // Each sleeping run held one of 8 slots: had the aborts not reached them, they would stay running and the
+      // next call would queue behind them (the states below say which).
       expect(resultOf(await call("POST", `/v4/${P}/${APP}/add`, t.devToken, { a: 1, b: 1 }))).toBe(2);
-      expect(Date.now() - started).toBeLessThan(5_000);
       await vi.waitFor(
         async () => {
           const list = await t.management(t.devToken).listRuns({ projectId: P, appName: APP, pageSize: 100 });
@@ -495,60 +523,23 @@ describe("the REST request path", () => {
     });
 
     it("another project's token cannot cancel a run, under its own project or the run's", async () => {
-      const before = new Set(
-        (await t.management().listRuns({ projectId: P, appName: APP, pageSize: 100 })).runs.map((r) => r.runId),
-      );
-      const res = fetch(`${t.url}/v4/${P}/${APP}/sleep`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${t.devToken}`, "content-type": "application/json" },
-        body: JSON.stringify({ ms: 4_000 }),
-      });
-      // The run's id is its x-request-id, known only from the answer: find it in the project's runs.
-      let runId = "";
-      await vi.waitFor(
-        async () => {
-          const list = await t.management().listRuns({ projectId: P, appName: APP, pageSize: 100 });
-          const r = list.runs.find((x) => x.path === "sleep" && x.status === "running" && !before.has(x.runId));
-          expect(r).toBeDefined();
-          runId = r!.runId;
-        },
-        { timeout: 5_000, interval: 50 },
-      );
+      const { res, runId } = await sleepingRun(8_000);
       const own = await call("POST", `/v2/projects/${OTHER}/apps/${APP}/runs/${runId}:cancel`, otherToken, {});
       expect(own.status).toBe(404);
       const theirs = await call("POST", `/v2/projects/${P}/apps/${APP}/runs/${runId}:cancel`, otherToken, {});
       expect(theirs.status).toBe(403);
       const answer = await res;
       expect(answer.status).toBe(200);
-      expect(await answer.json()).toMatchObject({ result: { slept: 4000 } });
+      expect(await answer.json()).toMatchObject({ result: { slept: 8000 } });
     });
 
     it("the owner's cancel of a REST sync run stops it through the exchange's signal: an answer, no 500, recorded cancelled", async () => {
-      // Runs listed before: a finished one may still show as running until the history has its end.
-      const before = new Set(
-        (await t.management().listRuns({ projectId: P, appName: APP, pageSize: 100 })).runs.map((r) => r.runId),
-      );
-      const started = Date.now();
-      const res = fetch(`${t.url}/v4/${P}/${APP}/sleep`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${t.devToken}`, "content-type": "application/json" },
-        body: JSON.stringify({ ms: 20_000 }),
-      });
-      let runId = "";
-      await vi.waitFor(
-        async () => {
-          const list = await t.management().listRuns({ projectId: P, appName: APP, pageSize: 100 });
-          const r = list.runs.find((x) => x.path === "sleep" && x.status === "running" && !before.has(x.runId));
-          expect(r).toBeDefined();
-          runId = r!.runId;
-        },
-        { timeout: 5_000, interval: 50 },
-      );
+      const { res, runId } = await sleepingRun(20_000);
       const cancel = await call("POST", `/v2/projects/${P}/apps/${APP}/runs/${runId}:cancel`, t.devToken, {});
       expect(cancel.status).toBe(200);
       const answer = await res;
       const text = await answer.text();
-      expect(Date.now() - started).toBeLessThan(15_000);
+      expect(text).not.toContain('"slept"');
       expect({ status: answer.status, text }).not.toMatchObject({ status: 500 });
       expect(answer.status).toBeGreaterThanOrEqual(400);
       await vi.waitFor(
@@ -568,18 +559,7 @@ describe("the server's shutdown with REST calls in flight", () => {
     const t = await startTestSkiff({ env: { SKIFF_SHUTDOWN_TIMEOUT_MS: "500" } });
     let closed = false;
     try {
-      const dir = await writeApp(tmp, {
-        "skiff.toml": skiffToml({
-          name: APP,
-          runtime: { kind: "cortex", language: "node", entry: "index.mjs" },
-          scaling: { min_replicas: 1, max_replicas: 1, replica_concurrency: 4 },
-        }),
-        "index.mjs": INDEX,
-      });
-      await t.management(t.devToken).deployApp({
-        projectId: P,
-        bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
-      });
+      await deployApp(t, tmp, 4);
       const calls = Array.from({ length: 4 }, () =>
         fetch(`${t.url}/v4/${P}/${APP}/sleep`, {
           method: "POST",
@@ -597,10 +577,9 @@ describe("the server's shutdown with REST calls in flight", () => {
         },
         { timeout: 10_000, interval: 100 },
       );
-      const started = Date.now();
       await t.close();
       closed = true;
-      expect(Date.now() - started).toBeLessThan(20_000);
+      // Had the close waited the runs out, they would have answered 200 after their 60 s.
       for (const outcome of await Promise.all(calls)) expect(outcome === "gone" || outcome !== 200).toBe(true);
     } finally {
       if (!closed) await t.close();
