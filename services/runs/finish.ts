@@ -58,19 +58,12 @@ function finalRecord(r: RunRecord, outcome: RunOutcome, now: Date): RunRecord {
 export function finishSync(deps: FinishDeps & { nc: NatsConnection }, running: RunRecord, outcome: RunOutcome): void {
   const now = new Date();
   const final = finalRecord(running, outcome, now);
-  // Most runs: a body that fits the event and no webhook, so nothing to store or wait for.
-  if (!final.webhook_endpoint && deps.results.fitsEvent(outcome.body)) {
-    try {
-      deps.runs.ended(final);
-      publishRunEventUnacked(deps.nc, final, outcome.body);
-    } catch (err) {
-      deps.logger.error({ err, runId: final.run_id }, "cannot publish a run's final event");
-    }
-    return;
-  }
   void (async () => {
-    // Results of sync runs are not kept (the caller has them); the event carries the body.
-    const { event } = await deps.results.keep(running.run_id, outcome.body, now, false);
+    // Results of sync runs are not kept (the caller has them); the event carries the body, which only one too
+    // large for it makes wait (for the object store). Most runs reach their publish without an await.
+    const event = deps.results.fitsEvent(outcome.body)
+      ? outcome.body
+      : (await deps.results.keep(running.run_id, outcome.body, now, false)).event;
     deps.runs.ended(final);
     if (final.webhook_endpoint) await publishRunEvent(deps.nc, final, event);
     else publishRunEventUnacked(deps.nc, final, event);
