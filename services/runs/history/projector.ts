@@ -54,11 +54,19 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 export interface ProjectorOptions {
   nc: NatsConnection;
-  backend: HistoryBackend;
+  backend: Pick<HistoryBackend, "writer">;
   logger: Logger;
   batchSize?: number;
   batchMs?: number;
   leaderRetryMs?: number;
+  /** Called when `applied` or `leading` changed (projector-thread.ts reports them to the process's thread). */
+  onState?: (state: ProjectorState) => void;
+}
+
+/** What a projector has done: messages applied since it started, and whether it holds the writer's lock. */
+export interface ProjectorState {
+  applied: number;
+  leading: boolean;
 }
 
 /** A time as skiff writes them (Date.toISOString), taken as it is. */
@@ -133,7 +141,7 @@ interface Pending {
 
 const emptyBatch = (): Pending => ({ byRun: new Map(), deliveries: new Map(), messages: 0, lastSeq: 0 });
 
-export class RunProjector {
+export class RunProjector implements ProjectorState {
   /** Stream messages applied by this projector since it started. */
   applied = 0;
   /** Whether this process holds the projector's lock and follows the stream. */
@@ -180,13 +188,17 @@ export class RunProjector {
         writer = await backend.writer();
         if (writer !== undefined) {
           this.leading = true;
+          this.opts.onState?.(this);
           await this.follow(writer);
         }
       } catch (err) {
         broken = true;
         if (!this.stopped) logger.warn({ err }, "run history: projecting the run stream failed; trying again");
       } finally {
-        this.leading = false;
+        if (this.leading) {
+          this.leading = false;
+          this.opts.onState?.(this);
+        }
         await writer?.release(broken).catch(() => undefined);
       }
       if (!this.stopped) await this.sleep(this.retryMs);
@@ -256,6 +268,7 @@ export class RunProjector {
           };
           await writer.write(out);
           this.applied += b.messages;
+          this.opts.onState?.(this);
         } catch (err) {
           failure = err;
           messages.stop();
