@@ -127,6 +127,8 @@ export class Runner {
   private readonly warming = new Set<AppPool>();
   /** Per app, the deploy under way, so that two deploys of one app run one after the other. */
   private readonly deploys = new Map<string, Promise<unknown>>();
+  /** Told at once when an app begins or stops being served here (onAppsChange). */
+  private readonly appsListeners = new Set<() => void>();
   private readonly agent = replicaAgent();
   private readonly pool: PoolOptions;
   private readonly uids: ProjectUids;
@@ -180,6 +182,28 @@ export class Runner {
     } else {
       project?.delete(appName);
       if (project?.size === 0) this.apps.delete(projectId);
+    }
+    this.appsChanged();
+  }
+
+  /**
+   * Calls `listener` (synchronously) whenever what version() answers changes:
+   * a version deployed, an app removed, the runner closed. Returns a function
+   * that stops it. The runner role takes an app's requests from the moment
+   * it is served here, not at a later look.
+   */
+  onAppsChange(listener: () => void): () => void {
+    this.appsListeners.add(listener);
+    return () => this.appsListeners.delete(listener);
+  }
+
+  private appsChanged(): void {
+    for (const listener of this.appsListeners) {
+      try {
+        listener();
+      } catch (err) {
+        this.opts.logger.error({ err }, "a listener of the runner's apps failed");
+      }
     }
   }
 
@@ -328,6 +352,7 @@ export class Runner {
     await Promise.allSettled([...this.deploys.values()]);
     const pools = [...this.apps.values()].flatMap((project) => [...project.values()]);
     this.apps.clear();
+    this.appsChanged();
     const stopping = pools.map((p) => p.close(new Overloaded("the runner is shutting down", 1)));
     const retiring = [...this.retiring].map((p) => p.close(new Overloaded("the runner is shutting down", 1)));
     await Promise.all([...stopping, ...retiring]);
