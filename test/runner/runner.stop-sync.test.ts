@@ -50,13 +50,16 @@ beforeAll(async () => {
     gateway.management(),
     cortexApp("stopping", { min_replicas: 1, max_replicas: 2, replica_concurrency: 8, response_grace_period: GRACE_S }),
   );
-  // Both have the app: the one here says so, the other has published its replica (min_replicas 1).
+  // Both have the app: the one here says so, the other has published its replica (min_replicas 1) as ready,
+  // not only starting, so that the one stopped is serving when it stops.
   const kv = await gateway.skiff.nats.nc.jetstream().views.kv(buckets.replicas.name, { bindOnly: true });
   await vi.waitUntil(
     async () => {
       if (runners[0].runner!.version(P, "stopping") !== 1) return false;
-      for await (const key of await kv.keys(`${P}.stopping.*`))
-        if ((await kv.get(key))?.json<{ runner: string }>().runner.endsWith(`:${stopping.pid}`)) return true;
+      for await (const key of await kv.keys(`${P}.stopping.*`)) {
+        const replica = (await kv.get(key))?.json<{ runner: string; state: string }>();
+        if (replica?.runner.endsWith(`:${stopping.pid}`) && replica.state === "ready") return true;
+      }
       return false;
     },
     { timeout: 120_000, interval: 250 },
