@@ -130,12 +130,7 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
     const rssBefore = await rssMb(process.pid);
     const cpu0 = cpuMs();
     const p0 = performance.now();
-    const history = await openRunHistory({
-      dial: { servers: nats.url, name: "bench" },
-      logger: silentLogger,
-      databaseUrl,
-      dataDir,
-    });
+    const history = await openRunHistory({ nc, logger: silentLogger, databaseUrl, dataDir });
     let rssPeak = rssBefore;
     let historyPage: { p50: number; p99: number };
     let projectedPerS: number;

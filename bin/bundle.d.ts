@@ -2,7 +2,5 @@
 export function bundleOf(source: string, name: string): Promise<string | undefined>;
 /** Runs `source` from its bundle `<name>.mjs`, or through tsx as it is where no bundle can be made. */
 export function runBundled(source: string, name: string): Promise<void>;
-/** The entries of worker threads that bin/thread.js starts: their source and bundle name. */
-export const THREAD_ENTRIES: Record<"projector" | "sqlite", { source: string; name: string }>;
-/** Makes (or makes again) the server's, its threads' and the CLI's bundles; the entries it could not bundle. */
+/** Makes (or makes again) the server's and the CLI's bundles; the entries it could not bundle. */
 export function bundleAll(): Promise<string[]>;

@@ -104,25 +104,18 @@ export async function runBundled(source, name) {
   }
 }
 
-/** The entries of worker threads that bin/thread.js starts: their source and bundle name. */
-export const THREAD_ENTRIES = {
-  projector: { source: "services/runs/history/projector-entry.ts", name: "projector" },
-  sqlite: { source: "services/runs/history/sqlite-entry.ts", name: "sqlite" },
-};
-
-/** Makes (or makes again) the server's, its threads' and the CLI's bundles; the entries it could not bundle. */
+/** Makes (or makes again) the server's and the CLI's bundles; the entries it could not bundle. */
 export async function bundleAll() {
   const failed = [];
   for (const [source, name] of [
     ["services/main.ts", "server"],
-    ...Object.values(THREAD_ENTRIES).map((e) => [e.source, e.name]),
     ["services/cli/main.ts", "cli"],
   ])
     if ((await bundleOf(source, name)) === undefined) failed.push(source);
   return failed;
 }
 
-// `node bin/bundle.js` (`npm run build`): makes the bundles now, for an install whose node_modules is read-only later.
+// `node bin/bundle.js` (`npm run build`): makes both bundles now, for an install whose node_modules is read-only later.
 if (process.argv[1] !== undefined && pathToFileURL(process.argv[1]).href === import.meta.url) {
   const failed = await bundleAll();
   if (failed.length > 0) {

@@ -189,7 +189,6 @@ const ROLES: Record<Role, RoleSpec> = {
       const { config, nats, logger } = shared;
       return startManagementRole({
         nc: nats.nc,
-        natsDial: nats.dial,
         auth: await shared.auth(),
         dataDir: config.dataDir,
         databaseUrl: config.databaseUrl,

@@ -5,7 +5,7 @@ import type { NatsConnection } from "nats";
 import type { PrepareBundle } from "../apps/index.js";
 import { type Auth, issueToken } from "../auth/index.js";
 import type { Logger } from "../config/index.js";
-import { buckets, objectStores, type NatsDial } from "../nats/index.js";
+import { buckets, objectStores } from "../nats/index.js";
 import { ProjectSecretStore } from "../secrets/index.js";
 import { createSecretBox } from "../webhooks/index.js";
 import type { HistoryBudgetOptions, RunContext } from "../runs/index.js";
@@ -20,8 +20,6 @@ import { ServiceAccountStore } from "./service-account-store.js";
 
 interface ManagementRoleOptions {
   nc: NatsConnection;
-  /** How another connection like `nc` is made (the run history's projector has one on its thread). */
-  natsDial: NatsDial;
   auth: Auth;
   dataDir: string;
   /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, SQLite in `historyDir`. */
@@ -76,7 +74,6 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
     ),
     runs: await startRunApi({
       nc: opts.nc,
-      natsDial: opts.natsDial,
       logger: opts.logger,
       runs: opts.runs,
       databaseUrl: opts.databaseUrl,

@@ -24,7 +24,7 @@ import {
 } from "../../gen/skiff/management/v2/management_pb.js";
 import { APP_NAME_PATTERN } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
-import { objectStores, streams, subjects, type NatsDial } from "../nats/index.js";
+import { objectStores, streams, subjects } from "../nats/index.js";
 import {
   recordOfEvent,
   requestCancel,
@@ -69,8 +69,6 @@ const RUN_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 interface RunApiOptions {
   nc: NatsConnection;
-  /** How the run history's projector connects on its own thread (NatsHandle.dial). */
-  natsDial: NatsDial;
   logger: Logger;
   /** The process's run helpers: the store of run records and the results. */
   runs: Pick<RunContext, "store" | "results">;
@@ -125,7 +123,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   const { store: runs, results } = opts.runs;
   const stopping = new AbortController();
   const opening = openRunHistory({
-    dial: opts.natsDial,
+    nc,
     logger,
     databaseUrl: opts.databaseUrl,
     dataDir: opts.dataDir,

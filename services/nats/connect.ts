@@ -65,8 +65,6 @@ export interface ConnectNatsOptions {
 
 export interface NatsHandle {
   nc: NatsConnection;
-  /** How to open another connection like `nc` (a thread's own): the same server(s) and credentials. */
-  dial: NatsDial;
   /** The server(s) connected to. */
   url: string;
   /** True when the server was started by this call and stops with close(). */
@@ -93,7 +91,7 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsHandle>
         );
       },
     );
-    return ready(nc, { servers: opts.url, name, auth }, undefined, opts.logger, "SKIFF_NATS_URL");
+    return ready(nc, opts.url, undefined, opts.logger, "SKIFF_NATS_URL");
   }
 
   const probeUrl = opts.probeUrl ?? DEFAULT_NATS_PROBE_URL;
@@ -110,7 +108,7 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsHandle>
       return undefined;
     },
   );
-  if (probed !== undefined) return ready(probed, { servers: probeUrl, name, auth }, undefined, opts.logger, "probe");
+  if (probed !== undefined) return ready(probed, probeUrl, undefined, opts.logger, "probe");
   opts.logger.warn(
     { probeUrl },
     `NATS credentials are set (SKIFF_NATS_*) but no server answers at ${probeUrl}: starting nats-server with credentials of its own; set SKIFF_NATS_URL to use a particular server`,
@@ -129,28 +127,7 @@ async function startInDataFolder(opts: ConnectNatsOptions, name: string): Promis
       });
     },
   );
-  const auth = { kind: "seed" as const, seed: new TextDecoder().decode(seed) };
-  return ready(nc, { servers: server.url, name, auth }, server, opts.logger, "started");
-}
-
-/**
- * Another connection to the server(s) a NatsHandle is connected to, with the
- * same credentials: plain data, so a worker thread can be given it. A
- * started server's generated nkey seed travels as its text.
- */
-export interface NatsDial {
-  /** One URL or several, comma-separated. */
-  servers: string;
-  /** Connection name the server shows in its monitoring. */
-  name: string;
-  auth?: NatsAuth | { kind: "seed"; seed: string };
-}
-
-/** Connects as `d` says, with the options of every connection of skiff's (reconnecting forever, writes coalesced). */
-export function dialNats(d: NatsDial): Promise<NatsConnection> {
-  const auth =
-    d.auth?.kind === "seed" ? nkeyAuthenticator(new TextEncoder().encode(d.auth.seed)) : authenticator(d.auth);
-  return dial(d.servers, d.name, DEFAULT_NATS_CONNECT_TIMEOUT_MS, auth);
+  return ready(nc, server.url, server, opts.logger, "started");
 }
 
 async function dial(
@@ -227,12 +204,11 @@ function serverList(url: string): string[] {
 /** Checks JetStream, logs the choice and builds the handle. */
 async function ready(
   nc: NatsConnection,
-  dial: NatsDial,
+  url: string,
   server: NatsServerProcess | undefined,
   logger: Logger,
   how: "SKIFF_NATS_URL" | "probe" | "started",
 ): Promise<NatsHandle> {
-  const url = dial.servers;
   let closing: Promise<void> | undefined;
   const close = () => (closing ??= shutdown(nc, server));
   try {
@@ -266,7 +242,7 @@ async function ready(
       `NATS at ${url} accepts connections without credentials: any process that can reach it, app replicas included, can read and write skiff's state (signing keys, tokens, runs); run it with authorization and set ${NATS_AUTH_VARIABLES}`,
     );
   }
-  return { nc, dial, url, embedded: server !== undefined, serverPid, authRequired, close };
+  return { nc, url, embedded: server !== undefined, serverPid, authRequired, close };
 }
 
 async function shutdown(nc: NatsConnection, server: NatsServerProcess | undefined): Promise<void> {

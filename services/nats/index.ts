@@ -5,8 +5,8 @@
 // over a subject pair.
 export { PublishError, confirmAck, publishAcked } from "./acked-publish.js";
 export { BACKGROUND_FLUSH_MS, inBackground, publishInBackground } from "./coalesce.js";
-export { connectNats, dialNats, provision, STARTED_SERVER_SEED_FILE } from "./connect.js";
-export type { NatsDial, NatsHandle } from "./connect.js";
+export { connectNats, provision, STARTED_SERVER_SEED_FILE } from "./connect.js";
+export type { NatsHandle } from "./connect.js";
 export { ensureConsumer } from "./consumers.js";
 export { JsErrorCode, isJsError, isStreamFull, jsErrorCode } from "./errors.js";
 export {

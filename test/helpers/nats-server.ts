@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { connect, type NatsConnection } from "nats";
 import { silentLogger } from "../../services/config/logger.js";
-import { provision, type NatsDial } from "../../services/nats/connect.js";
+import { provision } from "../../services/nats/connect.js";
 import { NATS_SERVER_BINARY, spawnNatsServer, type NatsServerProcess } from "../../services/nats/server-process.js";
 
 export interface TestNatsOptions {
@@ -77,20 +77,13 @@ export async function startNatsServer(opts: TestNatsOptions = {}): Promise<TestN
 }
 
 /** A test server provisioned as skiff provisions it, and a client of it; stop() closes both. */
-export async function startProvisionedNats(): Promise<{
-  nats: TestNats;
-  nc: NatsConnection;
-  /** Another connection to it, as skiff's threads make them. */
-  dial: NatsDial;
-  stop(): Promise<void>;
-}> {
+export async function startProvisionedNats(): Promise<{ nats: TestNats; nc: NatsConnection; stop(): Promise<void> }> {
   const nats = await startNatsServer();
   const nc = await connect({ servers: nats.url });
   await provision(nc, silentLogger);
   return {
     nats,
     nc,
-    dial: { servers: nats.url, name: "test" },
     async stop() {
       await nc.close();
       await nats.stop();

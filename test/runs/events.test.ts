@@ -403,12 +403,7 @@ describe("runs - record retention", () => {
       { timeout: 60_000 },
     );
     // A second history of the same events (in a folder of its own) prunes by the time in the run ids.
-    const history = await openRunHistory({
-      dial: t.skiff.nats.dial,
-      logger: silentLogger,
-      databaseUrl: undefined,
-      dataDir: tmp,
-    });
+    const history = await openRunHistory({ nc, logger: silentLogger, databaseUrl: undefined, dataDir: tmp });
     try {
       await vi.waitUntil(async () => (await history.list(P, "aged", { pageSize: 10 })).runs.length === 2, {
         timeout: 60_000,

@@ -29,7 +29,7 @@ beforeAll(async () => {
   n = await startProvisionedNats();
   dir = await mkdtemp(path.join(tmpdir(), "skiff-stale-sync-"));
   history = await openRunHistory({
-    dial: n.dial,
+    nc: n.nc,
     logger: silentLogger,
     databaseUrl: undefined,
     dataDir: dir,

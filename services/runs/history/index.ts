@@ -6,6 +6,7 @@
 // Runs are kept 30 days, and no more than its byte budget holds (budget.ts).
 import { access } from "node:fs/promises";
 import path from "node:path";
+import type { NatsConnection } from "nats";
 import type { Logger } from "../../config/index.js";
 import {
   HISTORY_STORE,
@@ -14,15 +15,13 @@ import {
   derivedBudget,
   freeDiskBytes,
   mib,
-  type NatsDial,
   type StoreWatch,
 } from "../../nats/index.js";
 import { HistoryBudget } from "./budget.js";
 import type { RunRecord } from "../store.js";
 import type { HistoryBackend, HistoryRun, ListQuery, MinuteStats, RunPage } from "./history.js";
 import { openPostgresHistory } from "./postgres.js";
-import { RUNS_STREAM, type ProjectorOptions, type ProjectorState } from "./projector.js";
-import { ProjectorThread } from "./projector-thread.js";
+import { RunProjector, RUNS_STREAM, type ProjectorOptions } from "./projector.js";
 import { DEFAULT_SCHEMA } from "./schema.js";
 import { openSqliteHistory, SQLITE_FILE } from "./sqlite.js";
 
@@ -63,15 +62,14 @@ export interface RunHistory {
   readonly budget: number;
   /** Deletes the oldest runs past what its budget holds (done every SIZE_CHECK_EVERY_MS); says how many. */
   pruneToBudget(): Promise<number>;
-  /** The projector of this process (on a thread of its own), when it runs one. */
-  readonly projector: ProjectorState | undefined;
+  /** The projector of this process, when it runs one. */
+  readonly projector: RunProjector | undefined;
   readonly kind: HistoryBackend["kind"];
   close(): Promise<void>;
 }
 
 export interface RunHistoryOptions {
-  /** The NATS server(s) and credentials the projector's thread connects with (NatsHandle.dial). */
-  dial: NatsDial;
+  nc: NatsConnection;
   logger: Logger;
   /** SKIFF_DATABASE_URL; undefined: SQLite in `dataDir`/history. */
   databaseUrl: string | undefined;
@@ -129,16 +127,7 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
   const projector =
     opts.project === false
       ? undefined
-      : new ProjectorThread(
-          {
-            dial: opts.dial,
-            databaseUrl: opts.databaseUrl,
-            schema: opts.schema ?? DEFAULT_SCHEMA,
-            sqliteDir: path.join(opts.dataDir, HISTORY_FOLDER),
-            options: { ...opts.projector },
-          },
-          opts.logger,
-        );
+      : new RunProjector({ ...opts.projector, nc: opts.nc, backend: queries, logger: opts.logger });
   const prune = (now = Date.now()) => queries.prune(now - RUN_RETENTION_MS);
   let pruning: Promise<unknown> = Promise.resolve();
   const sweep = () => {

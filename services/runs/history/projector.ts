@@ -54,19 +54,11 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 export interface ProjectorOptions {
   nc: NatsConnection;
-  backend: Pick<HistoryBackend, "writer">;
+  backend: HistoryBackend;
   logger: Logger;
   batchSize?: number;
   batchMs?: number;
   leaderRetryMs?: number;
-  /** Called when `applied` or `leading` changed (projector-thread.ts reports them to the process's thread). */
-  onState?: (state: ProjectorState) => void;
-}
-
-/** What a projector has done: messages applied since it started, and whether it holds the writer's lock. */
-export interface ProjectorState {
-  applied: number;
-  leading: boolean;
 }
 
 /** A time as skiff writes them (Date.toISOString), taken as it is. */
@@ -141,7 +133,7 @@ interface Pending {
 
 const emptyBatch = (): Pending => ({ byRun: new Map(), deliveries: new Map(), messages: 0, lastSeq: 0 });
 
-export class RunProjector implements ProjectorState {
+export class RunProjector {
   /** Stream messages applied by this projector since it started. */
   applied = 0;
   /** Whether this process holds the projector's lock and follows the stream. */
@@ -188,17 +180,13 @@ export class RunProjector implements ProjectorState {
         writer = await backend.writer();
         if (writer !== undefined) {
           this.leading = true;
-          this.opts.onState?.(this);
           await this.follow(writer);
         }
       } catch (err) {
         broken = true;
         if (!this.stopped) logger.warn({ err }, "run history: projecting the run stream failed; trying again");
       } finally {
-        if (this.leading) {
-          this.leading = false;
-          this.opts.onState?.(this);
-        }
+        this.leading = false;
         await writer?.release(broken).catch(() => undefined);
       }
       if (!this.stopped) await this.sleep(this.retryMs);
@@ -268,7 +256,6 @@ export class RunProjector implements ProjectorState {
           };
           await writer.write(out);
           this.applied += b.messages;
-          this.opts.onState?.(this);
         } catch (err) {
           failure = err;
           messages.stop();

@@ -1,16 +1,21 @@
-// A connection to the embedded history's SQLite file on a thread of its own
-// (sqlite-entry.ts). better-sqlite3 runs every statement synchronously on the
-// thread that holds the connection: a batch of upserts takes milliseconds of
+// A connection to the embedded history's SQLite file on a thread of its own.
+// better-sqlite3 runs every statement synchronously on the thread that holds
+// the connection: a batch of the projector's upserts takes milliseconds of
 // CPU, and an hour of an app's statistics more, which must not stall the
 // thread that answers requests. Statements and their rows cross a MessagePort
 // (structured clone); the thread runs them one message at a time, in the
-// order they were sent. `sqliteHere` is the same connection held by the
-// calling thread, for a thread that is itself not the one answering requests
-// (the projector's).
-import { SqliteSession, type SqliteOptions, type Step } from "./sqlite-session.js";
-import { startThread } from "./threads.js";
+// order they were sent.
+import { createRequire } from "node:module";
+import { Worker } from "node:worker_threads";
 
-export type { SqliteOptions, Step } from "./sqlite-session.js";
+/** One statement of a message: `params` runs it once, `many` once per parameter list. */
+export interface Step {
+  sql: string;
+  params?: unknown[];
+  many?: unknown[][];
+  /** "all": its rows; "run": how many rows it changed (summed over `many`). */
+  mode: "all" | "run";
+}
 
 export interface SqliteThread {
   /** Runs the steps, in one transaction when `tx` (all or nothing); resolves with each step's result. */
@@ -18,17 +23,82 @@ export interface SqliteThread {
   close(): Promise<void>;
 }
 
-/** What the thread answers to message `id` (0: its start). */
-export interface Reply {
+interface Reply {
   id: number;
   results?: unknown[];
   /** A failed statement: its message and SQLite's code. */
   error?: { message: string; code?: string };
 }
 
+// Plain JavaScript, evaluated: the thread needs no TypeScript loader (tests run without one).
+const SOURCE = `
+const { parentPort, workerData } = require("node:worker_threads");
+const Database = require(workerData.module);
+const failure = (err) => ({ message: String((err && err.message) || err), code: err && err.code ? String(err.code) : undefined });
+const open = () => {
+  const db = new Database(workerData.file);
+  for (const p of workerData.pragmas) db.pragma(p);
+  for (const sql of workerData.setup) db.exec(sql);
+  return db;
+};
+let db;
+try {
+  db = open();
+} catch (err) {
+  parentPort.postMessage({ id: 0, error: failure(err) });
+}
+if (db !== undefined) {
+const statements = new Map();
+const prepared = (sql) => {
+  let s = statements.get(sql);
+  if (s === undefined) statements.set(sql, (s = db.prepare(sql)));
+  return s;
+};
+const step = (s) => {
+  const st = prepared(s.sql);
+  if (s.mode === "all") return st.all(...(s.params || []));
+  if (s.many) {
+    let n = 0;
+    for (const p of s.many) n += st.run(...p).changes;
+    return n;
+  }
+  return st.run(...(s.params || [])).changes;
+};
+const steps = (list) => list.map(step);
+const inTransaction = db.transaction(steps);
+parentPort.on("message", (m) => {
+  if (m.close) {
+    try {
+      db.close();
+      parentPort.postMessage({ id: m.id, results: [] });
+    } catch (err) {
+      parentPort.postMessage({ id: m.id, error: failure(err) });
+    }
+    return;
+  }
+  try {
+    parentPort.postMessage({ id: m.id, results: m.tx ? inTransaction.immediate(m.steps) : steps(m.steps) });
+  } catch (err) {
+    parentPort.postMessage({ id: m.id, error: failure(err) });
+  }
+});
+parentPort.postMessage({ id: 0, results: [] });
+}
+`;
+
+export interface SqliteThreadOptions {
+  /** PRAGMA settings of the connection, run first (`journal_mode = WAL`, ...). */
+  pragmas: string[];
+  /** Statements run once the connection is open (the schema). */
+  setup: string[];
+}
+
 /** Opens the SQLite file `file` on a worker thread; resolves once it is open and set up. */
-export async function startSqliteThread(file: string, options: SqliteOptions): Promise<SqliteThread> {
-  const worker = startThread("sqlite", { file, ...options });
+export async function startSqliteThread(file: string, options: SqliteThreadOptions): Promise<SqliteThread> {
+  const worker = new Worker(SOURCE, {
+    eval: true,
+    workerData: { module: createRequire(import.meta.url).resolve("better-sqlite3"), file, ...options },
+  });
   const pending = new Map<number, { resolve(results: unknown[]): void; reject(err: Error): void }>();
   let next = 1;
   let stopped: Error | undefined;
@@ -74,19 +144,6 @@ export async function startSqliteThread(file: string, options: SqliteOptions): P
         },
       );
       return closing;
-    },
-  };
-}
-
-/** The same connection on the calling thread: each run blocks it for as long as its statements take. */
-export function sqliteHere(file: string, options: SqliteOptions): SqliteThread {
-  const session = new SqliteSession(file, options);
-  let closed = false;
-  return {
-    run: async (steps, tx = false) => session.run(steps, tx),
-    async close() {
-      if (!closed) session.close();
-      closed = true;
     },
   };
 }

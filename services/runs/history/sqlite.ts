@@ -23,7 +23,7 @@ import {
   type MinuteStats,
   type RunPage,
 } from "./history.js";
-import { sqliteHere, startSqliteThread, type SqliteThread, type Step } from "./sqlite-thread.js";
+import { startSqliteThread, type SqliteThread, type Step } from "./sqlite-thread.js";
 
 /** The file in the history's folder. */
 export const SQLITE_FILE = "runs.sqlite";
@@ -166,26 +166,6 @@ export async function openSqliteHistory(dir: string): Promise<SqliteHistory> {
     await write.close();
     throw err;
   }
-}
-
-/**
- * A connection of its own, held by the calling thread, that only writes the
- * projector's batches to the history's file in `dir` (projector-entry.ts, on
- * the projector's thread); the process's SqliteHistory reads and deletes
- * beside it (WAL: one write at a time, the other waits up to busy_timeout).
- */
-export async function openSqliteWriter(dir: string): Promise<Pick<HistoryBackend, "writer" | "close">> {
-  await mkdir(dir, { recursive: true });
-  const write = sqliteHere(path.join(dir, SQLITE_FILE), { pragmas: PRAGMAS, setup: SCHEMA });
-  let writing = false;
-  return {
-    async writer() {
-      if (writing) return undefined;
-      writing = true;
-      return new SqliteWriter(write, () => (writing = false));
-    },
-    close: () => write.close(),
-  };
 }
 
 export class SqliteHistory implements HistoryBackend {

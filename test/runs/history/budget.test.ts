@@ -110,7 +110,7 @@ async function open(
 ): Promise<RunHistory> {
   const schema = newSchema();
   return openRunHistory({
-    dial: nats.dial,
+    nc,
     logger: extra.logger ?? silentLogger,
     databaseUrl: backend === "postgres" ? DATABASE_URL : undefined,
     // The embedded database is one process's: a data folder of its own for each.

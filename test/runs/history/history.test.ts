@@ -22,9 +22,7 @@ import {
   type RunHistory,
   type RunHistoryOptions,
 } from "../../../services/runs/history/index.js";
-import { openPostgresHistory } from "../../../services/runs/history/postgres.js";
-import { RunProjector, rowOf } from "../../../services/runs/history/projector.js";
-import { openSqliteWriter } from "../../../services/runs/history/sqlite.js";
+import { rowOf } from "../../../services/runs/history/projector.js";
 import type { RunRecord } from "../../../services/runs/store.js";
 import { startProvisionedNats } from "../../helpers/nats-server.js";
 
@@ -63,7 +61,7 @@ function newSchema(): string {
 
 async function open(backend: Backend, schema: string, extra: Partial<RunHistoryOptions> = {}): Promise<RunHistory> {
   const h = await openRunHistory({
-    dial: nats.dial,
+    nc,
     logger: silentLogger,
     // The embedded database is one process's: each SQLite test has a data folder of its own.
     databaseUrl: backend === "postgres" ? DATABASE_URL : undefined,
@@ -226,8 +224,7 @@ describe.each<Backend>(["sqlite", "postgres"])("run history (%s)", (backend) => 
     let h = await open(backend, schema);
     for (let i = 0; i < 30; i++) await publishRunEvent(nc, run(P, "a"));
     const before = await caughtUp(h);
-    // The first start projects the whole stream (the thread reports it a moment after the cursor is written).
-    await expect.poll(() => h.projector!.applied).toBeGreaterThanOrEqual(30);
+    expect(h.projector!.applied).toBeGreaterThanOrEqual(30); // the first start projects the whole stream
     await close(h);
 
     const later = Array.from({ length: 7 }, () => run(P, "a"));
@@ -237,7 +234,7 @@ describe.each<Backend>(["sqlite", "postgres"])("run history (%s)", (backend) => 
     try {
       const last = await caughtUp(h);
       expect(last - before).toBe(7);
-      await expect.poll(() => h.projector!.applied).toBe(7);
+      expect(h.projector!.applied).toBe(7);
       const page = await h.list(P, "a", { pageSize: 100 });
       expect(page.runs).toHaveLength(37);
       expect(page.runs.slice(0, 7).map((r) => r.run_id)).toEqual(later.map((r) => r.run_id).reverse());
@@ -290,14 +287,7 @@ describe.each<Backend>(["sqlite", "postgres"])("run history (%s)", (backend) => 
 
   it("the projector holds its batch and nothing per stored run", async () => {
     const batchSize = 20;
-    const schema = newSchema();
-    // The projector itself, in this thread (a history's runs on a thread of its own), and a history to read.
-    const h = await open(backend, schema, { project: false });
-    const writing =
-      backend === "postgres"
-        ? await openPostgresHistory(DATABASE_URL, schema, silentLogger)
-        : await openSqliteWriter(path.join(sqliteDir, schema, HISTORY_FOLDER));
-    const projector = new RunProjector({ nc, backend: writing, logger: silentLogger, batchSize, batchMs: 10 });
+    const h = await open(backend, newSchema(), { projector: { batchSize, batchMs: 10, leaderRetryMs: 100 } });
     try {
       const P = newProject();
       for (let i = 0; i < 300; i++) publishRunEventUnacked(nc, run(P, "many"));
@@ -312,15 +302,13 @@ describe.each<Backend>(["sqlite", "postgres"])("run history (%s)", (backend) => 
         seen.add(v);
         if (v instanceof Map || v instanceof Set) sizes.push(v.size);
         if (Array.isArray(v)) sizes.push(v.length);
-        if (Object.getPrototypeOf(v) === Object.prototype || v === projector)
+        if (Object.getPrototypeOf(v) === Object.prototype || v === h.projector)
           for (const x of Object.values(v)) walk(x, depth + 1);
       };
-      walk(projector, 0);
-      expect(projector.applied).toBeGreaterThanOrEqual(300);
+      walk(h.projector, 0);
+      expect(h.projector!.applied).toBeGreaterThanOrEqual(300);
       expect(Math.max(0, ...sizes)).toBeLessThanOrEqual(batchSize);
     } finally {
-      await projector.stop();
-      await writing.close();
       await close(h);
     }
   });
@@ -384,7 +372,7 @@ describe("run history - two processes sharing one PostgreSQL", () => {
       const last = await caughtUp(other);
       expect(other.projector!.leading).toBe(true);
       // Taken over where the first stopped: only the messages that came after.
-      await expect.poll(() => other.projector!.applied).toBe(last - mid);
+      expect(other.projector!.applied).toBe(last - mid);
       const page = await other.list(P, "a", { pageSize: 100 });
       expect(page.runs.map((r) => r.run_id)).toEqual([...first, ...second].map((r) => r.run_id).reverse());
     } finally {
