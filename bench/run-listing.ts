@@ -24,7 +24,7 @@ import { openRunHistory, RUNS_STREAM } from "../services/runs/history/index.js";
 import { RunStore, type RunRecord } from "../services/runs/store.js";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { startSkiffProcess, type SkiffProcess } from "./skiff-process.js";
-import { percentile, rssMb } from "./tools.js";
+import { percentile, rssMb, wrk } from "./tools.js";
 
 const SAMPLES = 1000;
 const P = "p-dev";
@@ -55,6 +55,9 @@ export interface ListingResult {
   pageMs: number;
   /** The same, 99th percentile. */
   pageP99Ms: number;
+  /** The first page over HTTP from wrk at one connection (the REST path), median and 99th percentile. */
+  restPageMs: number;
+  restPageP99Ms: number;
   /** The first page read from the history in-process (no HTTP), median and 99th percentile. */
   historyPageMs: number;
   historyPageP99Ms: number;
@@ -178,6 +181,21 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
     const deep = await sample(() =>
       second.listRuns({ projectId: P, appName: APP, pageToken: first.nextPageToken, pageSize: 500 }),
     );
+    // The same first page from a client that costs next to nothing (wrk, one connection, the REST path):
+    // skiff's answer alone, without the Connect client's own work on the page.
+    const rest = await wrk(
+      {
+        url: `${skiff.url}/v2/projects/${P}/apps/${APP}/runs`,
+        method: "GET",
+        body: "",
+        headers: { Authorization: `Bearer ${skiff.adminToken}` },
+        status: 200,
+        connections: 1,
+        seconds: 3,
+      },
+      dataDir,
+    );
+    if (rest.errors > 0 || rest.requests === 0) throw new Error(`ListRuns over REST failed: ${JSON.stringify(rest)}`);
     const rss = await rssMb(skiff.pid);
     const kind = databaseUrl ? "PostgreSQL" : "SQLite";
     const ms = (x: { p50: number; p99: number }) =>
@@ -193,12 +211,17 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
     );
     console.log(`  baseline, one KV get of a run record:       p50 ${kvGet.p50.toFixed(3)} ms`);
     console.log(`  ListRuns first page (50), over HTTP:         ${ms(page)}`);
+    console.log(
+      `  the same from wrk (REST, one connection):   ${ms({ p50: rest.p50_ms, p99: rest.p99_ms })}, ${rest.rps} pages/s`,
+    );
     console.log(`  ListRuns status=cancelled, 500 a page:       ${ms(filtered)}`);
     console.log(`  ListRuns second page, 500 a page:            ${ms(deep)}`);
     return {
       runs: RUNS,
       pageMs: page.p50,
       pageP99Ms: page.p99,
+      restPageMs: rest.p50_ms,
+      restPageP99Ms: rest.p99_ms,
       historyPageMs: historyPage.p50,
       historyPageP99Ms: historyPage.p99,
       kvGetMs: kvGet.p50,

@@ -222,6 +222,8 @@ function canConnect(port: number): Promise<boolean> {
 
 export interface WrkJob {
   url: string;
+  /** Default POST; a GET sends no body. */
+  method?: "GET" | "POST";
   body: string;
   headers?: Record<string, string>;
   /** The status the answers should have (for the reader); wrk counts answers outside 2xx and 3xx as errors. */
@@ -244,8 +246,8 @@ export async function wrk(job: WrkJob, dir: string): Promise<WrkResult> {
   await writeFile(
     script,
     [
-      `wrk.method = "POST"`,
-      `wrk.body = ${JSON.stringify(job.body)}`,
+      `wrk.method = "${job.method ?? "POST"}"`,
+      ...(job.method === "GET" ? [] : [`wrk.body = ${JSON.stringify(job.body)}`]),
       ...Object.entries(headers).map(([k, v]) => `wrk.headers[${JSON.stringify(k)}] = ${JSON.stringify(v)}`),
     ].join("\n"),
   );
