@@ -53,8 +53,10 @@ async function deploy(scaling: Scaling, opts: More & { runner?: Partial<RunnerOp
     logger: silentLogger,
     onReplicaChange: (c) => changes.push(c),
     startTimeoutMs: 10_000,
-    healthIntervalMs: 100,
-    unhealthyAfter: 1,
+    // A replica restarts after three failed checks of 250 ms: one slow answer on a loaded machine (the
+    // check's timeout is its interval) is not a failure the tests that are not about health could see.
+    healthIntervalMs: 250,
+    unhealthyAfter: 3,
     killGraceMs: 500,
     ...opts.runner,
   });
