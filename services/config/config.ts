@@ -494,7 +494,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "dataDir",
     env: "SKIFF_DATA_DIR",
     fallback: DEFAULT_DATA_DIR,
-    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`); with `SKIFF_WORKERS` above 1, each worker's run history, deployments, replicas and storage go under `workers/<n>/` instead.",
+    doc: "Folder for local state: the store of a NATS server that skiff starts itself, the token files `admin-token` and `dev-token`, `address` (the URL it serves while it runs, which the `skiff` CLI reads with the admin token: set the same `SKIFF_DATA_DIR` for both), the run history's embedded database (`history/`, when `SKIFF_DATABASE_URL` is unset), a runner's unpacked deployments (`deployments/`) and replica folders (`replicas/`), and the projects' persistent storage (`storage/`); with `SKIFF_WORKERS` above 1, each worker's deployments, replicas and storage go under `workers/<n>/` instead (the run history stays one, in `history/`, which worker 1 keeps).",
     parse: nonEmpty,
   },
   {
@@ -638,7 +638,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "workers",
     env: "SKIFF_WORKERS",
     fallback: "1",
-    doc: "Processes that serve the port together, each running the roles above: a supervisor process starts them (and the `nats-server` of the data folder, when skiff starts one), restarts one that dies, and stops them all on SIGTERM. Each worker has its own replicas, deployments, projects' persistent storage and embedded run history under `SKIFF_DATA_DIR/workers/<n>/` (set `SKIFF_DATABASE_URL` to share one history); sandbox uids come from NATS, shared. 1: one process, no supervisor. Raise it to the machine's cores when one process's CPU is the limit (its main thread near 100 %, see docs/deploy.md); each worker costs about 300 MB more. Needs `SKIFF_SANDBOX=on`. The per-process limits (`SKIFF_MAX_CONNECTIONS`, `SKIFF_MAX_CONNECTIONS_PER_ADDRESS`, `SKIFF_PROJECT_MAX_REPLICAS`, `SKIFF_PROJECT_MEMORY_MB`) count per worker: set them to the machine's limit divided by the workers.",
+    doc: "Processes that serve the port together, each running the roles above: a supervisor process starts them (and the `nats-server` of the data folder, when skiff starts one), restarts one that dies, and stops them all on SIGTERM. Each worker has its own replicas, deployments and projects' persistent storage under `SKIFF_DATA_DIR/workers/<n>/`; the embedded run history is one file for all, which worker 1 projects the runs into and every worker reads; sandbox uids come from NATS, shared. 1: one process, no supervisor. Raise it to the machine's cores when one process's CPU is the limit (its main thread near 100 %, see docs/deploy.md); each worker costs about 300 MB more. Needs `SKIFF_SANDBOX=on`. The per-process limits (`SKIFF_MAX_CONNECTIONS`, `SKIFF_MAX_CONNECTIONS_PER_ADDRESS`, `SKIFF_PROJECT_MAX_REPLICAS`, `SKIFF_PROJECT_MEMORY_MB`) count per worker: set them to the machine's limit divided by the workers.",
     parse: integer(1, 256),
   },
   {

@@ -24,8 +24,10 @@ interface ManagementRoleOptions {
   dataDir: string;
   /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, SQLite in `historyDir`. */
   databaseUrl: string | undefined;
-  /** The folder of the embedded run history, this process's own (a worker's folder); default `dataDir`. */
+  /** The folder of the embedded run history; default `dataDir`. */
   historyDir?: string;
+  /** Whether this process projects the run events into the history (default true; with SKIFF_WORKERS, worker 1). */
+  projectHistory?: boolean;
   /** SKIFF_SIGNING_KEY. */
   signingKey: string | undefined;
   /** SKIFF_ADMIN_TOKEN. */
@@ -78,6 +80,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
       runs: opts.runs,
       databaseUrl: opts.databaseUrl,
       dataDir: opts.historyDir ?? opts.dataDir,
+      project: opts.projectHistory,
       historyBudget: opts.historyBudget,
       projectCreatedAt: async (projectId) => {
         const record = await projects.get(projectId);

@@ -75,6 +75,8 @@ interface RunApiOptions {
   /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, SQLite in `dataDir`. */
   databaseUrl: string | undefined;
   dataDir: string;
+  /** Whether this process projects the run events into the history (default true). */
+  project?: boolean;
   /** The run history's byte budget, and the store watch, whose figures of skiff-results its trimming reads too. */
   historyBudget?: HistoryBudgetOptions;
   /**
@@ -128,6 +130,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     databaseUrl: opts.databaseUrl,
     dataDir: opts.dataDir,
     budget: opts.historyBudget,
+    project: opts.project,
     signal: stopping.signal,
   });
   opening.catch((err: unknown) => {

@@ -139,6 +139,27 @@ describe("SKIFF_WORKERS=2", () => {
     await bothWorkersAnswer(OTHER, adminToken);
   });
 
+  it("both workers list the runs from one history, which worker 1 projects", async () => {
+    // One file in the data folder; none in the workers' folders.
+    expect(await readdir(join(dataDir, "history"))).toContain("runs.sqlite");
+    for (const n of ["1", "2"]) expect(await readdir(join(dataDir, "workers", n))).not.toContain("history");
+    // The sync calls of the test above (answered by both workers): the same runs, whichever worker lists them.
+    const byWorker = new Map<string, string>();
+    for (let i = 0; i < 40; i++) {
+      const page = await callOnNewConnection(`${url}/v2/projects/p-dev/apps/echo/runs?page_size=100`, devToken);
+      expect(page.status).toBe(200);
+      const ids = (JSON.parse(page.body) as { runs: { runId: string }[] }).runs.map((r) => r.runId);
+      byWorker.set(String(page.worker), JSON.stringify(ids.sort()));
+      const lists = [...byWorker.values()];
+      if (byWorker.size === 2 && lists[0] === lists[1]) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect([...byWorker.keys()].sort()).toEqual(["1", "2"]);
+    const [one, two] = [...byWorker.values()].map((l) => JSON.parse(l) as string[]);
+    expect(one.length).toBeGreaterThanOrEqual(2);
+    expect(two).toEqual(one);
+  });
+
   it("async calls are accepted by either worker and run", async () => {
     const admin = createClient(
       ManagementService,

@@ -4,7 +4,7 @@
 // Embedded SQLite under SKIFF_DATA_DIR when SKIFF_DATABASE_URL is unset; a
 // PostgreSQL server, shared by every process that names it, when it is set.
 // Runs are kept 30 days, and no more than its byte budget holds (budget.ts).
-import { access } from "node:fs/promises";
+import { access, readdir } from "node:fs/promises";
 import path from "node:path";
 import type { NatsConnection } from "nats";
 import type { Logger } from "../../config/index.js";
@@ -36,6 +36,8 @@ export const PRUNE_EVERY_MS = 60 * 60 * 1000;
 export const SIZE_CHECK_EVERY_MS = 2_000;
 /** The folder under SKIFF_DATA_DIR that holds the embedded database. */
 export const HISTORY_FOLDER = "history";
+/** The folder under SKIFF_DATA_DIR of SKIFF_WORKERS' workers, each of which held a history of its own before. */
+const WORKERS_FOLDER = "workers";
 /** The folder of the embedded PostgreSQL (PGlite) that held the history before: no longer read. */
 export const OLD_PGLITE_FOLDER = "run-history";
 
@@ -76,7 +78,11 @@ export interface RunHistoryOptions {
   dataDir: string;
   /** Schema of the tables in PostgreSQL, default "skiff" (tests give each their own). */
   schema?: string;
-  /** Whether this process projects the run stream (default true; with a shared server one process at a time does). */
+  /**
+   * Whether this process projects the run stream and keeps the history within its retention and budget
+   * (default true; with a shared server one process at a time does; of SKIFF_WORKERS' workers, sharing one
+   * file, only the first).
+   */
   project?: boolean;
   projector?: Pick<ProjectorOptions, "batchSize" | "batchMs" | "leaderRetryMs">;
   pruneEveryMs?: number;
@@ -136,8 +142,8 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
       (err: unknown) => opts.logger.warn({ err }, "run history: cannot delete runs past their retention"),
     );
   };
-  const pruner = setInterval(sweep, opts.pruneEveryMs ?? PRUNE_EVERY_MS);
-  pruner.unref();
+  const pruner = projector ? setInterval(sweep, opts.pruneEveryMs ?? PRUNE_EVERY_MS) : undefined;
+  pruner?.unref();
   const sizeCheckEveryMs = opts.sizeCheckEveryMs ?? SIZE_CHECK_EVERY_MS;
   const sizer = budget > 0 ? new HistoryBudget(queries, budget, opts.logger) : undefined;
   // One check at a time, chained behind the age sweep's deletes.
@@ -200,6 +206,19 @@ async function openEmbedded(opts: RunHistoryOptions): Promise<HistoryBackend> {
       "run history: the embedded history is now a SQLite file; the PGlite folder of an earlier version is no longer read " +
         "(delete it to free its room). Runs whose events SKIFF_EVENTS still holds (7 days) are projected again; older ones are not listed",
     );
+  if (fresh) {
+    // Earlier versions kept one history per worker of SKIFF_WORKERS, in the worker's folder.
+    const workers = await readdir(path.join(opts.dataDir, WORKERS_FOLDER)).catch(() => [] as string[]);
+    const old = [];
+    for (const n of workers)
+      if (await exists(path.join(opts.dataDir, WORKERS_FOLDER, n, HISTORY_FOLDER, SQLITE_FILE))) old.push(n);
+    if (old.length > 0)
+      opts.logger.warn(
+        { old: old.map((n) => path.join(opts.dataDir, WORKERS_FOLDER, n, HISTORY_FOLDER)), now: dir },
+        "run history: the workers of SKIFF_WORKERS now share one history; their own files of an earlier version are no longer read " +
+          "(delete them to free their room). Runs whose events SKIFF_EVENTS still holds (7 days) are projected again; older ones are not listed",
+      );
+  }
   return openSqliteHistory(dir);
 }
 

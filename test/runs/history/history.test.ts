@@ -348,6 +348,32 @@ describe("run history - the embedded database", () => {
   });
 });
 
+describe("run history - SKIFF_WORKERS' workers of an earlier version", () => {
+  it("each kept a history of its own; those files are left alone and said so, once", async () => {
+    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-history-workers-"));
+    try {
+      for (const n of ["1", "2"]) {
+        await mkdir(path.join(dataDir, "workers", n, HISTORY_FOLDER), { recursive: true });
+        await writeFile(path.join(dataDir, "workers", n, HISTORY_FOLDER, "runs.sqlite"), "");
+      }
+      const warnings: { old?: string[]; msg: string }[] = [];
+      const logger = Object.create(silentLogger) as typeof silentLogger;
+      logger.warn = ((o: { old?: string[] }, msg?: string) =>
+        void warnings.push({ ...o, msg: msg ?? "" })) as typeof logger.warn;
+      const said = () => warnings.filter((w) => w.msg.includes("now share one history"));
+      await close(await open("sqlite", newSchema(), { dataDir, logger }));
+      expect(said()).toHaveLength(1);
+      expect(said()[0].old?.sort()).toEqual(["1", "2"].map((n) => path.join(dataDir, "workers", n, HISTORY_FOLDER)));
+      // The shared file is there now: not said again.
+      await close(await open("sqlite", newSchema(), { dataDir, logger }));
+      expect(said()).toHaveLength(1);
+      expect(await readdir(path.join(dataDir, "workers", "1", HISTORY_FOLDER))).toEqual(["runs.sqlite"]);
+    } finally {
+      await rm(dataDir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe("run history - two processes sharing one PostgreSQL", () => {
   it("one projects at a time, the other takes over from the stored cursor, and both read the same runs", async () => {
     const schema = newSchema();
