@@ -75,6 +75,8 @@ export interface PipelineResults {
   streamed: Awaited<ReturnType<typeof streamedAnswers>>;
   rss_mb: { idle: number; loaded: number; after_soak: number | null };
   list_runs_ms: number | null;
+  /** The first page of ListRuns from wrk at one connection over the REST path (no client's work in it). */
+  list_runs_rest: { p50_ms: number; p99_ms: number } | null;
   /** Runs a second the run history projected while ListRuns was measured (run-listing.ts). */
   history_projected_per_s: number | null;
   errors: Record<string, number>;
@@ -472,6 +474,7 @@ export async function benchPipeline(argv: string[] = process.argv.slice(2)): Pro
       streamed,
       rss_mb: { idle, loaded, after_soak: null },
       list_runs_ms: null,
+      list_runs_rest: null,
       history_projected_per_s: null,
       errors,
       ratios: {

@@ -16,6 +16,7 @@ const results = await benchPipeline(argv);
 console.log("== run listing");
 const listing = await benchRunListing(quick ? 100_000 : 1_000_000);
 results.list_runs_ms = Number(listing.pageMs.toFixed(3));
+results.list_runs_rest = { p50_ms: listing.restPageMs, p99_ms: listing.restPageP99Ms };
 // How fast the run history takes in runs, with the machine otherwise idle but for the publisher: every sync run
 // is a row, so no sync rate above it can be kept up for long, whatever the request path costs.
 results.history_projected_per_s = listing.projectedPerS;
