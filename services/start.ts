@@ -192,9 +192,8 @@ const ROLES: Record<Role, RoleSpec> = {
         auth: await shared.auth(),
         dataDir: config.dataDir,
         databaseUrl: config.databaseUrl,
-        // One embedded history for every worker of SKIFF_WORKERS: worker 1 projects the events into it (each
-        // projector reads every event of the cluster: one per worker cost each call that many times over).
-        historyDir: config.dataDir,
+        // One embedded history (in dataDir) for every worker of SKIFF_WORKERS: worker 1 projects the events into
+        // it (each projector reads every event of the cluster: one per worker cost each call that many times over).
         projectHistory: config.worker === undefined || config.worker === 1,
         signingKey: config.signingKey,
         adminToken: config.adminToken,

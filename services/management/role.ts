@@ -22,10 +22,8 @@ interface ManagementRoleOptions {
   nc: NatsConnection;
   auth: Auth;
   dataDir: string;
-  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, SQLite in `historyDir`. */
+  /** SKIFF_DATABASE_URL: the run history's PostgreSQL; undefined, SQLite in `dataDir` (every worker's one). */
   databaseUrl: string | undefined;
-  /** The folder of the embedded run history; default `dataDir`. */
-  historyDir?: string;
   /** Whether this process projects the run events into the history (default true; with SKIFF_WORKERS, worker 1). */
   projectHistory?: boolean;
   /** SKIFF_SIGNING_KEY. */
@@ -79,7 +77,7 @@ export async function startManagementRole(opts: ManagementRoleOptions): Promise<
       logger: opts.logger,
       runs: opts.runs,
       databaseUrl: opts.databaseUrl,
-      dataDir: opts.historyDir ?? opts.dataDir,
+      dataDir: opts.dataDir,
       project: opts.projectHistory,
       historyBudget: opts.historyBudget,
       projectCreatedAt: async (projectId) => {

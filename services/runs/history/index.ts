@@ -195,6 +195,10 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
   };
 }
 
+/** What a fresh embedded history holds of the runs an old one held. */
+const PROJECTED_AGAIN =
+  "Runs whose events SKIFF_EVENTS still holds (7 days) are projected again; older ones are not listed";
+
 /** The embedded history in `dataDir`; a PGlite history of an earlier version beside it is left alone, and said so. */
 async function openEmbedded(opts: RunHistoryOptions): Promise<HistoryBackend> {
   const old = path.join(opts.dataDir, OLD_PGLITE_FOLDER);
@@ -204,7 +208,7 @@ async function openEmbedded(opts: RunHistoryOptions): Promise<HistoryBackend> {
     opts.logger.warn(
       { old, now: dir },
       "run history: the embedded history is now a SQLite file; the PGlite folder of an earlier version is no longer read " +
-        "(delete it to free its room). Runs whose events SKIFF_EVENTS still holds (7 days) are projected again; older ones are not listed",
+        `(delete it to free its room). ${PROJECTED_AGAIN}`,
     );
   if (fresh) {
     // Earlier versions kept one history per worker of SKIFF_WORKERS, in the worker's folder.
@@ -216,7 +220,7 @@ async function openEmbedded(opts: RunHistoryOptions): Promise<HistoryBackend> {
       opts.logger.warn(
         { old: old.map((n) => path.join(opts.dataDir, WORKERS_FOLDER, n, HISTORY_FOLDER)), now: dir },
         "run history: the workers of SKIFF_WORKERS now share one history; their own files of an earlier version are no longer read " +
-          "(delete them to free their room). Runs whose events SKIFF_EVENTS still holds (7 days) are projected again; older ones are not listed",
+          `(delete them to free their room). ${PROJECTED_AGAIN}`,
       );
   }
   return openSqliteHistory(dir);
