@@ -270,8 +270,13 @@ export class RunProjector {
         if (m.info.deliverySequence !== ++delivered)
           throw new Error("run history: a message of the run stream was lost");
         this.add(batch, m);
-        if (batch.messages >= this.batchSize) await flush();
-        else timer ??= setTimeout(() => void flush(), this.batchMs);
+        if (batch.messages >= this.batchSize) {
+          // The writer takes this batch once the one before it is written; meanwhile the next batch fills,
+          // so reading the stream and writing the database go on side by side (at most two batches held).
+          const before = writing;
+          void flush();
+          await before;
+        } else timer ??= setTimeout(() => void flush(), this.batchMs);
       }
     } finally {
       clearTimeout(timer);
