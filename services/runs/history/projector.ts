@@ -15,7 +15,8 @@
 // the stored cursor) when it is given up. Writes thus keep stream order, and
 // an upsert only replaces a row of a lower sequence (and never a final state
 // by one that is not), so a batch applied twice is applied once. What the
-// projector holds is the batch it is making: nothing per stored run.
+// projector holds is the batch it is making and the one being written:
+// nothing per stored run.
 import {
   AckPolicy,
   ConsumerEvents,
