@@ -187,7 +187,6 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
       {
         url: `${skiff.url}/v2/projects/${P}/apps/${APP}/runs`,
         method: "GET",
-        body: "",
         headers: { Authorization: `Bearer ${skiff.adminToken}` },
         status: 200,
         connections: 1,

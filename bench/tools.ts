@@ -222,9 +222,9 @@ function canConnect(port: number): Promise<boolean> {
 
 export interface WrkJob {
   url: string;
-  /** Default POST; a GET sends no body. */
+  /** Default POST, with `body`; a GET sends none. */
   method?: "GET" | "POST";
-  body: string;
+  body?: string;
   headers?: Record<string, string>;
   /** The status the answers should have (for the reader); wrk counts answers outside 2xx and 3xx as errors. */
   status: number;
@@ -247,7 +247,7 @@ export async function wrk(job: WrkJob, dir: string): Promise<WrkResult> {
     script,
     [
       `wrk.method = "${job.method ?? "POST"}"`,
-      ...(job.method === "GET" ? [] : [`wrk.body = ${JSON.stringify(job.body)}`]),
+      ...(job.body === undefined ? [] : [`wrk.body = ${JSON.stringify(job.body)}`]),
       ...Object.entries(headers).map(([k, v]) => `wrk.headers[${JSON.stringify(k)}] = ${JSON.stringify(v)}`),
     ].join("\n"),
   );

@@ -1,7 +1,7 @@
 // Projects in KV `skiff-projects`, one key per project id.
 import type { KV, NatsConnection } from "nats";
 import { PROJECT_ID } from "../auth/index.js";
-import { buckets, kvGetLatest } from "../nats/index.js";
+import { buckets, jsonOf, kvGetLatest } from "../nats/index.js";
 
 export interface ProjectRecord {
   project_id: string;
@@ -54,12 +54,7 @@ export class ProjectStore {
     // An id no project can have (a wildcard would name every key's subject) has none.
     if (!PROJECT_ID.test(projectId)) return undefined;
     const entry = await kvGetLatest(this.nc, buckets.projects.name, projectId);
-    if (entry?.operation !== "PUT") return undefined;
-    try {
-      return decode(JSON.parse(Buffer.from(entry.value).toString("utf8")));
-    } catch {
-      return undefined;
-    }
+    return entry?.operation === "PUT" ? decode(jsonOf(entry)) : undefined;
   }
 
   /** Deletes a project's record; false when there was none. */

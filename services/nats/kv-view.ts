@@ -148,10 +148,12 @@ export class KvView<T> {
   }
 }
 
-/** Parses a JSON KV value, or undefined when it is not JSON. */
-export function jsonOf(entry: KvEntry): unknown {
+const utf8 = new TextDecoder();
+
+/** Parses a JSON KV value (of a watch's entry or of kvGetLatest's), or undefined when it is not JSON. */
+export function jsonOf(entry: Pick<KvEntry, "value">): unknown {
   try {
-    return entry.json<unknown>();
+    return JSON.parse(utf8.decode(entry.value)) as unknown;
   } catch {
     return undefined;
   }
