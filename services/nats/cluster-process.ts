@@ -5,7 +5,7 @@
 // password. Streams and buckets get their copies on it with
 // SKIFF_NATS_REPLICAS=3.
 import { randomBytes } from "node:crypto";
-import { mkdir, writeFile } from "node:fs/promises";
+import { mkdir, rm, writeFile } from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -48,73 +48,43 @@ export function freePort(): Promise<number> {
   });
 }
 
+type ClusterOptions = { dir: string; size?: number; onLog?: (node: string, line: string) => void };
+
+/** Starts of a cluster made with ports chosen anew when another process took one of them first. */
+const PORT_ATTEMPTS = 3;
+
 /**
  * Starts `size` nodes under `dir` (one folder each) and waits until
  * JetStream can place a stream on all of them, so that skiff can provision at once.
+ * Its ports are chosen free before the nodes listen on them; when another
+ * process took one meanwhile, the nodes started are stopped, their folders
+ * removed, and the cluster is made again on other ports.
  */
-export async function startNatsCluster(opts: {
-  dir: string;
-  size?: number;
-  onLog?: (node: string, line: string) => void;
-}) {
+export async function startNatsCluster(opts: ClusterOptions) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startOnce(opts);
+    } catch (err) {
+      if (attempt >= PORT_ATTEMPTS || !String((err as Error)?.message).includes("address already in use")) throw err;
+    }
+  }
+}
+
+async function startOnce(opts: ClusterOptions) {
   const size = opts.size ?? 3;
   const user = "skiff";
   const password = randomBytes(18).toString("base64url");
   const ports = await Promise.all(Array.from({ length: size * 2 }, freePort));
   const routes = Array.from({ length: size }, (_, i) => `nats-route://127.0.0.1:${ports[size + i]}`);
   const nodes: ClusterNode[] = [];
-  for (let i = 0; i < size; i++) {
-    const name = `n${i + 1}`;
-    const home = path.join(opts.dir, name);
-    await mkdir(home, { recursive: true, mode: 0o700 });
-    const conf = path.join(home, "nats.conf");
-    await writeFile(
-      conf,
-      [
-        `server_name: ${name}`,
-        `listen: 127.0.0.1:${ports[i]}`,
-        `ports_file_dir: ${JSON.stringify(home)}`,
-        `jetstream { store_dir: ${JSON.stringify(path.join(home, "store"))} }`,
-        `authorization { user: ${JSON.stringify(user)}, password: ${JSON.stringify(password)} }`,
-        `cluster {`,
-        `  name: skiff`,
-        `  listen: 127.0.0.1:${ports[size + i]}`,
-        `  routes: [${routes.filter((_, j) => j !== i).join(", ")}]`,
-        `}`,
-      ].join("\n") + "\n",
-      { mode: 0o600 },
+  try {
+    await startNodes();
+  } catch (err) {
+    await Promise.all(nodes.map((n) => n.stop()));
+    await Promise.all(
+      Array.from({ length: size }, (_, i) => rm(path.join(opts.dir, `n${i + 1}`), { recursive: true, force: true })),
     );
-    let server: NatsServerProcess | undefined;
-    const launch = async () => {
-      server = await spawnNatsServer({
-        binary: NATS_SERVER_BINARY,
-        args: ["-c", conf],
-        portsDir: home,
-        onLog: (line) => opts.onLog?.(name, line),
-      });
-    };
-    await launch();
-    nodes.push({
-      name,
-      url: `nats://127.0.0.1:${ports[i]}`,
-      get pid() {
-        return server?.pid ?? 0;
-      },
-      get running() {
-        return server !== undefined;
-      },
-      stop: async () => {
-        await server?.stop();
-        server = undefined;
-      },
-      kill: async () => {
-        await server?.kill();
-        server = undefined;
-      },
-      start: async () => {
-        if (!server) await launch();
-      },
-    });
+    throw err;
   }
   const url = nodes.map((n) => n.url).join(",");
   await waitForPlacement(url, user, password, size);
@@ -127,6 +97,62 @@ export async function startNatsCluster(opts: {
       await Promise.all(nodes.map((n) => n.stop()));
     },
   } satisfies NatsCluster;
+
+  async function startNodes(): Promise<void> {
+    for (let i = 0; i < size; i++) {
+      const name = `n${i + 1}`;
+      const home = path.join(opts.dir, name);
+      await mkdir(home, { recursive: true, mode: 0o700 });
+      const conf = path.join(home, "nats.conf");
+      await writeFile(
+        conf,
+        [
+          `server_name: ${name}`,
+          `listen: 127.0.0.1:${ports[i]}`,
+          `ports_file_dir: ${JSON.stringify(home)}`,
+          `jetstream { store_dir: ${JSON.stringify(path.join(home, "store"))} }`,
+          `authorization { user: ${JSON.stringify(user)}, password: ${JSON.stringify(password)} }`,
+          `cluster {`,
+          `  name: skiff`,
+          `  listen: 127.0.0.1:${ports[size + i]}`,
+          `  routes: [${routes.filter((_, j) => j !== i).join(", ")}]`,
+          `}`,
+        ].join("\n") + "\n",
+        { mode: 0o600 },
+      );
+      let server: NatsServerProcess | undefined;
+      const launch = async () => {
+        server = await spawnNatsServer({
+          binary: NATS_SERVER_BINARY,
+          args: ["-c", conf],
+          portsDir: home,
+          onLog: (line) => opts.onLog?.(name, line),
+        });
+      };
+      await launch();
+      nodes.push({
+        name,
+        url: `nats://127.0.0.1:${ports[i]}`,
+        get pid() {
+          return server?.pid ?? 0;
+        },
+        get running() {
+          return server !== undefined;
+        },
+        stop: async () => {
+          await server?.stop();
+          server = undefined;
+        },
+        kill: async () => {
+          await server?.kill();
+          server = undefined;
+        },
+        start: async () => {
+          if (!server) await launch();
+        },
+      });
+    }
+  }
 }
 
 /**
