@@ -14,6 +14,7 @@ const UNIT = [
   "test/architecture.test.ts",
   "test/auth/authenticator.test.ts",
   "test/config/config.test.ts",
+  "test/helpers/stall-watch.test.ts",
   "test/management/stats.test.ts",
   "test/runner/deployment-cache.test.ts",
   "test/runner/replica-set.test.ts",
@@ -52,6 +53,9 @@ const timeouts = { testTimeout: 120_000, hookTimeout: 120_000 };
 
 export default defineConfig({
   test: {
+    // The default reporter, and one that ends a run in which nothing has started or ended for 10 minutes, saying what was in
+    // flight (SKIFF_TEST_STALL_MINUTES): a hang where no deadline reaches would otherwise sit until CI's limit, silent.
+    reporters: ["default", "./test/helpers/stall-watch.ts"],
     // Files at once. Most integration files spend their time waiting on processes (nats-server, replicas,
     // skiff itself); vitest's default (one less than the cores) runs them one after another on 2 cores.
     maxWorkers: 4,
