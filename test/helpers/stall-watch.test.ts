@@ -47,11 +47,33 @@ describe("StallWatch", () => {
     expect(ended()).toBe(0);
   });
 
-  it("does nothing while nothing is in flight (the bundles being made before any file)", () => {
+  it("does nothing before the run starts (the bundles being made) and after it ends", () => {
     const { w, ended, at } = watch();
     at(30);
     expect(w.check()).toBe(false);
+    w.onTestRunStart();
+    const a = file("a.test.ts");
+    w.onTestModuleStart(a);
+    w.onTestModuleEnd(a);
+    w.onTestRunEnd();
+    at(60);
+    expect(w.check()).toBe(false);
     expect(ended()).toBe(0);
+  });
+
+  it("ends a run whose files have all ended but which itself does not end", () => {
+    const { w, out, ended, at } = watch();
+    w.onTestRunStart();
+    const a = file("a.test.ts");
+    w.onTestModuleStart(a);
+    at(1);
+    w.onTestModuleEnd(a);
+    at(10.9);
+    expect(w.check()).toBe(false);
+    at(11);
+    expect(w.check()).toBe(true);
+    expect(ended()).toBe(1);
+    expect(out.join("")).toContain("nothing: every file has ended, the run has not");
   });
 
   it("reports what is in flight, the longest first, and ends the run once nothing has started or ended for the stall time", () => {

@@ -10,7 +10,7 @@ import { execFileSync } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
 import type { Reporter, ReportedHookContext, TestCase, TestModule } from "vitest/node";
 
-/** Minutes without any test, hook or file starting or ending, with something in flight, before the run is called stuck. */
+/** Minutes without any test, hook or file starting or ending, before a run that has started and not ended is called stuck. */
 const DEFAULT_STALL_MINUTES = 10;
 
 export interface StallWatchOptions {
@@ -39,6 +39,8 @@ export default class StallWatch implements Reporter {
   private readonly processes: () => string;
   private readonly inFlight = new Map<string, InFlight>();
   private lastMoved: number;
+  /** Between the run's start and its end. */
+  private running = false;
   private timer: NodeJS.Timeout | undefined;
 
   constructor(options: StallWatchOptions = {}) {
@@ -56,7 +58,12 @@ export default class StallWatch implements Reporter {
     }
   }
 
+  onTestRunStart(): void {
+    this.running = true;
+    this.lastMoved = this.now();
+  }
   onTestModuleStart(module: TestModule): void {
+    this.running = true;
     this.begin(`file:${module.moduleId}`, `${module.project.name} ${module.relativeModuleId}`);
   }
   onTestModuleEnd(module: TestModule): void {
@@ -75,19 +82,21 @@ export default class StallWatch implements Reporter {
     this.finish(hookKey(hook));
   }
   onTestRunEnd(): void {
+    this.running = false;
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
   }
 
-  /** Reports and ends the run when nothing has started or ended for the stall time while something is in flight; true then. */
+  /** Reports and ends the run when, between its start and its end, nothing has started or ended for the stall time; true then. */
   check(): boolean {
     const now = this.now();
-    if (this.inFlight.size === 0 || now - this.lastMoved < this.stallMs) return false;
+    if (!this.running || now - this.lastMoved < this.stallMs) return false;
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
     const lines = [...this.inFlight.values()]
       .sort((a, b) => a.since - b.since)
       .map((f) => `  ${Math.round((now - f.since) / 1000)} s: ${f.what}`);
+    if (lines.length === 0) lines.push("  nothing: every file has ended, the run has not");
     this.write(
       `\nThe test run is stuck: nothing has started or ended for ${((now - this.lastMoved) / 60_000).toFixed(1)} minutes. ` +
         `In flight, the longest first:\n${lines.join("\n")}\n${this.processes()}\n`,
