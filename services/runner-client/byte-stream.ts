@@ -19,7 +19,10 @@
 //
 // A side checks its peer's liveness once it knows the peer is there (it heard
 // from it, or expectPeer() says so): three heartbeats without a message
-// destroy it with StreamSilent. A destroyed side tells its peer (ABORT),
+// destroy it with StreamSilent. Those are heartbeats this side lived through
+// and judged after reading what had come: a process whose own event loop
+// stalled (load, a long GC) finds the peer's messages still unread when its
+// timer fires, and does not take the peer for gone for its own stall. A destroyed side tells its peer (ABORT),
 // unless both ways ended in order or the peer never was there.
 import { Duplex } from "node:stream";
 import type { NatsConnection, Subscription } from "nats";
@@ -88,6 +91,9 @@ export class ByteStream extends Duplex {
   private creditScheduled = false;
   private lastSent = Date.now();
   private lastHeard = Date.now();
+  /** When silence was last judged, and how many judgments in a row found nothing heard since the one before. */
+  private lastJudged = 0;
+  private missed = 0;
   /** The peer is there: it spoke, or expectPeer() said so. */
   private peerKnown: boolean;
   private peerGone = false;
@@ -162,9 +168,19 @@ export class ByteStream extends Duplex {
 
   private beat(): void {
     // Only once the peer is there (a gateway waiting for its reply neither pings nor counts silence).
-    const silent = Date.now() - this.lastHeard;
-    if (silent > this.heartbeatMs * MISSED_HEARTBEATS) return void this.destroy(new StreamSilent(silent));
     if (Date.now() - this.lastSent >= this.heartbeatMs) this.publish(StreamKind.Ping);
+    // Timers run before the socket is read: judged once what has already come is read.
+    setImmediate(() => this.judgeSilence());
+  }
+
+  private judgeSilence(): void {
+    if (this.destroyed) return;
+    const now = Date.now();
+    this.missed = this.lastHeard > this.lastJudged ? 0 : this.missed + 1;
+    this.lastJudged = now;
+    const silent = now - this.lastHeard;
+    if (this.missed >= MISSED_HEARTBEATS && silent > this.heartbeatMs * MISSED_HEARTBEATS)
+      this.destroy(new StreamSilent(silent));
   }
 
   override _write(chunk: Buffer, _encoding: BufferEncoding, callback: (err?: Error | null) => void): void {

@@ -154,4 +154,26 @@ describe("byte stream", () => {
     expect(await closed).toBeInstanceOf(StreamSilent);
     gone.destroy();
   });
+
+  it("a side whose own process stalled for many heartbeats does not give up a peer that is there", async () => {
+    const [left, right] = await pair(50);
+    const parts: Buffer[] = [];
+    right.on("data", (chunk: Buffer) => parts.push(chunk));
+    const ended = new Promise((resolve) => right.once("end", resolve));
+    left.resume();
+    const closes = Promise.all([closedOf(left), closedOf(right)]);
+    left.write("before ");
+    await vi.waitUntil(() => parts.length > 0, { timeout: 30_000, interval: 10 });
+    // Both ends' event loop blocked for ten heartbeats, as under a heavy load or a long GC.
+    const until = Date.now() + 500;
+    while (Date.now() < until);
+    // Three heartbeats and more after it, the peer talking (pings) again.
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    expect([left.destroyed, right.destroyed]).toEqual([false, false]);
+    left.end("after");
+    await ended;
+    expect(Buffer.concat(parts).toString()).toBe("before after");
+    right.end();
+    expect(await closes).toEqual([undefined, undefined]);
+  });
 });

@@ -25,7 +25,8 @@ import { ClientGoneError, type StreamedRequestBody } from "../../services/server
 import { answer, appRecord, ERRORS, FakeRunner, PROJECT, streamedAnswer } from "../helpers/fake-runner.js";
 import { startProvisionedNats } from "../helpers/nats-server.js";
 
-const HEARTBEAT_MS = 100;
+// Short, so the silent runner is found in a second; not so short that a loaded machine's pauses look like silence.
+const HEARTBEAT_MS = 250;
 const APP = appRecord("fake");
 let env: Awaited<ReturnType<typeof startProvisionedNats>>;
 let runnerNc: NatsConnection;
