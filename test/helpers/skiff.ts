@@ -2,6 +2,7 @@
 // temporary data folder, every role, a free port, and the admin token the
 // bootstrap wrote. Later issues' tests start theirs the same way.
 import { spawn, type ChildProcess } from "node:child_process";
+import http from "node:http";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -14,6 +15,14 @@ import { silentLogger, type Logger } from "../../services/config/logger.js";
 import { startSkiff, type Skiff } from "../../services/start.js";
 import { startNatsServer, type TestNats } from "./nats-server.js";
 import { SKIFF_SERVER, TEST_ROOT } from "./paths.js";
+
+/**
+ * The management clients' calls each on a connection of their own. Reusing an idle keep-alive socket races the
+ * server's closing of it (5 s idle; Node's agent lets a socket go after 4 s, by the server's Keep-Alive hint): a
+ * test process stalled past that second on a loaded machine sent a call on a socket the server had just closed
+ * and got ECONNRESET.
+ */
+const NEW_CONNECTIONS = new http.Agent({ keepAlive: false });
 
 export interface TestSkiffOptions {
   /** Share a server between several skiffs; default a new one, stopped with this skiff. */
@@ -62,7 +71,12 @@ export async function startTestSkiff(opts: TestSkiffOptions = {}): Promise<TestS
       management: (token = adminToken) =>
         createClient(
           ManagementService,
-          createConnectTransport({ baseUrl: skiff.url, httpVersion: "1.1", interceptors: [bearer(token)] }),
+          createConnectTransport({
+            baseUrl: skiff.url,
+            httpVersion: "1.1",
+            interceptors: [bearer(token)],
+            nodeOptions: { agent: NEW_CONNECTIONS },
+          }),
         ),
       async close() {
         await skiff.close();

@@ -307,12 +307,13 @@ describe("runner - scaling and replica life", () => {
   });
 
   it("redeploy: requests queued for the old version are served by the new one at once", async () => {
-    const r = await deploy({ max_replicas: 1, response_grace_period: 5 }, { env: { VERSION: "1" } });
+    const r = await deploy({ max_replicas: 1, response_grace_period: 30 }, { env: { VERSION: "1" } });
     await call(r, "/sleep", "ms=0");
     const order: string[] = [];
-    const busy = call(r, "/sleep", "ms=1500").then((x) => (order.push("busy"), x));
+    // Longer than the new version takes to start on a loaded machine, within the old one's grace period.
+    const busy = call(r, "/sleep", "ms=6000").then((x) => (order.push("busy"), x));
     const queued = call(r, "/env").then((x) => (order.push("queued"), x));
-    const config = parseAppConfig(toml({ max_replicas: 1, response_grace_period: 5 }, { env: { VERSION: "2" } }));
+    const config = parseAppConfig(toml({ max_replicas: 1, response_grace_period: 30 }, { env: { VERSION: "2" } }));
     await r.deploy({ projectId: "p", appName: "behave", version: 2, dir: BEHAVE, config });
     const res = await queued;
     expect((JSON.parse(Buffer.from(res.body).toString()) as { env: { VERSION: string } }).env.VERSION).toBe("2");
