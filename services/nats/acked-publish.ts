@@ -71,7 +71,9 @@ export class AckedPublisher {
     this.sub = nc.subscribe(`${this.inbox}.*`, {
       callback: (err, msg) => (err ? this.failAll(err) : this.answer(msg)),
     });
-    this.sweeper = setInterval(() => this.sweep(), SWEEP_MS);
+    // Timers run before the socket is read: after a stall of this process's event loop, the answers that came
+    // meanwhile are read first (setImmediate), and only what is still unanswered has timed out.
+    this.sweeper = setInterval(() => setImmediate(() => this.sweep()), SWEEP_MS);
     this.sweeper.unref();
     void nc.closed().then(() => this.failAll(new PublishError("the NATS connection closed")));
   }

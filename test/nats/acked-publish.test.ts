@@ -77,6 +77,17 @@ describe("publishAcked", () => {
       await other.close();
     }
   });
+
+  it("a process stalled past the timeout takes the acknowledgement that came meanwhile, not a timeout", async () => {
+    const publisher = new AckedPublisher(nc, 200);
+    const ack = publisher.publish("acked.stalled", bytes("x")).catch((e: unknown) => e);
+    // The publish goes out; then this process's event loop is blocked past the timeout and the sweep's second,
+    // while the acknowledgement comes and waits, unread, in the socket.
+    await new Promise((resolve) => setImmediate(resolve));
+    const until = Date.now() + 1_300;
+    while (Date.now() < until);
+    expect(await ack).toMatchObject({ stream: "ACKED", duplicate: false });
+  });
 });
 
 describe("confirmAck", () => {
