@@ -19,11 +19,12 @@
 //
 // A side checks its peer's liveness once it knows the peer is there (it heard
 // from it, or expectPeer() says so): three heartbeats without a message
-// destroy it with StreamSilent. Those are heartbeats this side lived through
-// and judged after reading what had come: a process whose own event loop
+// destroy it with StreamSilent. Those are heartbeats this side lived through,
+// each judged after reading what had come: a process whose own event loop
 // stalled (load, a long GC) finds the peer's messages still unread when its
-// timer fires, and does not take the peer for gone for its own stall. A destroyed side tells its peer (ABORT),
-// unless both ways ended in order or the peer never was there.
+// timer fires, and does not take the peer for gone for its own stall. A
+// destroyed side tells its peer (ABORT), unless both ways ended in order or
+// the peer never was there.
 import { Duplex } from "node:stream";
 import type { NatsConnection, Subscription } from "nats";
 import { decodeStreamFrame, encodeStreamFrame, StreamKind } from "./codec.js";
@@ -91,8 +92,9 @@ export class ByteStream extends Duplex {
   private creditScheduled = false;
   private lastSent = Date.now();
   private lastHeard = Date.now();
-  /** When silence was last judged, and how many judgments in a row found nothing heard since the one before. */
-  private lastJudged = 0;
+  /** Messages heard from the peer; how many there were at the last judgment of silence; judgments in a row that found none new. */
+  private heardCount = 0;
+  private heardAtJudgment = 0;
   private missed = 0;
   /** The peer is there: it spoke, or expectPeer() said so. */
   private peerKnown: boolean;
@@ -175,10 +177,9 @@ export class ByteStream extends Duplex {
 
   private judgeSilence(): void {
     if (this.destroyed) return;
-    const now = Date.now();
-    this.missed = this.lastHeard > this.lastJudged ? 0 : this.missed + 1;
-    this.lastJudged = now;
-    const silent = now - this.lastHeard;
+    this.missed = this.heardCount > this.heardAtJudgment ? 0 : this.missed + 1;
+    this.heardAtJudgment = this.heardCount;
+    const silent = Date.now() - this.lastHeard;
     if (this.missed >= MISSED_HEARTBEATS && silent > this.heartbeatMs * MISSED_HEARTBEATS)
       this.destroy(new StreamSilent(silent));
   }
@@ -232,6 +233,7 @@ export class ByteStream extends Duplex {
   private heard(data: Uint8Array): void {
     if (this.destroyed) return;
     this.lastHeard = Date.now();
+    this.heardCount++;
     if (!this.peerKnown) {
       this.peerKnown = true;
       this.startBeating();
