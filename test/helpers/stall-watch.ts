@@ -1,8 +1,8 @@
 // A reporter that ends a test run which has stopped moving. Every test and
 // hook has a deadline (vitest.config.ts), so a run in which nothing has
-// started or ended for many minutes while files are in flight is stuck where no deadline
-// reaches: a worker whose event loop is blocked, or a child it waits on
-// synchronously. Such a run would otherwise sit until CI's own limit and say
+// started or ended for many minutes, between its start and its end, is stuck
+// where no deadline reaches: a worker whose event loop is blocked, a child it
+// waits on synchronously, or the run itself after its last file. Such a run would otherwise sit until CI's own limit and say
 // nothing; this one says what was in flight, for how long, and which
 // processes were below the test run and in what state, then ends with exit
 // code 1.
