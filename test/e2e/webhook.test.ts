@@ -3,7 +3,9 @@
 import { execFileSync } from "node:child_process";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
+import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
+import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { cortexApp, deploy, P, post } from "../helpers/run-apps.js";
 import { verifyWebhook } from "../../services/webhook/signature.js";
@@ -58,15 +60,18 @@ function pythonVerifies(secret: string, h: http.IncomingHttpHeaders, body: Buffe
 describe("webhooks end to end", () => {
   let t: TestSkiff;
   let receiver: Awaited<ReturnType<typeof holdingReceiver>>;
+  let tmp: string;
 
   beforeAll(async () => {
+    tmp = await mkdtemp(path.join(tmpdir(), "skiff-webhook-e2e-"));
     t = await startTestSkiff({ env: { SKIFF_WEBHOOK_ALLOWED_CIDRS: "127.0.0.0/8" } });
     receiver = await holdingReceiver();
-    await deploy(tmpdir(), t.management(), cortexApp("hooks", { min_replicas: 1 }));
+    await deploy(tmp, t.management(), cortexApp("hooks", { min_replicas: 1 }));
   }, 60_000);
   afterAll(async () => {
     await receiver?.close();
     await t?.close();
+    if (tmp) await rm(tmp, { recursive: true, force: true });
   });
 
   it("a sync call right after a deploy waits for the runner to have the app, answers without waiting for its receiver, which gets the same bytes, signed", async () => {
