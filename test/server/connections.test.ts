@@ -134,18 +134,20 @@ describe("connection deadlines", () => {
   it("an idle keep-alive connection is closed after the keep-alive timeout", async () => {
     const server = await serve({ keepAliveTimeoutMs: 400, headersTimeoutMs: 5_000 });
     const socket = await connect(server);
+    // Timed from before the request: the server's deadline starts at its answer's end, which a loaded test
+    // process may read well after it was sent.
+    const start = performance.now();
     socket.write(REQUEST);
     await readUntil(socket, '{"slept":0}');
-    const start = performance.now();
     expect(await closedAfter(socket, start)).toBeGreaterThanOrEqual(390);
   });
 
   it("a keep-alive connection that dribbles its next head is closed after keep-alive + headers timeouts", async () => {
     const server = await serve({ keepAliveTimeoutMs: 300, headersTimeoutMs: 400 });
     const socket = await connect(server);
+    const start = performance.now(); // before the request, as above
     socket.write(REQUEST);
     await readUntil(socket, '{"slept":0}');
-    const start = performance.now();
     dribble(socket, "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: " + "a".repeat(1000), 50);
     expect(await closedAfter(socket, start)).toBeGreaterThanOrEqual(690);
   });
