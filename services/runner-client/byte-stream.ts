@@ -92,9 +92,8 @@ export class ByteStream extends Duplex {
   private creditScheduled = false;
   private lastSent = Date.now();
   private lastHeard = Date.now();
-  /** Messages heard from the peer; how many there were at the last judgment of silence; judgments in a row that found none new. */
-  private heardCount = 0;
-  private heardAtJudgment = 0;
+  /** Whether the peer spoke since the last judgment of silence, and how many judgments in a row found it had not. */
+  private heardSinceJudgment = false;
   private missed = 0;
   /** The peer is there: it spoke, or expectPeer() said so. */
   private peerKnown: boolean;
@@ -177,8 +176,8 @@ export class ByteStream extends Duplex {
 
   private judgeSilence(): void {
     if (this.destroyed) return;
-    this.missed = this.heardCount > this.heardAtJudgment ? 0 : this.missed + 1;
-    this.heardAtJudgment = this.heardCount;
+    this.missed = this.heardSinceJudgment ? 0 : this.missed + 1;
+    this.heardSinceJudgment = false;
     const silent = Date.now() - this.lastHeard;
     if (this.missed >= MISSED_HEARTBEATS && silent > this.heartbeatMs * MISSED_HEARTBEATS)
       this.destroy(new StreamSilent(silent));
@@ -233,7 +232,7 @@ export class ByteStream extends Duplex {
   private heard(data: Uint8Array): void {
     if (this.destroyed) return;
     this.lastHeard = Date.now();
-    this.heardCount++;
+    this.heardSinceJudgment = true;
     if (!this.peerKnown) {
       this.peerKnown = true;
       this.startBeating();
