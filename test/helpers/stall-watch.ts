@@ -6,7 +6,6 @@
 // nothing; this one says what was in flight, for how long, and which
 // processes were below the test run and in what state, then ends with exit
 // code 1.
-import { execFileSync } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
 import type { Reporter, ReportedHookContext, TestCase, TestModule } from "vitest/node";
 
@@ -20,7 +19,7 @@ export interface StallWatchOptions {
   write?: (text: string) => void;
   /** What ends the run once it is reported; by default the processes below this one are killed and it exits 1. */
   end?: () => void;
-  /** What the report says of the processes below the run (by default read from /proc and ps). */
+  /** What the report says of the processes below the run (by default read from /proc). */
   processes?: () => string;
   /** How often the watch looks; 0: only when check() is called (tests). */
   intervalMs?: number;
@@ -83,16 +82,14 @@ export default class StallWatch implements Reporter {
   }
   onTestRunEnd(): void {
     this.running = false;
-    if (this.timer) clearInterval(this.timer);
-    this.timer = undefined;
+    clearInterval(this.timer);
   }
 
   /** Reports and ends the run when, between its start and its end, nothing has started or ended for the stall time; true then. */
   check(): boolean {
     const now = this.now();
     if (!this.running || now - this.lastMoved < this.stallMs) return false;
-    if (this.timer) clearInterval(this.timer);
-    this.timer = undefined;
+    clearInterval(this.timer);
     const lines = [...this.inFlight.values()]
       .sort((a, b) => a.since - b.since)
       .map((f) => `  ${Math.round((now - f.since) / 1000)} s: ${f.what}`);
@@ -125,45 +122,49 @@ function entityName(hook: ReportedHookContext): string {
   return `"${e.fullName}" (${e.module.relativeModuleId})`;
 }
 
-/** The processes below this one: pid, parent, state, what the kernel waits in, the command line. */
-function processesBelow(): string {
-  const rows: string[] = [];
-  for (const pid of descendants(process.pid)) {
-    const stat = readProc(pid, "stat");
-    const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0] ?? "?";
-    const wchan = readProc(pid, "wchan") || "-";
-    const cmd = readProc(pid, "cmdline").replaceAll("\0", " ").trim().slice(0, 300);
-    rows.push(`  ${pid} ${state} ${wchan} ${cmd}`);
-  }
-  let dState = "";
-  try {
-    dState = execFileSync("ps", ["-eo", "pid,stat,wchan:30,etime,args"], { encoding: "utf8", timeout: 5000 })
-      .split("\n")
-      .filter((l, i) => i === 0 || /^\s*\d+\s+D/.test(l))
-      .join("\n");
-  } catch {
-    // ps is missing: the list below this run is there anyway
-  }
-  return `Processes below the test run (pid state wchan command):\n${rows.join("\n")}\nProcesses waiting in the kernel (state D):\n${dState}`;
+interface Proc {
+  ppid: number;
+  /** As /proc/<pid>/stat has it: R, S, D, Z... */
+  state: string;
 }
 
-function descendants(root: number): number[] {
-  const parentOf = new Map<number, number>();
+/** Every process of the machine, by pid. */
+function processTable(): Map<number, Proc> {
+  const table = new Map<number, Proc>();
   for (const name of readdirSync("/proc")) {
     if (!/^\d+$/.test(name)) continue;
     const stat = readProc(Number(name), "stat");
-    const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
-    if (Number.isFinite(ppid)) parentOf.set(Number(name), ppid);
+    // After the command's name, in parentheses: state, parent, ...
+    const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    if (state) table.set(Number(name), { ppid: Number(ppid), state });
   }
+  return table;
+}
+
+/** The pids below `root`, parents before their children. */
+function descendants(table: Map<number, Proc>, root: number): number[] {
   const found: number[] = [];
   let frontier = [root];
   while (frontier.length > 0) {
     const next: number[] = [];
-    for (const [pid, ppid] of parentOf) if (frontier.includes(ppid)) next.push(pid);
+    for (const [pid, p] of table) if (frontier.includes(p.ppid)) next.push(pid);
     found.push(...next);
     frontier = next;
   }
   return found;
+}
+
+/** The processes below this one, and every process of the machine waiting in the kernel (state D). */
+function processesBelow(): string {
+  const table = processTable();
+  const row = (pid: number) =>
+    `  ${pid} ${table.get(pid)!.state} ${readProc(pid, "wchan") || "-"} ` +
+    readProc(pid, "cmdline").replaceAll("\0", " ").trim().slice(0, 300);
+  const waiting = [...table].filter(([, p]) => p.state === "D").map(([pid]) => row(pid));
+  return (
+    `Processes below the test run (pid state wchan command):\n${descendants(table, process.pid).map(row).join("\n")}\n` +
+    `Processes waiting in the kernel (state D):\n${waiting.join("\n")}`
+  );
 }
 
 function readProc(pid: number, file: string): string {
@@ -175,7 +176,7 @@ function readProc(pid: number, file: string): string {
 }
 
 function endRun(): void {
-  for (const pid of descendants(process.pid).reverse()) {
+  for (const pid of descendants(processTable(), process.pid).reverse()) {
     try {
       process.kill(pid, "SIGKILL");
     } catch {
