@@ -78,7 +78,23 @@ async function startOnce(opts: ClusterOptions) {
   const routes = Array.from({ length: size }, (_, i) => `nats-route://127.0.0.1:${ports[size + i]}`);
   const nodes: ClusterNode[] = [];
   try {
-    await startNodes();
+    for (let i = 0; i < size; i++) {
+      const name = `n${i + 1}`;
+      const home = path.join(opts.dir, name);
+      const conf = [
+        `server_name: ${name}`,
+        `listen: 127.0.0.1:${ports[i]}`,
+        `ports_file_dir: ${JSON.stringify(home)}`,
+        `jetstream { store_dir: ${JSON.stringify(path.join(home, "store"))} }`,
+        `authorization { user: ${JSON.stringify(user)}, password: ${JSON.stringify(password)} }`,
+        `cluster {`,
+        `  name: skiff`,
+        `  listen: 127.0.0.1:${ports[size + i]}`,
+        `  routes: [${routes.filter((_, j) => j !== i).join(", ")}]`,
+        `}`,
+      ];
+      nodes.push(await startNode(name, home, ports[i], conf, opts.onLog));
+    }
   } catch (err) {
     await Promise.all(nodes.map((n) => n.stop()));
     await Promise.all(
@@ -97,62 +113,50 @@ async function startOnce(opts: ClusterOptions) {
       await Promise.all(nodes.map((n) => n.stop()));
     },
   } satisfies NatsCluster;
+}
 
-  async function startNodes(): Promise<void> {
-    for (let i = 0; i < size; i++) {
-      const name = `n${i + 1}`;
-      const home = path.join(opts.dir, name);
-      await mkdir(home, { recursive: true, mode: 0o700 });
-      const conf = path.join(home, "nats.conf");
-      await writeFile(
-        conf,
-        [
-          `server_name: ${name}`,
-          `listen: 127.0.0.1:${ports[i]}`,
-          `ports_file_dir: ${JSON.stringify(home)}`,
-          `jetstream { store_dir: ${JSON.stringify(path.join(home, "store"))} }`,
-          `authorization { user: ${JSON.stringify(user)}, password: ${JSON.stringify(password)} }`,
-          `cluster {`,
-          `  name: skiff`,
-          `  listen: 127.0.0.1:${ports[size + i]}`,
-          `  routes: [${routes.filter((_, j) => j !== i).join(", ")}]`,
-          `}`,
-        ].join("\n") + "\n",
-        { mode: 0o600 },
-      );
-      let server: NatsServerProcess | undefined;
-      const launch = async () => {
-        server = await spawnNatsServer({
-          binary: NATS_SERVER_BINARY,
-          args: ["-c", conf],
-          portsDir: home,
-          onLog: (line) => opts.onLog?.(name, line),
-        });
-      };
-      await launch();
-      nodes.push({
-        name,
-        url: `nats://127.0.0.1:${ports[i]}`,
-        get pid() {
-          return server?.pid ?? 0;
-        },
-        get running() {
-          return server !== undefined;
-        },
-        stop: async () => {
-          await server?.stop();
-          server = undefined;
-        },
-        kill: async () => {
-          await server?.kill();
-          server = undefined;
-        },
-        start: async () => {
-          if (!server) await launch();
-        },
-      });
-    }
-  }
+/** Writes a node's configuration into `home` and starts it; the node can be stopped, killed and started again. */
+async function startNode(
+  name: string,
+  home: string,
+  port: number,
+  conf: string[],
+  onLog: ClusterOptions["onLog"],
+): Promise<ClusterNode> {
+  await mkdir(home, { recursive: true, mode: 0o700 });
+  const file = path.join(home, "nats.conf");
+  await writeFile(file, conf.join("\n") + "\n", { mode: 0o600 });
+  let server: NatsServerProcess | undefined;
+  const launch = async () => {
+    server = await spawnNatsServer({
+      binary: NATS_SERVER_BINARY,
+      args: ["-c", file],
+      portsDir: home,
+      onLog: (line) => onLog?.(name, line),
+    });
+  };
+  await launch();
+  return {
+    name,
+    url: `nats://127.0.0.1:${port}`,
+    get pid() {
+      return server?.pid ?? 0;
+    },
+    get running() {
+      return server !== undefined;
+    },
+    stop: async () => {
+      await server?.stop();
+      server = undefined;
+    },
+    kill: async () => {
+      await server?.kill();
+      server = undefined;
+    },
+    start: async () => {
+      if (!server) await launch();
+    },
+  };
 }
 
 /**
