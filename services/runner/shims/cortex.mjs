@@ -39,9 +39,10 @@
 // ({"type","message"}), for the run's record. With any other Accept the
 // items are collected and answered as one JSON array.
 //
-// On SIGTERM the server stops accepting, finishes the requests in flight,
-// and exits 0.
+// On SIGTERM the server stops accepting, finishes the requests in flight
+// (each answer written out in full), and exits 0.
 import http from "node:http";
+import net from "node:net";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 
@@ -328,17 +329,49 @@ async function main(argv) {
   const server = http.createServer((req, res) => {
     // No Date of the shim's own: a streamed answer passes its headers to the caller, whose Date is skiff's.
     res.sendDate = false;
+    answering(req.socket, res);
     if (req.method === "GET" && req.url === "/health") return reply(res, 200, '{"status":"ok"}');
     if (req.method !== "POST") return reply(res, 404, errorBody("NotFound", "call a function with POST /{function}"));
     const chunks = [];
     req.on("data", (c) => chunks.push(c));
     req.on("end", () => void call(functions, req, res, Buffer.concat(chunks).toString("utf8")));
   });
-  // close() waits for requests in flight and drops idle keep-alive sockets.
-  process.on("SIGTERM", () => server.close(() => process.exit(0)));
+  server.on("connection", (socket) => {
+    open.add(socket);
+    socket.on("close", () => open.delete(socket));
+  });
+  process.on("SIGTERM", () => drain(server));
   if (fd !== undefined) server.listen({ fd });
   else server.listen(Number(process.env.PORT), "127.0.0.1");
   return undefined;
+}
+
+/** Connections whose answer is not yet handed to the system in full. */
+const busy = new Set();
+const open = new Set();
+let draining = false;
+
+function answering(socket, res) {
+  busy.add(socket);
+  if (draining) res.shouldKeepAlive = false;
+  res.on("finish", () => {
+    busy.delete(socket);
+    if (draining) socket.end();
+  });
+  res.on("close", () => busy.delete(socket));
+}
+
+/**
+ * SIGTERM: no new connections, the answers under way written out in full,
+ * then exit 0. Not http's server.close(): it also destroys a connection
+ * whose answer has ended but is still being written (a large answer,
+ * or a caller that reads slowly), which cut such an answer short.
+ */
+function drain(server) {
+  if (draining) return;
+  draining = true;
+  net.Server.prototype.close.call(server, () => process.exit(0));
+  for (const socket of open) if (!busy.has(socket)) socket.destroy();
 }
 
 main(process.argv.slice(2)).then(

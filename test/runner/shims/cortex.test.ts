@@ -3,7 +3,9 @@
 // fields do not fit the function's signature is answered 400
 // invalid_argument naming the parameter, before the function runs.
 import { spawn, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import http from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -31,6 +33,11 @@ async function freePort(): Promise<number> {
 
 /** Serves `source` with the shim of its language; resolves to its base URL once /health answers. */
 async function serve(file: string, source: string): Promise<string> {
+  return (await serveProcess(file, source)).url;
+}
+
+/** As serve(), with the shim's process. */
+async function serveProcess(file: string, source: string): Promise<{ url: string; proc: ChildProcess }> {
   await writeFile(path.join(tmp, file), source);
   const port = await freePort();
   const [command, shim] = file.endsWith(".py") ? ["python3", "cortex.py"] : [process.execPath, "cortex.mjs"];
@@ -49,7 +56,7 @@ async function serve(file: string, source: string): Promise<string> {
       ),
     { timeout: 20_000, interval: 50 },
   );
-  return url;
+  return { url, proc };
 }
 
 async function post(url: string, fn: string, body: string, runId?: string): Promise<{ status: number; json: any }> {
@@ -173,4 +180,49 @@ describe("cortex shim - Node signatures (the first parameter's object pattern)",
     });
     expect(await post(url, "whole", '{"x":1}', "run-3")).toEqual({ status: 200, json: 1 });
   });
+});
+
+describe("cortex shims - SIGTERM", () => {
+  // A replica is stopped with SIGTERM (a new version, a scale-down, a secret changed) while it may be writing an
+  // answer. Node's server.close() also destroys a connection whose answer is ended but not yet written out: an
+  // answer larger than the socket takes at once reached the runner cut short ("other side closed").
+  const BYTES = 8 * 1024 * 1024;
+  for (const [file, source] of [
+    ["big_node.mjs", "export function big({ n }) { return 'x'.repeat(n); }\n"],
+    ["big_py.py", "def big(n):\n    return 'x' * n\n"],
+  ]) {
+    it(`${file.endsWith(".py") ? "Python" : "Node"}: an answer being written goes out whole, then the shim exits 0; an idle connection does not hold it`, async () => {
+      const { url, proc } = await serveProcess(file, source);
+      const exited = once(proc, "exit") as Promise<[number | null, string | null]>;
+      const { port } = new URL(url);
+      const agent = new http.Agent({ keepAlive: true, maxSockets: 2 });
+      // A kept-alive connection left idle: the shim must not wait for it.
+      await new Promise<void>((resolve, reject) =>
+        http.get({ port, path: "/health", agent }, (r) => r.resume().on("end", resolve)).on("error", reject),
+      );
+      const body = JSON.stringify({ n: BYTES });
+      const answer = new Promise<{ status: number; bytes: number; error?: string }>((resolve) => {
+        const req = http.request(
+          { port, method: "POST", path: "/big", agent: false, headers: { "content-type": "application/json" } },
+          (res) => {
+            // The head is here, so the answer is ended on the shim's side; it is not read for a while, so most
+            // of it waits in the shim when the signal comes.
+            res.pause();
+            proc.kill("SIGTERM");
+            let bytes = 0;
+            res.on("data", (c: Buffer) => (bytes += c.length));
+            res.on("end", () => resolve({ status: res.statusCode!, bytes }));
+            res.on("error", (err) => resolve({ status: res.statusCode!, bytes, error: err.message }));
+            setTimeout(() => res.resume(), 300);
+          },
+        );
+        req.on("error", (err) => resolve({ status: 0, bytes: 0, error: err.message }));
+        req.end(body);
+      });
+      // The JSON string of BYTES characters: two quotes more.
+      expect(await answer).toEqual({ status: 200, bytes: BYTES + 2 });
+      expect(await exited).toEqual([0, null]);
+      agent.destroy();
+    });
+  }
 });
