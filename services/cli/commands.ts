@@ -52,7 +52,9 @@ function parseExpiry(expiresIn: string | undefined, expiresAt: string | undefine
   if (expiresAt !== undefined) {
     const ms = Date.parse(expiresAt);
     if (Number.isNaN(ms))
-      throw new UsageError(`--expires-at: expected an RFC 3339 time like 2030-01-31T00:00:00Z, got "${expiresAt}"`);
+      throw new UsageError(
+        `--expires-at: expected an RFC 3339 time like ${new Date(Date.now() + 90 * 86_400_000).toISOString().slice(0, 10)}T00:00:00Z, got "${expiresAt}"`,
+      );
     return timestampFromDate(new Date(ms));
   }
   const m = /^(\d+)([mhd])$/.exec(expiresIn ?? DEFAULT_EXPIRES_IN);

@@ -34,11 +34,16 @@ export function name(value: string, field: string, required: boolean): string {
   return value;
 }
 
+/** An expiry a message can give as an example: 90 days from now, at midnight UTC, so that it is always accepted. */
+export function exampleExpiry(now = Date.now()): string {
+  return `${new Date(now + 90 * 86_400_000).toISOString().slice(0, 10)}T00:00:00Z`;
+}
+
 /** The expiry of a new service account, in whole seconds (it becomes the token's `exp`). */
 export function expiry(value: Timestamp | undefined, now = Date.now()): Date {
   if (value === undefined)
     throw invalid(
-      "expires_at is required: an RFC 3339 time in the future, at most one year ahead (e.g. 2030-01-31T00:00:00Z)",
+      `expires_at is required: an RFC 3339 time in the future, at most one year ahead (e.g. ${exampleExpiry(now)})`,
     );
   const ms = Math.floor(timestampDate(value).getTime() / 1000) * 1000;
   if (ms <= now) throw invalid(`expires_at must be in the future, got ${new Date(ms).toISOString()}`);

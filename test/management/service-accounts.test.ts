@@ -111,6 +111,14 @@ describe("projects and service accounts", () => {
     expect(res.body.message).toMatch(message);
   });
 
+  it("the expiry that the message of a missing expires_at gives as an example is accepted", async () => {
+    const missing = await api("POST", "/v2/projects/p-a/service-accounts", { name: "n" });
+    const example = /\(e\.g\. ([^)]+)\)/.exec(missing.body.message)?.[1];
+    expect(example, missing.body.message).toMatch(/^\d{4}-\d\d-\d\dT00:00:00Z$/);
+    const created = await api("POST", "/v2/projects/p-a/service-accounts", { name: "n", expires_at: example });
+    expect(created.status, JSON.stringify(created.body)).toBe(200);
+  });
+
   it("names of 1 and 64 characters and an expiry of 365 days are accepted", async () => {
     for (const [name, days] of [
       ["x", 1],
