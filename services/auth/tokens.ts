@@ -71,6 +71,11 @@ export type KeyLookup = (kid: string) => KeyObject | undefined | Promise<KeyObje
  * (NATS unreachable) is thrown as it is, since it says nothing of the token.
  */
 export async function verifyToken(token: string, lookup: KeyLookup): Promise<VerifiedToken> {
+  // base64url leaves the last character's low bits unused: several spellings decode to the same signature, and
+  // jose accepts them all. One token has one spelling (what was issued): an altered character is refused.
+  const signature = token.slice(token.lastIndexOf(".") + 1);
+  if (Buffer.from(signature, "base64url").toString("base64url") !== signature)
+    throw new TokenError("signature not written as base64url writes it");
   let lookupError: unknown;
   let payload;
   try {

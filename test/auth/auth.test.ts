@@ -85,6 +85,16 @@ describe("authentication", () => {
         return `Bearer ${h}.${p}.${s.slice(0, 10)}${s[10] === "A" ? "B" : "A"}${s.slice(11)}`;
       },
     ],
+    [
+      "signature spelled otherwise (the same bytes: its last character's unused bits changed)",
+      async () => {
+        const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        const other = `${tokenA.slice(0, -1)}${alphabet[alphabet.indexOf(tokenA.at(-1)!) ^ 1]}`;
+        const signature = (token: string) => Buffer.from(token.split(".")[2], "base64url");
+        expect(signature(other)).toEqual(signature(tokenA));
+        return `Bearer ${other}`;
+      },
+    ],
     ["alg none", async () => `Bearer ${enc({ alg: "none", kid: key.kid, typ: "JWT" })}.${enc(decodeJwt(tokenA))}.`],
     [
       "HS256 keyed with the public key",
