@@ -40,10 +40,11 @@ function firstLine(file: string): string | undefined {
  * reads them, the address a running skiff wrote into its data folder, else
  * the default. The token: --token, SKIFF_TOKEN, else the data folder's admin
  * token. A token found in a data folder goes only to that folder's skiff:
- * to the address in that folder, unless the URL is given; without one (its
- * skiff is stopped) the CLI refuses, since another folder's address or the
- * default port may be another install's, or any local process's, which
- * would then hold this install's admin token.
+ * to the address in that folder, unless the URL is written out (--url,
+ * SKIFF_URL); without an address (its skiff is stopped), or with SKIFF_PORT
+ * naming another server, the CLI refuses, since another folder's address,
+ * the default port or that port may be another install's, or any local
+ * process's, which would then hold this install's admin token.
  */
 export function resolveTarget(flags: { url?: string; token?: string }, env: NodeJS.ProcessEnv, cwd: string): Target {
   const given = givenUrl(flags, env);
@@ -59,16 +60,32 @@ export function resolveTarget(flags: { url?: string; token?: string }, env: Node
     const file = path.join(dir, "admin-token");
     const token = firstLine(file);
     if (token === undefined) continue;
-    if (given) return target(given, token, file);
+    // A URL written out (--url, SKIFF_URL) is the user's choice; SKIFF_PORT may be set for another install's
+    // `npm start`, so with it the token goes only where its folder's skiff runs.
+    if (given && given.urlSource !== "SKIFF_PORT") return target(given, token, file);
     const addressFile = path.join(dir, ADDRESS_FILE);
     const url = firstLine(addressFile);
     if (url === undefined)
       throw new Error(
-        `no skiff is running from ${dir}: it writes ${addressFile} while it runs, and its admin token (${file}) goes to that address only; start it, or give its URL with --url, SKIFF_URL or SKIFF_PORT`,
+        `no skiff is running from ${dir}: it writes ${addressFile} while it runs, and its admin token (${file}) goes to that address only; start it, or give its URL with --url or SKIFF_URL`,
+      );
+    if (given && !sameServer(url, given.url))
+      throw new Error(
+        `the admin token in ${file} goes only to the skiff of that folder, at ${url} (${addressFile}), not to ${given.url} (SKIFF_PORT); for that server, pass its token with --token or SKIFF_TOKEN, or its data folder with SKIFF_DATA_DIR`,
       );
     return target({ url, urlSource: addressFile }, token, file);
   }
   return target(given ?? foundUrl(env, cwd), undefined, "none");
+}
+
+/** Whether two URLs name the same server (scheme, host and port; a path, a trailing slash and case aside). */
+function sameServer(a: string, b: string): boolean {
+  try {
+    const [x, y] = [new URL(a), new URL(b)];
+    return x.protocol === y.protocol && x.hostname === y.hostname && x.port === y.port;
+  } catch {
+    return false;
+  }
 }
 
 /** The URL given by --url, SKIFF_URL or SKIFF_PORT (with SKIFF_HOST), if any. */

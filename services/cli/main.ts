@@ -56,7 +56,8 @@ Options:
                        when SKIFF_PORT is set, else the address a running skiff wrote
                        into its data folder, else ${DEFAULT_URL})
   --token <token>      bearer token (default $SKIFF_TOKEN, else the admin token file
-                       of the data folder, sent only to the address in that folder)
+                       of the data folder, sent only to the address in that folder
+                       or to a URL given with --url or SKIFF_URL)
   The data folder: $SKIFF_DATA_DIR, else .data of this folder or of the skiff checkout.
   --json               print JSON instead of tables
   -h, --help           show this help`;

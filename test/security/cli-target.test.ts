@@ -6,7 +6,8 @@
 // to another folder's address, or to the default port: another install, or
 // any local process, which would then hold full admin rights over the
 // first. A token found in a data folder goes only to the address in that
-// same folder, unless the URL is given (--url, SKIFF_URL, SKIFF_PORT).
+// same folder, unless the URL is written out (--url, SKIFF_URL): SKIFF_PORT,
+// which may be set for another install's `npm start`, is not enough.
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -56,6 +57,23 @@ describe("an install's admin token goes to that install only", () => {
     const target = resolve({ SKIFF_DATA_DIR: a });
     if (target instanceof Error) return expect(target.message).toContain(a);
     expect(target.token === "token-of-a" && target.urlSource === "the default", JSON.stringify(target)).toBe(false);
+  });
+
+  it("not to a port that SKIFF_PORT names, unless its own skiff runs there", async () => {
+    // Stopped: refused, naming the folder.
+    const stopped = resolve({ SKIFF_DATA_DIR: a, SKIFF_PORT: "41234" });
+    expect(stopped instanceof Error ? stopped.message : JSON.stringify(stopped)).toContain(a);
+    // Running elsewhere: refused, naming both.
+    await writeFile(path.join(a, "address"), "http://127.0.0.1:45678\n");
+    const elsewhere = resolve({ SKIFF_DATA_DIR: a, SKIFF_PORT: "41234" });
+    expect(elsewhere instanceof Error ? elsewhere.message : JSON.stringify(elsewhere)).toMatch(
+      /http:\/\/127\.0\.0\.1:45678.*http:\/\/127\.0\.0\.1:41234/,
+    );
+    // Running there: taken.
+    expect(resolve({ SKIFF_DATA_DIR: a, SKIFF_PORT: "45678" })).toMatchObject({
+      url: "http://127.0.0.1:45678",
+      token: "token-of-a",
+    });
   });
 
   it("to its own address while it runs, and where the URL is given", async () => {
