@@ -34,7 +34,10 @@ async function main(): Promise<void> {
   try {
     skiff = await startSkiff(config, logger);
   } catch (err) {
-    logger.fatal({ err }, err instanceof Error ? err.message : String(err));
+    const message = err instanceof Error ? err.message : String(err);
+    logger.fatal({ err }, message);
+    // Said as a sentence too, as a wrong setting is: the log line above is for machines.
+    console.error(`skiff: cannot start: ${message}`);
     process.exit(1);
   }
   // In the background once the port is open: the server must answer the deploys.

@@ -477,9 +477,21 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   });
 
   await new Promise<void>((resolve, reject) => {
-    tcp.once("error", reject);
+    const refused = (err: NodeJS.ErrnoException) =>
+      reject(
+        err.code === "EADDRINUSE"
+          ? Object.assign(
+              new Error(
+                `port ${opts.port} on ${opts.host} is already in use (another skiff, or another program): stop it, or serve on another port with SKIFF_PORT (a second skiff on this machine also needs its own SKIFF_DATA_DIR)`,
+                { cause: err },
+              ),
+              { code: err.code },
+            )
+          : err,
+      );
+    tcp.once("error", refused);
     tcp.listen(opts.port, opts.host, () => {
-      tcp.off("error", reject);
+      tcp.off("error", refused);
       resolve();
     });
   });

@@ -184,6 +184,28 @@ describe("unimplemented methods", () => {
   });
 });
 
+describe("a port already in use", () => {
+  it("refuses with a message that says so and names SKIFF_PORT, not a bare EADDRINUSE", async () => {
+    const options = {
+      host: "127.0.0.1",
+      maxBodyBytes: 1024,
+      logger: silentLogger,
+      health: new HealthState(),
+      restServices: [ManagementService],
+      routes: (router: Parameters<Parameters<typeof startServer>[0]["routes"]>[0]) =>
+        router.service(ManagementService, {}),
+    };
+    const first = await startServer({ ...options, port: 0 });
+    try {
+      await expect(startServer({ ...options, port: first.port })).rejects.toThrow(
+        new RegExp(`^port ${first.port} on 127\\.0\\.0\\.1 is already in use .*SKIFF_PORT`),
+      );
+    } finally {
+      await first.close(1000);
+    }
+  });
+});
+
 describe("per-method body limits", () => {
   it("a method given a larger limit takes larger bodies over REST and Connect; the others keep SKIFF_MAX_BODY_BYTES", async () => {
     const health = new HealthState();
