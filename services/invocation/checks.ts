@@ -4,6 +4,7 @@
 // process but the DNS lookup of a webhook host.
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { AppRecord, AppRegistry } from "../apps/index.js";
+import { malformedJson } from "../server/index.js";
 import { type AddressGuard, InvalidWebhookEndpointError, validateWebhookEndpoint } from "../webhooks/index.js";
 
 const EMPTY_OBJECT = new TextEncoder().encode("{}");
@@ -72,7 +73,7 @@ export function cortexBody(body: Uint8Array): Uint8Array {
   try {
     value = JSON.parse(utf8.decode(body));
   } catch (err) {
-    throw new ConnectError(`malformed JSON body: ${(err as Error).message}`, Code.InvalidArgument);
+    throw new ConnectError(malformedJson(err), Code.InvalidArgument);
   }
   if (value === null || typeof value !== "object" || Array.isArray(value)) {
     throw new ConnectError(

@@ -3,7 +3,7 @@
 // dashboard's static files, and which headers cross between callers and apps.
 export { HealthState, healthRoutes } from "./health.js";
 export { appRequestHeaders, callerHeaders, isForwardedToApp, isPassedToCaller } from "./headers.js";
-export { codeHttpStatus, errorBody } from "./rest/errors.js";
+export { codeHttpStatus, errorBody, malformedJson } from "./rest/errors.js";
 export { httpExchange, setHttpStatus, streamHttpBody } from "./rest/http-exchange.js";
 export type { CallSignal, HttpExchange, StreamedBody, StreamedRequestBody } from "./rest/http-exchange.js";
 export { ClientGoneError, readWhole } from "./rest/body.js";

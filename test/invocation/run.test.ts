@@ -189,6 +189,19 @@ describe("invocation - Run against a fake runner, in-process", () => {
     expect(recorded.finished).toEqual([]);
   });
 
+  it("a Cortex call whose body is not JSON is 400 saying where it broke, never quoting the body", async () => {
+    const runner = new FakeRunner().host("fns");
+    const { client, recorded } = setUp([appRecord("fns", { cortex: ["predict"] })], runner);
+    const err = await client
+      .run({ projectId: PROJECT, appName: "fns", path: "predict", body: body('{"token": sk_live_5f}') })
+      .catch((e: unknown) => ConnectError.from(e));
+    expect(err).toBeInstanceOf(ConnectError);
+    expect((err as ConnectError).code).toBe(Code.InvalidArgument);
+    expect((err as ConnectError).rawMessage).toMatch(/^malformed JSON body: not valid JSON( \(at position \d+\))?$/);
+    expect(runner.calls).toEqual([]);
+    expect(recorded.finished).toEqual([]);
+  });
+
   it("right after a deploy, a call waits for this process's runner to have the new version", async () => {
     const runner = new FakeRunner().host("app", 1).on("/v", async () => answer(200, "served"));
     const fresh = appRecord("app", { version: 2, createdAt: new Date().toISOString() });

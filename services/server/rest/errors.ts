@@ -59,3 +59,13 @@ export function invalidArgument(message: string): TranscodeError {
 export function errorBody(code: Code, message: string): string {
   return JSON.stringify({ code: codeString(code), message });
 }
+
+/**
+ * What a caller is told of a body that is not JSON: where it broke, not V8's
+ * message, which quotes the body's first characters (a body may carry a
+ * secret, and a log line may carry the message).
+ */
+export function malformedJson(err: unknown): string {
+  const at = /at position (\d+)/.exec(err instanceof Error ? err.message : "")?.[1];
+  return `malformed JSON body: not valid JSON${at === undefined ? "" : ` (at position ${at})`}`;
+}

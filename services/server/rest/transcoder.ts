@@ -88,7 +88,7 @@ import {
   type NodeRequest,
   type NodeResponse,
 } from "./body.js";
-import { codeString, errorBody, invalidArgument, TranscodeError } from "./errors.js";
+import { codeString, errorBody, invalidArgument, malformedJson, TranscodeError } from "./errors.js";
 import { resolveDotted, setFromText } from "./fields.js";
 import { rawVariableValue, RouteTable, variableValue, type RouteMatch } from "./routes.js";
 
@@ -574,16 +574,18 @@ function parseJson(body: Uint8Array, contentType: string | undefined): JsonValue
   if (contentType && !isJsonMediaType(contentType)) {
     throw new TranscodeError(
       Code.InvalidArgument,
-      `unsupported media type ${JSON.stringify(truncate(contentType))}: the body must be JSON`,
+      `unsupported media type ${JSON.stringify(truncate(contentType))}: the body must be JSON${
+        /^application\/x-www-form-urlencoded\b/i.test(contentType)
+          ? " (send Content-Type: application/json: curl -d sends this type unless told otherwise)"
+          : ""
+      }`,
       { status: 415 },
     );
   }
   try {
     return JSON.parse(utf8.decode(body)) as JsonValue;
   } catch (e) {
-    // Only where it broke: V8's message quotes the body's first characters, and a body may be a secret's value.
-    const at = /at position (\d+)/.exec(e instanceof Error ? e.message : "")?.[1];
-    throw invalidArgument(`malformed JSON body: not valid JSON${at === undefined ? "" : ` (at position ${at})`}`);
+    throw invalidArgument(malformedJson(e));
   }
 }
 

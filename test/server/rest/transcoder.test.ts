@@ -358,6 +358,19 @@ const cases: Case[] = [
     json: { code: "invalid_argument", message: 'unsupported media type "text/plain": the body must be JSON' },
   },
   {
+    name: "a form body (curl -d without -H) is 415, saying what to send",
+    method: "POST",
+    path: "/v2/projects",
+    headers: { "content-type": "application/x-www-form-urlencoded" },
+    body: '{"name":"Dev"}',
+    status: 415,
+    json: {
+      code: "invalid_argument",
+      message:
+        'unsupported media type "application/x-www-form-urlencoded": the body must be JSON (send Content-Type: application/json: curl -d sends this type unless told otherwise)',
+    },
+  },
+  {
     name: "a body without Content-Type is read as JSON",
     method: "POST",
     path: "/v2/projects",
