@@ -47,12 +47,19 @@ function bearerToken(header: string | null): string | undefined {
   return m ? m[1] : undefined;
 }
 
-/** The localName of a method's `project_id` input field, if it has one (computed once per method). */
+/**
+ * The localName of a method's `project_id` input field, if it has one (computed once per method): the project
+ * the call acts in. CreateProject's names the project to make, which no service account may (its handler lets
+ * only the admin token, and says so).
+ */
 const projectFields = new WeakMap<DescMethod, string | null>();
 function projectField(method: DescMethod): string | null {
   let f = projectFields.get(method);
   if (f === undefined) {
-    f = method.input.fields.find((x) => x.name === "project_id")?.localName ?? null;
+    f =
+      method.name === "CreateProject"
+        ? null
+        : (method.input.fields.find((x) => x.name === "project_id")?.localName ?? null);
     projectFields.set(method, f);
   }
   return f;

@@ -170,9 +170,13 @@ describe("authentication", () => {
   });
 
   it("a service account token cannot create projects, and lists only its own project", async () => {
-    await expect(t.management(tokenA).createProject({ projectId: "p-c" })).rejects.toMatchObject({
-      code: Code.PermissionDenied,
-    });
+    // Named after what it needs (the admin token), its own project's id or another's, or none.
+    for (const projectId of ["p-c", "p-a", ""])
+      await expect(t.management(tokenA).createProject({ projectId }), projectId).rejects.toMatchObject({
+        code: Code.PermissionDenied,
+        rawMessage: "only the admin token can create projects",
+      });
+    await expect(t.management(tokenA).getProject({ projectId: "p-a" })).resolves.toBeDefined();
     const own = await t.management(tokenA).listProjects({});
     expect(own.projects.map((p) => p.projectId)).toEqual(["p-a"]);
     const all = await t.management().listProjects({});
