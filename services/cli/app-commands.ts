@@ -179,7 +179,17 @@ export const logs: Command = {
     }
     const res = await ctx.client.listAppLogs({ projectId: projectOf(ctx), appName: name, runId, limit });
     if (ctx.json)
-      return ctx.out(JSON.stringify(toJson(ListAppLogsResponseSchema, res, { useProtoFieldName: true }), null, 2));
+      return ctx.out(
+        JSON.stringify(
+          { lines: [], ...(toJson(ListAppLogsResponseSchema, res, { useProtoFieldName: true }) as object) },
+          null,
+          2,
+        ),
+      );
+    if (res.lines.length === 0)
+      return ctx.err(
+        `no log lines${runId === "" ? "" : ` of run ${runId}`} for app ${name} of project ${projectOf(ctx)}`,
+      );
     ctx.out(res.lines.map(logText).join("\n"));
   },
 };

@@ -248,6 +248,14 @@ describe("deploy - versions, replicas, logs, delete", () => {
     expect(res.stdout.trim().split("\n")).toEqual([
       expect.stringMatching(/^\S+Z hello-python-v1-\w+ \[run-logs-1\] greeting Logs$/),
     ]);
+    // A run without lines: said on stderr, nothing on stdout; as JSON, an empty list.
+    expect(await skiff(["logs", "hello-python", "--run", "run-without-lines"])).toMatchObject({
+      code: 0,
+      stdout: "",
+      stderr: "no log lines of run run-without-lines for app hello-python of project p-dev\n",
+    });
+    const json = await skiff(["logs", "hello-python", "--run", "run-without-lines", "--json"]);
+    expect(JSON.parse(json.stdout)).toEqual({ lines: [] });
 
     const follow = spawnCli(["logs", "hello-python", "--follow", "--limit", "1"], { env: cliEnv() });
     let out = "";
