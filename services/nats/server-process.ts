@@ -80,11 +80,14 @@ export async function spawnNatsServer(opts: SpawnNatsServerOptions): Promise<Nat
   await stopLeftovers(path.resolve(opts.portsDir), opts.logger);
   // setpriv sets the signal, then execs the server in its own place, so child.pid is the server's pid.
   const setpriv = await setprivWithPdeathsig();
+  // A process group of its own: Ctrl-C in a terminal signals skiff's group, and the server must outlive skiff's
+  // stop, which still writes to it (it stops the server last); it still ends with skiff (the death signal).
   const child =
     setpriv === undefined
-      ? spawn(opts.binary, opts.args, { stdio: ["ignore", "ignore", "pipe"] })
+      ? spawn(opts.binary, opts.args, { stdio: ["ignore", "ignore", "pipe"], detached: true })
       : spawn(setpriv, ["--pdeathsig", "TERM", "--", opts.binary, ...opts.args], {
           stdio: ["ignore", "ignore", "pipe"],
+          detached: true,
         });
   const log = collectLog(child, opts.onLog);
   let running = true;

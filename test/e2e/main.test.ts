@@ -1,10 +1,10 @@
 // The skiff process as `npm start` runs it.
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { startNatsServer, type TestNats } from "../helpers/nats-server.js";
 import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
 
@@ -61,6 +61,45 @@ describe("skiff process", () => {
     expect(res.status).toBe(200);
     child.kill("SIGTERM");
     expect(await exited(child)).toBe(0);
+  });
+
+  it("Ctrl-C in a terminal (SIGINT to skiff's process group) stops it cleanly, its own nats-server last", async () => {
+    const own = mkdtempSync(join(tmpdir(), "skiff-main-ctrl-c-"));
+    try {
+      // A group of its own, as a shell's foreground job: the signal goes to every process in it.
+      const child = spawn(process.execPath, [SKIFF_SERVER], {
+        cwd: root,
+        env: { PATH: process.env.PATH, HOME: process.env.HOME, CI: "1", SKIFF_PORT: "0", SKIFF_DATA_DIR: own },
+        stdio: ["ignore", "pipe", "pipe"],
+        detached: true,
+      });
+      const lines: Record<string, unknown>[] = [];
+      createInterface({ input: child.stdout! }).on("line", (text) => {
+        try {
+          lines.push(JSON.parse(text));
+        } catch {
+          // not a log line
+        }
+      });
+      const started = await logLine(child, (l) => String(l.msg).startsWith("started nats-server"));
+      await logLine(child, (l) => String(l.msg).startsWith("skiff serves"));
+      // The server is not in the group, so the signal reaches skiff alone, whose stop still writes to NATS (its
+      // replicas' records, the runs under way) and ends the server last: before, the server went first and
+      // the stop waited on a lost connection (13 s, "NATS disconnected", KV timeouts).
+      const group = (pid: number) => Number(readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ")[2]);
+      expect(group(started.serverPid as number)).not.toBe(group(child.pid!));
+      const code = exited(child);
+      process.kill(-child.pid!, "SIGINT");
+      expect(await code).toBe(0);
+      const complaints = lines
+        .filter((l) => Number(l.level) >= 40 && /nats|disconnect|timeout/i.test(JSON.stringify(l)))
+        .map((l) => l.msg);
+      expect(complaints).toEqual([]);
+      // And it did not outlive skiff.
+      await vi.waitFor(() => expect(() => process.kill(started.serverPid as number, 0)).toThrow(), { timeout: 10_000 });
+    } finally {
+      rmSync(own, { recursive: true, force: true });
+    }
   });
 
   it("--roles picks a subset: a webhook-only process serves probes but no management API", async () => {
