@@ -72,8 +72,29 @@ function print<D extends DescMessage>(
 }
 
 const time = (t: Timestamp | undefined) => (t ? timestampDate(t).toISOString() : "");
+/** The project of a command: --project, SKIFF_PROJECT, a service account token's own project, else p-dev. */
 export const projectOf = (ctx: CommandContext) =>
-  (ctx.options.project as string | undefined) ?? process.env.SKIFF_PROJECT ?? DEFAULT_PROJECT;
+  (ctx.options.project as string | undefined) ??
+  (process.env.SKIFF_PROJECT || undefined) ??
+  tokenProject(ctx.target.token) ??
+  DEFAULT_PROJECT;
+
+/**
+ * The `project_id` claim of a service account token (a JWT), read without checking it: only a default for
+ * --project, which the server checks as it checks every call. Undefined for an admin token or anything else.
+ */
+export function tokenProject(token: string): string | undefined {
+  const payload = token.split(".")[1];
+  if (payload === undefined || token.split(".").length !== 3) return undefined;
+  try {
+    const claims = JSON.parse(Buffer.from(payload, "base64url").toString("utf8")) as { project_id?: unknown };
+    return typeof claims.project_id === "string" && /^p-[a-z0-9]+$/.test(claims.project_id)
+      ? claims.project_id
+      : undefined;
+  } catch {
+    return undefined;
+  }
+}
 
 const accountRows = (accounts: ServiceAccount[]) =>
   accounts.map((a) => [a.serviceAccountId, a.name, time(a.createdAt), time(a.expiresAt)]);

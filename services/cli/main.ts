@@ -51,7 +51,8 @@ Commands:
   secrets delete <NAME>                  delete a secret
 
 Options:
-  -p, --project <id>   project of the app, service account and secret commands (default $SKIFF_PROJECT or ${DEFAULT_PROJECT})
+  -p, --project <id>   project of the app, service account and secret commands (default $SKIFF_PROJECT,
+                       else a service account token's own project, else ${DEFAULT_PROJECT})
   --url <url>          skiff server (default $SKIFF_URL, else http://$SKIFF_HOST:$SKIFF_PORT
                        when SKIFF_PORT is set, else the address a running skiff wrote
                        into its data folder, else ${DEFAULT_URL})

@@ -78,10 +78,18 @@ describe("skiff CLI", () => {
       new RegExp(`^ID\\s+NAME\\s+CREATED\\s+EXPIRES\\n${sa.service_account_id}\\s+deploy-bot\\s`),
     );
 
-    // The new token works for its own project through the CLI too.
+    // The new token works for its own project through the CLI too, which is its default project.
     expect(await skiff(["sa", "list", "-p", "p-cli"], { SKIFF_URL: t.url, SKIFF_TOKEN: token })).toMatchObject({
       code: 0,
     });
+    expect(await skiff(["sa", "list"], { SKIFF_URL: t.url, SKIFF_TOKEN: token })).toMatchObject({
+      code: 0,
+      stdout: expect.stringContaining(sa.service_account_id),
+    });
+    // --project and SKIFF_PROJECT still win (and the server says no to another project).
+    expect(await skiff(["sa", "list"], { SKIFF_URL: t.url, SKIFF_TOKEN: token, SKIFF_PROJECT: "p-dev" })).toMatchObject(
+      { code: 1, stderr: expect.stringContaining("403") },
+    );
 
     const deleted = await asAdmin(["service-accounts", "delete", sa.service_account_id, "-p", "p-cli"]);
     expect(deleted).toMatchObject({
