@@ -81,7 +81,8 @@ export const deploy: Command = {
       packed = await packApp(dir);
     } catch (err) {
       if (err instanceof BundleError || (err as NodeJS.ErrnoException).code === "ENOENT")
-        throw new UsageError(`cannot pack ${dir}: ${(err as Error).message}`);
+        // The folder's problem, not the command line's: exit code 1, as any refusal.
+        throw new Error(`cannot pack ${dir}: ${(err as Error).message}`);
       throw err;
     }
     const projectId = projectOf(ctx);

@@ -19,7 +19,7 @@ async function data(raw: string | undefined): Promise<Uint8Array> {
   try {
     return await readFile(raw.slice(1));
   } catch (err) {
-    throw new UsageError(`--data ${raw}: cannot read the file (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+    throw new Error(`--data ${raw}: cannot read the file (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
   }
 }
 

@@ -145,8 +145,10 @@ describe("deploy - refusals: nothing is deployed", () => {
     const dir = await writeApp(tmp, nodeApp("linked", {}, "v1"));
     await symlink("/etc/passwd", path.join(dir, "passwd"));
     const res = await skiff(["deploy", dir]);
-    expect(res.code).toBe(2);
+    // The folder's problem, not a wrong command line (2): refused, 1.
+    expect(res.code).toBe(1);
     expect(res.stderr).toMatch(/passwd is a link to \/etc\/passwd, outside the app folder/);
+    expect(res.stderr).not.toContain("--help");
   });
 
   it("a bundle over SKIFF_MAX_BUNDLE_BYTES, compressed or unpacked", async () => {
