@@ -230,7 +230,8 @@ const GATE_CLOSED = 125;
  * no runner.
  */
 const gateScript = (fd: number) =>
-  `skiff_text=$(/usr/bin/cat <&${fd}) || exit ${GATE_CLOSED}; eval "$skiff_text"; ` +
+  // sh exports PWD of its own accord: the app gets its environment only (a shell the app runs sets it again).
+  `unset PWD; skiff_text=$(/usr/bin/cat <&${fd}) || exit ${GATE_CLOSED}; eval "$skiff_text"; ` +
   `[ "$skiff_gate" = go ] || exit ${GATE_CLOSED}; unset skiff_gate skiff_text; exec ${fd}<&-; exec "$@"`;
 
 /** What the gate reads: the app's environment, quoted as data, then the line that releases the command. */
