@@ -94,6 +94,10 @@ describe("runner - runtimes", () => {
       error: { type: "ValueError", message: "numbers must not be empty" },
     });
     expect(Buffer.from(failed.body).toString()).not.toContain("Traceback");
+    // Written as every other answer of skiff's: no spaces after ":" and ",".
+    expect(Buffer.from(failed.body).toString()).toBe(
+      '{"run_id":"run-py-2","error":{"type":"ValueError","message":"numbers must not be empty"}}',
+    );
     const stderrOf = () => logs.filter((l) => l.runId === "run-py-2" && l.stream === "stderr").map((l) => l.text);
     await expect.poll(() => stderrOf().join("\n")).toContain('raise ValueError("numbers must not be empty")');
     const stderr = stderrOf();

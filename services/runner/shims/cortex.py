@@ -141,7 +141,7 @@ def misfit(name, function, kwargs):
 
 
 def error_body(kind, message):
-    return json.dumps({"error": {"type": kind, "message": message}}).encode()
+    return json.dumps({"error": {"type": kind, "message": message}}, separators=(",", ":")).encode()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -250,7 +250,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise
             except BaseException as err:  # noqa: B036 - any failure is the function's answer
                 kind, message = self.failed(name, err)
-                self.chunk(error_form % json.dumps({"type": kind, "message": message}))
+                self.chunk(error_form % json.dumps({"type": kind, "message": message}, separators=(",", ":")))
                 # A header value is ASCII: json.dumps escapes the rest.
                 trailer = b"X-Skiff-Error: " + json.dumps({"type": kind, "message": message[:500]}).encode() + b"\r\n"
             self.wfile.write(b"0\r\n" + trailer + b"\r\n")
