@@ -8,6 +8,7 @@ import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { parse, TomlError } from "smol-toml";
 import { MAX_RUN_SECONDS } from "../config/index.js";
+import { SHELL_NUMBER, SHELL_NUMBER_PROBLEM } from "../secrets/names.js";
 import { APP_CONFIG_FILE } from "./bundle.js";
 
 export const DEFAULT_HEALTHCHECK = "/health";
@@ -358,6 +359,7 @@ function checkEnv(c: Checker, t: Table): Record<string, string> {
     if (!ENV_NAME_PATTERN.test(name))
       c.fail(`env.${name}`, "is not a valid variable name: letters, digits and _, not starting with a digit");
     else if (name === "PORT") c.fail("env.PORT", "is reserved: the runner sets PORT for each replica");
+    else if (name === SHELL_NUMBER) c.fail(`env.${name}`, SHELL_NUMBER_PROBLEM);
     else if (typeof value !== "string") c.fail(`env.${name}`, `must be a string, got ${describe(value)}`);
     else env[name] = value;
   }

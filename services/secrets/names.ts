@@ -12,6 +12,14 @@ const RESERVED_SECRET_NAMES: readonly string[] = ["PORT", "PATH", "HOME", "LANG"
 /** Prefixes of skiff's own variables, any case (the sandbox's gate uses `skiff_` names). */
 const RESERVED_PREFIX = /^skiff_/i;
 
+/**
+ * A name the shell that starts every sandboxed app (the gate, runner/sandbox-argv.ts) takes for a number: a
+ * value that is not one stops the app before it runs. Neither a secret nor `[env]` may take it.
+ */
+export const SHELL_NUMBER = "OPTIND";
+export const SHELL_NUMBER_PROBLEM =
+  "is the shell's (the sandbox starts every app through sh, which takes OPTIND for a number)";
+
 /** Why `name` cannot name a secret, or undefined when it can. */
 export function secretNameProblem(name: string): string | undefined {
   if (name === "") return "is required";
@@ -19,6 +27,7 @@ export function secretNameProblem(name: string): string | undefined {
   if (!SECRET_NAME.test(name))
     return "must be an environment variable name: a letter or _, then letters, digits or _ ([A-Za-z_][A-Za-z0-9_]*)";
   if (RESERVED_SECRET_NAMES.includes(name)) return `is set by skiff itself (${RESERVED_SECRET_NAMES.join(", ")})`;
+  if (name === SHELL_NUMBER) return SHELL_NUMBER_PROBLEM;
   if (RESERVED_PREFIX.test(name)) return "starts with SKIFF_, which skiff keeps for its own variables";
   return undefined;
 }
