@@ -38,14 +38,19 @@ function server(): ConnectionOptions {
   } catch {
     // no such folder: said below
   }
-  // The live server's file: one whose process is still there.
+  // The live server's file: one whose process is a nats-server of this folder (a pid of a server that died may
+  // be any process's now, and its port anyone's, who would get this folder's nkey to sign for them).
   const live = ports.find((name) => {
+    let argv: string[];
     try {
-      process.kill(Number(/_(\d+)\./.exec(name)![1]), 0);
-      return true;
+      argv = readFileSync(`/proc/${/_(\d+)\./.exec(name)![1]}/cmdline`, "utf8").split("\0");
     } catch {
       return false;
     }
+    return (
+      path.basename(argv[0]) === "nats-server" &&
+      argv.slice(1).some((arg) => path.isAbsolute(arg) && path.resolve(arg).startsWith(dir + path.sep))
+    );
   });
   if (live === undefined)
     throw new Error(

@@ -17,7 +17,7 @@
 // shutdown) is stopped.
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { constants } from "node:fs";
-import { access, readdir, readFile, stat } from "node:fs/promises";
+import { access, readdir, readFile, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
@@ -78,6 +78,8 @@ export async function findOnPath(
 
 export async function spawnNatsServer(opts: SpawnNatsServerOptions): Promise<NatsServerProcess> {
   await stopLeftovers(path.resolve(opts.portsDir), opts.logger);
+  // Their servers are gone: a ports file left by one that was killed names a port anyone may listen on now.
+  await removePortsFiles(path.resolve(opts.portsDir));
   // setpriv sets the signal, then execs the server in its own place, so child.pid is the server's pid.
   const setpriv = await setprivWithPdeathsig();
   // A process group of its own: Ctrl-C in a terminal signals skiff's group, and the server must outlive skiff's
@@ -235,6 +237,11 @@ async function serversUsing(dir: string): Promise<number[]> {
 
 /** Whether `pid` runs nats-server with an argument (a config file, a store, `--opt=path`) in `dir`. Checked on the
  * command line itself, so a pid reused by another program never matches; a zombie's is empty. */
+async function removePortsFiles(dir: string): Promise<void> {
+  for (const name of await readdir(dir).catch(() => [] as string[]))
+    if (/^nats-server_\d+\.ports$/.test(name)) await rm(path.join(dir, name), { force: true });
+}
+
 async function usesFolder(pid: number, dir: string): Promise<boolean> {
   const argv = (await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")).split("\0");
   if (path.basename(argv[0]) !== NATS_SERVER_BINARY) return false;

@@ -3,7 +3,7 @@
 // server left running on the data folder is stopped before a new one starts,
 // while processes that merely look alike are left alone.
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -107,8 +107,14 @@ test("a nats-server left running on the data folder is stopped before a new one 
   while (leftover.exitCode === null && (await readFile(portsFile, "utf8").catch(() => "")) === "") await sleep(10);
   expect(leftover.exitCode).toBeNull();
 
+  // And the ports file of a server killed outright (SIGKILL leaves it): its pid and port may be anyone's now.
+  await writeFile(path.join(natsDir, `${NATS_SERVER_BINARY}_4194303.ports`), '{"nats":["nats://127.0.0.1:1"]}');
+
   const { logger, lines } = capturingLogger();
   const handle = await startedServer(dataDir, logger);
+  expect((await readdir(natsDir)).filter((n) => n.endsWith(".ports"))).toEqual([
+    `${NATS_SERVER_BINARY}_${handle.serverPid}.ports`,
+  ]);
 
   expect(await cmdline(leftover.pid!)).not.toContain(NATS_SERVER_BINARY);
   expect(handle.serverPid).not.toBe(leftover.pid);
