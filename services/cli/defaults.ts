@@ -28,7 +28,7 @@ export interface Target {
 
 function firstLine(file: string): string | undefined {
   try {
-    const text = readFileSync(file, "utf8").trim();
+    const text = readFileSync(file, "utf8").split("\n", 1)[0].trim();
     return text === "" ? undefined : text;
   } catch {
     return undefined; // not there: try the next place
