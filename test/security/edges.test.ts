@@ -1,5 +1,5 @@
-// An outsider's attacks on the boundaries the latest commits touched:
-// - CreateProject lost its project scope check in the auth interceptor (its
+// An outsider's attacks on five edges of boundaries kept elsewhere:
+// - CreateProject has no project scope check in the auth interceptor (its
 //   handler refuses all but the admin token): a service account tries to
 //   make, overwrite or touch projects through every transport, and every
 //   other method that names a project must still be scope-checked;
@@ -7,7 +7,7 @@
 //   spellings of a token, the token cache, and tokens the server issues;
 // - the CLI sends a data folder's admin token only to that folder's skiff:
 //   SKIFF_HOST / SKIFF_PORT tricks, several data folders, odd address files;
-// - the sandbox gate now starts with `unset PWD`: [env] and secret names and
+// - the sandbox gate starts with `unset PWD`: [env] and secret names and
 //   values as shell text, and the gate's refusal when it is not released;
 // - the example event consumer finds its nats-server from the ports files in
 //   the data folder and authenticates with skiff's nkey: a ports file left by
@@ -44,7 +44,7 @@ const ROOT = path.resolve(import.meta.dirname, "../..");
 // ---------------------------------------------------------------------------
 // 1 and 2: a whole skiff.
 
-describe("session attacks on a running skiff", () => {
+describe("a running skiff: CreateProject's scope and token spellings", () => {
   let t: TestSkiff;
   let before: { projectId: string; name: string; createdAt: bigint | undefined }[];
 
@@ -317,7 +317,7 @@ describe("the CLI's admin token and SKIFF_HOST / SKIFF_PORT", () => {
   const A_URL = "http://127.0.0.1:45678";
 
   beforeAll(async () => {
-    tmp = await mkdtemp(path.join(tmpdir(), "skiff-session-cli-"));
+    tmp = await mkdtemp(path.join(tmpdir(), "skiff-edges-cli-"));
     a = path.join(tmp, "a");
     cwd = path.join(tmp, "work");
     await mkdir(a);
@@ -416,7 +416,7 @@ describe("the sandbox gate after `unset PWD`", () => {
   let script: string;
 
   beforeAll(async () => {
-    tmp = await mkdtemp(path.join(tmpdir(), "skiff-session-gate-"));
+    tmp = await mkdtemp(path.join(tmpdir(), "skiff-edges-gate-"));
     const { command } = sandboxArgv(
       { appDir: tmp, uid: 1_234_567, limits: DEFAULT_SANDBOX_LIMITS, command: "/usr/bin/env", args: [], env: {} },
       { info: 3, seccomp: 4, gate: 5 },
@@ -527,7 +527,7 @@ describe("the sandbox gate after `unset PWD`", () => {
 
   /** The app (node) in a real sandbox, as root: what it printed of its environment, and stderr. */
   const sandboxEnv = async (env: Record<string, string>) => {
-    const appDir = await mkdtemp(path.join(tmpdir(), "skiff-session-app-"));
+    const appDir = await mkdtemp(path.join(tmpdir(), "skiff-edges-app-"));
     await chmod(appDir, 0o755);
     try {
       const SANDBOX = defaultSandbox({ limits: { ...DEFAULT_SANDBOX_LIMITS, memoryMb: 1024 } });
@@ -648,7 +648,7 @@ describe("the example event consumer and a ports file left by a dead nats-server
   }
 
   it("skiff stopped, its server's ports file left behind, its pid now another process's: the consumer does not connect to whoever listens on that port", async () => {
-    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-session-consumer-"));
+    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-edges-consumer-"));
     const other = spawn("/usr/bin/sleep", ["60"], { stdio: "ignore" }); // the pid, reused by an unrelated program
     const evil = attacker(undefined);
     try {
@@ -670,7 +670,7 @@ describe("the example event consumer and a ports file left by a dead nats-server
   }, 60_000);
 
   it("skiff running, a stale ports file that sorts first: no one can relay the consumer's nkey signature into skiff's NATS", async () => {
-    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-session-relay-"));
+    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-edges-relay-"));
     const handle = await connectNats({ dataDir, logger: silentLogger });
     const evil = attacker(handle.url);
     try {
@@ -693,7 +693,7 @@ describe("the example event consumer and a ports file left by a dead nats-server
   }, 60_000);
 
   it("the nkey seed file and the nats folder are the owner's only", async () => {
-    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-session-nk-"));
+    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-edges-nk-"));
     const handle = await connectNats({ dataDir, logger: silentLogger });
     try {
       expect((await stat(path.join(dataDir, "nats"))).mode & 0o077).toBe(0);
