@@ -4,6 +4,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
+import { SERVER_NODE_FLAGS } from "../bin/server-flags.js";
 import { stop } from "./tools.js";
 
 const ROOT = path.resolve(import.meta.dirname, "..");
@@ -27,7 +28,12 @@ export async function startSkiffProcess(opts: {
 }): Promise<SkiffProcess> {
   const child = spawn(
     process.execPath,
-    [...(opts.nodeArgs ?? []), "bin/skiff-server.js", ...(opts.roles ? ["--roles", opts.roles] : [])],
+    [
+      ...SERVER_NODE_FLAGS,
+      ...(opts.nodeArgs ?? []),
+      "bin/skiff-server.js",
+      ...(opts.roles ? ["--roles", opts.roles] : []),
+    ],
     {
       cwd: ROOT,
       env: {

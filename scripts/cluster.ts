@@ -23,6 +23,7 @@ import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
 import pg from "pg";
+import { SERVER_NODE_FLAGS } from "../bin/server-flags.js";
 import { createLogger } from "../services/config/index.js";
 import { deployExamples } from "../services/management/index.js";
 import { startNatsCluster, type NatsCluster } from "../services/nats/cluster-process.js";
@@ -201,7 +202,8 @@ async function main(): Promise<void> {
 
   /** Starts one process; like systemd's Restart=on-failure, one that exits unasked is started again after a pause. */
   function launch(p: (typeof PROCESSES)[number], attempt = 1): void {
-    const child = spawn(process.execPath, [path.join(ROOT, "bin", "skiff-server.js"), "--roles", p.roles], {
+    const argv = [...SERVER_NODE_FLAGS, path.join(ROOT, "bin", "skiff-server.js"), "--roles", p.roles];
+    const child = spawn(process.execPath, argv, {
       cwd: ROOT,
       env: {
         ...process.env,

@@ -4,6 +4,7 @@
 import { readFile, stat, utimes } from "node:fs/promises";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
+import { SERVER_NODE_FLAGS } from "../../bin/server-flags.js";
 import { runCli } from "../helpers/cli.js";
 import { TEST_ROOT } from "../helpers/paths.js";
 
@@ -45,5 +46,17 @@ describe("bin/skiff-server.js", () => {
     expect(bundle).not.toMatch(/import\.meta\.(url|dirname|filename)/);
     // netns-connect.ts finds its helper script beside it: `path.join(import.meta.dirname, "netns-connect.py")`.
     expect(bundle).toMatch(`.join(${JSON.stringify(path.join(ROOT, "services", "runner"))}, "netns-connect.py")`);
+  });
+});
+
+describe("bin/server-flags.js", () => {
+  it("npm start, the systemd unit and the manifests of docs/deploy.md start the server with Node's options of the server", async () => {
+    const start = `node ${SERVER_NODE_FLAGS.join(" ")} bin/skiff-server.js`;
+    const pkg = JSON.parse(await readFile(path.join(ROOT, "package.json"), "utf8")) as { scripts: { start: string } };
+    expect(pkg.scripts.start).toBe(start);
+    const deploy = await readFile(path.join(ROOT, "docs/deploy.md"), "utf8");
+    expect(deploy).toContain(`ExecStart=/usr/bin/${start}`);
+    expect(deploy).toContain(`started with \`${start}\``);
+    expect(deploy).not.toMatch(/node bin\/skiff-server\.js/);
   });
 });
