@@ -235,13 +235,14 @@ async function serversUsing(dir: string): Promise<number[]> {
   return pids.filter((_, i) => using[i]);
 }
 
-/** Whether `pid` runs nats-server with an argument (a config file, a store, `--opt=path`) in `dir`. Checked on the
- * command line itself, so a pid reused by another program never matches; a zombie's is empty. */
+/** Removes the ports files in `dir` (`<binary>_<pid>.ports`), once no server runs on it. */
 async function removePortsFiles(dir: string): Promise<void> {
   for (const name of await readdir(dir).catch(() => [] as string[]))
     if (/^nats-server_\d+\.ports$/.test(name)) await rm(path.join(dir, name), { force: true });
 }
 
+/** Whether `pid` runs nats-server with an argument (a config file, a store, `--opt=path`) in `dir`. Checked on the
+ * command line itself, so a pid reused by another program never matches; a zombie's is empty. */
 async function usesFolder(pid: number, dir: string): Promise<boolean> {
   const argv = (await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")).split("\0");
   if (path.basename(argv[0]) !== NATS_SERVER_BINARY) return false;
