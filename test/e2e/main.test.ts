@@ -65,9 +65,10 @@ describe("skiff process", () => {
 
   it("Ctrl-C in a terminal (SIGINT to skiff's process group) stops it cleanly, its own nats-server last", async () => {
     const own = mkdtempSync(join(tmpdir(), "skiff-main-ctrl-c-"));
+    let child: ChildProcess | undefined;
     try {
       // A group of its own, as a shell's foreground job: the signal goes to every process in it.
-      const child = spawn(process.execPath, [SKIFF_SERVER], {
+      child = spawn(process.execPath, [SKIFF_SERVER], {
         cwd: root,
         env: { PATH: process.env.PATH, HOME: process.env.HOME, CI: "1", SKIFF_PORT: "0", SKIFF_DATA_DIR: own },
         stdio: ["ignore", "pipe", "pipe"],
@@ -98,6 +99,8 @@ describe("skiff process", () => {
       // And it did not outlive skiff.
       await vi.waitFor(() => expect(() => process.kill(started.serverPid as number, 0)).toThrow(), { timeout: 10_000 });
     } finally {
+      // A failed expectation leaves nothing running: the group, and the server of the data folder.
+      if (child?.exitCode === null && child.signalCode === null) process.kill(-child.pid!, "SIGKILL");
       rmSync(own, { recursive: true, force: true });
     }
   });
