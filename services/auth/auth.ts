@@ -12,6 +12,7 @@ import type { NatsConnection } from "nats";
 import { Health } from "../../gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../../gen/grpc/reflection/v1/reflection_pb.js";
 import { ServerReflection as ServerReflectionAlpha } from "../../gen/grpc/reflection/v1alpha/reflection_pb.js";
+import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { AccountDirectory } from "./accounts.js";
 import { AdminTokens } from "./admin-tokens.js";
 import { Authenticator, type Principal, type ServiceAccountPrincipal } from "./authenticator.js";
@@ -57,7 +58,7 @@ function projectField(method: DescMethod): string | null {
   let f = projectFields.get(method);
   if (f === undefined) {
     f =
-      method.name === "CreateProject"
+      method === ManagementService.method.createProject
         ? null
         : (method.input.fields.find((x) => x.name === "project_id")?.localName ?? null);
     projectFields.set(method, f);

@@ -84,10 +84,10 @@ export const projectOf = (ctx: CommandContext) =>
  * --project, which the server checks as it checks every call. Undefined for an admin token or anything else.
  */
 export function tokenProject(token: string): string | undefined {
-  const payload = token.split(".")[1];
-  if (payload === undefined || token.split(".").length !== 3) return undefined;
+  const parts = token.split(".");
+  if (parts.length !== 3) return undefined;
   try {
-    const claims = JSON.parse(Buffer.from(payload, "base64url").toString("utf8")) as { project_id?: unknown };
+    const claims = JSON.parse(Buffer.from(parts[1], "base64url").toString("utf8")) as { project_id?: unknown };
     return typeof claims.project_id === "string" && /^p-[a-z0-9]+$/.test(claims.project_id)
       ? claims.project_id
       : undefined;

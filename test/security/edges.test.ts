@@ -175,7 +175,7 @@ describe("a running skiff: CreateProject's scope and token spellings", () => {
       expect(await projects()).toEqual(before);
     });
 
-    it("only ManagementService has a method named CreateProject (the interceptor matches the name alone)", () => {
+    it("only ManagementService has a method named CreateProject (the interceptor leaves that one method to its handler)", () => {
       const named = SKIFF_APIS.flatMap((api) => api.services).flatMap((s: DescService) =>
         s.methods.filter((m) => m.name.toLowerCase() === "createproject").map((m) => `${s.typeName}/${m.name}`),
       );
