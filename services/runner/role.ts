@@ -101,8 +101,15 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     onReplicaChange: (change) => publisher.changed(change),
   });
 
-  /** What this runner deployed, by app key: a recreated app starts at version 1 again, so the digest counts too. */
-  const deployed = new Map<string, { projectId: string; appName: string; version: number; digest: string }>();
+  /**
+   * What this runner has deployed, by app key: a recreated app starts at version 1 again, so the digest counts
+   * too. An entry stays as long as the runner holds the app, so that a deletion always finds it; `stale` marks
+   * one to deploy again (new secrets) even when its version is the record's.
+   */
+  const deployed = new Map<
+    string,
+    { projectId: string; appName: string; version: number; digest: string; stale?: boolean }
+  >();
   const queues = new Map<string, Promise<void>>();
   let closed = false;
 
@@ -140,7 +147,7 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
       return;
     }
     const want = record.deployment;
-    if (have?.version === want.version && have.digest === want.digest) return;
+    if (have && !have.stale && have.version === want.version && have.digest === want.digest) return;
     try {
       const ready = await deployments.get(want.digest, () => fetchBundle(record), projectId);
       // A newer record arrived while preparing: its own turn comes next.
@@ -199,7 +206,7 @@ export async function startRunnerRole(opts: RunnerRoleOptions): Promise<RunnerRo
     if (closed) return;
     for (const [key, app] of deployed)
       if (app.projectId === projectId) {
-        deployed.delete(key);
+        app.stale = true;
         logger.info({ app: key }, "a project secret changed; replacing the app's replicas");
         schedule(app.projectId, app.appName);
       }
