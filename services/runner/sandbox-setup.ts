@@ -85,12 +85,31 @@ export function probeSandbox(host: SandboxHost, limits: SandboxLimits): string |
     }).toString();
     if (!out.includes("sandbox-ok")) return `the probe sandbox did not run as expected: ${out.trim().slice(0, 200)}`;
   } catch (err) {
-    const e = err as { stderr?: Buffer; message: string };
-    return `bwrap fails here: ${(e.stderr?.toString() || e.message).trim().slice(0, 300)}`;
+    return `bwrap fails here: ${probeFailure(err as ProbeError)}`;
   } finally {
     for (const fd of opened) closeSync(fd);
   }
   return undefined;
+}
+
+type ProbeError = { stderr?: Buffer; status?: number | null; signal?: string | null; code?: string; message: string };
+
+/**
+ * What the probe's failure says, on one line: what bwrap printed, else how it ended (an exec error's message
+ * names the whole command line, a shell script over several lines).
+ */
+function probeFailure(e: ProbeError): string {
+  const said = e.stderr?.toString().trim();
+  const how = said
+    ? said
+    : e.code === "ETIMEDOUT"
+      ? "it did not finish within 10 s"
+      : typeof e.status === "number"
+        ? `it exited with code ${e.status} and printed nothing`
+        : e.signal
+          ? `it was ended by ${e.signal}`
+          : e.message.split("\n")[0]!;
+  return how.replace(/\s+/g, " ").slice(0, 300);
 }
 
 /**

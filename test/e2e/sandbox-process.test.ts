@@ -107,17 +107,21 @@ describe("a host where the sandbox cannot work", () => {
       "/nonexistent/bwrap",
       /SKIFF_BWRAP names \/nonexistent\/bwrap, which does not exist/,
     ],
-    ["a bwrap that fails", "/bin/false", /bwrap fails here/],
+    ["a bwrap that fails", "/bin/false", /bwrap fails here: it exited with code 1 and printed nothing/],
   ])(
     "%s: skiff refuses to start, saying how to fix it",
     async (_, bwrap, reason) => {
       const s = startMain({ SKIFF_DATA_DIR: path.join(tmp, "refuse"), SKIFF_BWRAP: bwrap });
       expect(await s.exit).toBe(1);
-      const fatal = s.output.find((l) => l.includes("cannot sandbox apps on this host"));
-      expect(fatal, s.output.join("\n")).toBeDefined();
-      expect(fatal).toMatch(reason);
-      expect(fatal).toMatch(/apt-get install bubblewrap/);
-      expect(fatal).toMatch(/SKIFF_SANDBOX=off/);
+      // The log's fatal line and the sentence on stderr, each whole on its line (stdout and stderr interleave).
+      const log = s.output.find((l) => l.startsWith("{") && l.includes("cannot sandbox apps on this host"));
+      const sentence = s.output.find((l) => l.startsWith("skiff: cannot start: cannot sandbox apps on this host"));
+      for (const fatal of [log, sentence]) {
+        expect(fatal, s.output.join("\n")).toBeDefined();
+        expect(fatal).toMatch(reason);
+        expect(fatal).toMatch(/apt-get install bubblewrap/);
+        expect(fatal).toMatch(/SKIFF_SANDBOX=off/);
+      }
     },
     60_000,
   );
