@@ -16,6 +16,7 @@ import {
   runFailure,
   type RunOutcome,
   type RunRecord,
+  RUNNING_EVENT_AFTER_MS,
   type StreamEnd,
 } from "../runs/index.js";
 import type { AppRecord } from "../apps/index.js";
@@ -29,7 +30,7 @@ import { streamTo, takesStream } from "./streamed.js";
  * and event); a faster one is written once, when it ends: most sync runs
  * cost one record and one event.
  */
-export const SYNC_RUNNING_RECORD_AFTER_MS = 1_000;
+export const SYNC_RUNNING_RECORD_AFTER_MS = RUNNING_EVENT_AFTER_MS;
 
 export async function runSync(
   deps: InvocationDeps,

@@ -4,7 +4,8 @@
 // (max_replicas × replica_concurrency of the app, less the runs under way).
 //
 // A message is a run: its record goes `running` (attempt = delivery count;
-// its event is published without awaiting an acknowledgement),
+// its event, for a run still going after RUNNING_EVENT_AFTER_MS, is
+// published without awaiting an acknowledgement),
 // the runner invokes the app while the message's ack deadline is pushed
 // back with working() every third of ack_wait, the final record and event
 // are written, and only then is the message acked. A runner killed mid-run
@@ -52,6 +53,7 @@ import {
   type RunRecord,
   revisionsOf,
   runKey,
+  RUNNING_EVENT_AFTER_MS,
 } from "../runs/index.js";
 import { decodeRequestFrame, type RequestMeta } from "../runner-client/index.js";
 import type { AppRef } from "./deployed-apps.js";
@@ -212,18 +214,21 @@ export class RunWorker {
     const { projectId, appName } = queue.app;
     const heartbeat = setInterval(() => msg.working(), deps.ackWaitMs / 3);
     let runId = "";
+    let announce: NodeJS.Timeout | undefined;
     try {
       const { req, meta } = await decodeRequestFrame(deps.transfer, msg.data, true);
       runId = req.runId;
       const running = await this.start(msg, queue.app, runId, meta);
       if (!running) return; // the message is settled
-      // The `running` event is news, not the record (KV holds that, acknowledged): it goes out without an
-      // acknowledgement awaited, ahead of the final event on the same connection, as a sync run's does.
-      publishRunEventUnacked(deps.runs.nc, running.record);
+      // The `running` event is news, not the record (KV holds that, acknowledged): as a sync run's, it goes
+      // out only for a run still going after RUNNING_EVENT_AFTER_MS, without an acknowledgement awaited,
+      // ahead of the final event on the same connection.
+      announce = setTimeout(publishRunEventUnacked, RUNNING_EVENT_AFTER_MS, deps.runs.nc, running.record);
       const controller = new AbortController();
       const done = this.invoke(queue, req, controller.signal).then((outcome) => finishAsync(deps, running, outcome));
       deps.control.track(runId, controller, done);
       const final = await done;
+      clearTimeout(announce);
       await deps.transfer.drop(meta.body_object);
       // The final record this runner wrote lists every revision; else (a cancel won) they are read at purge time.
       this.ackFinal(msg, running.record, final && revisionsOf(final.record, final.revision));
@@ -235,6 +240,7 @@ export class RunWorker {
         );
       msg.nak(RETRY_AFTER_ERROR_MS);
     } finally {
+      clearTimeout(announce);
       clearInterval(heartbeat);
     }
   }

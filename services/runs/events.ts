@@ -18,6 +18,13 @@ import { runEventBytes, type EventResponse } from "./event-bytes.js";
 import { isFinal } from "./status.js";
 import type { RunRecord } from "./store.js";
 
+/**
+ * A run still going after this long has its `running` event published; a faster one has none, only its
+ * terminal event (a sync run not even a `running` record). Most runs end well within it, so each costs the
+ * server one message in and its consumers one delivery less.
+ */
+export const RUNNING_EVENT_AFTER_MS = 1_000;
+
 /** The header of a run event that holds the run record (JSON, without its result). */
 export const RUN_RECORD_HEADER = "Skiff-Run";
 /**

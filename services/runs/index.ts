@@ -30,7 +30,13 @@ export type {
   RunHistoryOptions,
   RunPage,
 } from "./history/index.js";
-export { DELIVERY_RECORD_HEADER, publishRunEvent, publishRunEventUnacked, recordOfEvent } from "./events.js";
+export {
+  DELIVERY_RECORD_HEADER,
+  publishRunEvent,
+  publishRunEventUnacked,
+  recordOfEvent,
+  RUNNING_EVENT_AFTER_MS,
+} from "./events.js";
 export { finishAsync, finishSync, republishFinal } from "./finish.js";
 export type { FinishDeps } from "./finish.js";
 export { STREAM_BODIES_ABOVE } from "./invoke.js";

@@ -12,7 +12,7 @@ import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 import { cortexApp, deploy, P, post } from "../helpers/run-apps.js";
 import { silentLogger } from "../../services/config/logger.js";
 import { buckets } from "../../services/nats/layout.js";
-import { recordOfEvent } from "../../services/runs/events.js";
+import { recordOfEvent, RUNNING_EVENT_AFTER_MS } from "../../services/runs/events.js";
 import type { RunRecord } from "../../services/runs/store.js";
 
 let t: TestSkiff;
@@ -66,7 +66,8 @@ describe("runs - events", () => {
       },
     });
     try {
-      const runId = await sleepAsync("many", 50);
+      // Long enough to be announced `running` (RUNNING_EVENT_AFTER_MS); a faster one has no such event.
+      const runId = await sleepAsync("many", RUNNING_EVENT_AFTER_MS + 200);
       await reaches("many", runId, "success");
       const mine = await vi.waitUntil(
         () => {
@@ -81,7 +82,7 @@ describe("runs - events", () => {
         ["success", 1, true],
       ]);
       const body = new TextDecoder().decode(mine[2].response!.data);
-      expect(JSON.parse(body)).toMatchObject({ run_id: runId, result: { slept: 50 } });
+      expect(JSON.parse(body)).toMatchObject({ run_id: runId, result: { slept: RUNNING_EVENT_AFTER_MS + 200 } });
       const sync = await post(v4("many", "add"), t.devToken, '{"a":1,"b":2}', {});
       // A sync run that ends quickly is written once, when it ends.
       const syncEvents = await vi.waitUntil(
@@ -277,7 +278,7 @@ describe("runs - listing", () => {
         seen.push(`${m.run!.runId}:${m.run!.status}`);
     })().catch(() => undefined);
     await new Promise((r) => setTimeout(r, 200));
-    const id = await sleepAsync("many", 1);
+    const id = await sleepAsync("many", RUNNING_EVENT_AFTER_MS + 200);
     await vi.waitUntil(() => seen.includes(`${id}:success`), { timeout: 60_000 });
     expect(seen.filter((s) => s.startsWith(id))).toEqual([`${id}:queued`, `${id}:running`, `${id}:success`]);
     expect(seen.filter((s) => s.startsWith(earlier))).toEqual([]);
@@ -358,7 +359,7 @@ describe("runs - record retention", () => {
 
   it("only a terminal event carries a Nats-Msg-Id: the one event that may be published again", async () => {
     const { streams, subjects } = await import("../../services/nats/layout.js");
-    const runId = (await post(`${v4("many", "big")}?async=true`, t.devToken, '{"n":2}')).json.run_id as string;
+    const runId = await sleepAsync("many", RUNNING_EVENT_AFTER_MS + 200); // announced `running`
     await reaches("many", runId, "success");
     const jsm = await t.skiff.nats.nc.jetstreamManager();
     const last = async (status: string) => {
