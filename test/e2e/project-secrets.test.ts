@@ -37,14 +37,6 @@ describe("project secrets in replicas", () => {
   let tmp: string;
   const { logger, lines } = capturingLogger();
 
-  const api = async (method: string, p: string, body?: unknown) => {
-    const res = await fetch(t.url + p, {
-      method,
-      headers: { authorization: `Bearer ${t.adminToken}`, "content-type": "application/json" },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    return { status: res.status, text: await res.text() };
-  };
   const call = (fn: string, name: string) =>
     post(`${t.url}/v4/p-dev/reader/${fn}`, t.devToken, JSON.stringify({ name }));
 
@@ -64,8 +56,8 @@ describe("project secrets in replicas", () => {
   beforeAll(async () => {
     tmp = await mkdtemp(path.join(tmpdir(), "skiff-secrets-"));
     t = await startTestSkiff({ logger });
-    expect((await api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE })).status).toBe(200);
-    expect((await api("PUT", "/v2/projects/p-dev/secrets/SHADOWED", { value: "from-secret" })).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE })).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-dev/secrets/SHADOWED", { value: "from-secret" })).status).toBe(200);
     const dir = await writeApp(tmp, {
       "skiff.toml": skiffToml({
         name: "reader",
@@ -154,7 +146,7 @@ describe("project secrets in replicas", () => {
 
     // A new value: the project's replicas are replaced, and the build made again with it.
     const VALUE3 = "hf_0c1d2e3f40516273_third";
-    expect((await api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE3 })).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE3 })).status).toBe(200);
     const end = Date.now() + 90_000;
     let now = await built("p-dev");
     while (now !== sha(VALUE3) && Date.now() < end) {
@@ -162,14 +154,14 @@ describe("project secrets in replicas", () => {
       now = await built("p-dev");
     }
     expect(now).toBe(sha(VALUE3));
-    expect((await api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE })).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE })).status).toBe(200);
     await until("hf_auth_token", sha(VALUE));
   }, 150_000);
 
   it("a new value replaces the replicas, which see it; a deleted secret is gone from new replicas", async () => {
-    expect((await api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE2 })).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-dev/secrets/hf_auth_token", { value: VALUE2 })).status).toBe(200);
     await until("hf_auth_token", sha(VALUE2));
-    expect((await api("DELETE", "/v2/projects/p-dev/secrets/hf_auth_token")).status).toBe(200);
+    expect((await t.api("DELETE", "/v2/projects/p-dev/secrets/hf_auth_token")).status).toBe(200);
     await until("hf_auth_token", null);
     expect(lines.some((l) => /a project secret changed; replacing the app's replicas/.test(l.msg))).toBe(true);
   }, 150_000);
@@ -180,7 +172,7 @@ describe("project secrets in replicas", () => {
       lines.filter((l) => /a project secret changed; replacing/.test(l.msg) && l.app === "p-dev.reader").length;
     const before = replacing();
     await Promise.all(
-      ["ONE", "TWO", "THREE"].map((name) => api("PUT", `/v2/projects/p-dev/secrets/${name}`, { value: name })),
+      ["ONE", "TWO", "THREE"].map((name) => t.api("PUT", `/v2/projects/p-dev/secrets/${name}`, { value: name })),
     );
     await until("THREE", sha("THREE"));
     expect((await call("plain", "ONE")).json.result).toBe("ONE");
@@ -189,14 +181,14 @@ describe("project secrets in replicas", () => {
   }, 150_000);
 
   it("no value is in the run's log lines, the app record, its replicas, its runs or its log", async () => {
-    const app = await api("GET", "/v2/projects/p-dev/apps/reader");
-    let runs = await api("GET", "/v2/projects/p-dev/apps/reader/runs?page_size=500");
+    const app = await t.api("GET", "/v2/projects/p-dev/apps/reader");
+    let runs = await t.api("GET", "/v2/projects/p-dev/apps/reader/runs?page_size=500");
     // The run history is a few milliseconds behind the runs.
     for (let i = 0; i < 100 && (JSON.parse(runs.text).runs ?? []).length < 3; i++) {
       await new Promise((r) => setTimeout(r, 100));
-      runs = await api("GET", "/v2/projects/p-dev/apps/reader/runs?page_size=500");
+      runs = await t.api("GET", "/v2/projects/p-dev/apps/reader/runs?page_size=500");
     }
-    const logs = await api("GET", "/v2/projects/p-dev/apps/reader/logs?limit=5000");
+    const logs = await t.api("GET", "/v2/projects/p-dev/apps/reader/logs?limit=5000");
     expect(app.status).toBe(200);
     expect(runs.status).toBe(200);
     expect(JSON.parse(runs.text).runs.length).toBeGreaterThan(2);

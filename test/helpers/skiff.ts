@@ -46,7 +46,34 @@ export interface TestSkiff {
   devToken: string;
   /** A Connect client (HTTP/1.1) sending the given token, default the admin token. */
   management(token?: string): Client<typeof ManagementService>;
+  /** A REST call with the given token (default the admin token) and JSON body; `body` is the answer's JSON, if any. */
+  api(method: string, path: string, body?: unknown, token?: string): Promise<ApiAnswer>;
   close(): Promise<void>;
+}
+
+export interface ApiAnswer {
+  status: number;
+  text: string;
+  body: Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+}
+
+async function api(url: string, method: string, token: string, body: unknown): Promise<ApiAnswer> {
+  const res = await fetch(url, {
+    method,
+    headers: {
+      authorization: `Bearer ${token}`,
+      ...(body === undefined ? {} : { "content-type": "application/json" }),
+    },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  let json: ApiAnswer["body"];
+  try {
+    json = JSON.parse(text) as ApiAnswer["body"];
+  } catch {
+    json = {};
+  }
+  return { status: res.status, text, body: json };
 }
 
 export async function startTestSkiff(opts: TestSkiffOptions = {}): Promise<TestSkiff> {
@@ -78,6 +105,7 @@ export async function startTestSkiff(opts: TestSkiffOptions = {}): Promise<TestS
             nodeOptions: { agent: NEW_CONNECTIONS },
           }),
         ),
+      api: (method, p, body, token = adminToken) => api(skiff.url + p, method, token, body),
       async close() {
         await skiff.close();
         await cleanUp();

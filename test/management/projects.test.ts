@@ -13,15 +13,6 @@ describe("DeleteProject", () => {
   let t: TestSkiff;
   let tmp: string;
 
-  const api = async (method: string, p: string, body?: unknown, token = t.adminToken) => {
-    const res = await fetch(t.url + p, {
-      method,
-      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    return { status: res.status, body: (await res.json()) as Record<string, any> };
-  };
-
   beforeAll(async () => {
     t = await startTestSkiff();
     tmp = await mkdtemp(path.join(tmpdir(), "skiff-projects-"));
@@ -32,14 +23,14 @@ describe("DeleteProject", () => {
   });
 
   it("deletes the project with its apps, service accounts and secrets; a second DELETE is 404", async () => {
-    expect((await api("POST", "/v2/projects", { project_id: "p-gone" })).status).toBe(200);
-    const sa = await api("POST", "/v2/projects/p-gone/service-accounts", {
+    expect((await t.api("POST", "/v2/projects", { project_id: "p-gone" })).status).toBe(200);
+    const sa = await t.api("POST", "/v2/projects/p-gone/service-accounts", {
       name: "ci",
       expires_at: new Date(Date.now() + 86_400_000).toISOString(),
     });
     const token = sa.body.token as string;
-    expect((await api("PUT", "/v2/projects/p-gone/secrets/A", { value: "1" })).status).toBe(200);
-    expect((await api("PUT", "/v2/projects/p-gone/secrets/B", { value: "2" })).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-gone/secrets/A", { value: "1" })).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-gone/secrets/B", { value: "2" })).status).toBe(200);
     const dir = await writeApp(tmp, {
       "skiff.toml": skiffToml({
         name: "doomed",
@@ -55,27 +46,28 @@ describe("DeleteProject", () => {
     await vi.waitUntil(() => t.skiff.runner!.version("p-gone", "doomed") === 1, { timeout: 60_000 });
 
     // A service account, even of the project itself, may not delete it.
-    expect(await api("DELETE", "/v2/projects/p-gone", undefined, token)).toMatchObject({
+    expect(await t.api("DELETE", "/v2/projects/p-gone", undefined, token)).toMatchObject({
       status: 403,
       body: { code: "permission_denied" },
     });
-    expect(await api("DELETE", "/v2/projects/p-gone")).toEqual({
-      status: 200,
-      body: { apps_deleted: 1, service_accounts_deleted: 1, secrets_deleted: 2 },
-    });
-    expect(await api("DELETE", "/v2/projects/p-gone")).toMatchObject({ status: 404, body: { code: "not_found" } });
-    expect((await api("GET", "/v2/projects/p-gone")).status).toBe(404);
-    expect((await api("GET", "/v2/projects")).body.projects.map((p: any) => p.project_id)).not.toContain("p-gone");
+    const deleted = await t.api("DELETE", "/v2/projects/p-gone");
+    expect([deleted.status, deleted.body]).toEqual([
+      200,
+      { apps_deleted: 1, service_accounts_deleted: 1, secrets_deleted: 2 },
+    ]);
+    expect(await t.api("DELETE", "/v2/projects/p-gone")).toMatchObject({ status: 404, body: { code: "not_found" } });
+    expect((await t.api("GET", "/v2/projects/p-gone")).status).toBe(404);
+    expect((await t.api("GET", "/v2/projects")).body.projects.map((p: any) => p.project_id)).not.toContain("p-gone");
     // Its token stops working; its replicas stop.
-    expect((await api("GET", "/v2/identity", undefined, token)).status).toBe(401);
+    expect((await t.api("GET", "/v2/identity", undefined, token)).status).toBe(401);
     await vi.waitUntil(() => t.skiff.runner!.version("p-gone", "doomed") === undefined, { timeout: 30_000 });
 
     // Made again, it is empty.
-    expect((await api("POST", "/v2/projects", { project_id: "p-gone" })).status).toBe(200);
-    expect((await api("GET", "/v2/projects/p-gone/apps")).body.apps ?? []).toEqual([]);
-    expect((await api("GET", "/v2/projects/p-gone/secrets")).body.secrets).toEqual([]);
-    expect((await api("GET", "/v2/projects/p-gone/service-accounts")).body.service_accounts ?? []).toEqual([]);
-    expect((await api("DELETE", "/v2/projects/p-nope")).status).toBe(404);
-    expect((await api("DELETE", "/v2/projects/NOT_AN_ID")).status).toBe(400);
+    expect((await t.api("POST", "/v2/projects", { project_id: "p-gone" })).status).toBe(200);
+    expect((await t.api("GET", "/v2/projects/p-gone/apps")).body.apps ?? []).toEqual([]);
+    expect((await t.api("GET", "/v2/projects/p-gone/secrets")).body.secrets).toEqual([]);
+    expect((await t.api("GET", "/v2/projects/p-gone/service-accounts")).body.service_accounts ?? []).toEqual([]);
+    expect((await t.api("DELETE", "/v2/projects/p-nope")).status).toBe(404);
+    expect((await t.api("DELETE", "/v2/projects/NOT_AN_ID")).status).toBe(400);
   }, 120_000);
 });

@@ -15,19 +15,6 @@ describe("project secrets", () => {
   let t: TestSkiff;
   let logText = "";
 
-  const api = async (method: string, path: string, body?: unknown, token = t.adminToken) => {
-    const res = await fetch(t.url + path, {
-      method,
-      headers: {
-        authorization: `Bearer ${token}`,
-        ...(body === undefined ? {} : { "content-type": "application/json" }),
-      },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const text = await res.text();
-    return { status: res.status, text, body: JSON.parse(text) as Record<string, any> };
-  };
-
   beforeAll(async () => {
     const sink = new Writable({
       write(chunk, _enc, done) {
@@ -39,55 +26,55 @@ describe("project secrets", () => {
       logger: pino({ level: "debug" }, sink),
       env: { SKIFF_MAX_SECRETS_PER_PROJECT: "3" },
     });
-    expect((await api("POST", "/v2/projects", { project_id: "p-a" })).status).toBe(200);
-    expect((await api("POST", "/v2/projects", { project_id: "p-b" })).status).toBe(200);
+    expect((await t.api("POST", "/v2/projects", { project_id: "p-a" })).status).toBe(200);
+    expect((await t.api("POST", "/v2/projects", { project_id: "p-b" })).status).toBe(200);
   });
   afterAll(async () => {
     await t?.close();
   });
 
   it("PUT creates a secret, a second PUT updates it; GET lists names and times, never a value", async () => {
-    const created = await api("PUT", "/v2/projects/p-a/secrets/hf_auth_token", { value: VALUE });
+    const created = await t.api("PUT", "/v2/projects/p-a/secrets/hf_auth_token", { value: VALUE });
     expect(created.status).toBe(200);
     expect(created.body.created).toBe(true);
     expect(Object.keys(created.body.secret).sort()).toEqual(["created_at", "name", "updated_at"]);
     expect(created.text).not.toContain(VALUE);
 
     await new Promise((r) => setTimeout(r, 20));
-    const updated = await api("PUT", "/v2/projects/p-a/secrets/hf_auth_token", { value: `${VALUE}-2` });
+    const updated = await t.api("PUT", "/v2/projects/p-a/secrets/hf_auth_token", { value: `${VALUE}-2` });
     expect(updated.status).toBe(200);
     expect(updated.body.created ?? false).toBe(false);
     expect(updated.body.secret.created_at).toBe(created.body.secret.created_at);
     expect(Date.parse(updated.body.secret.updated_at)).toBeGreaterThan(Date.parse(created.body.secret.updated_at));
 
-    const list = await api("GET", "/v2/projects/p-a/secrets");
+    const list = await t.api("GET", "/v2/projects/p-a/secrets");
     expect(list.status).toBe(200);
     expect(list.body.secrets).toEqual([updated.body.secret]);
     expect(list.text).not.toContain(VALUE);
     // Another project's list does not show it.
-    expect((await api("GET", "/v2/projects/p-b/secrets")).body).toEqual({ secrets: [] });
+    expect((await t.api("GET", "/v2/projects/p-b/secrets")).body).toEqual({ secrets: [] });
   });
 
   it("DELETE answers {}, a second DELETE 404; a deleted name can be set again", async () => {
-    expect((await api("PUT", "/v2/projects/p-a/secrets/TO_DELETE", { value: "x" })).status).toBe(200);
-    expect(await api("DELETE", "/v2/projects/p-a/secrets/TO_DELETE")).toMatchObject({ status: 200, body: {} });
-    expect(await api("DELETE", "/v2/projects/p-a/secrets/TO_DELETE")).toMatchObject({
+    expect((await t.api("PUT", "/v2/projects/p-a/secrets/TO_DELETE", { value: "x" })).status).toBe(200);
+    expect(await t.api("DELETE", "/v2/projects/p-a/secrets/TO_DELETE")).toMatchObject({ status: 200, body: {} });
+    expect(await t.api("DELETE", "/v2/projects/p-a/secrets/TO_DELETE")).toMatchObject({
       status: 404,
       body: { code: "not_found" },
     });
-    expect((await api("GET", "/v2/projects/p-a/secrets")).body.secrets.map((s: any) => s.name)).not.toContain(
+    expect((await t.api("GET", "/v2/projects/p-a/secrets")).body.secrets.map((s: any) => s.name)).not.toContain(
       "TO_DELETE",
     );
-    const again = await api("PUT", "/v2/projects/p-a/secrets/TO_DELETE", { value: "y" });
+    const again = await t.api("PUT", "/v2/projects/p-a/secrets/TO_DELETE", { value: "y" });
     expect(again).toMatchObject({ status: 200, body: { created: true } });
-    expect((await api("DELETE", "/v2/projects/p-a/secrets/TO_DELETE")).status).toBe(200);
-    expect((await api("DELETE", "/v2/projects/p-a/secrets/no%20such")).status).toBe(404);
-    expect((await api("PUT", "/v2/projects/p-nope/secrets/A", { value: "x" })).status).toBe(404);
+    expect((await t.api("DELETE", "/v2/projects/p-a/secrets/TO_DELETE")).status).toBe(200);
+    expect((await t.api("DELETE", "/v2/projects/p-a/secrets/no%20such")).status).toBe(404);
+    expect((await t.api("PUT", "/v2/projects/p-nope/secrets/A", { value: "x" })).status).toBe(404);
   });
 
   it("names that are not variable names, or that skiff sets itself, are 400 naming the field", async () => {
     for (const name of ["1ABC", "A-B", "A.B", "PORT", "PATH", "HOME", "SKIFF_TOKEN", "skiff_gate", "x".repeat(129)]) {
-      const res = await api("PUT", `/v2/projects/p-a/secrets/${encodeURIComponent(name)}`, { value: "v" });
+      const res = await t.api("PUT", `/v2/projects/p-a/secrets/${encodeURIComponent(name)}`, { value: "v" });
       expect(res.status, name).toBe(400);
       expect(res.body.code).toBe("invalid_argument");
       expect(res.body.message).toMatch(/^name /);
@@ -96,39 +83,39 @@ describe("project secrets", () => {
 
   it("a value over 64 KiB, or with a NUL, is 400 naming the value, and the error does not repeat it", async () => {
     const big = `${VALUE}${"v".repeat(64 * 1024)}`;
-    const res = await api("PUT", "/v2/projects/p-a/secrets/BIG", { value: big });
+    const res = await t.api("PUT", "/v2/projects/p-a/secrets/BIG", { value: big });
     expect(res).toMatchObject({ status: 400, body: { code: "invalid_argument" } });
     expect(res.body.message).toMatch(/^value is \d+ bytes, more than the 65536 allowed/);
     expect(res.text).not.toContain(VALUE);
-    expect((await api("PUT", "/v2/projects/p-a/secrets/NUL", { value: "a\u0000b" })).status).toBe(400);
+    expect((await t.api("PUT", "/v2/projects/p-a/secrets/NUL", { value: "a\u0000b" })).status).toBe(400);
     // Exactly 64 KiB is taken.
-    expect((await api("PUT", "/v2/projects/p-a/secrets/EXACT", { value: "v".repeat(64 * 1024) })).status).toBe(200);
-    expect((await api("DELETE", "/v2/projects/p-a/secrets/EXACT")).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-a/secrets/EXACT", { value: "v".repeat(64 * 1024) })).status).toBe(200);
+    expect((await t.api("DELETE", "/v2/projects/p-a/secrets/EXACT")).status).toBe(200);
   });
 
   it("a token of another project is refused (403); the project's own service account may manage them", async () => {
-    const other = await api("POST", "/v2/projects/p-b/service-accounts", {
+    const other = await t.api("POST", "/v2/projects/p-b/service-accounts", {
       name: "b",
       expires_at: new Date(Date.now() + 86_400_000).toISOString(),
     });
     const foreign = other.body.token as string;
-    expect((await api("GET", "/v2/projects/p-a/secrets", undefined, foreign)).status).toBe(403);
-    expect((await api("PUT", "/v2/projects/p-a/secrets/X", { value: "x" }, foreign)).status).toBe(403);
-    expect((await api("DELETE", "/v2/projects/p-a/secrets/hf_auth_token", undefined, foreign)).status).toBe(403);
-    expect((await api("PUT", "/v2/projects/p-b/secrets/OWN", { value: "x" }, foreign)).status).toBe(200);
-    expect((await api("GET", "/v2/projects/p-b/secrets", undefined, foreign)).body.secrets).toHaveLength(1);
+    expect((await t.api("GET", "/v2/projects/p-a/secrets", undefined, foreign)).status).toBe(403);
+    expect((await t.api("PUT", "/v2/projects/p-a/secrets/X", { value: "x" }, foreign)).status).toBe(403);
+    expect((await t.api("DELETE", "/v2/projects/p-a/secrets/hf_auth_token", undefined, foreign)).status).toBe(403);
+    expect((await t.api("PUT", "/v2/projects/p-b/secrets/OWN", { value: "x" }, foreign)).status).toBe(200);
+    expect((await t.api("GET", "/v2/projects/p-b/secrets", undefined, foreign)).body.secrets).toHaveLength(1);
   });
 
   it("a new secret past SKIFF_MAX_SECRETS_PER_PROJECT is 429; a new value for an existing one is not", async () => {
     // p-a has hf_auth_token; two more reach the limit of 3.
-    expect((await api("PUT", "/v2/projects/p-a/secrets/S2", { value: "2" })).status).toBe(200);
-    expect((await api("PUT", "/v2/projects/p-a/secrets/S3", { value: "3" })).status).toBe(200);
-    const refused = await api("PUT", "/v2/projects/p-a/secrets/S4", { value: "4" });
+    expect((await t.api("PUT", "/v2/projects/p-a/secrets/S2", { value: "2" })).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-a/secrets/S3", { value: "3" })).status).toBe(200);
+    const refused = await t.api("PUT", "/v2/projects/p-a/secrets/S4", { value: "4" });
     expect(refused).toMatchObject({ status: 429, body: { code: "resource_exhausted" } });
     expect(refused.body.message).toMatch(/SKIFF_MAX_SECRETS_PER_PROJECT/);
-    expect((await api("PUT", "/v2/projects/p-a/secrets/S3", { value: "3b" })).status).toBe(200);
-    expect((await api("DELETE", "/v2/projects/p-a/secrets/S3")).status).toBe(200);
-    expect((await api("PUT", "/v2/projects/p-a/secrets/S4", { value: "4" })).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-a/secrets/S3", { value: "3b" })).status).toBe(200);
+    expect((await t.api("DELETE", "/v2/projects/p-a/secrets/S3")).status).toBe(200);
+    expect((await t.api("PUT", "/v2/projects/p-a/secrets/S4", { value: "4" })).status).toBe(200);
   });
 
   it("values are sealed in KV, and no log line holds one; audit lines name the secret", async () => {

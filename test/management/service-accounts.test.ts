@@ -21,17 +21,6 @@ describe("projects and service accounts", () => {
   const logLines: Record<string, unknown>[] = [];
   let logText = "";
 
-  const api = async (method: string, path: string, body?: unknown, token = t.adminToken) => {
-    const res = await fetch(t.url + path, {
-      method,
-      headers: {
-        authorization: `Bearer ${token}`,
-        ...(body === undefined ? {} : { "content-type": "application/json" }),
-      },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    return { status: res.status, body: (await res.json()) as Record<string, any> };
-  };
   const inDays = (days: number) => new Date(Date.now() + days * DAY_MS).toISOString();
 
   beforeAll(async () => {
@@ -43,7 +32,7 @@ describe("projects and service accounts", () => {
       },
     });
     t = await startTestSkiff({ logger: pino({ level: "info" }, sink) });
-    expect((await api("POST", "/v2/projects", { project_id: "p-a", name: "A" })).status).toBe(200);
+    expect((await t.api("POST", "/v2/projects", { project_id: "p-a", name: "A" })).status).toBe(200);
   });
   afterAll(async () => {
     await t?.close();
@@ -51,7 +40,7 @@ describe("projects and service accounts", () => {
 
   it("POST service-accounts answers the account and its token; GET lists it and gets it", async () => {
     const expiresAt = new Date(Math.floor(Date.now() / 1000) * 1000 + 30 * DAY_MS).toISOString().replace(".000Z", "Z");
-    const created = await api("POST", "/v2/projects/p-a/service-accounts", { name: "ci", expires_at: expiresAt });
+    const created = await t.api("POST", "/v2/projects/p-a/service-accounts", { name: "ci", expires_at: expiresAt });
     expect(created.status).toBe(200);
     expect(Object.keys(created.body).sort()).toEqual(["service_account", "token"]);
     const sa = created.body.service_account;
@@ -61,31 +50,36 @@ describe("projects and service accounts", () => {
     const claims = JSON.parse(Buffer.from(created.body.token.split(".")[1], "base64url").toString());
     expect(claims.exp * 1000).toBe(Date.parse(expiresAt));
 
-    const list = await api("GET", "/v2/projects/p-a/service-accounts");
+    const list = await t.api("GET", "/v2/projects/p-a/service-accounts");
     expect(list.body.service_accounts).toContainEqual(sa);
-    expect((await api("GET", `/v2/projects/p-a/service-accounts/${sa.service_account_id}`)).body).toEqual({
+    expect((await t.api("GET", `/v2/projects/p-a/service-accounts/${sa.service_account_id}`)).body).toEqual({
       service_account: sa,
     });
   });
 
   it("DELETE answers 200 with {}, a second DELETE 404; the deleted token no longer works", async () => {
-    const { body } = await api("POST", "/v2/projects/p-a/service-accounts", {
+    const { body } = await t.api("POST", "/v2/projects/p-a/service-accounts", {
       name: "to-delete",
       expires_at: inDays(1),
     });
     const path = `/v2/projects/p-a/service-accounts/${body.service_account.service_account_id}`;
-    expect(await api("GET", "/v2/projects/p-a/service-accounts", undefined, body.token)).toMatchObject({ status: 200 });
-    expect(await api("DELETE", path)).toEqual({ status: 200, body: {} });
-    expect(await api("DELETE", path)).toMatchObject({ status: 404, body: { code: "not_found" } });
-    expect(await api("GET", path)).toMatchObject({ status: 404 });
-    expect(await api("GET", "/v2/projects/p-a/service-accounts", undefined, body.token)).toMatchObject({ status: 401 });
+    expect(await t.api("GET", "/v2/projects/p-a/service-accounts", undefined, body.token)).toMatchObject({
+      status: 200,
+    });
+    const deleted = await t.api("DELETE", path);
+    expect([deleted.status, deleted.body]).toEqual([200, {}]);
+    expect(await t.api("DELETE", path)).toMatchObject({ status: 404, body: { code: "not_found" } });
+    expect(await t.api("GET", path)).toMatchObject({ status: 404 });
+    expect(await t.api("GET", "/v2/projects/p-a/service-accounts", undefined, body.token)).toMatchObject({
+      status: 401,
+    });
   });
 
   it("a service account can delete accounts of its own project, itself included", async () => {
-    const { body } = await api("POST", "/v2/projects/p-a/service-accounts", { name: "self", expires_at: inDays(1) });
+    const { body } = await t.api("POST", "/v2/projects/p-a/service-accounts", { name: "self", expires_at: inDays(1) });
     const path = `/v2/projects/p-a/service-accounts/${body.service_account.service_account_id}`;
-    expect((await api("DELETE", path, undefined, body.token)).status).toBe(200);
-    expect((await api("GET", "/v2/projects/p-a/service-accounts", undefined, body.token)).status).toBe(401);
+    expect((await t.api("DELETE", path, undefined, body.token)).status).toBe(200);
+    expect((await t.api("GET", "/v2/projects/p-a/service-accounts", undefined, body.token)).status).toBe(401);
   });
 
   it.each([
@@ -105,17 +99,17 @@ describe("projects and service accounts", () => {
     const body: Record<string, unknown> = { ...input };
     if (typeof body.expires_at === "string" && body.expires_at.startsWith("+"))
       body.expires_at = inDays(Number(body.expires_at.slice(1, -1)));
-    const res = await api("POST", "/v2/projects/p-a/service-accounts", body);
+    const res = await t.api("POST", "/v2/projects/p-a/service-accounts", body);
     expect(res.status).toBe(400);
     expect(res.body.code).toBe("invalid_argument");
     expect(res.body.message).toMatch(message);
   });
 
   it("the expiry that the message of a missing expires_at gives as an example is accepted", async () => {
-    const missing = await api("POST", "/v2/projects/p-a/service-accounts", { name: "n" });
+    const missing = await t.api("POST", "/v2/projects/p-a/service-accounts", { name: "n" });
     const example = /\(e\.g\. ([^)]+)\)/.exec(missing.body.message)?.[1];
     expect(example, missing.body.message).toMatch(/^\d{4}-\d\d-\d\dT00:00:00Z$/);
-    const created = await api("POST", "/v2/projects/p-a/service-accounts", { name: "n", expires_at: example });
+    const created = await t.api("POST", "/v2/projects/p-a/service-accounts", { name: "n", expires_at: example });
     expect(created.status, JSON.stringify(created.body)).toBe(200);
   });
 
@@ -124,60 +118,60 @@ describe("projects and service accounts", () => {
       ["x", 1],
       ["é".repeat(64), 365],
     ] as const) {
-      expect((await api("POST", "/v2/projects/p-a/service-accounts", { name, expires_at: inDays(days) })).status).toBe(
-        200,
-      );
+      expect(
+        (await t.api("POST", "/v2/projects/p-a/service-accounts", { name, expires_at: inDays(days) })).status,
+      ).toBe(200);
     }
   });
 
   it("service accounts of a project that does not exist → 404; a malformed project id → 400", async () => {
     expect(
-      await api("POST", "/v2/projects/p-nothere/service-accounts", { name: "n", expires_at: inDays(1) }),
+      await t.api("POST", "/v2/projects/p-nothere/service-accounts", { name: "n", expires_at: inDays(1) }),
     ).toMatchObject({ status: 404, body: { code: "not_found" } });
-    expect(await api("GET", "/v2/projects/p-nothere/service-accounts")).toMatchObject({ status: 404 });
-    expect(await api("GET", "/v2/projects/Project_X/service-accounts")).toMatchObject({
+    expect(await t.api("GET", "/v2/projects/p-nothere/service-accounts")).toMatchObject({ status: 404 });
+    expect(await t.api("GET", "/v2/projects/Project_X/service-accounts")).toMatchObject({
       status: 400,
       body: { code: "invalid_argument" },
     });
-    expect(await api("DELETE", "/v2/projects/p-a/service-accounts/not-an-id")).toMatchObject({ status: 404 });
+    expect(await t.api("DELETE", "/v2/projects/p-a/service-accounts/not-an-id")).toMatchObject({ status: 404 });
   });
 
   it("a service account cannot create one that outlives itself", async () => {
-    const { body } = await api("POST", "/v2/projects/p-a/service-accounts", { name: "short", expires_at: inDays(2) });
+    const { body } = await t.api("POST", "/v2/projects/p-a/service-accounts", { name: "short", expires_at: inDays(2) });
     expect(
-      await api("POST", "/v2/projects/p-a/service-accounts", { name: "longer", expires_at: inDays(3) }, body.token),
+      await t.api("POST", "/v2/projects/p-a/service-accounts", { name: "longer", expires_at: inDays(3) }, body.token),
     ).toMatchObject({ status: 403 });
     expect(
-      await api("POST", "/v2/projects/p-a/service-accounts", { name: "shorter", expires_at: inDays(1) }, body.token),
+      await t.api("POST", "/v2/projects/p-a/service-accounts", { name: "shorter", expires_at: inDays(1) }, body.token),
     ).toMatchObject({ status: 200 });
   });
 
   it("projects: created with a given or generated id, 409 when the id exists, 400 for a malformed id, listed and got", async () => {
-    expect(await api("POST", "/v2/projects", { project_id: "p-a" })).toMatchObject({
+    expect(await t.api("POST", "/v2/projects", { project_id: "p-a" })).toMatchObject({
       status: 409,
       body: { code: "already_exists" },
     });
-    expect(await api("POST", "/v2/projects", { project_id: "P-Upper" })).toMatchObject({
+    expect(await t.api("POST", "/v2/projects", { project_id: "P-Upper" })).toMatchObject({
       status: 400,
       body: { code: "invalid_argument" },
     });
-    const generated = await api("POST", "/v2/projects", { name: "Generated" });
+    const generated = await t.api("POST", "/v2/projects", { name: "Generated" });
     expect(generated.status).toBe(200);
     expect(generated.body.project.project_id).toMatch(/^p-[a-z0-9]+$/);
     expect(generated.body.project.name).toBe("Generated");
-    const list = await api("GET", "/v2/projects");
+    const list = await t.api("GET", "/v2/projects");
     expect(list.body.projects.map((p: { project_id: string }) => p.project_id)).toEqual(
       expect.arrayContaining(["p-a", "p-dev", generated.body.project.project_id]),
     );
-    expect(await api("GET", "/v2/projects/p-a")).toMatchObject({
+    expect(await t.api("GET", "/v2/projects/p-a")).toMatchObject({
       status: 200,
       body: { project: { project_id: "p-a", name: "A" } },
     });
-    expect(await api("GET", "/v2/projects/p-zzz")).toMatchObject({ status: 404 });
+    expect(await t.api("GET", "/v2/projects/p-zzz")).toMatchObject({ status: 404 });
   });
 
   it("buf curl over gRPC deletes a service account; the REST DELETE then answers 404", async () => {
-    const { body } = await api("POST", "/v2/projects/p-a/service-accounts", { name: "buf", expires_at: inDays(1) });
+    const { body } = await t.api("POST", "/v2/projects/p-a/service-accounts", { name: "buf", expires_at: inDays(1) });
     const id = body.service_account.service_account_id;
     const buf = join(root, "node_modules/.bin/buf");
     const out = await run(
@@ -198,13 +192,16 @@ describe("projects and service accounts", () => {
       { cwd: root },
     );
     expect(JSON.parse(out.stdout)).toEqual({});
-    expect((await api("DELETE", `/v2/projects/p-a/service-accounts/${id}`)).status).toBe(404);
+    expect((await t.api("DELETE", `/v2/projects/p-a/service-accounts/${id}`)).status).toBe(404);
   });
 
   it("audit lines say who, what, which target and when for creates and deletes", async () => {
-    const { body } = await api("POST", "/v2/projects/p-a/service-accounts", { name: "audited", expires_at: inDays(1) });
+    const { body } = await t.api("POST", "/v2/projects/p-a/service-accounts", {
+      name: "audited",
+      expires_at: inDays(1),
+    });
     const id = body.service_account.service_account_id;
-    await api("DELETE", `/v2/projects/p-a/service-accounts/${id}`, undefined, body.token);
+    await t.api("DELETE", `/v2/projects/p-a/service-accounts/${id}`, undefined, body.token);
     const audit = logLines.filter((l) => l.audit === true && l.target === `p-a/${id}`);
     expect(audit.map((l) => [l.actor, l.action])).toEqual([
       ["admin", "service_account.create"],
@@ -217,7 +214,10 @@ describe("projects and service accounts", () => {
   });
 
   it("tokens are never stored in NATS nor written to the log", async () => {
-    const { body } = await api("POST", "/v2/projects/p-a/service-accounts", { name: "secret", expires_at: inDays(1) });
+    const { body } = await t.api("POST", "/v2/projects/p-a/service-accounts", {
+      name: "secret",
+      expires_at: inDays(1),
+    });
     const signature = body.token.split(".")[2];
     const nc: NatsConnection = await connect({ servers: t.nats.url });
     try {

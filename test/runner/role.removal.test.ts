@@ -30,15 +30,6 @@ afterAll(async () => {
 });
 afterEach(() => vi.restoreAllMocks());
 
-const api = async (method: string, p: string, body?: unknown) => {
-  const res = await fetch(t.url + p, {
-    method,
-    headers: { authorization: `Bearer ${t.adminToken}`, "content-type": "application/json" },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  return { status: res.status, text: await res.text() };
-};
-
 /** Holds every prepare step of the runner from now until the returned release() is called. */
 function holdPrepares(): { entered: Promise<void>; release(): void } {
   let entered!: () => void;
@@ -78,7 +69,7 @@ async function untilUnknown(projectId: string, appName: string): Promise<void> {
 it("an app deleted while a secret change is redeploying it: its replicas stop", async () => {
   await deployRunning("p-dev", "resecreted");
   const held = holdPrepares();
-  expect((await api("PUT", "/v2/projects/p-dev/secrets/ROTATED", { value: "1" })).status).toBe(200);
+  expect((await t.api("PUT", "/v2/projects/p-dev/secrets/ROTATED", { value: "1" })).status).toBe(200);
   await held.entered;
   await t.management().deleteApp({ projectId: "p-dev", appName: "resecreted" });
   await untilUnknown("p-dev", "resecreted");
@@ -88,16 +79,16 @@ it("an app deleted while a secret change is redeploying it: its replicas stop", 
     interval: 50,
   });
   expect(t.skiff.runner!.version("p-dev", "resecreted")).toBeUndefined();
-  await api("DELETE", "/v2/projects/p-dev/secrets/ROTATED");
+  await t.api("DELETE", "/v2/projects/p-dev/secrets/ROTATED");
 }, 120_000);
 
 it("a project deleted while a secret change is redeploying its app: the app's replicas stop", async () => {
-  expect((await api("POST", "/v2/projects", { project_id: "p-held" })).status).toBe(200);
+  expect((await t.api("POST", "/v2/projects", { project_id: "p-held" })).status).toBe(200);
   await deployRunning("p-held", "doomed");
   const held = holdPrepares();
-  expect((await api("PUT", "/v2/projects/p-held/secrets/A", { value: "1" })).status).toBe(200);
+  expect((await t.api("PUT", "/v2/projects/p-held/secrets/A", { value: "1" })).status).toBe(200);
   await held.entered;
-  expect(await api("DELETE", "/v2/projects/p-held")).toMatchObject({ status: 200 });
+  expect(await t.api("DELETE", "/v2/projects/p-held")).toMatchObject({ status: 200 });
   await untilUnknown("p-held", "doomed");
   held.release();
   await vi.waitUntil(() => t.skiff.runner!.replicas("p-held", "doomed").length === 0, {
