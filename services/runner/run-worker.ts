@@ -222,13 +222,17 @@ export class RunWorker {
       if (!running) return; // the message is settled
       // The `running` event is news, not the record (KV holds that, acknowledged): as a sync run's, it goes
       // out only for a run still going after RUNNING_EVENT_AFTER_MS, without an acknowledgement awaited,
-      // ahead of the final event on the same connection.
+      // ahead of the final event on the same connection. It is called off the moment the run's outcome is
+      // known (a cancel's included: the abort ends the invoke), before the final record and event are
+      // written, so that it never follows them.
       announce = setTimeout(publishRunEventUnacked, RUNNING_EVENT_AFTER_MS, deps.runs.nc, running.record);
       const controller = new AbortController();
-      const done = this.invoke(queue, req, controller.signal).then((outcome) => finishAsync(deps, running, outcome));
+      const done = this.invoke(queue, req, controller.signal).then((outcome) => {
+        clearTimeout(announce);
+        return finishAsync(deps, running, outcome);
+      });
       deps.control.track(runId, controller, done);
       const final = await done;
-      clearTimeout(announce);
       await deps.transfer.drop(meta.body_object);
       // The final record this runner wrote lists every revision; else (a cancel won) they are read at purge time.
       this.ackFinal(msg, running.record, final && revisionsOf(final.record, final.revision));

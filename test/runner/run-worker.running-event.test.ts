@@ -7,8 +7,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import type { Subscription } from "nats";
-import { afterAll, beforeAll, expect, it, vi } from "vitest";
+import { afterAll, afterEach, beforeAll, expect, it, vi } from "vitest";
 import { RUN_RECORD_HEADER, RUNNING_EVENT_AFTER_MS } from "../../services/runs/events.js";
+import { RunStore } from "../../services/runs/store.js";
 import { cortexApp, deploy, P, post } from "../helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 
@@ -41,6 +42,7 @@ beforeAll(async () => {
   });
   await t.skiff.nats.nc.flush();
 }, 90_000);
+afterEach(() => vi.restoreAllMocks());
 afterAll(async () => {
   sub?.unsubscribe();
   await t?.close();
@@ -80,4 +82,21 @@ it("a longer run publishes `running` only once that time has passed since it sta
   expect(seen.map((e) => e.status)).toEqual(["queued", "running", "success"]);
   const running = seen[1]!;
   expect(running.at - ms(running.started_at)).toBeGreaterThanOrEqual(RUNNING_EVENT_AFTER_MS);
+});
+
+it("a run whose outcome came within that time has none, however long its final record then takes to write", async () => {
+  // The final write is held past RUNNING_EVENT_AFTER_MS: the announcement, called off when the outcome came,
+  // must not go out in between (nor, once the final event is on its way, after it).
+  // This test's run is the only one under way: every final write is held.
+  const original = RunStore.prototype.updateFrom;
+  vi.spyOn(RunStore.prototype, "updateFrom").mockImplementation(async function (this: RunStore, ...args) {
+    await new Promise((r) => setTimeout(r, RUNNING_EVENT_AFTER_MS + 500));
+    return original.apply(this, args);
+  });
+  const runId = await queue("sleep", { ms: 100 });
+  const seen = await ended(runId);
+  expect(seen.map((e) => e.status)).toEqual(["queued", "success"]);
+  const end = seen[1]!;
+  // The hold did happen: the run ended well after its outcome came.
+  expect(end.at - ms(end.started_at)).toBeGreaterThan(RUNNING_EVENT_AFTER_MS);
 });
