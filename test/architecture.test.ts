@@ -25,7 +25,13 @@ const LAYERS: { folders: string[]; peers: boolean }[] = [
  * directly, to keep what they load small. The dashboard may import only these
  * and generated code.
  */
-const LEAF_MODULES = ["runs/status.ts", "auth/bearer.ts", "apps/bundle.ts", "secrets/names.ts"];
+const LEAF_MODULES = [
+  "runs/status.ts",
+  "auth/bearer.ts",
+  "apps/bundle.ts",
+  "secrets/names.ts",
+  "auth/account-rules.ts",
+];
 /** Plumbing: it may use the generated code of the standard protocols it speaks (gen/google/, gen/grpc/), never skiff's own API (gen/skiff/). */
 const PLUMBING = ["config", "metrics", "nats", "server"];
 

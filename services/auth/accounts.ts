@@ -6,10 +6,7 @@ import type { KV, KvEntry } from "nats";
 import type { Logger } from "../config/index.js";
 import { KvView, jsonOf } from "../nats/index.js";
 
-/** "p-" then lowercase letters and digits. */
-export const PROJECT_ID = /^p-[a-z0-9]{1,40}$/;
-/** "sa-" then lowercase letters and digits. */
-export const SERVICE_ACCOUNT_ID = /^sa-[a-z0-9]{1,40}$/;
+export { PROJECT_ID, SERVICE_ACCOUNT_ID } from "./account-rules.js";
 
 const ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789";
 

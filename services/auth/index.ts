@@ -1,13 +1,7 @@
 // Who is calling: projects' service accounts, bearer tokens (EdDSA JWTs),
 // admin tokens, signing keys, and the interceptor that checks every RPC.
-export {
-  PROJECT_ID,
-  SERVICE_ACCOUNT_ID,
-  accountKey,
-  decodeAccount,
-  newProjectId,
-  newServiceAccountId,
-} from "./accounts.js";
+export { exampleExpiry, PROJECT_ID, SERVICE_ACCOUNT_ID } from "./account-rules.js";
+export { accountKey, decodeAccount, newProjectId, newServiceAccountId } from "./accounts.js";
 export type { ServiceAccountRecord } from "./accounts.js";
 export { newAdminToken, sameToken } from "./admin-tokens.js";
 export { bearerAuth } from "./bearer.js";

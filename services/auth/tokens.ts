@@ -5,7 +5,7 @@
 import { createPublicKey, randomUUID, type KeyObject } from "node:crypto";
 import { SignJWT, calculateJwkThumbprint, jwtVerify, type JWK } from "jose";
 import { parsePrivateKey } from "../config/index.js";
-import { PROJECT_ID, SERVICE_ACCOUNT_ID } from "./accounts.js";
+import { PROJECT_ID, SERVICE_ACCOUNT_ID } from "./account-rules.js";
 
 export { parsePrivateKey };
 

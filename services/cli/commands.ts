@@ -12,6 +12,7 @@ import {
   type ManagementService,
   type ServiceAccount,
 } from "../../gen/skiff/management/v2/management_pb.js";
+import { exampleExpiry, PROJECT_ID } from "../auth/account-rules.js";
 import { table } from "./table.js";
 
 export class UsageError extends Error {
@@ -52,9 +53,7 @@ function parseExpiry(expiresIn: string | undefined, expiresAt: string | undefine
   if (expiresAt !== undefined) {
     const ms = Date.parse(expiresAt);
     if (Number.isNaN(ms))
-      throw new UsageError(
-        `--expires-at: expected an RFC 3339 time like ${new Date(Date.now() + 90 * 86_400_000).toISOString().slice(0, 10)}T00:00:00Z, got "${expiresAt}"`,
-      );
+      throw new UsageError(`--expires-at: expected an RFC 3339 time like ${exampleExpiry()}, got "${expiresAt}"`);
     return timestampFromDate(new Date(ms));
   }
   const m = /^(\d+)([mhd])$/.exec(expiresIn ?? DEFAULT_EXPIRES_IN);
@@ -88,9 +87,7 @@ export function tokenProject(token: string): string | undefined {
   if (parts.length !== 3) return undefined;
   try {
     const claims = JSON.parse(Buffer.from(parts[1], "base64url").toString("utf8")) as { project_id?: unknown };
-    return typeof claims.project_id === "string" && /^p-[a-z0-9]+$/.test(claims.project_id)
-      ? claims.project_id
-      : undefined;
+    return typeof claims.project_id === "string" && PROJECT_ID.test(claims.project_id) ? claims.project_id : undefined;
   } catch {
     return undefined;
   }

@@ -3,7 +3,7 @@
 // process's runner when it hosts the app, else one over NATS. The run
 // record and events are written without waiting for them: the caller's
 // latency is the app's, and a failed write is logged. A run that ends within
-// SYNC_RUNNING_RECORD_AFTER_MS is written once, when it ends; a longer one
+// RUNNING_EVENT_AFTER_MS is written once, when it ends; a longer one
 // shows as `running` from then on.
 import { type HandlerContext } from "@connectrpc/connect";
 import type { RunResponse } from "../../gen/skiff/invocation/v4/invocation_pb.js";
@@ -24,13 +24,6 @@ import { httpExchange, setHttpStatus } from "../server/index.js";
 import { storeWebhookSecret } from "../webhooks/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { streamTo, takesStream } from "./streamed.js";
-
-/**
- * A sync run still going after this long is recorded as `running` (record
- * and event); a faster one is written once, when it ends: most sync runs
- * cost one record and one event.
- */
-export const SYNC_RUNNING_RECORD_AFTER_MS = RUNNING_EVENT_AFTER_MS;
 
 export async function runSync(
   deps: InvocationDeps,
@@ -89,7 +82,7 @@ export async function runSync(
 
 /**
  * A sync run's record keeping: its `running` announcement after
- * SYNC_RUNNING_RECORD_AFTER_MS and its end, as one object whose methods are
+ * RUNNING_EVENT_AFTER_MS and its end, as one object whose methods are
  * its class's (a run makes no closures for them).
  */
 class SyncBooks {
@@ -100,7 +93,7 @@ class SyncBooks {
     private readonly deps: InvocationDeps,
     private readonly record: RunRecord,
   ) {
-    this.announce = setTimeout(announceRunning, SYNC_RUNNING_RECORD_AFTER_MS, this);
+    this.announce = setTimeout(announceRunning, RUNNING_EVENT_AFTER_MS, this);
   }
 
   announceRunning(): void {

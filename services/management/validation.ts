@@ -2,7 +2,7 @@
 // with a message that names the field and says what is accepted.
 import { Code, ConnectError } from "@connectrpc/connect";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { PROJECT_ID, SERVICE_ACCOUNT_ID } from "../auth/index.js";
+import { exampleExpiry, PROJECT_ID, SERVICE_ACCOUNT_ID } from "../auth/index.js";
 
 const MAX_NAME_LENGTH = 64;
 /** Longest a service account may live: one year, a leap year included. */
@@ -32,11 +32,6 @@ export function name(value: string, field: string, required: boolean): string {
   if (required && length === 0) throw invalid(`${field} is required (1 to ${MAX_NAME_LENGTH} characters)`);
   if (length > MAX_NAME_LENGTH) throw invalid(`${field} must be at most ${MAX_NAME_LENGTH} characters, got ${length}`);
   return value;
-}
-
-/** An expiry a message can give as an example: 90 days from now, at midnight UTC, so that it is always accepted. */
-export function exampleExpiry(now = Date.now()): string {
-  return `${new Date(now + 90 * 86_400_000).toISOString().slice(0, 10)}T00:00:00Z`;
 }
 
 /** The expiry of a new service account, in whole seconds (it becomes the token's `exp`). */
