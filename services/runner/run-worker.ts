@@ -203,6 +203,17 @@ export class RunWorker {
     await Promise.race([Promise.allSettled([...this.handling]), grace]);
   }
 
+  /**
+   * Whether other runs are under way here besides the caller's: then a run's
+   * writes to NATS (its first record, its final record and event, the ack)
+   * go with the next write theirs make, WAITED_FLUSH_MS at most, instead of
+   * a socket write each (and a wake-up of the server each); a run alone
+   * writes at once, having no company to wait for.
+   */
+  private together(): boolean {
+    return this.handling.size > 1;
+  }
+
   handle(queue: AppQueue, msg: JsMsg): Promise<void> {
     const handled = this.run(queue, msg);
     this.handling.add(handled);
@@ -229,7 +240,7 @@ export class RunWorker {
       const controller = new AbortController();
       const done = this.invoke(queue, req, controller.signal).then((outcome) => {
         clearTimeout(announce);
-        return finishAsync(deps, running, outcome);
+        return finishAsync(deps, running, outcome, this.together());
       });
       deps.control.track(runId, controller, done);
       const final = await done;
@@ -289,10 +300,11 @@ export class RunWorker {
       }
       const attempt = Math.max(1, msg.info.redeliveryCount);
       if (attempt > MAX_RUN_ATTEMPTS) return lost();
-      // A run starts in a turn of its own: its first record would be a socket write of its own. Its publish
-      // goes with the connection's next write instead (an accept's, another run's step), WAITED_FLUSH_MS at most.
+      // A run starts in a turn of its own: its first record would be a socket write of its own. With other runs
+      // under way its publish goes with the connection's next write instead (an accept's, another run's step).
       const record = { ...meta.record, ...startedBy(attempt) };
-      const created = await inBackground(deps.runs.nc, () => deps.runs.create(record));
+      const create = () => deps.runs.create(record);
+      const created = await (this.together() ? inBackground(deps.runs.nc, create) : create());
       if (created) return created;
       // A cancel, or another delivery of the message, wrote first: go on from theirs.
       cur = await deps.runs.get(projectId, appName, runId);
@@ -326,7 +338,8 @@ export class RunWorker {
     const { purger } = this.deps;
     if (!purger) return msg.ack();
     const key = runKey(run.project_id, run.app_name, run.run_id);
-    confirmAck(this.deps.runs.nc, msg).then(
+    const ack = () => confirmAck(this.deps.runs.nc, msg);
+    (this.together() ? inBackground(this.deps.runs.nc, ack) : ack()).then(
       () => purger.schedule(key, revisions),
       () => undefined,
     );

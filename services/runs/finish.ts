@@ -3,6 +3,7 @@
 // byte, for the webhook role.
 import type { NatsConnection } from "nats";
 import type { Logger } from "../config/index.js";
+import { inBackground } from "../nats/index.js";
 import { publishRunEvent, publishRunEventUnacked } from "./events.js";
 import type { RunOutcome } from "./outcome.js";
 import type { RunResults } from "./results.js";
@@ -76,18 +77,29 @@ export function finishSync(deps: FinishDeps & { nc: NatsConnection }, running: R
  * write came first), so a cancel or another attempt that finished first wins.
  * Resolves with the record written and its revision, or undefined when the
  * run was already final (nothing is published then).
+ *
+ * `together`: other runs are under way on the connection, so their writes
+ * come soon; the final record and then the event each go with the next of
+ * them (WAITED_FLUSH_MS at most) rather than in a socket write of their own,
+ * which under load is most of a drained run's writes (bench/README.md). A
+ * run alone writes at once: there is nothing to wait for.
  */
 export async function finishAsync(
   deps: FinishDeps,
   running: { record: RunRecord; revision: number },
   outcome: RunOutcome,
+  together = false,
 ): Promise<{ record: RunRecord; revision: number } | undefined> {
   const now = new Date();
+  const nc = deps.runs.nc;
   const { result, event } = await deps.results.keep(running.record.run_id, outcome.body, now, true);
-  const final = await deps.runs.updateFrom(running, (cur) =>
-    isFinal(cur.status) ? undefined : { ...finalRecord(cur, outcome, now), ...(result ? { result } : {}) },
+  const write = <T>(publish: () => T): T => (together ? inBackground(nc, publish) : publish());
+  const final = await write(() =>
+    deps.runs.updateFrom(running, (cur) =>
+      isFinal(cur.status) ? undefined : { ...finalRecord(cur, outcome, now), ...(result ? { result } : {}) },
+    ),
   );
-  if (final) await publishRunEvent(deps.runs.nc, final.record, event);
+  if (final) await write(() => publishRunEvent(nc, final.record, event));
   return final;
 }
 
