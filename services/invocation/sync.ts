@@ -20,7 +20,7 @@ import {
   type StreamEnd,
 } from "../runs/index.js";
 import type { AppRecord } from "../apps/index.js";
-import { httpExchange, setHttpStatus } from "../server/index.js";
+import { httpExchange, LightSignal, setHttpStatus } from "../server/index.js";
 import { storeWebhookSecret } from "../webhooks/index.js";
 import type { InvocationDeps } from "./deps.js";
 import { streamTo, takesStream } from "./streamed.js";
@@ -43,10 +43,10 @@ export async function runSync(
   // exchange.abort, a cancel); a Connect call's aborts when the handler returns too, which a streamed
   // answer outlives, so such a run has a controller of its own.
   const exchange = httpExchange(ctx);
-  const controller = exchange ? undefined : new AbortController();
+  const controller = exchange ? undefined : new LightSignal();
   const onGone = controller && (() => controller.abort(ctx.signal.reason));
   if (onGone) ctx.signal.addEventListener("abort", onGone, { once: true });
-  invoke.signal = controller?.signal ?? exchange!.signal;
+  invoke.signal = controller ?? exchange!.signal;
   // A REST caller and RunStream take a streamed answer as it comes; a Connect or gRPC caller of Run gets it whole.
   const streamed = takesStream(ctx);
   invoke.acceptStream = true;

@@ -56,6 +56,7 @@ import {
   RUNNING_EVENT_AFTER_MS,
 } from "../runs/index.js";
 import { decodeRequestFrame, type RequestMeta } from "../runner-client/index.js";
+import { LightSignal } from "../server/index.js";
 import type { AppRef } from "./deployed-apps.js";
 import { tooLargeAnswer } from "./responses.js";
 import type { Runner } from "./runner.js";
@@ -237,12 +238,12 @@ export class RunWorker {
       // known (a cancel's included: the abort ends the invoke), before the final record and event are
       // written, so that it never follows them.
       announce = setTimeout(publishRunEventUnacked, RUNNING_EVENT_AFTER_MS, deps.runs.nc, running.record);
-      const controller = new AbortController();
-      const done = this.invoke(queue, req, controller.signal).then((outcome) => {
+      const stop = new LightSignal();
+      const done = this.invoke(queue, req, stop).then((outcome) => {
         clearTimeout(announce);
         return finishAsync(deps, running, outcome, this.together());
       });
-      deps.control.track(runId, controller, done);
+      deps.control.track(runId, stop, done);
       const final = await done;
       await deps.transfer.drop(meta.body_object);
       // The final record this runner wrote lists every revision; else (a cancel won) they are read at purge time.
@@ -346,7 +347,7 @@ export class RunWorker {
   }
 
   /** The run's outcome; a full app is waited for (the message stays ours through working()). */
-  private async invoke(queue: AppQueue, req: InvokeRequest, signal: AbortSignal): Promise<RunOutcome> {
+  private async invoke(queue: AppQueue, req: InvokeRequest, signal: LightSignal): Promise<RunOutcome> {
     const started = performance.now();
     for (;;) {
       try {

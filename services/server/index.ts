@@ -4,7 +4,7 @@
 export { HealthState, healthRoutes } from "./health.js";
 export { appRequestHeaders, callerHeaders, isForwardedToApp, isPassedToCaller } from "./headers.js";
 export { codeHttpStatus, errorBody, malformedJson } from "./rest/errors.js";
-export { httpExchange, setHttpStatus, streamHttpBody } from "./rest/http-exchange.js";
+export { httpExchange, LightSignal, setHttpStatus, streamHttpBody } from "./rest/http-exchange.js";
 export type { CallSignal, HttpExchange, StreamedBody, StreamedRequestBody } from "./rest/http-exchange.js";
 export { ClientGoneError, readWhole } from "./rest/body.js";
 export { openapiDocument, openapiDocuments } from "./rest/openapi.js";

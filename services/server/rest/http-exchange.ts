@@ -60,6 +60,50 @@ export interface HttpExchange {
  */
 export type CallSignal = Pick<AbortSignal, "aborted" | "reason" | "addEventListener" | "removeEventListener">;
 
+type Listener = Parameters<AbortSignal["addEventListener"]>[1];
+
+/**
+ * A CallSignal that is a flag and a list of listeners, and what aborts it: a
+ * REST call's exchange is one, and so is an async run's stop. A real
+ * AbortController and its signal cost several microseconds to make and
+ * allocate about a kilobyte (bench/README.md), on every call.
+ */
+export class LightSignal implements CallSignal {
+  aborted = false;
+  reason: unknown = undefined;
+  private listeners: Listener[] | undefined = undefined;
+
+  abort(reason?: unknown): void {
+    if (this.aborted) return;
+    this.aborted = true;
+    this.reason = reason;
+    this.aborting(reason);
+    const listeners = this.listeners;
+    this.listeners = undefined;
+    if (!listeners) return;
+    const event = new Event("abort");
+    for (const l of listeners) {
+      if (typeof l === "function") l.call(this, event);
+      else l.handleEvent(event);
+    }
+  }
+
+  /** Called by abort() once the flag is set, before the listeners: for what a subclass aborts with it. */
+  protected aborting(_reason: unknown): void {}
+
+  addEventListener(type: string, listener: Listener | null): void {
+    if (type !== "abort" || listener === null || this.aborted) return;
+    (this.listeners ??= []).push(listener);
+  }
+
+  removeEventListener(type: string, listener: Listener | null): void {
+    const listeners = this.listeners;
+    if (type !== "abort" || !listeners) return;
+    const i = listeners.indexOf(listener!);
+    if (i !== -1) listeners.splice(i, 1);
+  }
+}
+
 /**
  * A request body read as it comes, under the method's size limit. Whatever
  * reads it fails with the transcoder's own error when it breaks (too large:

@@ -75,7 +75,7 @@ import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
 import { isRpcExchangeResponseHeader } from "../headers.js";
 import { requestHeaderView } from "./request-headers.js";
-import { kHttpExchange, type CallSignal, type HttpExchange, type StreamedBody } from "./http-exchange.js";
+import { kHttpExchange, LightSignal, type CallSignal, type HttpExchange, type StreamedBody } from "./http-exchange.js";
 import { httpBindings, resolveFieldPath, type HttpBinding, type Variable } from "./http-rules.js";
 import type { Logger } from "../../config/index.js";
 import {
@@ -331,24 +331,18 @@ async function transcode(
 
 const NO_BODY_BYTES = new Uint8Array(0);
 
-type Listener = Parameters<AbortSignal["addEventListener"]>[1];
-
 /**
  * A REST call's exchange, and its signal: one object whose methods are its
  * class's, so that a call makes no closures for it. The signal aborts when
  * the caller goes away before the answer ended, when the server shuts down,
- * or by abort(); it is the exchange itself (CallSignal), a few fields and a
- * list of listeners, because a real AbortSignal costs several microseconds
- * to make. One is made (contextSignal) only for a handler that reads its
- * context's signal.
+ * or by abort(); it is the exchange itself (a LightSignal), because a real
+ * AbortSignal costs several microseconds to make. One is made
+ * (contextSignal) only for a handler that reads its context's signal.
  */
-class RestExchange implements HttpExchange, CallSignal {
+class RestExchange extends LightSignal implements HttpExchange {
   status: number | undefined = undefined;
   stream?: StreamedBody;
   responseHeaders?: Record<string, string | string[]>;
-  aborted = false;
-  reason: unknown = undefined;
-  private listeners: Listener[] | undefined = undefined;
   private controller: AbortController | undefined = undefined;
 
   constructor(
@@ -358,7 +352,9 @@ class RestExchange implements HttpExchange, CallSignal {
     private readonly route: Route,
     private readonly segments: readonly string[],
     readonly requestBody: PendingBody | undefined,
-  ) {}
+  ) {
+    super();
+  }
 
   get signal(): CallSignal {
     return this;
@@ -371,31 +367,8 @@ class RestExchange implements HttpExchange, CallSignal {
     return undefined;
   }
 
-  abort(reason: unknown): void {
-    if (this.aborted) return;
-    this.aborted = true;
-    this.reason = reason;
+  protected override aborting(reason: unknown): void {
     this.controller?.abort(reason);
-    const listeners = this.listeners;
-    this.listeners = undefined;
-    if (!listeners) return;
-    const event = new Event("abort");
-    for (const l of listeners) {
-      if (typeof l === "function") l.call(this, event);
-      else l.handleEvent(event);
-    }
-  }
-
-  addEventListener(type: string, listener: Listener | null): void {
-    if (type !== "abort" || listener === null || this.aborted) return;
-    (this.listeners ??= []).push(listener);
-  }
-
-  removeEventListener(type: string, listener: Listener | null): void {
-    const listeners = this.listeners;
-    if (type !== "abort" || !listeners) return;
-    const i = listeners.indexOf(listener!);
-    if (i !== -1) listeners.splice(i, 1);
   }
 
   /** An AbortSignal that follows this one, made the first time a handler reads its context's signal. */
