@@ -79,6 +79,21 @@ const outcome: RunOutcome = {
 };
 const turn = () => new Promise((resolve) => setImmediate(resolve));
 
+/** Ends each run in a turn of the event loop of its own, as replicas' answers come; resolves with the finishes. */
+async function finishInTurns(
+  runs: { record: RunRecord; revision: number }[],
+  together: boolean,
+): Promise<Promise<unknown>[]> {
+  const finishes: Promise<unknown>[] = [];
+  for (const run of runs) {
+    finishes.push(finishAsync(deps, run, outcome, together));
+    // One turn for the record's publish (after the result is kept), one for the write the publish scheduled.
+    await turn();
+    await turn();
+  }
+  return finishes;
+}
+
 async function expectEnded(runs: { record: RunRecord }[]): Promise<void> {
   for (const { record } of runs) {
     const cur = await deps.runs.get(record.project_id, record.app_name, record.run_id);
@@ -92,13 +107,7 @@ it("a run alone writes its final record and event at once, each in a write of it
   // No timer fires while the runs end: a write that waited for one would never go, and the test time out.
   vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] });
   const before = writes.count;
-  const finishes: Promise<unknown>[] = [];
-  for (const run of runs) {
-    finishes.push(finishAsync(deps, run, outcome, false));
-    // One turn for the record's publish (after the result is kept), one for the write the publish scheduled.
-    await turn();
-    await turn();
-  }
+  const finishes = await finishInTurns(runs, false);
   expect(writes.count - before).toBeGreaterThanOrEqual(RUNS);
   await Promise.all(finishes);
   vi.useRealTimers();
@@ -109,12 +118,7 @@ it("runs ending together hold their final writes for the connection's next write
   const runs = await startRuns();
   vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] });
   const before = writes.count;
-  const finishes: Promise<unknown>[] = [];
-  for (const run of runs) {
-    finishes.push(finishAsync(deps, run, outcome, true));
-    await turn();
-    await turn();
-  }
+  const finishes = await finishInTurns(runs, true);
   // Each run ended in a turn of its own, and none of their records has been written: they wait for company.
   expect(writes.count - before).toBe(0);
   vi.useRealTimers();
