@@ -98,6 +98,15 @@ async function caughtUp(h: RunHistory): Promise<number> {
   return last;
 }
 
+/**
+ * The projector's count of messages applied, once it is `n` or more: the count goes up when its write has
+ * returned, which can be after another connection (position(), a query) saw the write committed.
+ */
+async function applied(h: RunHistory, n: number): Promise<number> {
+  await vi.waitUntil(() => h.projector!.applied >= n, { timeout: 10_000, interval: 10 });
+  return h.projector!.applied;
+}
+
 let projects = 0;
 const newProject = () => `p-h${++projects}-${Math.random().toString(36).slice(2, 7)}`;
 
@@ -224,7 +233,7 @@ describe.each<Backend>(["sqlite", "postgres"])("run history (%s)", (backend) => 
     let h = await open(backend, schema);
     for (let i = 0; i < 30; i++) await publishRunEvent(nc, run(P, "a"));
     const before = await caughtUp(h);
-    expect(h.projector!.applied).toBeGreaterThanOrEqual(30); // the first start projects the whole stream
+    expect(await applied(h, 30)).toBeGreaterThanOrEqual(30); // the first start projects the whole stream
     await close(h);
 
     const later = Array.from({ length: 7 }, () => run(P, "a"));
@@ -234,7 +243,7 @@ describe.each<Backend>(["sqlite", "postgres"])("run history (%s)", (backend) => 
     try {
       const last = await caughtUp(h);
       expect(last - before).toBe(7);
-      expect(h.projector!.applied).toBe(7);
+      expect(await applied(h, 7)).toBe(7);
       const page = await h.list(P, "a", { pageSize: 100 });
       expect(page.runs).toHaveLength(37);
       expect(page.runs.slice(0, 7).map((r) => r.run_id)).toEqual(later.map((r) => r.run_id).reverse());
@@ -306,7 +315,7 @@ describe.each<Backend>(["sqlite", "postgres"])("run history (%s)", (backend) => 
           for (const x of Object.values(v)) walk(x, depth + 1);
       };
       walk(h.projector, 0);
-      expect(h.projector!.applied).toBeGreaterThanOrEqual(300);
+      expect(await applied(h, 300)).toBeGreaterThanOrEqual(300);
       expect(Math.max(0, ...sizes)).toBeLessThanOrEqual(batchSize);
     } finally {
       await close(h);
@@ -398,7 +407,7 @@ describe("run history - two processes sharing one PostgreSQL", () => {
       const last = await caughtUp(other);
       expect(other.projector!.leading).toBe(true);
       // Taken over where the first stopped: only the messages that came after.
-      expect(other.projector!.applied).toBe(last - mid);
+      expect(await applied(other, last - mid)).toBe(last - mid);
       const page = await other.list(P, "a", { pageSize: 100 });
       expect(page.runs.map((r) => r.run_id)).toEqual([...first, ...second].map((r) => r.run_id).reverse());
     } finally {
