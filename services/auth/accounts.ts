@@ -1,12 +1,11 @@
-// Project and service account identifiers, the service account record kept in
-// KV `skiff-service-accounts`, and the directory every process uses to decide
+// New project and service account identifiers (their patterns are in
+// account-rules.ts), the service account record kept in KV
+// `skiff-service-accounts`, and the directory every process uses to decide
 // whether a token's service account still exists.
 import { randomBytes } from "node:crypto";
 import type { KV, KvEntry } from "nats";
 import type { Logger } from "../config/index.js";
 import { KvView, jsonOf } from "../nats/index.js";
-
-export { PROJECT_ID, SERVICE_ACCOUNT_ID } from "./account-rules.js";
 
 const ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789";
 

@@ -41,12 +41,12 @@ export async function runSync(
 
   // What stops the run: a REST call's own signal, which aborts only when its caller goes away (or by
   // exchange.abort, a cancel); a Connect call's aborts when the handler returns too, which a streamed
-  // answer outlives, so such a run has a controller of its own.
+  // answer outlives, so such a run has a signal of its own.
   const exchange = httpExchange(ctx);
-  const controller = exchange ? undefined : new LightSignal();
-  const onGone = controller && (() => controller.abort(ctx.signal.reason));
+  const own = exchange ? undefined : new LightSignal();
+  const onGone = own && (() => own.abort(ctx.signal.reason));
   if (onGone) ctx.signal.addEventListener("abort", onGone, { once: true });
-  invoke.signal = controller ?? exchange!.signal;
+  invoke.signal = own ?? exchange!.signal;
   // A REST caller and RunStream take a streamed answer as it comes; a Connect or gRPC caller of Run gets it whole.
   const streamed = takesStream(ctx);
   invoke.acceptStream = true;
@@ -59,7 +59,7 @@ export async function runSync(
     (answer) => books.answered(answer),
     (err: unknown) => books.failed(err),
   );
-  deps.control.track(record.run_id, controller ?? exchange!, finished);
+  deps.control.track(record.run_id, own ?? exchange!, finished);
   let streaming = false;
   try {
     const { res, kept } = await work;

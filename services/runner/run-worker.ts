@@ -215,6 +215,11 @@ export class RunWorker {
     return this.handling.size > 1;
   }
 
+  /** Calls `publish`; what it publishes waits for company (inBackground) while other runs are under way. */
+  private write<T>(publish: () => T): T {
+    return this.together() ? inBackground(this.deps.runs.nc, publish) : publish();
+  }
+
   handle(queue: AppQueue, msg: JsMsg): Promise<void> {
     const handled = this.run(queue, msg);
     this.handling.add(handled);
@@ -304,8 +309,7 @@ export class RunWorker {
       // A run starts in a turn of its own: its first record would be a socket write of its own. With other runs
       // under way its publish goes with the connection's next write instead (an accept's, another run's step).
       const record = { ...meta.record, ...startedBy(attempt) };
-      const create = () => deps.runs.create(record);
-      const created = await (this.together() ? inBackground(deps.runs.nc, create) : create());
+      const created = await this.write(() => deps.runs.create(record));
       if (created) return created;
       // A cancel, or another delivery of the message, wrote first: go on from theirs.
       cur = await deps.runs.get(projectId, appName, runId);
@@ -339,8 +343,7 @@ export class RunWorker {
     const { purger } = this.deps;
     if (!purger) return msg.ack();
     const key = runKey(run.project_id, run.app_name, run.run_id);
-    const ack = () => confirmAck(this.deps.runs.nc, msg);
-    (this.together() ? inBackground(this.deps.runs.nc, ack) : ack()).then(
+    this.write(() => confirmAck(this.deps.runs.nc, msg)).then(
       () => purger.schedule(key, revisions),
       () => undefined,
     );

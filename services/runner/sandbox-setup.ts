@@ -99,17 +99,16 @@ type ProbeError = { stderr?: Buffer; status?: number | null; signal?: string | n
  * names the whole command line, a shell script over several lines).
  */
 function probeFailure(e: ProbeError): string {
+  return howProbeEnded(e).replace(/\s+/g, " ").slice(0, 300);
+}
+
+function howProbeEnded(e: ProbeError): string {
   const said = e.stderr?.toString().trim();
-  const how = said
-    ? said
-    : e.code === "ETIMEDOUT"
-      ? "it did not finish within 10 s"
-      : typeof e.status === "number"
-        ? `it exited with code ${e.status} and printed nothing`
-        : e.signal
-          ? `it was ended by ${e.signal}`
-          : e.message.split("\n")[0]!;
-  return how.replace(/\s+/g, " ").slice(0, 300);
+  if (said) return said;
+  if (e.code === "ETIMEDOUT") return "it did not finish within 10 s";
+  if (typeof e.status === "number") return `it exited with code ${e.status} and printed nothing`;
+  if (e.signal) return `it was ended by ${e.signal}`;
+  return e.message.split("\n")[0]!;
 }
 
 /**
