@@ -92,6 +92,7 @@ export class AckedPublisher {
         reject,
         subject,
         awaits: "acknowledgement",
+        sentAt: 0,
       });
     });
   }
@@ -103,15 +104,18 @@ export class AckedPublisher {
    */
   request(subject: string, data: Uint8Array, h?: MsgHdrs): Promise<Msg> {
     return new Promise<Msg>((resolve, reject) =>
-      this.send(subject, data, h, { settle: resolve, reject, subject, awaits: "answer" }),
+      this.send(subject, data, h, { settle: resolve, reject, subject, awaits: "answer", sentAt: 0 }),
     );
   }
 
-  private send(subject: string, data: Uint8Array, h: MsgHdrs | undefined, w: Omit<Waiting, "sentAt">): void {
+  /** Sends and waits for the answer (`w`'s sentAt is set here). */
+  private send(subject: string, data: Uint8Array, h: MsgHdrs | undefined, w: Waiting): void {
     const token = String(++this.next);
-    this.waiting.set(token, { ...w, sentAt: Date.now() });
+    w.sentAt = Date.now();
+    this.waiting.set(token, w);
     try {
-      this.nc.publish(subject, data, { reply: `${this.inbox}.${token}`, ...(h ? { headers: h } : {}) });
+      const reply = `${this.inbox}.${token}`;
+      this.nc.publish(subject, data, h ? { reply, headers: h } : { reply });
     } catch (err) {
       this.waiting.delete(token);
       w.reject(err as Error);

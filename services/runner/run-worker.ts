@@ -53,6 +53,7 @@ import {
   type RunRecord,
   revisionsOf,
   runKey,
+  copyRecord,
   RUNNING_EVENT_AFTER_MS,
 } from "../runs/index.js";
 import { decodeRequestFrame, type RequestMeta } from "../runner-client/index.js";
@@ -285,12 +286,15 @@ export class RunWorker {
   ): Promise<{ record: RunRecord; revision: number } | undefined> {
     const { deps } = this;
     const { projectId, appName } = app;
-    const startedBy = (attempts: number) => ({
-      status: "running" as const,
-      started_at: new Date().toISOString(),
-      attempts,
-      runner: deps.control.id,
-    });
+    /** The record of this attempt's start (a copy, field by field: see copyRecord). */
+    const startedBy = (record: RunRecord, attempts: number) => {
+      const started = copyRecord(record);
+      started.status = "running";
+      started.started_at = new Date().toISOString();
+      started.attempts = attempts;
+      started.runner = deps.control.id;
+      return started;
+    };
     const lost = async () => {
       await failLostRun(deps.runs, deps.logger, { projectId, appName, runId }, meta.record);
       await deps.transfer.drop(meta.body_object);
@@ -308,7 +312,7 @@ export class RunWorker {
       if (attempt > MAX_RUN_ATTEMPTS) return lost();
       // A run starts in a turn of its own: its first record would be a socket write of its own. With other runs
       // under way its publish goes with the connection's next write instead (an accept's, another run's step).
-      const record = { ...meta.record, ...startedBy(attempt) };
+      const record = startedBy(meta.record, attempt);
       const created = await this.write(() => deps.runs.create(record));
       if (created) return created;
       // A cancel, or another delivery of the message, wrote first: go on from theirs.
@@ -328,7 +332,7 @@ export class RunWorker {
     const attempt = Math.max(msg.info.redeliveryCount, cur.record.attempts + 1);
     if (attempt > MAX_RUN_ATTEMPTS) return lost();
     const running = await deps.runs.updateFrom(cur, (record) =>
-      isFinal(record.status) ? undefined : { ...record, ...startedBy(attempt) },
+      isFinal(record.status) ? undefined : startedBy(record, attempt),
     );
     if (!running) this.ackFinal(msg, cur.record);
     return running;

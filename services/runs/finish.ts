@@ -7,7 +7,7 @@ import { inBackground } from "../nats/index.js";
 import { publishRunEvent, publishRunEventUnacked } from "./events.js";
 import type { RunOutcome } from "./outcome.js";
 import type { RunResults } from "./results.js";
-import { isFinal, type RunRecord, type RunStore } from "./store.js";
+import { copyRecord, isFinal, type RunRecord, type RunStore, type StoredResult } from "./store.js";
 
 export interface FinishDeps {
   runs: RunStore;
@@ -16,35 +16,20 @@ export interface FinishDeps {
 }
 
 /**
- * The record with how the run ended. Written field by field, not spread: it
- * is built on the answer path of every sync run, and a spread of a record
- * with optional fields costs several times as much (bench/README.md). Every
- * field is named (the type makes a new one an error here); those the record
- * lacks stay undefined, which JSON leaves out.
+ * The record with how the run ended (with `result`, the result kept for
+ * GetRun, when one is). Written field by field, not spread: it is built on
+ * the answer path of every sync run, and a spread of a record costs several
+ * times as much (bench/README.md).
  */
-function finalRecord(r: RunRecord, outcome: RunOutcome, now: Date): RunRecord {
-  const final: { [K in keyof Required<RunRecord>]: RunRecord[K] } = {
-    run_id: r.run_id,
-    project_id: r.project_id,
-    app_name: r.app_name,
-    path: r.path,
-    async: r.async,
-    status: outcome.status,
-    queued_at: r.queued_at,
-    started_at: r.started_at,
-    finished_at: now.toISOString(),
-    run_time_ms: outcome.runTimeMs,
-    status_code: outcome.statusCode,
-    error: outcome.error ?? r.error,
-    webhook_endpoint: r.webhook_endpoint,
-    webhook_signed: r.webhook_signed,
-    attempts: r.attempts,
-    runner: r.runner,
-    result: r.result,
-    websocket: r.websocket,
-    response_bytes: outcome.responseBytes ?? outcome.body.data.byteLength,
-    prior_revisions: r.prior_revisions,
-  };
+function finalRecord(r: RunRecord, outcome: RunOutcome, now: Date, result?: StoredResult): RunRecord {
+  const final = copyRecord(r);
+  final.status = outcome.status;
+  final.finished_at = now.toISOString();
+  final.run_time_ms = outcome.runTimeMs;
+  final.status_code = outcome.statusCode;
+  final.error = outcome.error ?? r.error;
+  final.response_bytes = outcome.responseBytes ?? outcome.body.data.byteLength;
+  if (result) final.result = result;
   return final;
 }
 
@@ -95,9 +80,7 @@ export async function finishAsync(
   const { result, event } = await deps.results.keep(running.record.run_id, outcome.body, now, true);
   const write = <T>(publish: () => T): T => (together ? inBackground(nc, publish) : publish());
   const final = await write(() =>
-    deps.runs.updateFrom(running, (cur) =>
-      isFinal(cur.status) ? undefined : { ...finalRecord(cur, outcome, now), ...(result ? { result } : {}) },
-    ),
+    deps.runs.updateFrom(running, (cur) => (isFinal(cur.status) ? undefined : finalRecord(cur, outcome, now, result))),
   );
   if (final) await write(() => publishRunEvent(nc, final.record, event));
   return final;

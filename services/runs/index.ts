@@ -52,6 +52,6 @@ export { sweepStaleSyncRuns } from "./stale-sync.js";
 export type { StaleSyncSweep } from "./stale-sync.js";
 export { RUN_STATUSES, isFinal } from "./status.js";
 export type { RunStatus } from "./status.js";
-export { RunStore, decodeRunRecord, isWrongRevision, revisionsOf, runKey } from "./store.js";
+export { RunStore, copyRecord, decodeRunRecord, isWrongRevision, revisionsOf, runKey } from "./store.js";
 export type { RunRecord } from "./store.js";
 export { BodyTransfer } from "./transfer.js";
