@@ -16,7 +16,7 @@ import { MsgHdrsImpl, type MsgHdrs, type NatsConnection } from "nats";
 import { publishAcked, publishInBackground, subjects } from "../nats/index.js";
 import { runEventBytes, type EventResponse } from "./event-bytes.js";
 import { isFinal } from "./status.js";
-import type { RunRecord } from "./store.js";
+import { copyRecord, type RunRecord } from "./store.js";
 
 /**
  * A run still going after this long has its `running` event published; a faster one has none, only its
@@ -62,7 +62,10 @@ function recordHeader(record: RunRecord): MsgHdrs {
 /** The record without its result and KV revisions (the record itself when it has neither, as an event's has). */
 export function withoutResult(record: RunRecord): RunRecord {
   if (!record.result && !record.prior_revisions) return record;
-  const { result: _result, prior_revisions: _prior, ...slim } = record;
+  // A copy with both unset (JSON leaves them out), not a rest spread: see copyRecord.
+  const slim = copyRecord(record);
+  slim.result = undefined;
+  slim.prior_revisions = undefined;
   return slim;
 }
 
