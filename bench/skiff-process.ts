@@ -1,7 +1,10 @@
 // skiff as the benchmarks see it: `bin/skiff-server.js` (as `npm start` runs it) in its own process, on
 // its own NATS server and data folder, exactly as `npm start` runs it, so
 // that its CPU and memory are its own and not the load generator's.
+// BENCH_STDOUT=file appends every such process's standard output (its log, and
+// what node prints there, a --trace-gc-nvp trace given by PROFILE_NODE_ARGS say) to file.
 import { spawn, type ChildProcess } from "node:child_process";
+import { appendFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { SERVER_NODE_FLAGS } from "../bin/server-flags.js";
@@ -52,6 +55,7 @@ export async function startSkiffProcess(opts: {
     let out = "";
     child.once("exit", (code) => reject(new Error(`skiff exited (${code}) before serving:\n${out.slice(-2000)}`)));
     child.stdout!.on("data", (d: Buffer) => {
+      if (process.env.BENCH_STDOUT) appendFileSync(process.env.BENCH_STDOUT, d);
       out += d.toString();
       const m = /"msg":"skiff serves (http:\/\/[^ "]+)/.exec(out);
       if (m) {
