@@ -9,7 +9,15 @@
 // same subscription, and so do confirmed acks of consumed messages
 // (confirmAck: nats.js's ackAck() makes a request entry, a timer, an error
 // for its async trace and another to cancel the finished request, per ack).
-import { createInbox, headers, type JsMsg, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "nats";
+import {
+  createInbox,
+  MsgHdrsImpl,
+  type JsMsg,
+  type Msg,
+  type MsgHdrs,
+  type NatsConnection,
+  type Subscription,
+} from "nats";
 
 /** JetStream's acknowledgement of a stored message. */
 interface PubAck {
@@ -81,10 +89,10 @@ export class AckedPublisher {
   publish(subject: string, data: Uint8Array, opts: PublishOptions = {}): Promise<PubAck> {
     let h = opts.headers;
     if (opts.msgId !== undefined || opts.expectedLastSubjectSequence !== undefined) {
-      h ??= headers();
-      if (opts.msgId !== undefined) h.set("Nats-Msg-Id", opts.msgId);
+      h ??= new MsgHdrsImpl();
+      if (opts.msgId !== undefined) setHeader(h, "Nats-Msg-Id", opts.msgId);
       if (opts.expectedLastSubjectSequence !== undefined)
-        h.set("Nats-Expected-Last-Subject-Sequence", String(opts.expectedLastSubjectSequence));
+        setHeader(h, "Nats-Expected-Last-Subject-Sequence", String(opts.expectedLastSubjectSequence));
     }
     return new Promise<PubAck>((resolve, reject) => {
       this.send(subject, data, h, {
@@ -151,6 +159,20 @@ export class AckedPublisher {
     this.waiting.clear();
     this.sub.unsubscribe();
   }
+}
+
+const CR_OR_LF = /[\r\n]/;
+
+/**
+ * Sets one of JetStream's headers, whose names are skiff's own: straight into
+ * the map of nats.js's headers when it has no such header yet (its set()
+ * looks the key up twice, building arrays each time: about 2 KB of heap an
+ * async run), else by set(). A value with CR or LF is refused, as set() does.
+ */
+function setHeader(h: MsgHdrs, key: string, value: string): void {
+  if (CR_OR_LF.test(value)) throw new PublishError(`the ${key} header's value holds CR or LF`);
+  if (h instanceof MsgHdrsImpl && !h.headers.has(key)) h.headers.set(key, [value]);
+  else h.set(key, value);
 }
 
 /** JetStream's acknowledgement in `msg`, or its refusal. */

@@ -2,7 +2,7 @@
 // a real nats-server: acknowledgements in any number at once, deduplication
 // by Nats-Msg-Id, refusals, no stream, and no answer; confirmed acks of
 // consumed messages.
-import { AckPolicy, RetentionPolicy, connect, type NatsConnection } from "nats";
+import { AckPolicy, RetentionPolicy, connect, headers, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AckedPublisher, PublishError, confirmAck, publishAcked } from "../../services/nats/acked-publish.js";
 import { JsErrorCode, isJsError } from "../../services/nats/errors.js";
@@ -52,6 +52,23 @@ describe("publishAcked", () => {
     );
     expect(second.seq).toBeGreaterThan(first.seq);
     expect(isJsError(lost, JsErrorCode.WrongLastSequence)).toBe(true);
+  });
+
+  it("keeps the caller's headers beside its own, replaces a Nats-Msg-Id the caller set, and refuses CR or LF", async () => {
+    const h = headers();
+    h.set("Skiff-Test", "kept");
+    h.set("Nats-Msg-Id", "the caller's");
+    const first = await publishAcked(nc, "acked.headers", bytes("a"), { msgId: "own-id", headers: h });
+    const stored = await (await nc.jetstreamManager()).streams.getMessage("ACKED", { seq: first.seq });
+    expect(stored.header.get("Skiff-Test")).toBe("kept");
+    expect(stored.header.values("Nats-Msg-Id")).toEqual(["own-id"]);
+    // Deduplicated by the id given, not the caller's.
+    const again = await publishAcked(nc, "acked.headers", bytes("b"), { msgId: "own-id" });
+    expect(again).toEqual({ stream: "ACKED", seq: first.seq, duplicate: true });
+    expect(() => publishAcked(nc, "acked.headers", bytes("c"), { msgId: "a\r\nEvil: 1" })).toThrow(PublishError);
+    const plain = await publishAcked(nc, "acked.headers", bytes("d"), { expectedLastSubjectSequence: first.seq });
+    const cas = await (await nc.jetstreamManager()).streams.getMessage("ACKED", { seq: plain.seq });
+    expect(cas.header.get("Nats-Expected-Last-Subject-Sequence")).toBe(String(first.seq));
   });
 
   it("rejects what JetStream refuses, and a subject no stream takes", async () => {
