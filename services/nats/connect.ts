@@ -253,6 +253,10 @@ async function shutdown(nc: NatsConnection, server: NatsServerProcess | undefine
       timer = setTimeout(resolve, DEFAULT_NATS_DRAIN_TIMEOUT_MS);
     });
     await Promise.race([nc.drain().catch(() => undefined), timeout]);
+    // nats.js's drain() resolves at once, neither flushing nor closing, when a subscription of the connection
+    // ended on its own (a timeout) and is still listed: the server must still confirm what was published
+    // (a PING answered after it), within the same deadline, before the stop calls itself done.
+    if (!nc.isClosed()) await Promise.race([nc.flush().catch(() => undefined), timeout]);
     clearTimeout(timer);
     if (!nc.isClosed()) await nc.close();
   }

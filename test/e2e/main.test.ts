@@ -18,14 +18,19 @@ function startMain(env: Record<string, string>, args: string[] = []): ChildProce
   });
 }
 
-/** Resolves with the first JSON log line that matches. */
+/**
+ * Resolves with the first JSON log line that matches; one that never comes fails with the lines the process
+ * printed meanwhile (its last 40), to say what it did instead.
+ */
 function logLine(
   child: ChildProcess,
   match: (line: Record<string, unknown>) => boolean,
 ): Promise<Record<string, unknown>> {
   return new Promise((resolve, reject) => {
+    const seen: string[] = [];
     const lines = createInterface({ input: child.stdout! });
     lines.on("line", (text) => {
+      if (seen.push(text) > 40) seen.shift();
       try {
         const line = JSON.parse(text);
         if (match(line)) resolve(line);
@@ -33,7 +38,9 @@ function logLine(
         // not a log line
       }
     });
-    child.once("exit", (code) => reject(new Error(`exited with ${code} before the expected log line`)));
+    child.once("exit", (code) =>
+      reject(new Error(`exited with ${code} before the expected log line; it printed:\n${seen.join("\n")}`)),
+    );
   });
 }
 
