@@ -143,3 +143,12 @@ export function inBackground<T>(nc: NatsConnection, fn: () => T, waitMs = WAITED
     background.on = false;
   }
 }
+
+/**
+ * inBackground(nc, fn) when `together` (other work on the connection will
+ * write soon: an async run's steps while other runs are under way), else fn()
+ * written at once, as there is no company to wait for.
+ */
+export function inBackgroundIf<T>(together: boolean, nc: NatsConnection, fn: () => T): T {
+  return together ? inBackground(nc, fn) : fn();
+}

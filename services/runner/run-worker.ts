@@ -33,7 +33,14 @@
 // event (runs/results.ts readFromEvent).
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg } from "nats";
 import type { AppRegistry } from "../apps/index.js";
-import { confirmAck, consumers, ensureConsumer, inBackground, MAX_RUN_ATTEMPTS, type KvPurger } from "../nats/index.js";
+import {
+  confirmAck,
+  consumers,
+  ensureConsumer,
+  inBackgroundIf,
+  MAX_RUN_ATTEMPTS,
+  type KvPurger,
+} from "../nats/index.js";
 import {
   type RunControl,
   publishRunEventUnacked,
@@ -218,7 +225,7 @@ export class RunWorker {
 
   /** Calls `publish`; what it publishes waits for company (inBackground) while other runs are under way. */
   private write<T>(publish: () => T): T {
-    return this.together() ? inBackground(this.deps.runs.nc, publish) : publish();
+    return inBackgroundIf(this.together(), this.deps.runs.nc, publish);
   }
 
   handle(queue: AppQueue, msg: JsMsg): Promise<void> {

@@ -3,7 +3,7 @@
 // byte, for the webhook role.
 import type { NatsConnection } from "nats";
 import type { Logger } from "../config/index.js";
-import { inBackground } from "../nats/index.js";
+import { inBackgroundIf } from "../nats/index.js";
 import { publishRunEvent, publishRunEventUnacked } from "./events.js";
 import type { RunOutcome } from "./outcome.js";
 import type { RunResults } from "./results.js";
@@ -78,11 +78,10 @@ export async function finishAsync(
   const now = new Date();
   const nc = deps.runs.nc;
   const { result, event } = await deps.results.keep(running.record.run_id, outcome.body, now, true);
-  const write = <T>(publish: () => T): T => (together ? inBackground(nc, publish) : publish());
-  const final = await write(() =>
+  const final = await inBackgroundIf(together, nc, () =>
     deps.runs.updateFrom(running, (cur) => (isFinal(cur.status) ? undefined : finalRecord(cur, outcome, now, result))),
   );
-  if (final) await write(() => publishRunEvent(nc, final.record, event));
+  if (final) await inBackgroundIf(together, nc, () => publishRunEvent(nc, final.record, event));
   return final;
 }
 

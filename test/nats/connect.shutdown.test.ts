@@ -17,22 +17,27 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
+/** A nats-server of its own and skiff's connection to it (as with SKIFF_NATS_URL); both gone after the test. */
+async function skiffConnection() {
+  const nats = await startNatsServer();
+  cleanups.push(() => nats.stop());
+  const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-nats-stop-"));
+  cleanups.push(() => rm(dataDir, { recursive: true, force: true }));
+  return { nats, handle: await connectNats({ url: nats.url, dataDir, logger: silentLogger }) };
+}
+
 describe("stopping the NATS connection", () => {
   it.each([
     ["every subscription live", false],
     ["a subscription that ended on its own", true],
   ])("with %s, delivers what was published just before", async (_name, endedSubscription) => {
-    const nats = await startNatsServer();
-    cleanups.push(() => nats.stop());
-    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-nats-stop-"));
-    cleanups.push(() => rm(dataDir, { recursive: true, force: true }));
+    const { nats, handle } = await skiffConnection();
     const reader = await connect({ servers: nats.url });
     cleanups.push(() => reader.close());
     let received = 0;
     reader.subscribe("stop.events", { callback: () => void received++ });
     await reader.flush();
 
-    const handle = await connectNats({ url: nats.url, dataDir, logger: silentLogger });
     if (endedSubscription) {
       handle.nc.subscribe("stop.nothing", { timeout: 20, callback: () => undefined });
       await new Promise((resolve) => setTimeout(resolve, 100));
@@ -47,11 +52,7 @@ describe("stopping the NATS connection", () => {
   });
 
   it("with a subscription that ended on its own, still waits for the server to have it all", async () => {
-    const nats = await startNatsServer();
-    cleanups.push(() => nats.stop());
-    const dataDir = await mkdtemp(path.join(tmpdir(), "skiff-nats-stop-"));
-    cleanups.push(() => rm(dataDir, { recursive: true, force: true }));
-    const handle = await connectNats({ url: nats.url, dataDir, logger: silentLogger });
+    const { nats, handle } = await skiffConnection();
     handle.nc.subscribe("stop.nothing", { timeout: 20, callback: () => undefined });
     await new Promise((resolve) => setTimeout(resolve, 100));
     publishInBackground(handle.nc, "stop.events", new Uint8Array(8));
