@@ -2,14 +2,15 @@
 // cgroup v1 (the memory and pids hierarchies) or v2 (a unified hierarchy in
 // which skiff may enable both controllers for a child of its own cgroup).
 // Every sandbox's cgroup lives under one `skiff-<pid>` folder next to skiff's
-// own cgroup; a sandbox's first process joins it before its command runs, so
-// everything the command starts is counted. The limits then hold for the
+// own cgroup; bwrap joins it as it is spawned, before it can fork, so
+// everything of the sandbox is counted, and nothing of it is ever outside. The limits then hold for the
 // replica as a whole (all its processes, and the pages of its tmpfs folders),
 // where the rlimits (sandbox.ts) count per process or per uid.
 //
 // A skiff process that is killed (SIGKILL, a crash) cannot remove its
 // cgroups, and a sandbox's processes may outlive it (one still starting,
-// before bwrap's --die-with-parent holds). The next skiff to start ends them
+// before bwrap's --die-with-parent holds, or bwrap's child left waiting for
+// a uid map its dead parent never wrote). The next skiff to start ends them
 // and removes the folders, empty ones too (reapLeftovers).
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";

@@ -122,7 +122,8 @@ export function spawnSandboxed(host: SandboxHost, spec: SandboxSpec): SandboxedP
   const filter = host.seccompFilter();
   const cgroup = host.sandboxCgroup({
     memoryBytes: spec.limits.memoryMb * 1024 * 1024,
-    pids: spec.limits.pids,
+    // bwrap's own process, which waits outside the sandbox's pid namespace, is in it too (below).
+    pids: spec.limits.pids + 1,
     cpus: spec.limits.cpus,
   });
   // After the command's own fds: the info fd, the seccomp filter, slirp4netns's resolv.conf, the block fd
@@ -141,6 +142,19 @@ export function spawnSandboxed(host: SandboxHost, spec: SandboxSpec): SandboxedP
     if (runsAsRoot()) mkdirSync(NEUTRAL_DIR, { recursive: true, mode: 0o755 });
     const [program, args] = launch(bwrap, spec, command, host.mounts);
     child = spawn(program, args, { env: STAGE_ENV, stdio, detached: true });
+    // Into the cgroup before it can fork: bwrap reads its options (fd 0, fed below) before it makes the
+    // sandbox, so bwrap and everything it starts are in it from their first instant, and a runner killed
+    // at any point leaves them in a cgroup of a skiff process that is gone, which the next start ends
+    // (reapLeftovers). Joined only after bwrap named its first process, a child still waiting for bwrap
+    // to write its uid map was left in none when the runner died then, waiting for good.
+    if (cgroup && child.pid !== undefined)
+      try {
+        cgroup.join(child.pid);
+      } catch (err) {
+        // Nothing of the sandbox has started: bwrap is still waiting for its options.
+        child.kill("SIGKILL");
+        throw new Error(`cannot put the sandbox in its cgroup: ${(err as Error).message}`);
+      }
     const feed = (fd: number, data: Buffer | string) => {
       const w = child.stdio[fd] as NodeJS.WritableStream | null;
       w?.on("error", () => undefined);
@@ -208,16 +222,7 @@ export function spawnSandboxed(host: SandboxHost, spec: SandboxSpec): SandboxedP
   };
   void (async () => {
     await ready;
-    if (pid === undefined) return release();
-    if (cgroup) {
-      // Its first process, which forks the command only once released: everything the command starts is in it.
-      try {
-        cgroup.join(pid);
-      } catch (err) {
-        return fail(`cannot put the sandbox in its cgroup: ${(err as Error).message}`);
-      }
-    }
-    if (!slirp) return release();
+    if (pid === undefined || !slirp) return release();
     await connectOutside(slirp, pid, child, () => host.deniedDestinations(), {
       up: release,
       failed: fail,

@@ -1,19 +1,23 @@
 // A runner killed while a sandbox is starting leaves nothing running: bwrap
 // goes on at the end of its block fd as at a byte, before its parent-death
-// signal is set, so the command would run with no cgroup and no runner; the
-// gate in front of the command (sandbox.ts) ends it instead. Real bwrap, real
-// processes: a runner process starts a sandbox and is SIGKILLed, before and
-// after it released it. Needs a block fd: a cgroup per sandbox, or else
-// slirp4netns; skipped, with the reason, on a host with neither.
+// signal is set, so the command would run with no runner; the gate in front
+// of the command (sandbox.ts) ends it instead. What bwrap itself may leave (a
+// child waiting for a uid map its dead parent never wrote) is in the
+// sandbox's cgroup, which bwrap joined before it forked, and the next start
+// ends it (cgroups.ts reapLeftovers). Real bwrap, real processes: a runner
+// process starts a sandbox and is SIGKILLed, before and after it released it.
+// Needs a block fd: a cgroup per sandbox, or else slirp4netns; skipped, with
+// the reason, on a host with neither.
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
-import { chmod, mkdtemp, readlink, rm } from "node:fs/promises";
+import { chmod, mkdtemp, readFile, readlink, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { detectCgroups } from "../../services/runner/cgroups.js";
+import { detectCgroups, reapLeftovers } from "../../services/runner/cgroups.js";
 import { SandboxHost } from "../../services/runner/sandbox-host.js";
+import { DEFAULT_SANDBOX_LIMITS, signalSandbox, spawnSandboxed } from "../../services/runner/sandbox.js";
 import { slirpPath } from "../../services/runner/sandbox-network.js";
 import { hostProcessesWith } from "../helpers/host-processes.js";
 import { machineCan } from "../helpers/machine.js";
@@ -104,6 +108,13 @@ async function leftOf(mark: string): Promise<number[]> {
 
 /** The program a process runs (its executable's path), or "" when it is gone. */
 const programOf = (pid: number) => readlink(`/proc/${pid}/exe`).catch(() => "");
+/** A process's cgroups, as /proc/<pid>/cgroup lists them. */
+const cgroupsOf = (pid: number) => readFile(`/proc/${pid}/cgroup`, "utf8").catch(() => "");
+/** Where skiff processes' cgroup folders are, as a skiff's start looks for them (sandbox-setup.ts). */
+const bases = () => (typeof found === "string" ? [] : found.parents.map((p) => path.dirname(p)));
+const quiet = { warn: () => undefined, info: () => undefined };
+/** The lines of a /proc/<pid>/cgroup text that name a sandbox's cgroup (`…/skiff-<pid>/<sandbox>`). */
+const sandboxCgroupLines = (text: string) => text.split("\n").filter((line) => /\/skiff-\d+\/[^/]+$/.test(line));
 
 describe.skipIf(!usable)("a runner killed while its sandbox starts", () => {
   beforeAll(async () => {
@@ -115,15 +126,56 @@ describe.skipIf(!usable)("a runner killed while its sandbox starts", () => {
     await rm(tmp, { recursive: true, force: true });
   });
 
-  it("before releasing it: the command never runs, and nothing of it is left but a bwrap that never got set up", async () => {
+  it("before releasing it: the command never runs, and what is left is in the dead runner's cgroup, which the next start ends", async () => {
     const { dir, mark } = await killedRunner("starting");
     const left = await leftOf(mark);
     expect(existsSync(path.join(dir, "ran"))).toBe(false);
-    // A known gap (docs/security.md): bwrap's child waits for its parent to write its uid map; when the
-    // runner's death ends that parent first, the child waits for good, in a user namespace with no uid
-    // mapped, in no sandbox cgroup, having run nothing. Neither the gate nor the command is ever left.
+    // bwrap's child waits for its parent to write its uid map; when the runner's death ends that parent
+    // first, the child waits for good, in a user namespace with no uid mapped, having run nothing (neither
+    // the gate nor the command). It is in the sandbox's cgroup, joined by bwrap before it forked, so the
+    // next skiff to start ends it with the dead runner's other leftovers.
     for (const pid of left) expect(await programOf(pid)).toMatch(/\/bwrap$/);
+    if (cgroups !== true) return; // without cgroups it waits for good (docs/security.md)
+    for (const pid of left) expect(sandboxCgroupLines(await cgroupsOf(pid)).length).toBeGreaterThan(0);
+    const reaped = await reapLeftovers(bases(), quiet);
+    expect(reaped.processes).toBeGreaterThanOrEqual(left.length);
+    expect(await leftOf(mark)).toEqual([]);
   });
+
+  it.skipIf(cgroups !== true)(
+    "bwrap is in the sandbox's cgroup before it can fork, its first process in the same one",
+    async () => {
+      // What makes the case above hold whenever the runner dies: bwrap's child is forked by a process that is
+      // already in the cgroup, which the next start ends (a child left waiting is rare to catch in the act).
+      const host = new SandboxHost();
+      expect(host.enableCgroups()).toBe(true);
+      const dir = await mkdtemp(path.join(tmp, "joined-"));
+      await chmod(dir, 0o777);
+      const mark = `${process.pid}${marks.length}${Date.now() % 1_000_000}`;
+      marks.push(mark);
+      const sandboxed = spawnSandboxed(host, {
+        appDir: dir,
+        writableApp: true,
+        uid: 4242,
+        limits: DEFAULT_SANDBOX_LIMITS,
+        command: "/bin/sh",
+        args: ["-c", `exec sleep 600.${mark}`],
+        env: { PATH: "/usr/bin:/bin" },
+        network: "none",
+      });
+      try {
+        // At once, before bwrap has read its options: the spawned process (later bwrap) is in a sandbox's cgroup.
+        const own = sandboxCgroupLines(await cgroupsOf(process.pid));
+        const launcher = sandboxCgroupLines(await cgroupsOf(sandboxed.child.pid!));
+        expect(launcher.length).toBeGreaterThan(0);
+        expect(launcher.some((line) => own.includes(line))).toBe(false);
+        await sandboxed.ready;
+        expect(sandboxCgroupLines(await cgroupsOf(sandboxed.initPid()!))).toEqual(launcher);
+      } finally {
+        signalSandbox(sandboxed, "SIGKILL");
+      }
+    },
+  );
 
   it("after releasing it: the command ran, and the sandbox ends with its runner", async () => {
     const { dir, mark } = await killedRunner("running");
