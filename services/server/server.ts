@@ -7,6 +7,8 @@ import http2 from "node:http2";
 import net from "node:net";
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import {
+  Code,
+  ConnectError,
   createMethodImplSpec,
   createServiceImplSpec,
   type ConnectRouter,
@@ -37,6 +39,7 @@ import {
   type RequestIds,
   type TranscoderOptions,
 } from "./rest/transcoder.js";
+import { malformedJson, notAnObject } from "./rest/errors.js";
 import { METRICS_CONTENT_TYPE, type Metrics } from "../metrics/index.js";
 
 type NodeRequest = Parameters<NodeHandler>[0];
@@ -108,6 +111,37 @@ export interface SkiffServer {
   /** Stops accepting, lets in-flight requests finish for up to graceMs, then closes every connection. */
   close(graceMs: number): Promise<void>;
 }
+
+const utf8 = new TextDecoder();
+
+/**
+ * What Connect's JSON codec reads a request message's text with (its
+ * `textDecoder` option): a text that is not JSON fails here with where it
+ * broke, as REST says it, instead of V8's message, which quotes the body's
+ * first characters (a SetSecret's value, say) and which Connect would send
+ * back as it is, before any interceptor runs; and a text that is JSON but not
+ * an object fails with its kind, not protobuf-es's message, which quotes a
+ * short string whole. Connect then parses the text itself: JSON requests only
+ * pay for the check. Every request message here is an object in JSON.
+ */
+export const connectJsonOptions = {
+  // Connect's default, said so that the object is one of its JSON options.
+  ignoreUnknownFields: true,
+  textDecoder: {
+    decode(data?: Uint8Array): string {
+      const text = utf8.decode(data);
+      let json: unknown;
+      try {
+        json = JSON.parse(text);
+      } catch (err) {
+        throw new ConnectError(malformedJson(err), Code.InvalidArgument);
+      }
+      const wrong = notAnObject(json);
+      if (wrong !== undefined) throw new ConnectError(wrong, Code.InvalidArgument);
+      return text;
+    },
+  },
+};
 
 /** Room for the framing of a request message around its body. */
 const MESSAGE_OVERHEAD_BYTES = 64 * 1024;
@@ -299,6 +333,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     },
     fallback,
     interceptors: opts.interceptors,
+    jsonOptions: connectJsonOptions,
     // The limit is on the body; an encoded request message adds a few bytes.
     readMaxBytes: opts.maxBodyBytes + MESSAGE_OVERHEAD_BYTES,
     writeMaxBytes: 64 * 1024 * 1024,

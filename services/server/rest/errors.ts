@@ -65,6 +65,17 @@ export function errorBody(code: Code, message: string): string {
  * message, which quotes the body's first characters (a body may carry a
  * secret, and a log line may carry the message).
  */
+/**
+ * What a caller is told of a JSON body that is not an object, where a message
+ * is expected: its kind only (protobuf-es's message quotes a short string
+ * whole, and a body may be a bare secret).
+ */
+export function notAnObject(json: unknown): string | undefined {
+  if (typeof json === "object" && json !== null && !Array.isArray(json)) return undefined;
+  const kind = json === null ? "null" : Array.isArray(json) ? "an array" : `a ${typeof json}`;
+  return `invalid JSON body: expected an object, got ${kind}`;
+}
+
 export function malformedJson(err: unknown): string {
   const at = /at position (\d+)/.exec(err instanceof Error ? err.message : "")?.[1];
   return `malformed JSON body: not valid JSON${at === undefined ? "" : ` (at position ${at})`}`;

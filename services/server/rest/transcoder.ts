@@ -88,7 +88,7 @@ import {
   type NodeRequest,
   type NodeResponse,
 } from "./body.js";
-import { codeString, errorBody, invalidArgument, malformedJson, TranscodeError } from "./errors.js";
+import { codeString, errorBody, invalidArgument, malformedJson, notAnObject, TranscodeError } from "./errors.js";
 import { resolveDotted, setFromText } from "./fields.js";
 import { rawVariableValue, RouteTable, variableValue, type RouteMatch } from "./routes.js";
 
@@ -523,8 +523,12 @@ function bodyMessage(route: Route, body: Uint8Array, contentType: string | undef
         reflect(input, msg).set(field, reflect(field.message, httpBody(field.message, body, contentType)));
       return msg;
     }
-    case "json-all":
-      return decodeJson(input, parseJson(body, contentType) ?? {});
+    case "json-all": {
+      const json = parseJson(body, contentType) ?? {};
+      const wrong = notAnObject(json);
+      if (wrong !== undefined) throw invalidArgument(wrong);
+      return decodeJson(input, json);
+    }
     case "json-field": {
       const json = parseJson(body, contentType);
       return json === undefined ? create(input) : decodeJson(input, { [route.bodyField!.jsonName]: json });
