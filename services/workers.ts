@@ -8,10 +8,18 @@
 // starts first (it makes the admin and dev tokens and deploys the examples),
 // the others once it serves. A worker that dies is started again under the
 // same number; SIGTERM or SIGINT stops every worker gracefully, then NATS.
+//
+// Limits hold for the machine, not per worker: the supervisor counts every
+// worker's connections per address (SKIFF_MAX_CONNECTIONS_PER_ADDRESS; a
+// worker serves a new connection once the supervisor has counted it, and
+// reports its close, server/connections.ts), and each worker runs its share
+// of a project's replicas (SKIFF_PROJECT_MAX_REPLICAS, SKIFF_PROJECT_MEMORY_MB;
+// config workerQuotas), the shares summing to the settings.
 import cluster, { type Worker } from "node:cluster";
 import path from "node:path";
-import type { Config, Logger } from "./config/index.js";
+import { workerQuotas, type Config, type Logger } from "./config/index.js";
 import { connectNats, STARTED_SERVER_SEED_FILE, type NatsHandle } from "./nats/index.js";
+import { AddressCounts } from "./server/index.js";
 
 /** The variable that tells a forked process its worker number (not a setting: the supervisor sets it). */
 export const WORKER_NUMBER_VARIABLE = "SKIFF_WORKER_NUMBER";
@@ -89,13 +97,33 @@ export async function superviseWorkers(config: Config, logger: Logger): Promise<
     pause: FIRST_RESTART_PAUSE_MS,
   }));
   const exitCodes = new Map<number, number | null>();
+  const addresses = new AddressCounts<Worker>(config.maxConnectionsPerAddress);
+  const shares = slots.map((s) => workerQuotas(config, s.n));
+  const listed = (key: "projectMaxReplicas" | "projectMemoryMb") => shares.map((q) => q[key]).join(" + ");
+  logger.info(
+    {
+      maxConnectionsPerAddress: config.maxConnectionsPerAddress,
+      projectMaxReplicas: shares.map((q) => q.projectMaxReplicas),
+      projectMemoryMb: shares.map((q) => q.projectMemoryMb),
+    },
+    `limits of the machine: SKIFF_MAX_CONNECTIONS_PER_ADDRESS=${config.maxConnectionsPerAddress} over all workers; ` +
+      `each worker runs its share of a project's replicas, workers 1 to ${config.workers}: ` +
+      `SKIFF_PROJECT_MAX_REPLICAS=${config.projectMaxReplicas} as ${listed("projectMaxReplicas")}, ` +
+      `SKIFF_PROJECT_MEMORY_MB=${config.projectMemoryMb} as ${listed("projectMemoryMb")}`,
+  );
 
   const fork = (slot: Slot): Worker => {
     const worker = cluster.fork({ ...process.env, ...env, [WORKER_NUMBER_VARIABLE]: String(slot.n) });
     slot.worker = worker;
     slot.startedAt = Date.now();
     logger.info({ worker: slot.n, workerPid: worker.process.pid }, `started worker ${slot.n}`);
+    // A new connection's word from the supervisor; a worker that ended cannot hear it (its connection ended with it).
+    worker.on("message", (message: unknown) => {
+      const verdict = addresses.report(worker, message);
+      if (verdict) worker.send(verdict, undefined, {}, () => undefined);
+    });
     worker.once("exit", (code, signal) => {
+      addresses.forget(worker);
       if (slot.worker === worker) slot.worker = undefined;
       if (stopping) {
         exitCodes.set(slot.n, code);

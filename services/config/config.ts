@@ -117,9 +117,15 @@ export interface Config {
   /** Open files (and sockets, pipes, eventfds) per sandboxed process: RLIMIT_NOFILE. */
   replicaOpenFiles: number;
   replicaCpuSeconds: number;
-  /** Live replicas of one project's apps together on one runner process; a start beyond waits, then 429. */
+  /**
+   * Live replicas of one project's apps together on one runner process; a start beyond waits, then 429. In a
+   * worker of SKIFF_WORKERS, its share of the setting (workerQuotas), which is the machine's.
+   */
   projectMaxReplicas: number;
-  /** Memory limits (replicas × SKIFF_REPLICA_MEMORY_MB) of one project's replicas together on one runner process, MiB. */
+  /**
+   * Memory limits (replicas × SKIFF_REPLICA_MEMORY_MB) of one project's replicas together on one runner process,
+   * MiB. In a worker of SKIFF_WORKERS, its share of the setting (workerQuotas), which is the machine's.
+   */
   projectMemoryMb: number;
   /** Lines a replica may log per second (stdout and stderr together); the rest are dropped and counted. */
   replicaLogLinesPerSecond: number;
@@ -613,7 +619,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "maxConnectionsPerAddress",
     env: "SKIFF_MAX_CONNECTIONS_PER_ADDRESS",
     fallback: String(DEFAULT_MAX_CONNECTIONS_PER_ADDRESS),
-    doc: "Open connections from one remote address; a new one beyond it is closed at once. Behind a proxy or load balancer every connection comes from its address: raise it there.",
+    doc: "Open connections from one remote address; a new one beyond it is closed at once. With `SKIFF_WORKERS` above 1 it holds for all workers together: the supervisor counts them. Behind a proxy or load balancer every connection comes from its address: raise it there.",
     parse: integer(1, 1_000_000),
   },
   {
@@ -638,7 +644,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "workers",
     env: "SKIFF_WORKERS",
     fallback: "1",
-    doc: "Processes that serve the port together, each running the roles above: a supervisor process starts them (and the `nats-server` of the data folder, when skiff starts one), restarts one that dies, and stops them all on SIGTERM. Each worker has its own replicas, deployments and projects' persistent storage under `SKIFF_DATA_DIR/workers/<n>/`; the embedded run history is one file for all, which worker 1 projects the runs into and every worker reads; sandbox uids come from NATS, shared. 1: one process, no supervisor. Raise it to the machine's cores when one process's CPU is the limit (its main thread near 100 %, see docs/deploy.md); each worker costs about 300 MB more. Needs `SKIFF_SANDBOX=on`. The per-process limits (`SKIFF_MAX_CONNECTIONS`, `SKIFF_MAX_CONNECTIONS_PER_ADDRESS`, `SKIFF_PROJECT_MAX_REPLICAS`, `SKIFF_PROJECT_MEMORY_MB`) count per worker: set them to the machine's limit divided by the workers.",
+    doc: "Processes that serve the port together, each running the roles above: a supervisor process starts them (and the `nats-server` of the data folder, when skiff starts one), restarts one that dies, and stops them all on SIGTERM. Each worker has its own replicas, deployments and projects' persistent storage under `SKIFF_DATA_DIR/workers/<n>/`; the embedded run history is one file for all, which worker 1 projects the runs into and every worker reads; sandbox uids come from NATS, shared. 1: one process, no supervisor. Raise it to the machine's cores when one process's CPU is the limit (its main thread near 100 %, see docs/deploy.md); each worker costs about 300 MB more. Needs `SKIFF_SANDBOX=on`. Limits hold for the machine: the supervisor counts `SKIFF_MAX_CONNECTIONS_PER_ADDRESS` over all workers (a worker serves a new connection once the supervisor has counted it), and each worker runs its share of `SKIFF_PROJECT_MAX_REPLICAS` and `SKIFF_PROJECT_MEMORY_MB` (the shares sum to the setting and differ by one replica at most, the larger to the lower worker numbers; the supervisor logs them at start); both must leave every worker room for one replica (at least `SKIFF_WORKERS` replicas, and `SKIFF_WORKERS` × `SKIFF_REPLICA_MEMORY_MB`), else skiff refuses to start. `SKIFF_MAX_CONNECTIONS` counts per worker, as it guards each process's open files.",
     parse: integer(1, 256),
   },
   {
@@ -822,14 +828,14 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "projectMaxReplicas",
     env: "SKIFF_PROJECT_MAX_REPLICAS",
     fallback: String(DEFAULT_PROJECT_MAX_REPLICAS),
-    doc: "Replicas of one project's apps together (starting, serving or stopping) on one runner process. A replica that would pass it is not started: requests wait for a free one as they do at an app's `max_replicas`, then get 429 naming this setting; a deploy whose `min_replicas` cannot start fails.",
+    doc: "Replicas of one project's apps together (starting, serving or stopping) on one runner process, or on one machine's workers together with `SKIFF_WORKERS` above 1, where each worker runs its share (at least 1: the setting must be at least `SKIFF_WORKERS`; a project's calls reach the workers in turn, so one at its share answers 429 while another may have room). A replica that would pass it is not started: requests wait for a free one as they do at an app's `max_replicas`, then get 429 naming this setting; a deploy whose `min_replicas` cannot start fails.",
     parse: integer(1, 100_000),
   },
   {
     key: "projectMemoryMb",
     env: "SKIFF_PROJECT_MEMORY_MB",
     fallback: String(DEFAULT_PROJECT_MEMORY_MB),
-    doc: "Memory of one project's replicas together on one runner process, MiB, counted as replicas × `SKIFF_REPLICA_MEMORY_MB` (each replica's own bound); a replica that would pass it is not started, as with `SKIFF_PROJECT_MAX_REPLICAS`. At least `SKIFF_REPLICA_MEMORY_MB`.",
+    doc: "Memory of one project's replicas together on one runner process, MiB, counted as replicas × `SKIFF_REPLICA_MEMORY_MB` (each replica's own bound); a replica that would pass it is not started, as with `SKIFF_PROJECT_MAX_REPLICAS`. At least `SKIFF_REPLICA_MEMORY_MB`. With `SKIFF_WORKERS` above 1 it is the machine's, and each worker runs its share, in whole replicas (at least `SKIFF_WORKERS` × `SKIFF_REPLICA_MEMORY_MB`).",
     parse: integer(256, 1024 * 1024 * 1024),
   },
   {
@@ -985,8 +991,48 @@ export function loadConfig(env: Env = process.env, overrides: Partial<Config> = 
       "SKIFF_WORKERS",
       `must be 1 with SKIFF_SANDBOX=off, got ${config.workers}: unsandboxed replicas of several workers would share this machine's ports`,
     );
+  if (config.projectMaxReplicas < config.workers)
+    throw new ConfigError(
+      "SKIFF_PROJECT_MAX_REPLICAS",
+      `must be at least SKIFF_WORKERS (${config.workers}), got ${config.projectMaxReplicas}: it is the machine's, shared among the workers, and a worker without room for one replica could not serve a project's calls`,
+    );
+  if (Math.floor(config.projectMemoryMb / config.replicaMemoryMb) < config.workers)
+    throw new ConfigError(
+      "SKIFF_PROJECT_MEMORY_MB",
+      `must be at least SKIFF_WORKERS (${config.workers}) × SKIFF_REPLICA_MEMORY_MB (${config.replicaMemoryMb}) = ${config.workers * config.replicaMemoryMb}, got ${config.projectMemoryMb}: it is the machine's, shared among the workers, and a worker without room for one replica could not serve a project's calls`,
+    );
+  // A worker runs its share of the machine's quotas.
+  if (config.worker !== undefined) Object.assign(config, workerQuotas(config, config.worker));
   natsAuth(config); // conflicting NATS credentials stop skiff here, before it connects anywhere
   return config;
+}
+
+/**
+ * Worker `worker`'s share (1 to `workers`) of a quota the workers of a
+ * machine hold together: the shares sum to `quota`, differ by 1 at most, and
+ * the larger go to the lower worker numbers (20 among 3: 7, 7, 6).
+ */
+export function workerShare(quota: number, workers: number, worker: number): number {
+  return Math.floor((quota + workers - worker) / workers);
+}
+
+/**
+ * What one worker of SKIFF_WORKERS holds of the per-project quotas, which are
+ * the machine's. The memory is shared in whole replicas (SKIFF_REPLICA_MEMORY_MB
+ * each), so that no replica's worth is lost to rounding; worker 1 takes what
+ * is left over (less than a replica), so the shares sum to the setting.
+ */
+export function workerQuotas(
+  config: Pick<Config, "workers" | "projectMaxReplicas" | "projectMemoryMb" | "replicaMemoryMb">,
+  worker: number,
+): Pick<Config, "projectMaxReplicas" | "projectMemoryMb"> {
+  const { workers, replicaMemoryMb } = config;
+  const replicas = Math.floor(config.projectMemoryMb / replicaMemoryMb);
+  const rest = config.projectMemoryMb - replicas * replicaMemoryMb;
+  return {
+    projectMaxReplicas: workerShare(config.projectMaxReplicas, workers, worker),
+    projectMemoryMb: workerShare(replicas, workers, worker) * replicaMemoryMb + (worker === 1 ? rest : 0),
+  };
 }
 
 /** The configuration table README shows, made from SETTINGS so it cannot drift. */

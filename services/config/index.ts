@@ -22,6 +22,7 @@ export {
   loadConfig,
   natsAuth,
   parseRoles,
+  workerQuotas,
 } from "./config.js";
 export type { Config, NatsAuth, NatsCredentials, Role } from "./config.js";
 export { realClock, sleep } from "./clock.js";

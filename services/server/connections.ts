@@ -13,6 +13,15 @@
 //
 // A connection with a request (or stream) in progress has no deadline: a
 // sync run may last 12 hours.
+//
+// In a worker of SKIFF_WORKERS the cap per address is the machine's: the
+// supervisor, which hands each new connection to a worker, counts them all
+// (workers.ts). Node's cluster hands a connection over without a word to
+// the supervisor's code, so the worker asks: a new connection stays paused
+// (nothing read from it reaches HTTP) until the supervisor says it fits, and
+// the worker tells it when an admitted one closes. A refused one is closed
+// as a lone process closes it, having served nothing.
+import cluster from "node:cluster";
 import { readFileSync } from "node:fs";
 import type http2 from "node:http2";
 import type net from "node:net";
@@ -28,6 +37,135 @@ export type ConnectionLimits = Pick<
   | "maxConnections"
   | "maxConnectionsPerAddress"
 >;
+
+/** A worker's word to the supervisor about a connection from `address` (normalized). */
+export type AddressReport =
+  { skiff: "address-open"; id: number; address: string } | { skiff: "address-closed"; address: string };
+
+/** The supervisor's answer to an "address-open" report: whether the connection fits its address's cap. */
+export interface AddressVerdict {
+  skiff: "address-verdict";
+  id: number;
+  admitted: boolean;
+}
+
+/** Counts connections per address beyond this process. */
+export interface AddressLedger {
+  /** Whether one more connection from the address fits; an admitted one counts until closed(address). */
+  open(address: string, verdict: (admitted: boolean) => void): void;
+  closed(address: string): void;
+}
+
+/** The ledger of a cluster worker: the supervisor's count, over IPC. */
+class SupervisorLedger implements AddressLedger {
+  private nextId = 0;
+  private readonly waiting = new Map<number, (admitted: boolean) => void>();
+
+  constructor(private readonly proc: NodeJS.Process) {
+    proc.on("message", (m: unknown) => {
+      if (!isVerdict(m)) return;
+      const verdict = this.waiting.get(m.id);
+      this.waiting.delete(m.id);
+      verdict?.(m.admitted);
+    });
+    // No supervisor, no word: the worker is ending (cluster's disconnect); it takes no more connections.
+    proc.on("disconnect", () => this.refuseWaiting());
+  }
+
+  open(address: string, verdict: (admitted: boolean) => void): void {
+    const id = ++this.nextId;
+    this.waiting.set(id, verdict);
+    this.send({ skiff: "address-open", id, address }, () => {
+      this.waiting.delete(id);
+      verdict(false);
+    });
+  }
+
+  closed(address: string): void {
+    this.send({ skiff: "address-closed", address }, () => undefined);
+  }
+
+  private send(report: AddressReport, failed: () => void): void {
+    if (!this.proc.connected || !this.proc.send) return failed();
+    this.proc.send(report, undefined, {}, (err: Error | null) => {
+      if (err) failed();
+    });
+  }
+
+  private refuseWaiting(): void {
+    const verdicts = [...this.waiting.values()];
+    this.waiting.clear();
+    for (const verdict of verdicts) verdict(false);
+  }
+}
+
+function isVerdict(m: unknown): m is AddressVerdict {
+  return typeof m === "object" && m !== null && (m as { skiff?: unknown }).skiff === "address-verdict";
+}
+
+function isReport(m: unknown): m is AddressReport {
+  if (typeof m !== "object" || m === null) return false;
+  const r = m as Partial<Record<string, unknown>>;
+  if (typeof r.address !== "string") return false;
+  return r.skiff === "address-closed" || (r.skiff === "address-open" && typeof r.id === "number");
+}
+
+/**
+ * The supervisor's end: connections per address over every worker, as the
+ * workers report them. A worker's "address-open" is counted and admitted
+ * while its address is under the cap; its "address-closed" uncounts one.
+ */
+export class AddressCounts<W extends object> {
+  private readonly all = new Map<string, number>();
+  private readonly byWorker = new Map<W, Map<string, number>>();
+  private readonly ended = new WeakSet<W>();
+
+  constructor(readonly cap: number) {}
+
+  /** A worker's message: the verdict to send it back for an "address-open", else undefined (not a report, or a close). */
+  report(worker: W, message: unknown): AddressVerdict | undefined {
+    if (!isReport(message)) return undefined;
+    const { address } = message;
+    if (message.skiff === "address-closed") {
+      const own = this.byWorker.get(worker);
+      if ((own?.get(address) ?? 0) > 0) this.add(worker, address, -1);
+      return undefined;
+    }
+    const admitted = !this.ended.has(worker) && this.open(address) < this.cap;
+    if (admitted) this.add(worker, address, 1);
+    return { skiff: "address-verdict", id: message.id, admitted };
+  }
+
+  /** A worker ended: its connections ended with it. */
+  forget(worker: W): void {
+    this.ended.add(worker);
+    for (const [address, n] of this.byWorker.get(worker) ?? []) this.add(worker, address, -n);
+    this.byWorker.delete(worker);
+  }
+
+  /** Open connections from the address, over every worker. */
+  open(address: string): number {
+    return this.all.get(address) ?? 0;
+  }
+
+  private add(worker: W, address: string, n: number): void {
+    let own = this.byWorker.get(worker);
+    if (!own) this.byWorker.set(worker, (own = new Map()));
+    for (const counts of [this.all, own]) {
+      const left = (counts.get(address) ?? 0) + n;
+      if (left > 0) counts.set(address, left);
+      else counts.delete(address);
+    }
+  }
+}
+
+let workerLedger: AddressLedger | undefined;
+
+/** In a cluster worker, the supervisor's count (one for the process); elsewhere none. */
+export function supervisorLedger(): AddressLedger | undefined {
+  if (!cluster.isWorker || process.send === undefined) return undefined;
+  return (workerLedger ??= new SupervisorLedger(process));
+}
 
 /** Used when the open-file limit cannot be read. */
 export const FALLBACK_MAX_CONNECTIONS = 4096;
@@ -78,12 +216,16 @@ export class ConnectionGuard {
   /** Connections without a request in progress, longest idle first (a Set keeps insertion order). */
   private readonly idle = new Set<Connection>();
   private readonly perAddress = new Map<string, number>();
+  /** Connections held paused until the ledger's verdict. */
+  private readonly waiting = new Set<Connection>();
   private readonly lastLogged = new Map<string, number>();
   private stopping = false;
 
   constructor(
     private readonly limits: ConnectionLimits,
     private readonly logger: Logger,
+    /** Where the cap per address is counted beyond this process too: by default, the supervisor of a cluster worker. */
+    private readonly ledger: AddressLedger | undefined = supervisorLedger(),
   ) {
     this.maxConnections = connectionCap(limits.maxConnections);
   }
@@ -97,6 +239,11 @@ export class ConnectionGuard {
    * (destroyed; undefined) when its address is at its cap, or when every
    * connection is busy at the total cap. At the total cap, the longest-idle
    * connection is closed to make room.
+   *
+   * With a ledger (a cluster worker), the connection is returned paused and
+   * counted once the ledger admits it: then it reads on, or it is closed
+   * unread when the ledger finds its address at the cap (or the total cap
+   * refuses it then). Its first-bytes deadline runs from now.
    */
   admit(socket: net.Socket): Connection | undefined {
     const address = normalizeAddress(socket.remoteAddress);
@@ -105,28 +252,73 @@ export class ConnectionGuard {
       return undefined;
     }
     if ((this.perAddress.get(address) ?? 0) >= this.limits.maxConnectionsPerAddress) {
-      this.refused("address", { address, cap: this.limits.maxConnectionsPerAddress });
-      socket.destroy();
+      this.refusedAddress(socket, address);
       return undefined;
     }
+    const conn = new Connection(socket, address);
+    const ledger = this.ledger;
+    if (ledger === undefined) {
+      if (!this.count(conn)) return undefined;
+      this.deadline(conn, this.limits.firstBytesTimeoutMs);
+      return conn;
+    }
+    // Paused before the server's "data" listener comes: adding it does not resume a socket paused so.
+    socket.pause();
+    this.waiting.add(conn);
+    this.deadline(conn, this.limits.firstBytesTimeoutMs);
+    let closed = false;
+    let counted = false;
+    socket.once("close", () => {
+      closed = true;
+      if (counted) ledger.closed(address);
+    });
+    ledger.open(address, (admitted) => {
+      this.waiting.delete(conn);
+      if (closed) {
+        this.clear(conn);
+        if (admitted) ledger.closed(address);
+        return;
+      }
+      // From here the close of an admitted connection is reported.
+      counted = admitted;
+      if (!admitted) {
+        this.clear(conn);
+        if (!socket.destroyed) this.refusedAddress(socket, address);
+        return;
+      }
+      if (this.stopping || !this.count(conn)) {
+        this.clear(conn);
+        socket.destroy();
+        return;
+      }
+      socket.resume();
+    });
+    return conn;
+  }
+
+  /** Counts an admitted connection, making room at the total cap; false (the socket destroyed) when there is none. */
+  private count(conn: Connection): boolean {
     if (this.all.size >= this.maxConnections) {
       const oldest = this.idle.values().next().value;
       if (!oldest) {
         this.refused("total", { cap: this.maxConnections });
-        socket.destroy();
-        return undefined;
+        conn.socket.destroy();
+        return false;
       }
       this.refused("evicted", { cap: this.maxConnections });
       this.drop(oldest);
       oldest.socket.destroy();
     }
-    const conn = new Connection(socket, address);
-    this.all.set(socket, conn);
+    this.all.set(conn.socket, conn);
     this.idle.add(conn);
-    this.perAddress.set(address, (this.perAddress.get(address) ?? 0) + 1);
-    socket.once("close", () => this.drop(conn));
-    this.deadline(conn, this.limits.firstBytesTimeoutMs);
-    return conn;
+    this.perAddress.set(conn.address, (this.perAddress.get(conn.address) ?? 0) + 1);
+    conn.socket.once("close", () => this.drop(conn));
+    return true;
+  }
+
+  private refusedAddress(socket: net.Socket, address: string): void {
+    this.refused("address", { address, cap: this.limits.maxConnectionsPerAddress });
+    socket.destroy();
   }
 
   /** The sniff decided HTTP/1.1: the first request head is due. */
@@ -157,6 +349,7 @@ export class ConnectionGuard {
   /** Shutting down: no new connections; idle HTTP/1.1 and sniffing ones close now, HTTP/2 sessions get GOAWAY. */
   stop(): void {
     this.stopping = true;
+    for (const conn of this.waiting) conn.socket.destroy();
     for (const conn of [...this.all.values()]) {
       if (conn.phase === "http2") conn.session?.close();
       else if (conn.busy === 0) conn.socket.destroy();
@@ -165,6 +358,7 @@ export class ConnectionGuard {
 
   /** Closes every connection, busy or not. */
   destroyAll(): void {
+    for (const conn of this.waiting) conn.socket.destroy();
     for (const conn of [...this.all.values()]) {
       conn.session?.destroy();
       conn.socket.destroy();

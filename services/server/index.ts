@@ -9,6 +9,7 @@ export type { CallSignal, HttpExchange, StreamedBody, StreamedRequestBody } from
 export { ClientGoneError, readWhole } from "./rest/body.js";
 export { openapiDocument, openapiDocuments } from "./rest/openapi.js";
 export type { ApiDocument } from "./rest/openapi.js";
+export { AddressCounts } from "./connections.js";
 export { startServer } from "./server.js";
 export type { Cors } from "./rest/transcoder.js";
 export type { UpgradeHandler } from "./server.js";

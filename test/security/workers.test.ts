@@ -7,7 +7,8 @@
 // is skiff's, never the app's. Between tenants: a project's replicas have one
 // uid in both workers, another project's another. From the network: one
 // address gets SKIFF_MAX_CONNECTIONS_PER_ADDRESS connections, not that many
-// per worker.
+// per worker. From a tenant: a project runs SKIFF_PROJECT_MAX_REPLICAS
+// replicas on the machine, each worker its share.
 import type { ChildProcess } from "node:child_process";
 import net from "node:net";
 import { mkdtemp, readdir, readFile, readlink, rm } from "node:fs/promises";
@@ -23,6 +24,8 @@ const OTHER = "p-workersother";
 const START_MS = 300_000;
 const PER_ADDRESS = 8;
 const QUOTA = "p-workersquota";
+/** SKIFF_PROJECT_MAX_REPLICAS: one replica for each of the two workers. */
+const PROJECT_MAX_REPLICAS = 2;
 
 /** The hostile app: reports what its sandbox shows, tries connections, and answers with a Skiff-Worker of its own. */
 const PROBE = `
@@ -140,7 +143,7 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
     tmp = await mkdtemp(join(tmpdir(), "skiff-sec-workers-apps-"));
     const started = await startWorkersSkiff({
       SKIFF_MAX_CONNECTIONS_PER_ADDRESS: String(PER_ADDRESS),
-      SKIFF_PROJECT_MAX_REPLICAS: "1",
+      SKIFF_PROJECT_MAX_REPLICAS: String(PROJECT_MAX_REPLICAS),
     });
     ({ child, logs, dataDir, url, devToken, adminToken } = started);
     const admin = started.admin;
@@ -271,60 +274,62 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
     expect(ports).toEqual([Number(new URL(url).port)]);
   });
 
-  // Open: SKIFF_PROJECT_MAX_REPLICAS and SKIFF_PROJECT_MEMORY_MB count one runner process's replicas, and each
-  // worker is a runner of its own, so a project runs that many replicas per worker on one machine (as the README
-  // says of the setting, but not of SKIFF_WORKERS, whose operator sets a bound for the machine). Proposed fix: a
-  // worker takes ceil(quota / SKIFF_WORKERS) of each, or the replicas a project runs are counted in KV for the
-  // machine, as its uid is.
-  it.fails(
-    "a project runs SKIFF_PROJECT_MAX_REPLICAS replicas on the machine, not that many per worker",
-    async () => {
-      const marker = ["node", "server.mjs", "quota-marker"];
-      // Each on a connection of its own: two to each worker. Their answers do not matter (some wait, then get 429).
-      const calls = Array.from({ length: 4 }, () =>
-        callOnNewConnection(`${url}/v4/${QUOTA}/slow/x?ms=4000`, adminToken).catch((err: unknown) => err),
-      );
-      try {
-        let most = 0;
-        for (let i = 0; i < 30; i++) {
-          most = Math.max(most, (await processesRunning(marker)).length);
-          await new Promise((r) => setTimeout(r, 200));
-        }
-        expect(most).toBeGreaterThan(0);
-        expect(most).toBeLessThanOrEqual(1);
-      } finally {
-        await Promise.allSettled(calls);
+  // Each worker is a runner of its own, with its own count of a project's replicas: it holds its share of
+  // SKIFF_PROJECT_MAX_REPLICAS (and of SKIFF_PROJECT_MEMORY_MB), and the shares sum to the setting, so the machine
+  // runs no more replicas of a project than the setting says. Here 2 = 1 + 1: with two calls at a time to each
+  // worker, each starts one replica (with the whole setting each, each started two).
+  it("a project runs SKIFF_PROJECT_MAX_REPLICAS replicas on the machine, not that many per worker", async () => {
+    const marker = ["node", "server.mjs", "quota-marker"];
+    // Each on a connection of its own: two to each worker. Their answers do not matter (some wait for a replica).
+    const calls = Array.from({ length: 4 }, () =>
+      callOnNewConnection(`${url}/v4/${QUOTA}/slow/x?ms=4000`, adminToken).catch((err: unknown) => err),
+    );
+    try {
+      let most = 0;
+      for (let i = 0; i < 30; i++) {
+        most = Math.max(most, (await processesRunning(marker)).length);
+        await new Promise((r) => setTimeout(r, 200));
       }
-    },
-    60_000,
-  );
+      expect(most).toBeGreaterThan(0);
+      expect(most).toBeLessThanOrEqual(PROJECT_MAX_REPLICAS);
+    } finally {
+      await Promise.allSettled(calls);
+    }
+  }, 60_000);
 
-  // Open: each worker counts the connections it was handed, so one address gets the limit once per worker (the
-  // supervisor hands connections out in turn). Proposed fix: count per address in the supervisor, before handing a
-  // connection over, or give each worker ceil(limit / SKIFF_WORKERS).
-  it.fails(
-    "one address holds SKIFF_MAX_CONNECTIONS_PER_ADDRESS connections in all, not that many per worker",
-    async () => {
-      const port = Number(new URL(url).port);
-      const sockets: net.Socket[] = [];
-      const closed = new Set<net.Socket>();
-      try {
-        for (let i = 0; i < PER_ADDRESS * 3; i++) {
-          const s = net.connect(port, "127.0.0.1");
-          s.on("error", () => undefined);
-          s.on("end", () => closed.add(s));
-          s.on("close", () => closed.add(s));
-          await new Promise<void>((resolve) => s.once("connect", () => resolve()));
-          sockets.push(s);
-        }
-        // Those past the limit are closed at once by the worker they went to.
-        await new Promise((r) => setTimeout(r, 1_000));
-        const open = sockets.filter((s) => !closed.has(s));
-        expect(open.length).toBeGreaterThan(0);
-        expect(open.length).toBeLessThanOrEqual(PER_ADDRESS);
-      } finally {
-        for (const s of sockets) s.destroy();
+  // The supervisor hands each new connection to the next worker in turn, and counts the connections of every worker
+  // per address: a worker holds a new connection, unread, until the supervisor says that it fits, and tells it when
+  // one closes. One past the limit is closed at once, as a lone process closes it, whichever worker it went to.
+  it("one address holds SKIFF_MAX_CONNECTIONS_PER_ADDRESS connections in all, not that many per worker", async () => {
+    const port = Number(new URL(url).port);
+    const sockets: net.Socket[] = [];
+    const closed = new Set<net.Socket>();
+    /** Opens `n` connections one after another; after a second, those still open. */
+    const openMany = async (n: number) => {
+      const mine: net.Socket[] = [];
+      for (let i = 0; i < n; i++) {
+        const s = net.connect(port, "127.0.0.1");
+        s.on("error", () => undefined);
+        s.on("end", () => closed.add(s));
+        s.on("close", () => closed.add(s));
+        await new Promise<void>((resolve) => s.once("connect", () => resolve()));
+        sockets.push(s);
+        mine.push(s);
       }
-    },
-  );
+      // Those past the limit are closed at once.
+      await new Promise((r) => setTimeout(r, 1_000));
+      return mine.filter((s) => !closed.has(s));
+    };
+    try {
+      const open = await openMany(PER_ADDRESS * 3);
+      expect(open.length).toBeGreaterThan(0);
+      expect(open.length).toBeLessThanOrEqual(PER_ADDRESS);
+      // Their closes are counted: the address has its connections again, in both workers.
+      for (const s of open) s.destroy();
+      await new Promise((r) => setTimeout(r, 500));
+      expect((await openMany(PER_ADDRESS / 2)).length).toBe(PER_ADDRESS / 2);
+    } finally {
+      for (const s of sockets) s.destroy();
+    }
+  });
 });
