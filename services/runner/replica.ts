@@ -15,7 +15,7 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { Readable } from "node:stream";
-import { Pool, util as undiciUtil, type buildConnector, type Dispatcher } from "undici";
+import { Client, Pool, util as undiciUtil, type buildConnector, type Dispatcher } from "undici";
 import type { Logger } from "../config/index.js";
 import { requestBodyFailed, StartFailed } from "../runs/index.js";
 import type { StreamedRequestBody } from "../server/index.js";
@@ -278,9 +278,10 @@ function isFieldValue(value: string | number): boolean {
   return FIELD_VALUE.test(String(value));
 }
 
-/** Connects to a replica's channel socket or 127.0.0.1:port; the callback has the socket once it is connected. */
+/** Connects to a replica's channel socket or 127.0.0.1:port; `connected` has the socket once it is connected. */
 function connectPlain(
   endpoint: { socketPath?: string; host: string; port: number },
+  connected: (socket: net.Socket) => void,
   callback: buildConnector.Callback,
 ): void {
   const socket =
@@ -291,7 +292,7 @@ function connectPlain(
   socket.once("error", failed);
   socket.once("connect", () => {
     socket.off("error", failed);
-    callback(null, socket);
+    connected(socket);
   });
 }
 
@@ -302,6 +303,34 @@ const CANCELLED = "the request to the replica was cancelled";
  * exchange fails.
  */
 export const MAX_INFORMATIONAL_ANSWERS = 32;
+
+/**
+ * What a pooled connection may read for an answer beyond its body, its heads
+ * (each counted as the most undici takes of one) and FRAMING_BYTES_PER_CHUNK
+ * a piece of body: chunk framing and trailers, and what the socket has read
+ * ahead of the parser. undici parses framing on the runner's thread and hands
+ * none of it on, so an answer of framing without end (a chunk extension that
+ * never ends) would hold the thread until the run's response_grace_period;
+ * past this bound the exchange fails and its connection is closed.
+ */
+export const MAX_FRAMING_BYTES = 1024 * 1024;
+/**
+ * What each piece of body delivered adds to what its connection may read, on
+ * top of the piece itself: its chunk's size line, extensions and line ends.
+ * Answers of many small chunks, extensions or not, stay far from
+ * MAX_FRAMING_BYTES however long they are, and framing between pieces of
+ * body costs the thread no more than a piece delivered does.
+ */
+export const FRAMING_BYTES_PER_CHUNK = 1024;
+
+/** The exchange a pooled socket runs now, for the check of what the socket reads (see ReplicaClient). */
+const EXCHANGE = Symbol("exchange");
+type ReplicaSocket = net.Socket & { [EXCHANGE]?: ReplicaCall };
+
+/** Each time a pooled socket has read more: its exchange checks that it has not read more than it may. */
+function onSocketReadable(this: ReplicaSocket): void {
+  this[EXCHANGE]?.socketHasRead(this.bytesRead);
+}
 
 /**
  * One exchange with a replica, as the handler undici's pool calls while it
@@ -326,6 +355,14 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
   private stream: AnswerBody | undefined;
   /** Why the caller's streamed body broke: the run's error rather than the failed request's. */
   private broke: Error | undefined;
+  /** The pooled connection undici runs the exchange on (set as it is dispatched there). */
+  connection: ReplicaClient | undefined;
+  /** The connection's socket while the exchange runs on it. */
+  private socket: ReplicaSocket | undefined;
+  /** The socket's bytesRead when the exchange was written on it. */
+  private readFrom = 0;
+  /** What the socket may read for the exchange: MAX_FRAMING_BYTES, and more for each head and piece of body delivered. */
+  private mayRead = MAX_FRAMING_BYTES;
 
   constructor(
     private readonly resolve: (ex: Exchange) => void,
@@ -358,11 +395,37 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
   }
 
   onConnect(abort: (err?: Error) => void): void {
-    if (this.early) abort(this.early);
-    else this.abort = abort;
+    if (this.early) return abort(this.early);
+    this.abort = abort;
+    // Called as undici writes the request on the connection's current socket (one exchange at a time on it).
+    const socket = this.connection?.currentSocket;
+    if (socket === undefined) return;
+    this.socket = socket;
+    this.readFrom = socket.bytesRead;
+    socket[EXCHANGE] = this;
+  }
+
+  /**
+   * Its socket has read `bytesRead` bytes in all: more for the exchange
+   * than its body, its heads and their allowances (see MAX_FRAMING_BYTES),
+   * and it fails at once, its connection closed.
+   */
+  socketHasRead(bytesRead: number): void {
+    if (bytesRead - this.readFrom <= this.mayRead) return;
+    this.fail(
+      new Error(
+        `the app sent more than ${MAX_FRAMING_BYTES} bytes of chunk framing (sizes, extensions) beyond what its answer's body and heads allow`,
+      ),
+    );
+  }
+
+  /** The exchange has ended: what its socket reads from here on is no longer its. */
+  private unwatch(): void {
+    if (this.socket?.[EXCHANGE] === this) this.socket[EXCHANGE] = undefined;
   }
 
   onHeaders(status: number, raw: Buffer[], resume: () => void): boolean {
+    this.mayRead += http.maxHeaderSize; // the most undici takes of a head
     if (status < 200 && status >= 100) {
       // Informational: the answer follows. Each head costs the runner's thread a parse and a call while the app's
       // writes never wait for a reader, so an app sending them without end is stopped here, not at its grace period.
@@ -386,6 +449,7 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
   }
 
   onData(chunk: Buffer): boolean {
+    this.mayRead += chunk.byteLength + FRAMING_BYTES_PER_CHUNK;
     if (this.stream) return this.stream.push(chunk);
     if (this.settled) return false;
     this.size += chunk.byteLength;
@@ -396,6 +460,7 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
 
   onComplete(rawTrailers: (Buffer | string)[] | null): void {
     this.ended = true;
+    this.unwatch();
     if (this.stream) {
       this.stream.trailers = answerHeaders(rawTrailers) as NodeJS.Dict<string>; // no Set-Cookie in trailers
       this.stream.push(null);
@@ -414,6 +479,7 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
 
   onError(err: Error): void {
     this.ended = true;
+    this.unwatch();
     const why = this.broke ?? err;
     if (this.stream) this.stream.destroy(why);
     else if (!this.settled) {
@@ -439,6 +505,27 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
     this.onError(err);
     this.abort?.(err);
     return false;
+  }
+}
+
+/**
+ * One pooled connection to a replica, which undici runs one exchange at a
+ * time on (pipelining 1): it knows its current socket, and each exchange
+ * dispatched to it learns the connection it runs on, so that what the socket
+ * reads is counted against what the exchange delivers (see ReplicaCall.socketHasRead).
+ */
+class ReplicaClient extends Client {
+  currentSocket: ReplicaSocket | undefined;
+
+  /** A new socket of the connection: watched while it reads. */
+  watch(socket: net.Socket): void {
+    socket.on("readable", onSocketReadable);
+    this.currentSocket = socket;
+  }
+
+  override dispatch(options: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean {
+    if (handler instanceof ReplicaCall) handler.connection = this;
+    return super.dispatch(options, handler);
   }
 }
 
@@ -884,25 +971,34 @@ export class Replica {
         // A run's time is bounded by response_grace_period and its caller (AppPool), a streamed answer's by its reader.
         headersTimeout: 0,
         bodyTimeout: 0,
-        connect: (_options, callback) => this.connectSocket(callback),
+        factory: (origin, options) => {
+          const client: ReplicaClient = new ReplicaClient(origin, {
+            ...(options as Client.Options),
+            connect: (_options, callback) => this.connectSocket(client, callback),
+          });
+          return client;
+        },
       });
     }
     return this.pool;
   }
 
   /**
-   * A new connection to the app: made inside its network namespace once it
-   * has a direct route (see goDirect), through its channel if that fails or
-   * otherwise, or to 127.0.0.1:port.
+   * A new socket of a pooled connection to the app: made inside its network
+   * namespace once it has a direct route (see goDirect), through its channel
+   * if that fails or otherwise, or to 127.0.0.1:port.
    */
-  private connectSocket(callback: buildConnector.Callback): void {
+  private connectSocket(client: ReplicaClient, callback: buildConnector.Callback): void {
+    const connected = (socket: net.Socket) => {
+      client.watch(socket);
+      callback(null, socket);
+    };
     const netns = this.hooks.netns;
     if (this.direct && netns !== undefined && this.channel !== undefined)
-      netns.connect(this.channel, this.spec.port).then(
-        (socket) => callback(null, socket),
-        () => connectPlain(this.endpoint, callback),
-      );
-    else connectPlain(this.endpoint, callback);
+      netns
+        .connect(this.channel, this.spec.port)
+        .then(connected, () => connectPlain(this.endpoint, connected, callback));
+    else connectPlain(this.endpoint, connected, callback);
   }
 
   /** Closes the connection pool once its requests have ended; a later request makes a new one. */

@@ -1,13 +1,15 @@
 // The pooled hop to a replica (Replica.send, undici's Pool), attacked from
 // both ends. From the app's end: an answer with a second answer after its
 // Content-Length, an unsolicited answer on an idle connection, an endless
-// stream of informational (1xx) heads, a head larger than any parser takes;
-// none of them may reach the next call, and none may hold the runner's thread
-// for the app's whole response_grace_period. From the caller's end: a method,
-// path or header carrying CR/LF to smuggle a second request into the kept
-// connection; the app must see exactly the requests it was sent. A real app
-// process (a raw TCP server speaking HTTP/1.1 as badly as it likes), unsandboxed,
-// on 127.0.0.1.
+// stream of informational (1xx) heads, a head larger than any parser takes,
+// chunk framing without end (an endless chunk extension, or long ones around
+// bytes of body); none of them may reach the next call, and none may hold the
+// runner's thread for the app's whole response_grace_period, while answers of
+// many small chunks, with small extensions or without, pass whole, streamed
+// or not. From the caller's end: a method, path or header carrying CR/LF to
+// smuggle a second request into the kept connection; the app must see
+// exactly the requests it was sent. A real app process (a raw TCP server
+// speaking HTTP/1.1 as badly as it likes), unsandboxed, on 127.0.0.1.
 import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { silentLogger } from "../../services/config/logger.js";
@@ -53,6 +55,30 @@ net.createServer((socket) => {
         socket.write("HTTP/1.1 200 OK\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n1\\r\\na\\r\\n1;");
         const junk = Buffer.alloc(64 * 1024, "a");
         const more = () => { while (!socket.destroyed && socket.write(junk)) {} if (!socket.destroyed) socket.once("drain", more); };
+        more();
+      } else if (target === "/long-extensions") {
+        // Without end, chunks of one byte of body, each with an extension of 60 KiB: framing around a body that flows.
+        socket.write("HTTP/1.1 200 OK\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n");
+        const chunk = Buffer.from("1;" + "a".repeat(60 * 1024) + "\\r\\nx\\r\\n");
+        const more = () => { while (!socket.destroyed && socket.write(chunk)) {} if (!socket.destroyed) socket.once("drain", more); };
+        more();
+      } else if (target.startsWith("/chunks?")) {
+        // n chunks of size bytes ("b"), each with the extension ext, written in batches as the runner reads them.
+        const q = new URLSearchParams(target.slice("/chunks?".length));
+        const n = Number(q.get("n")), size = Number(q.get("size")), ext = q.get("ext") ?? "";
+        const frame = Buffer.concat([Buffer.from(size.toString(16) + ext + "\\r\\n"), Buffer.alloc(size, "b"), Buffer.from("\\r\\n")]);
+        const batch = Buffer.concat(Array(Math.max(1, Math.floor(65536 / frame.length))).fill(frame));
+        const perBatch = batch.length / frame.length;
+        socket.write("HTTP/1.1 200 OK\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n");
+        let sent = 0;
+        const more = () => {
+          while (sent < n) {
+            const k = Math.min(perBatch, n - sent);
+            sent += k;
+            if (!socket.write(k === perBatch ? batch : batch.subarray(0, k * frame.length))) return socket.once("drain", more);
+          }
+          socket.write("0\\r\\nx-done: " + n + "\\r\\n\\r\\n");
+        };
         more();
       } else if (target === "/trickle") {
         // A head that never ends, a byte at a time: the connection is never idle.
@@ -124,22 +150,91 @@ describe("an app's answers cannot poison the connection for the next call", () =
     expect(await text("/after-flood")).toBe("echo /after-flood");
   });
 
-  // Open: a chunk extension is framing, which undici parses on the runner's thread and never hands to the handler,
-  // so neither the 1xx cap nor the answer's byte cap sees it, and with no body byte arriving nothing pauses the
-  // read: one such answer took over half the runner's thread, until response_grace_period. Proposed fix: count
-  // the bytes each pooled connection reads (a counter on the socket that connectSocket hands to undici) and fail
-  // an exchange whose bytes read pass its body's by more than a bound for heads and framing (1 MiB).
-  it.fails("an answer whose framing never ends (an endless chunk extension) fails the call at once", async () => {
+  it("an answer whose framing never ends (an endless chunk extension) fails the call at once", async () => {
+    // A chunk extension is framing, which undici parses on the runner's thread and never hands to the handler:
+    // neither the 1xx cap nor the answer's byte cap sees it, and with no body byte arriving nothing pauses the
+    // read (one such answer took over half the runner's thread until response_grace_period). What each pooled
+    // connection reads is counted against what its exchange delivered; past MAX_FRAMING_BYTES the call fails
+    // and the connection is closed.
     let request: ReplicaRequest | undefined;
+    const started = Date.now();
     try {
-      const ex = await within(
-        5_000,
-        send("GET", "/extensions", {}, (r) => (request = r)),
-      );
-      expect(ex).toBeUndefined();
+      await expect(
+        within(
+          5_000,
+          send("GET", "/extensions", {}, (r) => (request = r)),
+        ),
+      ).rejects.toThrow(/framing/);
+    } finally {
+      request?.destroy(); // what its caller would do at response_grace_period
+    }
+    expect(Date.now() - started).toBeLessThan(2_000);
+    expect(await text("/after-extensions")).toBe("echo /after-extensions");
+  });
+
+  it("an answer whose long chunk extensions surround bytes of body fails the call at once too", async () => {
+    // Each byte of body allows its chunk a little framing (FRAMING_BYTES_PER_CHUNK), not a fresh MAX_FRAMING_BYTES.
+    let request: ReplicaRequest | undefined;
+    const started = Date.now();
+    try {
+      await expect(
+        within(
+          5_000,
+          send("GET", "/long-extensions", {}, (r) => (request = r)),
+        ),
+      ).rejects.toThrow(/framing/);
     } finally {
       request?.destroy();
     }
+    expect(Date.now() - started).toBeLessThan(2_000);
+    expect(await text("/after-long-extensions")).toBe("echo /after-long-extensions");
+  });
+});
+
+describe("legitimate chunked answers pass, however many chunks and however long", () => {
+  // Their framing together is well past MAX_FRAMING_BYTES: what bounds it is framing per piece of body.
+  it.each([
+    ["without extensions, 250,000 chunks of 64 bytes", 250_000, 64, ""],
+    ["with small extensions, 250,000 chunks of 64 bytes", 250_000, 64, ";name=" + "v".repeat(40)],
+    ["with small extensions, 64 chunks of 128 KiB", 64, 128 * 1024, ";sig=" + "0123456789abcdef".repeat(8)],
+  ])("whole: %s", async (_, n, size, ext) => {
+    const ex = await within(20_000, send("GET", `/chunks?n=${n}&size=${size}&ext=${encodeURIComponent(ext)}`));
+    expect(ex.status).toBe(200);
+    expect(ex.body.byteLength).toBe(n * size);
+    expect(ex.body.equals(Buffer.alloc(n * size, "b"))).toBe(true);
+    expect(await text("/after-chunks")).toBe("echo /after-chunks");
+  });
+
+  it("streamed at a slow reader's pace: 400,000 small chunks with extensions, whole, with their trailers", async () => {
+    const n = 400_000;
+    const size = 16;
+    const ex = await held.replica.send(
+      "GET",
+      `/chunks?n=${n}&size=${size}&ext=${encodeURIComponent(";i=1")}`,
+      { "x-request-id": "run-1" },
+      new Uint8Array(0),
+      () => undefined,
+      true,
+    );
+    expect(ex.stream).toBeDefined();
+    const read = async () => {
+      let bytes = 0;
+      let wrong = 0;
+      let sincePause = 0;
+      for await (const chunk of ex.stream! as AsyncIterable<Buffer>) {
+        bytes += chunk.byteLength;
+        for (const b of chunk) if (b !== 0x62) wrong++;
+        // The reader stops now and then: the answer waits in the connection, the parser paused.
+        if ((sincePause += chunk.byteLength) >= 512 * 1024) {
+          sincePause = 0;
+          await new Promise((r) => setTimeout(r, 50));
+        }
+      }
+      return { bytes, wrong };
+    };
+    expect(await within(30_000, read())).toEqual({ bytes: n * size, wrong: 0 });
+    expect(ex.stream!.trailers).toEqual({ "x-done": String(n) });
+    expect(await text("/after-stream")).toBe("echo /after-stream");
   });
 });
 
