@@ -52,6 +52,8 @@ export const UNSHARE = "/usr/bin/unshare";
  * (the data folder is root's alone).
  */
 export const NEUTRAL_DIR = existsSync("/run") ? "/run/skiff-sandbox" : "/tmp/skiff-sandbox";
+/** The line the launch script waits for on fd 0 before anything else (see launchInput). */
+const LAUNCH_GO = "go";
 /**
  * Run as root with a fixed environment by `unshare --mount --propagation
  * private`, with arguments: the app's folder ("" for none), "ro" or "rw",
@@ -68,6 +70,9 @@ export const NEUTRAL_DIR = existsSync("/run") ? "/run/skiff-sandbox" : "/tmp/ski
  * namespace: no stage of the sandbox ever holds a host privilege.
  */
 const LAUNCH_SCRIPT = `set -e
+# Nothing before the runner's word on fd 0 (launchInput), which it writes once this process is in the
+# sandbox's cgroup: everything the script starts is in it. \`read\` is the shell's own and forks nothing.
+read -r go && [ "$go" = ${LAUNCH_GO} ] || exit 125
 n=${NEUTRAL_DIR}
 kind=$5
 mount -t tmpfs -o mode=0755,size=64k skiff-sandbox "$n"
@@ -377,3 +382,15 @@ export function sandboxArgv(
 
 /** The NUL-separated form bwrap reads with --args. */
 export const argsBytes = (args: string[]): Buffer => Buffer.from(args.map((a) => `${a}\0`).join(""));
+
+/**
+ * What the program `launch` gives is fed on fd 0: bwrap's options (`--args
+ * 0`), after the line that lets the launch script start where skiff is root.
+ * Written only once the spawned process is in the sandbox's cgroup, so that
+ * neither the script (whose mounts run as processes of their own) nor bwrap
+ * (which reads its options before it forks) starts anything outside it.
+ */
+export function launchInput(options: string[]): Buffer {
+  const args = argsBytes(options);
+  return runsAsRoot() ? Buffer.concat([Buffer.from(`${LAUNCH_GO}\n`), args]) : args;
+}

@@ -22,7 +22,7 @@ import path from "node:path";
 import type { Config } from "../config/index.js";
 import { reapLeftovers, type WarnLogger } from "./cgroups.js";
 import {
-  argsBytes,
+  launchInput,
   CHANNEL_FD,
   gateText,
   launch,
@@ -78,7 +78,7 @@ export function probeSandbox(host: SandboxHost, limits: SandboxLimits): string |
     if (runsAsRoot()) mkdirSync(NEUTRAL_DIR, { recursive: true, mode: 0o755 });
     const [program, args] = launch(bwrap, spec, command, host.mounts);
     const out = execFileSync(program, args, {
-      input: argsBytes(options),
+      input: launchInput(options),
       env: STAGE_ENV,
       stdio: ["pipe", "pipe", "pipe", "pipe", filter, gate],
       timeout: 10_000,

@@ -47,7 +47,7 @@ import { mkdirSync } from "node:fs";
 import { constants } from "node:os";
 import type { BuildLimits } from "./build-area.js";
 import {
-  argsBytes,
+  launchInput,
   CHANNEL_FD,
   gateText,
   launch,
@@ -142,11 +142,12 @@ export function spawnSandboxed(host: SandboxHost, spec: SandboxSpec): SandboxedP
     if (runsAsRoot()) mkdirSync(NEUTRAL_DIR, { recursive: true, mode: 0o755 });
     const [program, args] = launch(bwrap, spec, command, host.mounts);
     child = spawn(program, args, { env: STAGE_ENV, stdio, detached: true });
-    // Into the cgroup before it can fork: bwrap reads its options (fd 0, fed below) before it makes the
-    // sandbox, so bwrap and everything it starts are in it from their first instant, and a runner killed
-    // at any point leaves them in a cgroup of a skiff process that is gone, which the next start ends
-    // (reapLeftovers). Joined only after bwrap named its first process, a child still waiting for bwrap
-    // to write its uid map was left in none when the runner died then, waiting for good.
+    // Into the cgroup before it can fork: it waits for fd 0 (fed below) before it starts anything (the
+    // launch script for its word, bwrap for its options: launchInput), so everything of the sandbox is in
+    // it from its first instant, and a runner killed at any point leaves it in a cgroup of a skiff process
+    // that is gone, which the next start ends (reapLeftovers). Joined only after bwrap named its first
+    // process, a child still waiting for bwrap to write its uid map was left in none when the runner died
+    // then, waiting for good.
     if (cgroup && child.pid !== undefined)
       try {
         cgroup.join(child.pid);
@@ -160,7 +161,7 @@ export function spawnSandboxed(host: SandboxHost, spec: SandboxSpec): SandboxedP
       w?.on("error", () => undefined);
       w?.end(data);
     };
-    feed(0, argsBytes(options));
+    feed(0, launchInput(options));
     feed(fds.seccomp, filter);
     if (fds.resolv !== undefined) feed(fds.resolv, SLIRP_RESOLV_CONF);
   } catch (err) {
