@@ -6,6 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { networkInterfaces } from "node:os";
+import type { SandboxCgroup } from "./cgroups.js";
 import { runsAsRoot, STAGE_ENV } from "./sandbox-argv.js";
 
 const SLIRP_CANDIDATES = ["/usr/bin/slirp4netns", "/usr/local/bin/slirp4netns"];
@@ -95,7 +96,7 @@ async function loopbackUp(pid: number): Promise<void> {
  * (read then) in it;
  * calls `up` once both are done, `failed` (with slirp4netns stopped) when
  * either fails. slirp4netns exits when its exit fd closes: when the sandbox
- * ends, or when this process does.
+ * ends, or when this process does. With `cgroup`, it runs in the sandbox's.
  */
 export async function connectOutside(
   slirp: string,
@@ -103,6 +104,7 @@ export async function connectOutside(
   sandbox: ChildProcess,
   denied: () => string[],
   done: { up: () => void; failed: (why: string) => void; isUp: () => boolean },
+  cgroup?: SandboxCgroup,
 ): Promise<void> {
   await loopbackUp(pid);
   const net = spawn(
@@ -124,6 +126,16 @@ export async function connectOutside(
     ],
     { stdio: ["ignore", "ignore", "ignore", "pipe", "pipe"], env: STAGE_ENV },
   );
+  // In the sandbox's cgroup: it carries all of the sandbox's outbound traffic, with a host socket and buffers per
+  // connection, which count against the sandbox's memory and processes then, not the host's. (The helper it forks
+  // at once to open the tap device in the namespace may be forked before; it exits as soon as it has.)
+  if (cgroup && net.pid !== undefined)
+    try {
+      cgroup.join(net.pid);
+    } catch (err) {
+      net.kill("SIGKILL");
+      return done.failed(`cannot put slirp4netns in the sandbox's cgroup: ${(err as Error).message}`);
+    }
   const exitPipe = net.stdio[4] as NodeJS.WritableStream;
   exitPipe.on("error", () => undefined);
   const stopNet = () => {

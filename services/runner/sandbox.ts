@@ -122,8 +122,9 @@ export function spawnSandboxed(host: SandboxHost, spec: SandboxSpec): SandboxedP
   const filter = host.seccompFilter();
   const cgroup = host.sandboxCgroup({
     memoryBytes: spec.limits.memoryMb * 1024 * 1024,
-    // bwrap's own process, which waits outside the sandbox's pid namespace, is in it too (below).
-    pids: spec.limits.pids + 1,
+    // bwrap's own process, which waits outside the sandbox's pid namespace, is in it too (below), and so is
+    // slirp4netns (sandbox-network.ts).
+    pids: spec.limits.pids + 1 + (slirp ? 1 : 0),
     cpus: spec.limits.cpus,
   });
   // After the command's own fds: the info fd, the seccomp filter, slirp4netns's resolv.conf, the block fd
@@ -224,11 +225,14 @@ export function spawnSandboxed(host: SandboxHost, spec: SandboxSpec): SandboxedP
   void (async () => {
     await ready;
     if (pid === undefined || !slirp) return release();
-    await connectOutside(slirp, pid, child, () => host.deniedDestinations(), {
-      up: release,
-      failed: fail,
-      isUp: () => released,
-    });
+    await connectOutside(
+      slirp,
+      pid,
+      child,
+      () => host.deniedDestinations(),
+      { up: release, failed: fail, isUp: () => released },
+      cgroup,
+    );
   })();
   return sandboxed;
 }
