@@ -74,8 +74,11 @@ const runners: ChildProcess[] = [];
 
 /** The marks of the sandboxes started here (see RUNNER). */
 const marks: string[] = [];
-/** The host processes of a sandbox: its command line (bwrap's, the command's) holds its mark. */
-const processesOf = (mark: string) => hostProcessesWith(`sleep 600.${mark}`);
+/**
+ * The host processes of a sandbox: its command line (bwrap's, the command's) holds its mark. A command line's
+ * arguments are apart by NULs, so `sleep`'s holds "600.<mark>" but not "sleep 600.<mark>" (bwrap's does).
+ */
+const processesOf = (mark: string) => hostProcessesWith(`600.${mark}`);
 
 /** Runs a runner to its SIGKILL; the app folder it used and its sandbox's mark. */
 async function killedRunner(mode: "starting" | "running"): Promise<{ dir: string; mark: string }> {
