@@ -133,21 +133,32 @@ describe("an app's answers cannot poison the connection for the next call", () =
     expect(await text("/after-big-head")).toBe("echo /after-big-head");
   });
 
-  it("an endless stream of informational heads fails the call at once instead of holding the runner's thread", async () => {
-    // Each 1xx head is parsed and handed to the runner's handler on its main thread; with no final answer coming,
-    // nothing else bounds it but response_grace_period (up to 12 hours), while the app's writes never wait.
+  /**
+   * Calls `path`, whose answer the runner's thread would parse without end: the call fails at once with an error
+   * matching `why` (its caller would otherwise wait until response_grace_period, up to 12 hours), and the pool
+   * serves the next call.
+   */
+  async function failsAtOnce(path: string, why: RegExp): Promise<void> {
     let request: ReplicaRequest | undefined;
+    const started = Date.now();
     try {
       await expect(
         within(
           5_000,
-          send("GET", "/flood", {}, (r) => (request = r)),
+          send("GET", path, {}, (r) => (request = r)),
         ),
-      ).rejects.toThrow(/informational/);
+      ).rejects.toThrow(why);
     } finally {
       request?.destroy(); // what its caller would do at response_grace_period
     }
-    expect(await text("/after-flood")).toBe("echo /after-flood");
+    expect(Date.now() - started).toBeLessThan(2_000);
+    expect(await text(`/after${path}`)).toBe(`echo /after${path}`);
+  }
+
+  it("an endless stream of informational heads fails the call at once instead of holding the runner's thread", async () => {
+    // Each 1xx head is parsed and handed to the runner's handler on its main thread; with no final answer coming,
+    // nothing else bounds it but response_grace_period (up to 12 hours), while the app's writes never wait.
+    await failsAtOnce("/flood", /informational/);
   });
 
   it("an answer whose framing never ends (an endless chunk extension) fails the call at once", async () => {
@@ -156,38 +167,12 @@ describe("an app's answers cannot poison the connection for the next call", () =
     // read (one such answer took over half the runner's thread until response_grace_period). What each pooled
     // connection reads is counted against what its exchange delivered; past MAX_FRAMING_BYTES the call fails
     // and the connection is closed.
-    let request: ReplicaRequest | undefined;
-    const started = Date.now();
-    try {
-      await expect(
-        within(
-          5_000,
-          send("GET", "/extensions", {}, (r) => (request = r)),
-        ),
-      ).rejects.toThrow(/framing/);
-    } finally {
-      request?.destroy(); // what its caller would do at response_grace_period
-    }
-    expect(Date.now() - started).toBeLessThan(2_000);
-    expect(await text("/after-extensions")).toBe("echo /after-extensions");
+    await failsAtOnce("/extensions", /framing/);
   });
 
   it("an answer whose long chunk extensions surround bytes of body fails the call at once too", async () => {
     // Each byte of body allows its chunk a little framing (FRAMING_BYTES_PER_CHUNK), not a fresh MAX_FRAMING_BYTES.
-    let request: ReplicaRequest | undefined;
-    const started = Date.now();
-    try {
-      await expect(
-        within(
-          5_000,
-          send("GET", "/long-extensions", {}, (r) => (request = r)),
-        ),
-      ).rejects.toThrow(/framing/);
-    } finally {
-      request?.destroy();
-    }
-    expect(Date.now() - started).toBeLessThan(2_000);
-    expect(await text("/after-long-extensions")).toBe("echo /after-long-extensions");
+    await failsAtOnce("/long-extensions", /framing/);
   });
 });
 
