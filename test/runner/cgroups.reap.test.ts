@@ -14,28 +14,10 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { detectCgroups, reapLeftovers } from "../../services/runner/cgroups.js";
 import { machineCan } from "../helpers/machine.js";
+import { CGROUP_OWNER_SCRIPT, ownerLine } from "../helpers/cgroup-owner.js";
 
 const found = detectCgroups();
 const usable = machineCan("sandbox-reap", typeof found === "string" ? `no cgroups for skiff (${found})` : undefined);
-
-/**
- * An owner, as skiff is: makes `skiff-<its pid>/sandbox-1` in each base of
- * BASES, puts a `sleep 600` it started in it, prints that process's pid and
- * waits.
- */
-const OWNER = `
-const { spawn } = require("node:child_process");
-const { mkdirSync, writeFileSync } = require("node:fs");
-const path = require("node:path");
-const sleeper = spawn("sleep", ["600"], { stdio: "ignore" });
-for (const base of JSON.parse(process.env.BASES)) {
-  const dir = path.join(base, "skiff-" + process.pid, "sandbox-1");
-  mkdirSync(dir, { recursive: true });
-  writeFileSync(path.join(dir, "cgroup.procs"), String(sleeper.pid));
-}
-console.log(sleeper.pid);
-setInterval(() => {}, 1 << 30);
-`;
 
 /** The test's own folders, one per hierarchy, in which the `skiff-<pid>` folders go. */
 let bases: string[] = [];
@@ -49,13 +31,13 @@ function startSleep(): number {
 }
 
 async function startOwner(): Promise<{ owner: ChildProcess; sleeper: number }> {
-  const owner = spawn(process.execPath, ["-e", OWNER], {
+  const owner = spawn(process.execPath, ["-e", CGROUP_OWNER_SCRIPT], {
     env: { ...process.env, BASES: JSON.stringify(bases) },
     stdio: ["ignore", "pipe", "inherit"],
   });
   children.push(owner);
   const line = await new Promise<string>((resolve) => createInterface({ input: owner.stdout! }).once("line", resolve));
-  return { owner, sleeper: Number(line) };
+  return { owner, sleeper: ownerLine(line).sleeper };
 }
 
 /** Makes `skiff-<owner>/sandbox-1` in each base and moves `pid` into it, as an owner does. */

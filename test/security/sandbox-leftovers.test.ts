@@ -28,6 +28,7 @@ import {
   type SandboxedProcess,
 } from "../../services/runner/sandbox.js";
 import type { SandboxLimits } from "../../services/runner/sandbox-argv.js";
+import { CGROUP_OWNER_SCRIPT, ownerLine } from "../helpers/cgroup-owner.js";
 import { hostProcessesWith } from "../helpers/host-processes.js";
 import { machineCan } from "../helpers/machine.js";
 import { TEST_ROOT } from "../helpers/paths.js";
@@ -636,19 +637,6 @@ time.sleep(600)
     // process of the host is) and whose pid namespaces differ (one in a container, or under unshare).
     const bases = mine.map((d) => path.join(d, "pidns"));
     for (const b of bases) await mkdir(b, { recursive: true });
-    const OWNER = `
-      const { spawn } = require("node:child_process");
-      const { mkdirSync, writeFileSync } = require("node:fs");
-      const path = require("node:path");
-      const sleeper = spawn("sleep", ["600"], { stdio: "ignore" });
-      for (const base of JSON.parse(process.env.BASES)) {
-        const dir = path.join(base, "skiff-" + process.pid, "sandbox-1");
-        mkdirSync(dir, { recursive: true });
-        writeFileSync(path.join(dir, "cgroup.procs"), String(sleeper.pid));
-      }
-      console.log("owner " + process.pid);
-      setInterval(() => {}, 1 << 30);
-    `;
     // Its pid inside its namespace: one that no process of this (the host's) namespace has.
     let last = 20_000;
     while (existsSync(`/proc/${last + 1}`) || existsSync(`/proc/${last + 2}`)) last++;
@@ -663,12 +651,17 @@ time.sleep(600)
         `echo ${last} > /proc/sys/kernel/ns_last_pid || exit 9; "$OWNER_NODE" -e "$OWNER_SCRIPT" & wait`,
       ],
       {
-        env: { ...process.env, BASES: JSON.stringify(bases), OWNER_NODE: process.execPath, OWNER_SCRIPT: OWNER },
+        env: {
+          ...process.env,
+          BASES: JSON.stringify(bases),
+          OWNER_NODE: process.execPath,
+          OWNER_SCRIPT: CGROUP_OWNER_SCRIPT,
+        },
         stdio: ["ignore", "pipe", "inherit"],
       },
     );
     children.push(owner);
-    const nsPid = Number((await lineOf(owner.stdout!, /^owner \d+$/, 20_000)).split(" ")[1]);
+    const nsPid = ownerLine(await lineOf(owner.stdout!, /^owner \d+ \d+$/, 20_000)).owner;
     const folders = bases.map((b) => path.join(b, `skiff-${nsPid}`, "sandbox-1"));
     const [sleeper] = processesIn(folders);
     expect(sleeper).toBeGreaterThan(0);
