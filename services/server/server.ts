@@ -5,7 +5,7 @@ import { setMaxListeners } from "node:events";
 import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
-import type { DescMethod, DescService } from "@bufbuild/protobuf";
+import { fromJsonString, type DescMessage, type DescMethod, type DescService } from "@bufbuild/protobuf";
 import {
   Code,
   ConnectError,
@@ -40,6 +40,7 @@ import {
   type TranscoderOptions,
 } from "./rest/transcoder.js";
 import { malformedJson, notAnObject } from "./rest/errors.js";
+import { jsonTextDecodeError } from "./json-errors.js";
 import { METRICS_CONTENT_TYPE, type Metrics } from "../metrics/index.js";
 
 type NodeRequest = Parameters<NodeHandler>[0];
@@ -112,69 +113,83 @@ export interface SkiffServer {
   close(graceMs: number): Promise<void>;
 }
 
-const utf8 = new TextDecoder();
+/** Invalid UTF-8 is refused, as REST refuses it, rather than read as U+FFFD. */
+const utf8 = new TextDecoder("utf-8", { fatal: true });
 
 /**
- * What Connect's JSON codec reads a request message's text with (its
- * `textDecoder` option): a text that is not JSON fails here with where it
- * broke, as REST says it, instead of V8's message, which quotes the body's
- * first characters (a SetSecret's value, say) and which Connect would send
- * back as it is, before any interceptor runs; and a text that is JSON but not
- * an object fails with its kind, not protobuf-es's message, which quotes a
- * short string whole. Connect then parses the text itself: JSON requests only
- * pay for the check. Every request message here is an object in JSON.
+ * What Connect's JSON codec (Connect, gRPC-Web and gRPC with +json) reads a
+ * request message's text with (its `textDecoder` option), for a method whose
+ * request is `input`. Connect parses and decodes before any interceptor runs,
+ * and sends its errors back as they are: V8's parse message quotes the text's
+ * first characters (a SetSecret's value, say), and protobuf-es's decode
+ * messages quote the values and keys they refuse. So the text is decoded here
+ * first, as Connect will (fromJsonString, unknown fields ignored), and a
+ * failure is refused with skiff's words, which quote nothing the caller sent
+ * (json-errors.ts): where the JSON broke, or the field, the kind it takes and
+ * the kind it got. Connect then decodes the text itself: only JSON requests
+ * pay. Without `input`, the text is only checked to be a JSON object.
  */
-export const connectJsonOptions = {
-  // Connect's default, said so that the object is one of its JSON options.
-  ignoreUnknownFields: true,
-  textDecoder: {
-    decode(data?: Uint8Array): string {
-      const text = utf8.decode(data);
-      let json: unknown;
-      try {
-        json = JSON.parse(text);
-      } catch (err) {
-        throw new ConnectError(malformedJson(err), Code.InvalidArgument);
-      }
-      const wrong = notAnObject(json);
-      if (wrong !== undefined) throw new ConnectError(wrong, Code.InvalidArgument);
-      return text;
+export function connectJsonOptions(input?: DescMessage) {
+  return {
+    // Connect's default, said so that the object is one of its JSON options.
+    ignoreUnknownFields: true,
+    textDecoder: {
+      decode(data?: Uint8Array): string {
+        let text: string;
+        try {
+          text = utf8.decode(data);
+        } catch (err) {
+          throw new ConnectError(malformedJson(err), Code.InvalidArgument);
+        }
+        if (input === undefined) {
+          let json: unknown;
+          try {
+            json = JSON.parse(text);
+          } catch (err) {
+            throw new ConnectError(malformedJson(err), Code.InvalidArgument);
+          }
+          const wrong = notAnObject(json);
+          if (wrong !== undefined) throw new ConnectError(wrong, Code.InvalidArgument);
+          return text;
+        }
+        try {
+          fromJsonString(input, text, { ignoreUnknownFields: true });
+        } catch (err) {
+          throw new ConnectError(jsonTextDecodeError(input, text, true, err), Code.InvalidArgument);
+        }
+        return text;
+      },
     },
-  },
-};
+  };
+}
 
 /** Room for the framing of a request message around its body. */
 const MESSAGE_OVERHEAD_BYTES = 64 * 1024;
 
 /**
- * The router the roles register on, applying per-method body limits: a
- * service with such a method is registered method by method, so that only
- * those methods accept the larger messages.
+ * The router the roles register on, which registers every method on its own:
+ * with its body limit (the methods in `limits` accept larger messages) and
+ * with the JSON options that check its request messages (connectJsonOptions).
  */
 function limitedRouter(router: ConnectRouter, limits: ReadonlyMap<DescMethod, number>): ConnectRouter {
+  const optionsOf = (method: DescMethod, options: object | undefined) => {
+    const limit = limits.get(method);
+    return {
+      ...options,
+      jsonOptions: connectJsonOptions(method.input),
+      ...(limit === undefined ? {} : { readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES }),
+    };
+  };
   const limited: ConnectRouter = {
     handlers: router.handlers,
     service(service, implementation, options) {
-      if (!service.methods.some((m) => limits.has(m))) {
-        router.service(service, implementation, options);
-        return limited;
-      }
       const spec = createServiceImplSpec(service, implementation);
-      for (const method of service.methods) {
-        const limit = limits.get(method);
-        const methodOptions =
-          limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES };
-        router.rpc(method, spec.methods[method.localName].impl as never, methodOptions);
-      }
+      for (const method of service.methods)
+        router.rpc(method, spec.methods[method.localName].impl as never, optionsOf(method, options));
       return limited;
     },
     rpc(method, impl, options) {
-      const limit = limits.get(method);
-      router.rpc(
-        method,
-        impl,
-        limit === undefined ? options : { ...options, readMaxBytes: limit + MESSAGE_OVERHEAD_BYTES },
-      );
+      router.rpc(method, impl, optionsOf(method, options));
       return limited;
     },
   };
@@ -326,14 +341,16 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
 
   const adapter = connectNodeAdapter({
     routes: (router) => {
-      opts.routes(recordingRouter(limitedRouter(router, opts.bodyLimits ?? new Map()), implementations));
+      const limited = limitedRouter(router, opts.bodyLimits ?? new Map());
+      opts.routes(recordingRouter(limited, implementations));
       // Last: it lists the services registered before it.
-      reflectionRoutes(router);
+      reflectionRoutes(limited);
       handlers = router.handlers;
     },
     fallback,
     interceptors: opts.interceptors,
-    jsonOptions: connectJsonOptions,
+    // Every method has its own (limitedRouter); this is for any other.
+    jsonOptions: connectJsonOptions(),
     // The limit is on the body; an encoded request message adds a few bytes.
     readMaxBytes: opts.maxBodyBytes + MESSAGE_OVERHEAD_BYTES,
     writeMaxBytes: 64 * 1024 * 1024,

@@ -60,11 +60,24 @@ export function errorBody(code: Code, message: string): string {
   return JSON.stringify({ code: codeString(code), message });
 }
 
-/**
- * What a caller is told of a body that is not JSON: where it broke, not V8's
- * message, which quotes the body's first characters (a body may carry a
- * secret, and a log line may carry the message).
- */
+/** The kind of a JSON value, as errors name it: never the value itself. */
+export function jsonKind(json: unknown): string {
+  if (json === null) return "null";
+  if (Array.isArray(json)) return "an array";
+  switch (typeof json) {
+    case "string":
+      return "a string";
+    case "number":
+      return "a number";
+    case "boolean":
+      return "a boolean";
+    case "object":
+      return "an object";
+    default:
+      return typeof json;
+  }
+}
+
 /**
  * What a caller is told of a JSON body that is not an object, where a message
  * is expected: its kind only (protobuf-es's message quotes a short string
@@ -72,11 +85,18 @@ export function errorBody(code: Code, message: string): string {
  */
 export function notAnObject(json: unknown): string | undefined {
   if (typeof json === "object" && json !== null && !Array.isArray(json)) return undefined;
-  const kind = json === null ? "null" : Array.isArray(json) ? "an array" : `a ${typeof json}`;
-  return `invalid JSON body: expected an object, got ${kind}`;
+  return `invalid JSON body: expected an object, got ${jsonKind(json)}`;
 }
 
+/**
+ * What a caller is told of a body that is not JSON: where it broke, not V8's
+ * message, which quotes the body's first characters (a body may carry a
+ * secret, and a log line may carry the message); or that it is not UTF-8,
+ * for an error of a fatal TextDecoder.
+ */
 export function malformedJson(err: unknown): string {
+  if ((err as { code?: unknown } | undefined)?.code === "ERR_ENCODING_INVALID_ENCODED_DATA")
+    return "malformed JSON body: not UTF-8 text";
   const at = /at position (\d+)/.exec(err instanceof Error ? err.message : "")?.[1];
   return `malformed JSON body: not valid JSON${at === undefined ? "" : ` (at position ${at})`}`;
 }

@@ -89,6 +89,7 @@ import {
   type NodeResponse,
 } from "./body.js";
 import { codeString, errorBody, invalidArgument, malformedJson, notAnObject, TranscodeError } from "./errors.js";
+import { jsonDecodeError } from "../json-errors.js";
 import { resolveDotted, setFromText } from "./fields.js";
 import { rawVariableValue, RouteTable, variableValue, type RouteMatch } from "./routes.js";
 
@@ -571,11 +572,12 @@ function isJsonMediaType(contentType: string): boolean {
   return type === "application/json" || (type.startsWith("application/") && type.endsWith("+json"));
 }
 
+/** The message of a JSON body, unknown fields refused; an error names fields and kinds, never what the caller sent. */
 function decodeJson(desc: DescMessage, json: JsonValue): Message {
   try {
     return fromJson(desc, json, { ignoreUnknownFields: false });
   } catch (e) {
-    throw invalidArgument(`invalid JSON body: ${e instanceof Error ? e.message : String(e)}`);
+    throw invalidArgument(jsonDecodeError(desc, json, false, e));
   }
 }
 
