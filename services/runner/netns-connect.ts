@@ -144,8 +144,29 @@ export class NetnsConnector {
  * channel) as a plain agent does. Pooled connections are kept by socket path
  * either way.
  */
+/**
+ * A free kept socket that reads anything is ended: an HTTP/1.1 server sends
+ * nothing between answers, and the agent's free socket, with no parser,
+ * would read and drop what an app sends without end (each read putting off
+ * its idle timeout).
+ */
+function endOnData(this: Duplex): void {
+  this.destroy();
+}
+
 export class ReplicaAgent extends http.Agent {
   private readonly routes = new Map<string, () => Promise<net.Socket>>();
+
+  constructor(options?: http.AgentOptions) {
+    super(options);
+    // A socket whose exchange ended ("free"), kept or about to be closed, watched until its next exchange.
+    this.on("free", (socket: Duplex) => socket.on("data", endOnData));
+  }
+
+  override reuseSocket(socket: Duplex, request: http.ClientRequest): void {
+    socket.off("data", endOnData);
+    super.reuseSocket(socket, request);
+  }
 
   /** New connections to the replica of channel `socketPath` come from `open` (undefined: through the channel). */
   route(socketPath: string, open: (() => Promise<net.Socket>) | undefined): void {

@@ -317,19 +317,38 @@ export const MAX_FRAMING_BYTES = 1024 * 1024;
 /**
  * What each piece of body delivered adds to what its connection may read, on
  * top of the piece itself: its chunk's size line, extensions and line ends.
- * Answers of many small chunks, extensions or not, stay far from
- * MAX_FRAMING_BYTES however long they are, and framing between pieces of
- * body costs the thread no more than a piece delivered does.
+ * Answers of many small chunks, extensions of a few dozen bytes or not, stay
+ * far from MAX_FRAMING_BYTES however long they are; a piece that carries more
+ * framing than this uses up the bound. What pieces leave unused is not saved
+ * beyond MAX_FRAMING_BYTES ahead of what the connection has read, so many
+ * pieces never buy one long run of framing.
  */
-export const FRAMING_BYTES_PER_CHUNK = 1024;
+export const FRAMING_BYTES_PER_CHUNK = 256;
+/**
+ * What a pooled connection may read while no exchange runs on it: an HTTP/1.1
+ * server sends nothing between answers, and line ends there are skipped by
+ * the parser without a word, so an app sending them without end held the
+ * runner's thread until the connection's idle timeout. Past it the
+ * connection is closed.
+ */
+export const MAX_IDLE_BYTES = 4 * 1024;
 
 /** The exchange a pooled socket runs now, for the check of what the socket reads (see ReplicaClient). */
 const EXCHANGE = Symbol("exchange");
-type ReplicaSocket = net.Socket & { [EXCHANGE]?: ReplicaCall };
+/** The socket's bytesRead when its last exchange ended. */
+const IDLE_FROM = Symbol("idleFrom");
+type ReplicaSocket = net.Socket & { [EXCHANGE]?: ReplicaCall; [IDLE_FROM]?: number };
 
-/** Each time a pooled socket has read more: its exchange checks that it has not read more than it may. */
+/**
+ * Each time a pooled socket has read more: its exchange checks that it has
+ * not read more than it may; with no exchange on it, more than
+ * MAX_IDLE_BYTES since the last one ends it.
+ */
 function onSocketReadable(this: ReplicaSocket): void {
-  this[EXCHANGE]?.socketHasRead(this.bytesRead);
+  const exchange = this[EXCHANGE];
+  if (exchange !== undefined) exchange.socketHasRead(this.bytesRead);
+  else if (this.bytesRead - (this[IDLE_FROM] ?? 0) > MAX_IDLE_BYTES)
+    this.destroy(new Error(`the app sent more than ${MAX_IDLE_BYTES} bytes on an idle connection`));
 }
 
 /**
@@ -421,11 +440,20 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
 
   /** The exchange has ended: what its socket reads from here on is no longer its. */
   private unwatch(): void {
-    if (this.socket?.[EXCHANGE] === this) this.socket[EXCHANGE] = undefined;
+    const socket = this.socket;
+    if (socket?.[EXCHANGE] !== this) return;
+    socket[EXCHANGE] = undefined;
+    socket[IDLE_FROM] = socket.bytesRead;
+  }
+
+  /** Raises what the socket may read by `bytes`, saving no more than MAX_FRAMING_BYTES ahead of what it has read. */
+  private allow(bytes: number): void {
+    const read = this.socket === undefined ? 0 : this.socket.bytesRead - this.readFrom;
+    this.mayRead = Math.min(this.mayRead + bytes, read + MAX_FRAMING_BYTES);
   }
 
   onHeaders(status: number, raw: Buffer[], resume: () => void): boolean {
-    this.mayRead += http.maxHeaderSize; // the most undici takes of a head
+    this.allow(http.maxHeaderSize); // the most undici takes of a head
     if (status < 200 && status >= 100) {
       // Informational: the answer follows. Each head costs the runner's thread a parse and a call while the app's
       // writes never wait for a reader, so an app sending them without end is stopped here, not at its grace period.
@@ -449,7 +477,7 @@ class ReplicaCall implements Dispatcher.DispatchHandler, ReplicaRequest {
   }
 
   onData(chunk: Buffer): boolean {
-    this.mayRead += chunk.byteLength + FRAMING_BYTES_PER_CHUNK;
+    this.allow(chunk.byteLength + FRAMING_BYTES_PER_CHUNK);
     if (this.stream) return this.stream.push(chunk);
     if (this.settled) return false;
     this.size += chunk.byteLength;
