@@ -1,19 +1,22 @@
 // A memory and pids cgroup per sandbox, where the host lets skiff make them:
 // cgroup v1 (the memory and pids hierarchies) or v2 (a unified hierarchy in
 // which skiff may enable both controllers for a child of its own cgroup).
-// Every sandbox's cgroup lives under one `skiff-<pid>` folder next to skiff's
-// own cgroup; bwrap joins it as it is spawned, before it can fork, so
-// everything of the sandbox is counted, and nothing of it is ever outside. The limits then hold for the
-// replica as a whole (all its processes, and the pages of its tmpfs folders),
-// where the rlimits (sandbox.ts) count per process or per uid.
+// Every sandbox's cgroup lives under one `skiff-<pid>-<pid namespace>` folder
+// next to skiff's own cgroup; the sandbox's first process (bwrap, or the
+// launch script before it) joins it as it is spawned, before it can fork, so
+// everything of the sandbox is counted, and nothing of it is ever outside.
+// The limits then hold for the replica as a whole (all its processes, and the
+// pages of its tmpfs folders), where the rlimits (sandbox.ts) count per
+// process or per uid.
 //
 // A skiff process that is killed (SIGKILL, a crash) cannot remove its
 // cgroups, and a sandbox's processes may outlive it (one still starting,
 // before bwrap's --die-with-parent holds, or bwrap's child left waiting for
-// a uid map its dead parent never wrote). The next skiff to start ends them
-// and removes the folders, empty ones too (reapLeftovers).
+// a uid map its dead parent never wrote). The next skiff to start in the
+// same pid namespace ends them and removes the folders, empty ones too
+// (reapLeftovers).
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmdirSync, writeFileSync } from "node:fs";
 import { rmdir } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -89,12 +92,40 @@ function ownFolder(mount: Mount, cgroup: string): string | undefined {
   return path.join(mount.point, cgroup.slice(root.length));
 }
 
-/** The `skiff-<pid>` folders in `base` of other processes than this one, by pid. */
+/** This process's pid namespace (the inode of /proc/self/ns/pid); undefined where it cannot be read. */
+function pidNamespace(): string | undefined {
+  try {
+    return /\[(\d+)\]/.exec(readlinkSync("/proc/self/ns/pid"))?.[1];
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The folder of this process's sandboxes' cgroups: `skiff-<pid>-<pid
+ * namespace>`. A pid means something in its own namespace only, and skiff
+ * processes in nested namespaces (a container given the host's cgroupfs) may
+ * share these folders: the next start judges only those of its own
+ * namespace (otherSkiffFolders).
+ */
+export function skiffFolderName(): string {
+  const ns = pidNamespace();
+  return ns === undefined ? `skiff-${process.pid}` : `skiff-${process.pid}-${ns}`;
+}
+
+/**
+ * The skiff folders in `base` of other processes of this pid namespace than
+ * this one, by pid: `skiff-<pid>-<namespace>`, and `skiff-<pid>` as earlier
+ * versions named them. Those of another namespace are left to the next start
+ * in that namespace, which can tell whether their owner is gone.
+ */
 function otherSkiffFolders(base: string): Map<number, string> {
+  const ns = pidNamespace();
   const out = new Map<number, string>();
   for (const name of readdirSync(base)) {
-    const m = /^skiff-(\d+)$/.exec(name);
-    if (m && Number(m[1]) !== process.pid) out.set(Number(m[1]), path.join(base, name));
+    const m = /^skiff-(\d+)(?:-(\d+))?$/.exec(name);
+    if (!m || Number(m[1]) === process.pid || (m[2] !== undefined && m[2] !== ns)) continue;
+    out.set(Number(m[1]), path.join(base, name));
   }
   return out;
 }
@@ -270,7 +301,7 @@ function v1(all: Mount[], own: Map<string, string>): Cgroups {
     cpu = undefined;
   }
   const parents = [memory, pids, ...(cpu ? [cpu] : [])].map((base) => {
-    const dir = path.join(base, `skiff-${process.pid}`);
+    const dir = path.join(base, skiffFolderName());
     mkdirSync(dir, { recursive: true });
     return dir;
   });
@@ -318,7 +349,7 @@ function v2(all: Mount[], own: Map<string, string>): Cgroups {
   const controllers = readFileSync(path.join(base, "cgroup.controllers"), "utf8").split(/\s+/);
   for (const c of ["memory", "pids"])
     if (!controllers.includes(c)) throw new Error(`the ${c} controller is not available to skiff's cgroup ${base}`);
-  const parent = path.join(base, `skiff-${process.pid}`);
+  const parent = path.join(base, skiffFolderName());
   mkdirSync(parent, { recursive: true });
   // Fails (EBUSY) where skiff's own cgroup holds processes and is not the root: v2 wants a delegated subtree.
   write(path.join(base, "cgroup.subtree_control"), "+memory +pids");

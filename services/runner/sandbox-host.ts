@@ -32,7 +32,7 @@ export class SandboxHost {
   private cgroupsInUse: Cgroups | undefined;
   private cgroupSeq = 0;
   /**
-   * Part of each sandbox cgroup's name: the folder `skiff-<pid>` is the process's, and two hosts in one process
+   * Part of each sandbox cgroup's name: the folder `skiff-<pid>-<pid namespace>` is the process's, and two hosts in one process
    * (a gateway's and a runner's, or one after another) must not take each other's `sandbox-<n>`, which can
    * outlive its sandbox for a moment while its processes end.
    */

@@ -30,20 +30,21 @@ function startSleep(): number {
   return child.pid!;
 }
 
-async function startOwner(): Promise<{ owner: ChildProcess; sleeper: number }> {
+async function startOwner(): Promise<{ owner: ChildProcess; sleeper: number; folder: string }> {
   const owner = spawn(process.execPath, ["-e", CGROUP_OWNER_SCRIPT], {
     env: { ...process.env, BASES: JSON.stringify(bases) },
     stdio: ["ignore", "pipe", "inherit"],
   });
   children.push(owner);
   const line = await new Promise<string>((resolve) => createInterface({ input: owner.stdout! }).once("line", resolve));
-  return { owner, sleeper: ownerLine(line).sleeper };
+  const { sleeper, folder } = ownerLine(line);
+  return { owner, sleeper, folder };
 }
 
-/** Makes `skiff-<owner>/sandbox-1` in each base and moves `pid` into it, as an owner does. */
-async function sandboxOf(owner: number, pid: number): Promise<void> {
+/** Makes `<folder>/sandbox-1` in each base and moves `pid` into it, as an owner does. */
+async function sandboxOf(folder: string, pid: number): Promise<void> {
   for (const base of bases) {
-    const dir = path.join(base, `skiff-${owner}`, "sandbox-1");
+    const dir = path.join(base, folder, "sandbox-1");
     await mkdir(dir, { recursive: true });
     await writeFile(path.join(dir, "cgroup.procs"), String(pid));
   }
@@ -59,8 +60,8 @@ function alive(pid: number): boolean {
   }
 }
 
-const folders = (owner: number) =>
-  bases.flatMap((base) => [`skiff-${owner}`, `skiff-${owner}/sandbox-1`].map((d) => path.join(base, d)));
+const folders = (folder: string) =>
+  bases.flatMap((base) => [folder, `${folder}/sandbox-1`].map((d) => path.join(base, d)));
 
 async function processesIn(dir: string): Promise<number[]> {
   return (await readFile(path.join(dir, "cgroup.procs"), "utf8")).split("\n").filter(Boolean).map(Number);
@@ -104,12 +105,13 @@ describe.skipIf(!usable)("leftovers of a skiff process that was killed", () => {
     const live = await startOwner();
     // This process's own folder, with a process in it.
     const own = startSleep();
-    await sandboxOf(process.pid, own);
-    // A folder whose pid has been reused: that process started after the one in the folder.
+    await sandboxOf(`skiff-${process.pid}`, own);
+    // A folder whose pid has been reused: that process started after the one in the folder (named as
+    // earlier versions named it: `skiff-<pid>`, no pid namespace).
     const early = startSleep();
     await sleep(100);
     const reuser = startSleep();
-    await sandboxOf(reuser, early);
+    await sandboxOf(`skiff-${reuser}`, early);
 
     dead.owner.kill("SIGKILL");
     await new Promise((resolve) => dead.owner.once("exit", resolve));
@@ -123,7 +125,7 @@ describe.skipIf(!usable)("leftovers of a skiff process that was killed", () => {
 
     expect(alive(dead.sleeper)).toBe(false);
     expect(alive(early)).toBe(false);
-    for (const dir of [...folders(dead.owner.pid!), ...folders(reuser)]) expect(existsSync(dir)).toBe(false);
+    for (const dir of [...folders(dead.folder), ...folders(`skiff-${reuser}`)]) expect(existsSync(dir)).toBe(false);
     expect(reaped).toEqual({ skiffs: 2, processes: 2, folders: 2 * 2 * bases.length });
     expect(logged).toEqual(
       expect.arrayContaining([
@@ -134,14 +136,13 @@ describe.skipIf(!usable)("leftovers of a skiff process that was killed", () => {
     expect(logged.filter((l) => "warning" in l)).toEqual([]);
 
     // A live owner's sandbox and this process's own are left as they were.
-    for (const [owner, pid] of [
-      [live.owner.pid!, live.sleeper],
-      [process.pid, own],
-    ]) {
+    for (const [folder, pid] of [
+      [live.folder, live.sleeper],
+      [`skiff-${process.pid}`, own],
+    ] as const) {
       expect(alive(pid)).toBe(true);
-      for (const dir of folders(owner)) expect(existsSync(dir)).toBe(true);
-      for (const base of bases)
-        expect(await processesIn(path.join(base, `skiff-${owner}`, "sandbox-1"))).toEqual([pid]);
+      for (const dir of folders(folder)) expect(existsSync(dir)).toBe(true);
+      for (const base of bases) expect(await processesIn(path.join(base, folder, "sandbox-1"))).toEqual([pid]);
     }
     expect(alive(reuser)).toBe(true);
   });

@@ -88,8 +88,8 @@ describe.skipIf(!usable)("a cgroup per replica", () => {
     const groups = await cgroupsOf(init);
     const memory = groups.memory ?? groups.unified;
     const pids = groups.pids ?? groups.unified;
-    expect(memory).toMatch(/\/skiff-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
-    expect(pids).toMatch(/\/skiff-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
+    expect(memory).toMatch(/\/skiff-\d+-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
+    expect(pids).toMatch(/\/skiff-\d+-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
     const v1 = groups.memory !== undefined;
     const memoryDir = v1 ? path.join("/sys/fs/cgroup/memory", memory) : path.join("/sys/fs/cgroup", memory);
     const pidsDir = v1 ? path.join("/sys/fs/cgroup/pids", pids) : memoryDir;
@@ -171,7 +171,7 @@ describe.skipIf(!usable)("a cgroup per replica", () => {
     expect(Number(limit)).toBe(128 * 1024 * 1024);
     if (v1 && groups.cpu !== undefined) {
       const cpuDir = path.join("/sys/fs/cgroup/cpu", groups.cpu);
-      expect(cpuDir).toMatch(/\/skiff-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
+      expect(cpuDir).toMatch(/\/skiff-\d+-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
       expect(Number(await readFile(path.join(cpuDir, "cpu.cfs_quota_us"), "utf8"))).toBe(50_000);
       expect(Number(await readFile(path.join(cpuDir, "cpu.cfs_period_us"), "utf8"))).toBe(100_000);
     } else if (!v1 && existsSync(path.join(memoryDir, "cpu.max")))

@@ -117,7 +117,7 @@ const cgroupsOf = (pid: number) => readFile(`/proc/${pid}/cgroup`, "utf8").catch
 const bases = () => (typeof found === "string" ? [] : found.parents.map((p) => path.dirname(p)));
 const quiet = { warn: () => undefined, info: () => undefined };
 /** The lines of a /proc/<pid>/cgroup text that name a sandbox's cgroup (`…/skiff-<pid>/<sandbox>`). */
-const sandboxCgroupLines = (text: string) => text.split("\n").filter((line) => /\/skiff-\d+\/[^/]+$/.test(line));
+const sandboxCgroupLines = (text: string) => text.split("\n").filter((line) => /\/skiff-\d+-\d+\/[^/]+$/.test(line));
 
 describe.skipIf(!usable)("a runner killed while its sandbox starts", () => {
   beforeAll(async () => {

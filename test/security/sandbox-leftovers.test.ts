@@ -277,7 +277,7 @@ describe.skipIf(!usable)("a sandbox's cgroup, attacked", () => {
         if ((await readlink(`/proc/${pid}/exe`).catch(() => "")).endsWith("/slirp4netns")) slirps.push(pid);
       expect(slirps).toHaveLength(1);
       const sandboxGroups = memoryAndPids(init);
-      expect(sandboxGroups.memory).toMatch(/\/skiff-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
+      expect(sandboxGroups.memory).toMatch(/\/skiff-\d+-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
       // Its memory (a socket and buffers on the host for every connection the app opens) and its processes
       // count as the sandbox's.
       expect(memoryAndPids(slirps[0])).toEqual(sandboxGroups);
@@ -539,7 +539,7 @@ describe.skipIf(!usable)("a sandbox's cgroup, attacked", () => {
     };
     expect(await until(async () => (await sleeps()).length === 3, 10_000)).toBe(true);
     const groups = memoryAndPids(s.initPid()!);
-    expect(groups.memory).toMatch(/\/skiff-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
+    expect(groups.memory).toMatch(/\/skiff-\d+-\d+\/sandbox-[0-9a-f]{8}-\d+$/);
     for (const pid of [s.child.pid!, s.initPid()!, ...(await sleeps())])
       expect(memoryAndPids(pid), String(pid)).toEqual(groups);
   });
@@ -629,10 +629,9 @@ time.sleep(600)
 
   // --- (b) the reaping touches only dead skiff processes' sandboxes -------------
 
-  // Open (docs/security.md, "Limits"): a `skiff-<pid>` folder names its owner by its pid in its own pid
-  // namespace, which the reaper looks up in its own. Proposed fix: the owner's pid namespace in the folder's
-  // name, and folders of other namespaces left alone.
-  it.fails("a live skiff in another pid namespace keeps its sandboxes when a skiff starts next to it", async () => {
+  // A `skiff-<pid>-<pid namespace>` folder is judged only by a skiff of the same pid namespace (cgroups.ts
+  // skiffFolderName): a pid means something in its own namespace only.
+  it("a live skiff in another pid namespace keeps its sandboxes when a skiff starts next to it", async () => {
     // Two skiff processes whose cgroups are the same folder (here: the root of a hierarchy, where every
     // process of the host is) and whose pid namespaces differ (one in a container, or under unshare).
     const bases = mine.map((d) => path.join(d, "pidns"));
@@ -661,8 +660,8 @@ time.sleep(600)
       },
     );
     children.push(owner);
-    const nsPid = ownerLine(await lineOf(owner.stdout!, /^owner \d+ \d+$/, 20_000)).owner;
-    const folders = bases.map((b) => path.join(b, `skiff-${nsPid}`, "sandbox-1"));
+    const { owner: nsPid, folder } = ownerLine(await lineOf(owner.stdout!, /^owner \d+ \d+ skiff-\d+-\d+$/, 20_000));
+    const folders = bases.map((b) => path.join(b, folder, "sandbox-1"));
     const [sleeper] = processesIn(folders);
     expect(sleeper).toBeGreaterThan(0);
     expect(existsSync(`/proc/${nsPid}`)).toBe(false); // no process of this namespace has the owner's pid
