@@ -619,7 +619,7 @@ const SETTINGS: Setting<keyof Config>[] = [
     key: "maxConnectionsPerAddress",
     env: "SKIFF_MAX_CONNECTIONS_PER_ADDRESS",
     fallback: String(DEFAULT_MAX_CONNECTIONS_PER_ADDRESS),
-    doc: "Open connections from one remote address; a new one beyond it is closed at once. With `SKIFF_WORKERS` above 1 it holds for all workers together: the supervisor counts them. Behind a proxy or load balancer every connection comes from its address: raise it there.",
+    doc: "Open connections from one remote address (an IPv6 address's /64 counts as one address: a client holds a /64); a new one beyond it is closed at once. With `SKIFF_WORKERS` above 1 it holds for all workers together: the supervisor counts them. Behind a proxy or load balancer every connection comes from its address: raise it there.",
     parse: integer(1, 1_000_000),
   },
   {

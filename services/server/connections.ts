@@ -423,8 +423,34 @@ export class ConnectionGuard {
   }
 }
 
-/** "::ffff:10.0.0.1" and "10.0.0.1" are one address. */
-function normalizeAddress(address: string | undefined): string | undefined {
+/**
+ * What connections are counted under, per SKIFF_MAX_CONNECTIONS_PER_ADDRESS:
+ * an IPv4 address ("::ffff:10.0.0.1" and "10.0.0.1" are one), or an IPv6
+ * address's /64 ("2001:db8:1:2::/64"), which is what one machine or one
+ * customer of an ISP is given: counted per address, a client with a /64 would
+ * have 2^64 caps.
+ */
+export function normalizeAddress(address: string | undefined): string | undefined {
   if (address === undefined) return undefined;
-  return address.startsWith("::ffff:") && address.includes(".") ? address.slice(7) : address;
+  if (address.startsWith("::ffff:") && address.includes(".")) return address.slice(7);
+  return address.includes(":") ? ipv6Prefix64(address) : address;
+}
+
+/** The /64 of an IPv6 address in any spelling (a zone, "::", an IPv4 tail), as its first four groups. */
+function ipv6Prefix64(address: string): string {
+  const bare = address.split("%", 1)[0].toLowerCase();
+  const split = bare.indexOf("::");
+  const groups = (text: string) => (text === "" ? [] : text.split(":"));
+  // An IPv4 tail ("::1.2.3.4") stands for two groups.
+  const width = (parts: string[]) => parts.reduce((n, p) => n + (p.includes(".") ? 2 : 1), 0);
+  let full: string[];
+  if (split < 0) full = groups(bare);
+  else {
+    const head = groups(bare.slice(0, split));
+    const tail = groups(bare.slice(split + 2));
+    full = [...head, ...Array<string>(Math.max(0, 8 - width(head) - width(tail))).fill("0"), ...tail];
+  }
+  const first = full.slice(0, 4).map((g) => (/^[0-9a-f]{1,4}$/.test(g) ? parseInt(g, 16).toString(16) : "0"));
+  while (first.length < 4) first.push("0");
+  return `${first.join(":")}::/64`;
 }

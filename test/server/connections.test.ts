@@ -10,7 +10,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { InvocationService } from "../../gen/skiff/invocation/v4/invocation_pb.js";
 import { silentLogger } from "../../services/config/logger.js";
 import type { ConnectionLimits } from "../../services/server/connections.js";
-import { connectionCap, openFileLimit } from "../../services/server/connections.js";
+import { connectionCap, normalizeAddress, openFileLimit } from "../../services/server/connections.js";
 import { HealthState } from "../../services/server/health.js";
 import { startServer } from "../../services/server/server.js";
 import { TEST_ROOT } from "../helpers/paths.js";
@@ -297,4 +297,28 @@ describe("connections under a small open-file limit", () => {
       expect(res.status).toBe(200);
     }
   }, 60_000);
+});
+
+describe("what connections are counted under, per SKIFF_MAX_CONNECTIONS_PER_ADDRESS", () => {
+  it("an IPv4 address, whether or not spelled as IPv4-mapped IPv6", () => {
+    expect(normalizeAddress("10.0.0.1")).toBe("10.0.0.1");
+    expect(normalizeAddress("::ffff:10.0.0.1")).toBe("10.0.0.1");
+    expect(normalizeAddress(undefined)).toBeUndefined();
+  });
+
+  it("an IPv6 address's /64, however it is spelled: a client holds a /64, not one address", () => {
+    const same = [
+      "2001:db8:1:2::1",
+      "2001:db8:1:2:ffff:ffff:ffff:ffff",
+      "2001:0DB8:0001:0002:0:0:0:7",
+      "2001:db8:1:2::1.2.3.4",
+      "2001:db8:1:2:a:b:c:d%eth0",
+    ];
+    for (const address of same) expect(normalizeAddress(address), address).toBe("2001:db8:1:2::/64");
+    expect(normalizeAddress("2001:db8:1:3::1")).toBe("2001:db8:1:3::/64");
+    expect(normalizeAddress("2001:db8::1")).toBe("2001:db8:0:0::/64");
+    expect(normalizeAddress("::1")).toBe("0:0:0:0::/64");
+    expect(normalizeAddress("fe80::1%lo")).toBe("fe80:0:0:0::/64");
+    expect(normalizeAddress("64:ff9b::1.2.3.4")).toBe("64:ff9b:0:0::/64");
+  });
 });
