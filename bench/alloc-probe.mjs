@@ -33,17 +33,18 @@ if (file)
       }
       return;
     }
-    if (session)
-      session.post("HeapProfiler.stopSampling", (err, res) => {
-        if (!err) writeFileSync(heapProfile, JSON.stringify(res.profile));
-        session.disconnect();
-        session = undefined;
-      });
     const { statistics } = profiler.stop();
     const endUsed = v8.getHeapStatistics().used_heap_size;
     profiler = undefined;
     let freed = 0;
     for (const gc of statistics)
       freed += gc.beforeGC.heapStatistics.usedHeapSize - gc.afterGC.heapStatistics.usedHeapSize;
+    // First: the heap profile below can take seconds to write, and the benchmark waits for this file.
     writeFileSync(file, JSON.stringify({ bytes: endUsed - startUsed + freed, collections: statistics.length }));
+    if (session)
+      session.post("HeapProfiler.stopSampling", (err, res) => {
+        if (!err) writeFileSync(heapProfile, JSON.stringify(res.profile));
+        session.disconnect();
+        session = undefined;
+      });
   });

@@ -40,6 +40,8 @@ const microseconds = () => Number(process.hrtime.bigint() / 1000n);
 const tmp = await mkdtemp(path.join(tmpdir(), "skiff-profile-"));
 const profDir = path.join(tmp, "prof");
 const allocFile = path.join(tmp, "alloc.json");
+// Not an earlier run's: printAllocations reads it once it parses.
+if (process.env.PROFILE_HEAP) await rm(path.resolve(process.env.PROFILE_HEAP), { force: true });
 const nats = await startNatsServer();
 const GATEWAY_ROLES = "invocation,management,webhook";
 /** The process to profile; with `drain`, a gateway alone queues the runs first (not profiled). */
