@@ -3,7 +3,7 @@
 // and free port of their own, their log lines read as they come.
 import { spawn, type ChildProcess } from "node:child_process";
 import http from "node:http";
-import { mkdtemp, readFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -90,6 +90,23 @@ export async function startWorkersSkiff(env: Record<string, string> = {}): Promi
       createConnectTransport({ baseUrl: url, httpVersion: "1.1", interceptors: [bearerAuth(adminToken)] }),
     ),
   };
+}
+
+/**
+ * Stops it as its operator would (SIGTERM, SIGKILL after 30 s if it is still
+ * there) and removes its data folder; nothing for a skiff never started.
+ */
+export async function stopWorkersSkiff(skiff: Pick<WorkersSkiff, "child" | "dataDir"> | undefined): Promise<void> {
+  if (!skiff) return;
+  const { child } = skiff;
+  if (child.exitCode === null && child.signalCode === null) {
+    const exit = new Promise((resolve) => child.once("exit", resolve));
+    child.kill("SIGTERM");
+    const timer = setTimeout(() => child.kill("SIGKILL"), 30_000);
+    await exit;
+    clearTimeout(timer);
+  }
+  await rm(skiff.dataDir, { recursive: true, force: true });
 }
 
 export interface FreshAnswer {

@@ -11,14 +11,13 @@
 import { EventEmitter } from "node:events";
 import http2 from "node:http2";
 import net from "node:net";
-import { rm } from "node:fs/promises";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { packApp } from "../../services/apps/bundle.js";
 import { silentLogger } from "../../services/config/logger.js";
 import { AddressCounts, ConnectionGuard, type AddressLedger } from "../../services/server/connections.js";
 import { TEST_ROOT } from "../helpers/paths.js";
-import { serves, startWorkersSkiff, type WorkersSkiff } from "../helpers/workers-skiff.js";
+import { serves, startWorkersSkiff, stopWorkersSkiff, type WorkersSkiff } from "../helpers/workers-skiff.js";
 
 const PER_ADDRESS = 4;
 const FIRST_BYTES_MS = 2_000;
@@ -39,17 +38,7 @@ beforeAll(async () => {
   });
 }, 120_000);
 
-afterAll(async () => {
-  const child = skiff?.child;
-  if (child && child.exitCode === null && child.signalCode === null) {
-    const exit = new Promise((resolve) => child.once("exit", resolve));
-    child.kill("SIGTERM");
-    const timer = setTimeout(() => child.kill("SIGKILL"), 30_000);
-    await exit;
-    clearTimeout(timer);
-  }
-  if (skiff) await rm(skiff.dataDir, { recursive: true, force: true });
-}, 60_000);
+afterAll(() => stopWorkersSkiff(skiff), 60_000);
 
 const settle = (ms: number) => new Promise((r) => setTimeout(r, ms));
 

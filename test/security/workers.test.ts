@@ -17,7 +17,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { packApp } from "../../services/apps/bundle.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
-import { callOnNewConnection, Logs, serves, startWorkersSkiff } from "../helpers/workers-skiff.js";
+import { callOnNewConnection, Logs, serves, startWorkersSkiff, stopWorkersSkiff } from "../helpers/workers-skiff.js";
 
 const OTHER = "p-workersother";
 /** Starting a worker on a busy 2-core machine takes up to a minute; the supervisor starts them one after another. */
@@ -164,14 +164,7 @@ describe("SKIFF_WORKERS=2 against an outsider", () => {
   }, START_MS);
 
   afterAll(async () => {
-    if (child && child.exitCode === null && child.signalCode === null) {
-      const exit = new Promise((resolve) => child.once("exit", resolve));
-      child.kill("SIGTERM");
-      const timer = setTimeout(() => child.kill("SIGKILL"), 30_000);
-      await exit;
-      clearTimeout(timer);
-    }
-    await rm(dataDir, { recursive: true, force: true });
+    await stopWorkersSkiff(child ? { child, dataDir } : undefined);
     await rm(tmp, { recursive: true, force: true });
   }, 60_000);
 
