@@ -48,6 +48,24 @@ export interface SandboxCgroup {
   remove(): Promise<void>;
 }
 
+/**
+ * Puts a process just spawned (that has started nothing yet) into `cgroup`,
+ * or kills it when it cannot: undefined, or why not.
+ */
+export function joinOrKill(
+  cgroup: SandboxCgroup,
+  child: { pid?: number; kill(signal: NodeJS.Signals): boolean },
+): string | undefined {
+  if (child.pid === undefined) return undefined; // not spawned: its "error" says why
+  try {
+    cgroup.join(child.pid);
+    return undefined;
+  } catch (err) {
+    child.kill("SIGKILL");
+    return (err as Error).message || "the write to its cgroup.procs failed";
+  }
+}
+
 export interface Cgroups {
   version: 1 | 2;
   /** Where the sandboxes' cgroups go (one folder per hierarchy). */

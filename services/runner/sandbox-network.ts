@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { networkInterfaces } from "node:os";
-import type { SandboxCgroup } from "./cgroups.js";
+import { joinOrKill, type SandboxCgroup } from "./cgroups.js";
 import { runsAsRoot, STAGE_ENV } from "./sandbox-argv.js";
 
 const SLIRP_CANDIDATES = ["/usr/bin/slirp4netns", "/usr/local/bin/slirp4netns"];
@@ -129,13 +129,8 @@ export async function connectOutside(
   // In the sandbox's cgroup: it carries all of the sandbox's outbound traffic, with a host socket and buffers per
   // connection, which count against the sandbox's memory and processes then, not the host's. (The helper it forks
   // at once to open the tap device in the namespace may be forked before; it exits as soon as it has.)
-  if (cgroup && net.pid !== undefined)
-    try {
-      cgroup.join(net.pid);
-    } catch (err) {
-      net.kill("SIGKILL");
-      return done.failed(`cannot put slirp4netns in the sandbox's cgroup: ${(err as Error).message}`);
-    }
+  const notJoined = cgroup && joinOrKill(cgroup, net);
+  if (notJoined) return done.failed(`cannot put slirp4netns in the sandbox's cgroup: ${notJoined}`);
   const exitPipe = net.stdio[4] as NodeJS.WritableStream;
   exitPipe.on("error", () => undefined);
   const stopNet = () => {

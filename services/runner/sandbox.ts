@@ -46,6 +46,7 @@ import { spawn, type ChildProcess, type StdioOptions } from "node:child_process"
 import { mkdirSync } from "node:fs";
 import { constants } from "node:os";
 import type { BuildLimits } from "./build-area.js";
+import { joinOrKill } from "./cgroups.js";
 import {
   launchInput,
   CHANNEL_FD,
@@ -149,14 +150,9 @@ export function spawnSandboxed(host: SandboxHost, spec: SandboxSpec): SandboxedP
     // that is gone, which the next start ends (reapLeftovers). Joined only after bwrap named its first
     // process, a child still waiting for bwrap to write its uid map was left in none when the runner died
     // then, waiting for good.
-    if (cgroup && child.pid !== undefined)
-      try {
-        cgroup.join(child.pid);
-      } catch (err) {
-        // Nothing of the sandbox has started: bwrap is still waiting for its options.
-        child.kill("SIGKILL");
-        throw new Error(`cannot put the sandbox in its cgroup: ${(err as Error).message}`);
-      }
+    // Killed if it cannot join: nothing of the sandbox has started, bwrap still waits for its options.
+    const notJoined = cgroup && joinOrKill(cgroup, child);
+    if (notJoined) throw new Error(`cannot put the sandbox in its cgroup: ${notJoined}`);
     const feed = (fd: number, data: Buffer | string) => {
       const w = child.stdio[fd] as NodeJS.WritableStream | null;
       w?.on("error", () => undefined);

@@ -170,12 +170,17 @@ class Walk {
       return `${where(item(i))}: expected ${expectedItem(field)}, got ${got(field, value[i])}`;
     }
     for (let i = 0; i < value.length; i++) {
-      if (value[i] === null && field.message.typeName !== "google.protobuf.Value")
-        return `${where(item(i))}: expected ${expected(field.message)}, got null`;
-      const wrong = this.message(field.message, value[i], { ...item(i), depth: at.depth + 1 });
+      const wrong = this.messageItem(field.message, value[i], { ...item(i), depth: at.depth + 1 });
       if (wrong !== undefined) return wrong;
     }
     return undefined;
+  }
+
+  /** A message that is a list's item or a map's value, where null is refused (but as a google.protobuf.Value). */
+  private messageItem(desc: DescMessage, value: JsonValue, at: Place): string | undefined {
+    if (value === null && desc.typeName !== "google.protobuf.Value")
+      return `${where(at)}: expected ${expected(desc)}, got null`;
+    return this.message(desc, value, at);
   }
 
   private map(
@@ -194,9 +199,7 @@ class Walk {
     const entries = Object.entries(value);
     if (field.mapKind === "message") {
       for (const [k, v] of entries) {
-        if (v === null && field.message.typeName !== "google.protobuf.Value")
-          return `${where(here)}: expected ${expected(field.message)}, got null`;
-        const wrong = this.message(field.message, v, { ...here, depth: at.depth + 1 });
+        const wrong = this.messageItem(field.message, v, { ...here, depth: at.depth + 1 });
         if (wrong !== undefined) return wrong;
         if (field.mapKey !== ScalarType.STRING && !keyRead(k)) return badKey;
       }

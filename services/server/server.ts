@@ -39,7 +39,7 @@ import {
   type RequestIds,
   type TranscoderOptions,
 } from "./rest/transcoder.js";
-import { malformedJson, notAnObject } from "./rest/errors.js";
+import { malformedJson } from "./rest/errors.js";
 import { jsonTextDecodeError } from "./json-errors.js";
 import { METRICS_CONTENT_TYPE, type Metrics } from "../metrics/index.js";
 
@@ -127,9 +127,9 @@ const utf8 = new TextDecoder("utf-8", { fatal: true });
  * failure is refused with skiff's words, which quote nothing the caller sent
  * (json-errors.ts): where the JSON broke, or the field, the kind it takes and
  * the kind it got. Connect then decodes the text itself: only JSON requests
- * pay. Without `input`, the text is only checked to be a JSON object.
+ * pay. Every method has its own (limitedRouter registers them all).
  */
-export function connectJsonOptions(input?: DescMessage) {
+export function connectJsonOptions(input: DescMessage) {
   return {
     // Connect's default, said so that the object is one of its JSON options.
     ignoreUnknownFields: true,
@@ -140,17 +140,6 @@ export function connectJsonOptions(input?: DescMessage) {
           text = utf8.decode(data);
         } catch (err) {
           throw new ConnectError(malformedJson(err), Code.InvalidArgument);
-        }
-        if (input === undefined) {
-          let json: unknown;
-          try {
-            json = JSON.parse(text);
-          } catch (err) {
-            throw new ConnectError(malformedJson(err), Code.InvalidArgument);
-          }
-          const wrong = notAnObject(json);
-          if (wrong !== undefined) throw new ConnectError(wrong, Code.InvalidArgument);
-          return text;
         }
         try {
           fromJsonString(input, text, { ignoreUnknownFields: true });
@@ -349,8 +338,6 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     },
     fallback,
     interceptors: opts.interceptors,
-    // Every method has its own (limitedRouter); this is for any other.
-    jsonOptions: connectJsonOptions(),
     // The limit is on the body; an encoded request message adds a few bytes.
     readMaxBytes: opts.maxBodyBytes + MESSAGE_OVERHEAD_BYTES,
     writeMaxBytes: 64 * 1024 * 1024,
