@@ -541,6 +541,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       // The dashboard comes with the management role, whose API it uses.
       site: config.roles.includes("management") ? dashboardSite(config) : undefined,
       interceptors: auth ? [auth.interceptor] : [],
+      admit: auth?.admit,
       upgrade: started.find(([, role]) => role.upgrade)?.[1].upgrade,
       worker: config.worker,
       cors: started.find(([, role]) => role.cors)?.[1].cors,

@@ -6,6 +6,11 @@
 // 401 `unauthenticated`: no token, or a token refused for any reason (the
 // message does not say which). 403 `permission_denied`: a service account's
 // token used on another project, judged by the request message's project_id.
+//
+// The token alone is judged before a call's body is read as well (`admit`,
+// which the server and the REST transcoder ask first): a caller without a
+// valid token never has a body buffered or parsed for it (DeployApp's may be
+// SKIFF_MAX_BUNDLE_BYTES), on any protocol.
 import type { DescMethod } from "@bufbuild/protobuf";
 import { Code, ConnectError, createContextKey, type HandlerContext, type Interceptor } from "@connectrpc/connect";
 import type { NatsConnection } from "nats";
@@ -123,29 +128,55 @@ async function* whileValid<T>(
   }
 }
 
-function authInterceptor(
-  auth: Pick<Authenticator, "authenticate" | "cached">,
-  logger: Logger,
-  recheckMs = STREAM_RECHECK_MS,
-): Interceptor {
+type TokenChecks = Pick<Authenticator, "authenticate" | "cached">;
+
+const missingToken = () =>
+  new ConnectError("missing bearer token: send Authorization: Bearer <token>", Code.Unauthenticated, CHALLENGE);
+const invalidToken = () => new ConnectError("invalid bearer token", Code.Unauthenticated, CHALLENGE);
+
+/** The principal of a bearer token; throws the call's refusal when there is none. */
+async function principalOfToken(auth: TokenChecks, logger: Logger, token: string): Promise<Principal> {
+  let principal: Principal | undefined;
+  try {
+    principal = await auth.authenticate(token);
+  } catch (err) {
+    logger.warn({ err }, "cannot check a token");
+    throw new ConnectError("cannot check the token right now; try again", Code.Unavailable);
+  }
+  if (!principal) throw invalidToken();
+  return principal;
+}
+
+/**
+ * Whether a call of `service` may have its body read, judged by its
+ * Authorization header alone: undefined when it may (an open service, or a
+ * token that checks out: the interceptor then judges the call in full), else
+ * the refusal to answer at once. A token seen before is judged without an
+ * await.
+ */
+export type Admit = (service: string, authorization: string | undefined) => AdmitVerdict | Promise<AdmitVerdict>;
+export type AdmitVerdict = ConnectError | undefined;
+
+function admitter(auth: TokenChecks, logger: Logger): Admit {
+  return (service, authorization) => {
+    if (OPEN_SERVICES.has(service)) return undefined;
+    const token = bearerToken(authorization ?? null);
+    if (token === undefined) return missingToken();
+    if (auth.cached(token)) return undefined;
+    return principalOfToken(auth, logger, token).then(
+      () => undefined,
+      (err: unknown) => ConnectError.from(err),
+    );
+  };
+}
+
+function authInterceptor(auth: TokenChecks, logger: Logger, recheckMs = STREAM_RECHECK_MS): Interceptor {
   return (next) => async (req) => {
     if (OPEN_SERVICES.has(req.service.typeName)) return next(req);
     const token = bearerToken(req.header.get("authorization"));
-    if (token === undefined)
-      throw new ConnectError(
-        "missing bearer token: send Authorization: Bearer <token>",
-        Code.Unauthenticated,
-        CHALLENGE,
-      );
-    let principal: Principal | undefined;
-    try {
-      // A token seen before is known without an await; any other is checked.
-      principal = auth.cached(token) ?? (await auth.authenticate(token));
-    } catch (err) {
-      logger.warn({ err }, "cannot check a token");
-      throw new ConnectError("cannot check the token right now; try again", Code.Unavailable);
-    }
-    if (!principal) throw new ConnectError("invalid bearer token", Code.Unauthenticated, CHALLENGE);
+    if (token === undefined) throw missingToken();
+    // A token seen before is known without an await; any other is checked.
+    const principal = auth.cached(token) ?? (await principalOfToken(auth, logger, token));
     req.contextValues.set(kPrincipal, principal);
     const field = principal.kind === "service_account" ? projectField(req.method) : null;
     let res;
@@ -167,6 +198,8 @@ export interface Auth {
   admins: AdminTokens;
   authenticator: Authenticator;
   interceptor: Interceptor;
+  /** Judges a call by its token before its body is read (see Admit). */
+  admit: Admit;
   close(): void;
 }
 
@@ -190,6 +223,7 @@ export async function startAuth(nc: NatsConnection, logger: Logger): Promise<Aut
     admins,
     authenticator,
     interceptor: authInterceptor(authenticator, logger),
+    admit: admitter(authenticator, logger),
     close() {
       keyring.close();
       accounts.close();

@@ -62,14 +62,29 @@ export function minimalGrpcMessages(res: NodeResponse): void {
  */
 export function answerUnimplemented(req: NodeRequest, res: NodeResponse): void {
   const path = (req.url ?? "/").split("?", 1)[0];
+  grpcTrailersOnly(req, res, Code.Unimplemented, `unknown method ${path.slice(0, 200)}`);
+}
+
+/**
+ * A gRPC or gRPC-Web call's answer that is its status alone: HTTP 200 and
+ * grpc-status in one HEADERS frame that ends the stream (what gRPC calls
+ * Trailers-Only), as gRPC servers answer a call they refuse outright.
+ */
+export function grpcTrailersOnly(
+  req: NodeRequest,
+  res: NodeResponse,
+  code: Code,
+  message: string,
+  more: Record<string, string> = {},
+): void {
   const headers = {
+    ...more,
     "content-type": String(req.headers["content-type"]),
-    "grpc-status": String(Code.Unimplemented),
-    "grpc-message": encodeGrpcMessage(`unknown method ${path.slice(0, 200)}`),
+    "grpc-status": String(code),
+    "grpc-message": encodeGrpcMessage(message),
   };
   req.resume();
   if ("stream" in res) {
-    // One HEADERS frame that ends the stream: what gRPC calls Trailers-Only.
     if (!res.stream.destroyed && !res.stream.headersSent)
       res.stream.respond({ ":status": 200, ...headers }, { endStream: true });
     return;

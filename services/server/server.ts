@@ -28,6 +28,7 @@ import {
 } from "../config/index.js";
 import { ConnectionGuard, type Connection, type ConnectionLimits } from "./connections.js";
 import type { HealthState } from "./health.js";
+import { answerRefusal, serviceOfProcedure, type Admit } from "./admit.js";
 import { answerUnimplemented, isGrpcRequest, minimalGrpcMessages } from "./grpc-status.js";
 import { reflectionRoutes } from "./reflection.js";
 import { isApiPath, type StaticHandler } from "./static-files.js";
@@ -60,6 +61,8 @@ export interface ServerOptions {
   requestIds?: RequestIds;
   /** Methods whose handler may read a large REST body as it comes (see TranscoderOptions.streamedBodies). */
   streamedBodies?: TranscoderOptions["streamedBodies"];
+  /** Judges every call by its headers before its body is read, on every protocol (see admit.ts). */
+  admit?: Admit;
   /** CORS of the resources of some methods (an app's allow-list; see TranscoderOptions.cors). */
   cors?: Cors;
   logger: Logger;
@@ -355,6 +358,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     requestIds: opts.requestIds,
     streamedBodies: opts.streamedBodies,
     cors: opts.cors,
+    admit: opts.admit,
     logger,
   });
 
@@ -400,7 +404,24 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     if (isGrpcRequest(req)) minimalGrpcMessages(res);
     // A REST path is never an RPC's (those are /{package}.{Service}/{Method}): it skips the RPC router's lookup.
     if (isRestPath(req.url)) fallback(req, res);
-    else adapter(req, res);
+    else rpc(req, res);
+  };
+  /** An RPC path's call goes to the Connect adapter once admitted (a path no service has, at once: see fallback). */
+  const rpc = (req: NodeRequest, res: NodeResponse) => {
+    const path = (req.url ?? "/").split("?", 1)[0];
+    const admit = opts.admit;
+    if (admit === undefined || !procedures.has(path)) return adapter(req, res);
+    const verdict = admit(serviceOfProcedure(path), req.headers.authorization);
+    if (verdict === undefined) return adapter(req, res);
+    if (!(verdict instanceof Promise)) return refuseOr(req, res, verdict);
+    verdict.then(
+      (v) => (v === undefined ? adapter(req, res) : refuseOr(req, res, v)),
+      () => adapter(req, res),
+    );
+  };
+  /** Answers the refusal in the call's protocol; a call that speaks none goes to the adapter, which refuses it. */
+  const refuseOr = (req: NodeRequest, res: NodeResponse, refusal: ConnectError) => {
+    if (!answerRefusal(req, res, refusal)) adapter(req, res);
   };
 
   const limits: ConnectionLimits = { ...DEFAULT_CONNECTION_LIMITS, ...definedOnly(opts.connections ?? {}) };
