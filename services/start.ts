@@ -542,6 +542,7 @@ export async function startSkiff(config: Config, logger: Logger): Promise<Skiff>
       site: config.roles.includes("management") ? dashboardSite(config) : undefined,
       interceptors: auth ? [auth.interceptor] : [],
       admit: auth?.admit,
+      uploads: { maxUploads: config.maxUploads, maxProjectUploads: config.maxProjectUploads },
       upgrade: started.find(([, role]) => role.upgrade)?.[1].upgrade,
       worker: config.worker,
       cors: started.find(([, role]) => role.cors)?.[1].cors,

@@ -22,6 +22,7 @@ import { AccountDirectory } from "./accounts.js";
 import { AdminTokens } from "./admin-tokens.js";
 import { Authenticator, type Principal, type ServiceAccountPrincipal } from "./authenticator.js";
 import type { Logger } from "../config/index.js";
+import type { Admit, AdmitVerdict } from "../server/index.js";
 import { buckets } from "../nats/index.js";
 import { Keyring } from "./keyring.js";
 
@@ -148,24 +149,20 @@ async function principalOfToken(auth: TokenChecks, logger: Logger, token: string
 }
 
 /**
- * Whether a call of `service` may have its body read, judged by its
- * Authorization header alone: undefined when it may (an open service, or a
- * token that checks out: the interceptor then judges the call in full), else
- * the refusal to answer at once. A token seen before is judged without an
- * await.
+ * A call of `service` judged by its Authorization header alone, before its
+ * body is read (see the server's Admit): the token's principal (the
+ * interceptor then judges the call in full), undefined for an open service,
+ * or the refusal to answer at once. A token seen before is judged without
+ * an await.
  */
-export type Admit = (service: string, authorization: string | undefined) => AdmitVerdict | Promise<AdmitVerdict>;
-export type AdmitVerdict = ConnectError | undefined;
-
 function admitter(auth: TokenChecks, logger: Logger): Admit {
   return (service, authorization) => {
     if (OPEN_SERVICES.has(service)) return undefined;
     const token = bearerToken(authorization ?? null);
     if (token === undefined) return missingToken();
-    if (auth.cached(token)) return undefined;
-    return principalOfToken(auth, logger, token).then(
-      () => undefined,
-      (err: unknown) => ConnectError.from(err),
+    return (
+      auth.cached(token) ??
+      principalOfToken(auth, logger, token).catch((err: unknown): AdmitVerdict => ConnectError.from(err))
     );
   };
 }

@@ -7,7 +7,7 @@ export { newAdminToken, sameToken } from "./admin-tokens.js";
 export { bearerAuth } from "./bearer.js";
 export type { AdminTokens } from "./admin-tokens.js";
 export { actorOf, principalOf, startAuth } from "./auth.js";
-export type { Admit, AdmitVerdict, Auth, Principal } from "./auth.js";
+export type { Auth, Principal } from "./auth.js";
 export type { Authenticator } from "./authenticator.js";
 export { issueToken } from "./tokens.js";
 export type { TokenSubject } from "./tokens.js";

@@ -59,6 +59,9 @@ export interface Config {
   maxBodyBytes: number;
   /** Largest app bundle, gzipped and unpacked alike. */
   maxBundleBytes: number;
+  /** Bodies larger than maxBodyBytes (app bundles) read at once, in all and for one project's tokens. */
+  maxUploads: number;
+  maxProjectUploads: number;
   /** Most bytes the current deployments of one project's apps may unpack to, together. */
   maxProjectUnpackedBytes: number;
   /** A new connection's first bytes (HTTP/1.1 or HTTP/2 preface) must arrive within it. */
@@ -572,6 +575,20 @@ const SETTINGS: Setting<keyof Config>[] = [
     fallback: String(DEFAULT_MAX_BUNDLE_BYTES),
     doc: "Largest app bundle, both the gzipped upload and the tar inside it; a larger one is refused and nothing is deployed.",
     parse: integer(1024, 16 * 1024 * 1024 * 1024),
+  },
+  {
+    key: "maxUploads",
+    env: "SKIFF_MAX_UPLOADS",
+    fallback: "8",
+    doc: "Request bodies larger than `SKIFF_MAX_BODY_BYTES` (app bundles) one process reads at once; one more is refused with 429 before its body is read. Each is read whole and parsed before its handler runs, which takes a few times its size in memory: keep this × `SKIFF_MAX_BUNDLE_BYTES` × 3 within what the process may use. A body taken in must arrive within 30 s and its size at 256 KiB/s, else its call ends.",
+    parse: integer(1, 1024),
+  },
+  {
+    key: "maxProjectUploads",
+    env: "SKIFF_MAX_PROJECT_UPLOADS",
+    fallback: "2",
+    doc: "Of `SKIFF_MAX_UPLOADS`, those one project's tokens may have under way (the admin token's count only in all): one tenant cannot take every slot.",
+    parse: integer(1, 1024),
   },
   {
     key: "maxProjectUnpackedBytes",

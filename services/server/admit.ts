@@ -14,8 +14,14 @@ import type { NodeHandler } from "./rest/transcoder.js";
 type NodeRequest = Parameters<NodeHandler>[0];
 type NodeResponse = Parameters<NodeHandler>[1];
 
-/** Undefined: the call goes on (its body is read, and it is judged in full then); else its refusal. */
-export type AdmitVerdict = ConnectError | undefined;
+/** Who a call was admitted for: a project's token (its project), or the admin's (no project). */
+export interface Admitted {
+  readonly kind: string;
+  readonly projectId?: string;
+}
+
+/** Whom the call was admitted for (its body is read, and it is judged in full then); undefined for an open service; else its refusal. */
+export type AdmitVerdict = ConnectError | Admitted | undefined;
 
 /**
  * Judges a call of `service` (its protobuf type name) by its Authorization
@@ -23,6 +29,97 @@ export type AdmitVerdict = ConnectError | undefined;
  * it can, as for a token seen before.
  */
 export type Admit = (service: string, authorization: string | undefined) => AdmitVerdict | Promise<AdmitVerdict>;
+
+/** Large bodies read at once: in all on this server, and for one project's tokens. */
+export interface UploadLimits {
+  maxUploads: number;
+  maxProjectUploads: number;
+  /** How long a body in a slot may take to arrive: graceMs and its size at bytesPerSecond (default 30 s, 256 KiB/s). */
+  graceMs?: number;
+  bytesPerSecond?: number;
+}
+
+const UPLOAD_BYTES_PER_SECOND = 256 * 1024;
+const UPLOAD_GRACE_MS = 30_000;
+
+/**
+ * The slots of large bodies. A method whose body may be larger than
+ * SKIFF_MAX_BODY_BYTES (DeployApp's app bundle, up to
+ * SKIFF_MAX_BUNDLE_BYTES) has its body read whole before its handler runs,
+ * by Connect and REST alike, and parsing it takes a few times its size: 16
+ * bundles of 90 MB sent at once with one project's token held 3.6 GB of the
+ * server's memory. So such a body (declared larger than SKIFF_MAX_BODY_BYTES,
+ * or of unknown length) is read only in a slot: `maxUploads` in all,
+ * `maxProjectUploads` for one project's tokens (the admin's count in all
+ * only). A call past either is refused before its body is read (429
+ * `resource_exhausted`, Retry-After). A slot is held until the answer ends;
+ * a body not arrived whole within 30 s and its size at 256 KiB/s ends its
+ * call, so that a dribbling upload cannot keep a slot.
+ */
+export class UploadSlots {
+  private inAll = 0;
+  private readonly byProject = new Map<string, number>();
+
+  constructor(
+    private readonly limits: UploadLimits,
+    private readonly maxBodyBytes: number,
+  ) {}
+
+  /** Uploads under way, in all and for a project. */
+  underWay(projectId?: string): number {
+    return projectId === undefined ? this.inAll : (this.byProject.get(projectId) ?? 0);
+  }
+
+  /** Takes a slot for the call's body if it needs one (see the class), held until `res` closes; else the refusal. */
+  take(req: NodeRequest, res: NodeResponse, admitted: Admitted | undefined, limit: number): ConnectError | undefined {
+    const declared = req.headers["content-length"];
+    const size = declared === undefined ? limit : Math.min(Number(declared), limit);
+    if (declared !== undefined && size <= this.maxBodyBytes) return undefined;
+    const project = admitted?.projectId;
+    if (this.inAll >= this.limits.maxUploads)
+      return busy(`${this.limits.maxUploads} uploads are under way on this server (SKIFF_MAX_UPLOADS)`);
+    if (project !== undefined && this.underWay(project) >= this.limits.maxProjectUploads)
+      return busy(`${this.limits.maxProjectUploads} uploads of this project are under way (SKIFF_MAX_PROJECT_UPLOADS)`);
+    this.inAll++;
+    if (project !== undefined) this.byProject.set(project, this.underWay(project) + 1);
+    const { graceMs = UPLOAD_GRACE_MS, bytesPerSecond = UPLOAD_BYTES_PER_SECOND } = this.limits;
+    const deadline = setTimeout(tooSlow, graceMs + (size / bytesPerSecond) * 1000, req);
+    req.once("end", () => clearTimeout(deadline));
+    res.once("close", () => {
+      clearTimeout(deadline);
+      this.inAll--;
+      if (project === undefined) return;
+      const left = this.underWay(project) - 1;
+      if (left > 0) this.byProject.set(project, left);
+      else this.byProject.delete(project);
+    });
+    return undefined;
+  }
+}
+
+const busy = (why: string) =>
+  new ConnectError(`${why}; try again shortly`, Code.ResourceExhausted, { "retry-after": "1" });
+
+/** An upload whose body did not come in time: its call ends, and its slot with it. */
+function tooSlow(req: NodeRequest): void {
+  req.destroy(new Error("the upload's body came too slowly"));
+}
+
+/**
+ * The refusal of a call before its body is read, or undefined when it goes
+ * on: its token's verdict, then (for a method with a body `limit` above
+ * SKIFF_MAX_BODY_BYTES) an upload's slot.
+ */
+export function refusalOf(
+  verdict: AdmitVerdict,
+  req: NodeRequest,
+  res: NodeResponse,
+  uploads: UploadSlots | undefined,
+  limit: number | undefined,
+): ConnectError | undefined {
+  if (verdict instanceof ConnectError) return verdict;
+  return uploads === undefined || limit === undefined ? undefined : uploads.take(req, res, verdict, limit);
+}
 
 /** The service of an RPC path (`/{package}.{Service}/{Method}`). */
 export function serviceOfProcedure(path: string): string {

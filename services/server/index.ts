@@ -11,6 +11,7 @@ export { openapiDocument, openapiDocuments } from "./rest/openapi.js";
 export type { ApiDocument } from "./rest/openapi.js";
 export { AddressCounts } from "./connections.js";
 export { startServer } from "./server.js";
+export type { Admit, AdmitVerdict } from "./admit.js";
 export type { Cors } from "./rest/transcoder.js";
 export type { UpgradeHandler } from "./server.js";
 export { CLOSE, FrameReader, closeFrame } from "./websocket-frames.js";

@@ -28,7 +28,15 @@ import {
 } from "../config/index.js";
 import { ConnectionGuard, type Connection, type ConnectionLimits } from "./connections.js";
 import type { HealthState } from "./health.js";
-import { answerRefusal, serviceOfProcedure, type Admit } from "./admit.js";
+import {
+  answerRefusal,
+  refusalOf,
+  serviceOfProcedure,
+  UploadSlots,
+  type Admit,
+  type AdmitVerdict,
+  type UploadLimits,
+} from "./admit.js";
 import { answerUnimplemented, isGrpcRequest, minimalGrpcMessages } from "./grpc-status.js";
 import { reflectionRoutes } from "./reflection.js";
 import { isApiPath, type StaticHandler } from "./static-files.js";
@@ -63,6 +71,8 @@ export interface ServerOptions {
   streamedBodies?: TranscoderOptions["streamedBodies"];
   /** Judges every call by its headers before its body is read, on every protocol (see admit.ts). */
   admit?: Admit;
+  /** Bodies above maxBodyBytes (the methods of bodyLimits) read at once (see admit.ts UploadSlots); default unbounded. */
+  uploads?: UploadLimits;
   /** CORS of the resources of some methods (an app's allow-list; see TranscoderOptions.cors). */
   cors?: Cors;
   logger: Logger;
@@ -348,6 +358,11 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     maxTimeoutMs: MAX_RUN_SECONDS * 1000 + 60_000,
     shutdownSignal: shutdown.signal,
   });
+  const uploads = opts.uploads && new UploadSlots(opts.uploads, opts.maxBodyBytes);
+  /** The body limit of each RPC path whose method takes more than maxBodyBytes (an upload). */
+  const uploadPaths = new Map<string, number>();
+  for (const [method, limit] of opts.bodyLimits ?? [])
+    if (limit > opts.maxBodyBytes) uploadPaths.set(`/${method.parent.typeName}/${method.name}`, limit);
   transcode = createTranscoder({
     services: opts.restServices,
     implementations,
@@ -359,6 +374,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     streamedBodies: opts.streamedBodies,
     cors: opts.cors,
     admit: opts.admit,
+    uploads,
     logger,
   });
 
@@ -412,16 +428,16 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     const admit = opts.admit;
     if (admit === undefined || !procedures.has(path)) return adapter(req, res);
     const verdict = admit(serviceOfProcedure(path), req.headers.authorization);
-    if (verdict === undefined) return adapter(req, res);
-    if (!(verdict instanceof Promise)) return refuseOr(req, res, verdict);
+    if (!(verdict instanceof Promise)) return judged(req, res, path, verdict);
     verdict.then(
-      (v) => (v === undefined ? adapter(req, res) : refuseOr(req, res, v)),
+      (v) => judged(req, res, path, v),
       () => adapter(req, res),
     );
   };
-  /** Answers the refusal in the call's protocol; a call that speaks none goes to the adapter, which refuses it. */
-  const refuseOr = (req: NodeRequest, res: NodeResponse, refusal: ConnectError) => {
-    if (!answerRefusal(req, res, refusal)) adapter(req, res);
+  /** A refusal is answered in the call's protocol; a call that speaks none goes to the adapter, which refuses it. */
+  const judged = (req: NodeRequest, res: NodeResponse, path: string, verdict: AdmitVerdict) => {
+    const refusal = refusalOf(verdict, req, res, uploads, uploadPaths.get(path));
+    if (refusal === undefined || !answerRefusal(req, res, refusal)) adapter(req, res);
   };
 
   const limits: ConnectionLimits = { ...DEFAULT_CONNECTION_LIMITS, ...definedOnly(opts.connections ?? {}) };

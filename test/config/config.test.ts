@@ -31,6 +31,8 @@ describe("config", () => {
       natsReplicas: 1,
       maxBodyBytes: DEFAULT_MAX_BODY_BYTES,
       maxBundleBytes: DEFAULT_MAX_BUNDLE_BYTES,
+      maxUploads: 8,
+      maxProjectUploads: 2,
       maxProjectUnpackedBytes: DEFAULT_MAX_PROJECT_UNPACKED_BYTES,
       firstBytesTimeoutMs: 10_000,
       headersTimeoutMs: 20_000,

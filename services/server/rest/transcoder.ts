@@ -78,7 +78,7 @@ import { requestHeaderView } from "./request-headers.js";
 import { kHttpExchange, LightSignal, type CallSignal, type HttpExchange, type StreamedBody } from "./http-exchange.js";
 import { httpBindings, resolveFieldPath, type HttpBinding, type Variable } from "./http-rules.js";
 import type { Logger } from "../../config/index.js";
-import type { Admit } from "../admit.js";
+import { refusalOf, type Admit, type UploadSlots } from "../admit.js";
 import {
   ClientGoneError,
   closedEarly,
@@ -126,6 +126,8 @@ export interface TranscoderOptions {
   cors?: Cors;
   /** Judges a call by its headers before its body is read (see admit.ts); a refusal is the answer. */
   admit?: Admit;
+  /** The slots of bodies above maxBodyBytes (see admit.ts). */
+  uploads?: UploadSlots;
   logger: Logger;
 }
 
@@ -309,13 +311,14 @@ async function transcode(
       ? applyCors(req, res, match, table, path, opts.cors)
       : "none";
   if (cors === "answered") return;
+  const limit = opts.bodyLimits?.get(route.binding.method) ?? opts.maxBodyBytes;
   if (opts.admit !== undefined) {
-    const verdict = opts.admit(route.binding.method.parent.typeName, req.headers.authorization);
-    const refusal = verdict instanceof Promise ? await verdict : verdict;
+    const admitted = opts.admit(route.binding.method.parent.typeName, req.headers.authorization);
+    const verdict = admitted instanceof Promise ? await admitted : admitted;
+    const refusal = refusalOf(verdict, req, res, opts.uploads, limit > opts.maxBodyBytes ? limit : undefined);
     // Answered as the handler's refusal would be; the body is discarded as it comes (answerError).
     if (refusal !== undefined) throw handlerError(refusal, route, opts.logger, res);
   }
-  const limit = opts.bodyLimits?.get(route.binding.method) ?? opts.maxBodyBytes;
   const pending = streamedBody(req, route, limit, opts);
   const body = pending ? NO_BODY_BYTES : await readBody(req, limit);
   try {
