@@ -49,9 +49,16 @@ export function actorOf(p: Principal): string {
   return p.kind === "admin" ? "admin" : p.serviceAccountId;
 }
 
+/** The last Authorization header read and its token: a caller sends the same one call after call. */
+let lastHeader: string | null = null;
+let lastToken: string | undefined;
+
 function bearerToken(header: string | null): string | undefined {
+  if (header === lastHeader) return lastToken;
   const m = header === null ? null : /^Bearer +(\S+) *$/i.exec(header);
-  return m ? m[1] : undefined;
+  lastHeader = header;
+  lastToken = m ? m[1] : undefined;
+  return lastToken;
 }
 
 /**
