@@ -5,9 +5,12 @@
 // parsed for it before its 401. So the server asks `admit` first, for every
 // RPC path a service here has (server.ts) and every REST route (the
 // transcoder), and a refusal goes out at once in the caller's protocol; the
-// body is drained as it comes, never kept.
+// body is dropped as it comes (up to a bound, then the connection closes),
+// never kept.
+import http2 from "node:http2";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { grpcTrailersOnly } from "./grpc-status.js";
+import { discardRequest } from "./rest/body.js";
 import { codeHttpStatus, codeString, errorBody } from "./rest/errors.js";
 import type { NodeHandler } from "./rest/transcoder.js";
 
@@ -52,9 +55,10 @@ const UPLOAD_GRACE_MS = 30_000;
  * or of unknown length) is read only in a slot: `maxUploads` in all,
  * `maxProjectUploads` for one project's tokens (the admin's count in all
  * only). A call past either is refused before its body is read (429
- * `resource_exhausted`, Retry-After). A slot is held until the answer ends;
- * a body not arrived whole within 30 s and its size at 256 KiB/s ends its
- * call, so that a dribbling upload cannot keep a slot.
+ * `resource_exhausted`, Retry-After). A slot is held until the handler ends
+ * its answer or the call ends; a body not arrived whole within 30 s and its
+ * size at 256 KiB/s ends its call (its HTTP/2 stream, or its HTTP/1.1
+ * connection), so that a dribbling upload cannot keep a slot.
  */
 export class UploadSlots {
   private inAll = 0;
@@ -85,14 +89,30 @@ export class UploadSlots {
     const { graceMs = UPLOAD_GRACE_MS, bytesPerSecond = UPLOAD_BYTES_PER_SECOND } = this.limits;
     const deadline = setTimeout(tooSlow, graceMs + (size / bytesPerSecond) * 1000, req);
     req.once("end", () => clearTimeout(deadline));
-    res.once("close", () => {
+    // What ends the call's hold on the body: its connection (HTTP/1.1) or stream (HTTP/2) closing (a pipelined
+    // request's answer, which never got the socket, says nothing when the connection goes), its answer closing,
+    // or the handler ending its answer (a caller that then reads nothing, an HTTP/2 window kept at 0, holds
+    // only the answer).
+    const carrier = "stream" in req ? req.stream : req.socket;
+    let held = true;
+    const release = () => {
+      if (!held) return;
+      held = false;
       clearTimeout(deadline);
+      carrier.off("close", release);
       this.inAll--;
       if (project === undefined) return;
       const left = this.underWay(project) - 1;
       if (left > 0) this.byProject.set(project, left);
       else this.byProject.delete(project);
-    });
+    };
+    carrier.once("close", release);
+    res.once("close", release);
+    const end = res.end as (...args: unknown[]) => NodeResponse;
+    (res as { end: unknown }).end = function (this: NodeResponse, ...args: unknown[]) {
+      release();
+      return end.apply(this, args);
+    };
     return undefined;
   }
 }
@@ -100,9 +120,10 @@ export class UploadSlots {
 const busy = (why: string) =>
   new ConnectError(`${why}; try again shortly`, Code.ResourceExhausted, { "retry-after": "1" });
 
-/** An upload whose body did not come in time: its call ends, and its slot with it. */
+/** An upload whose body did not come in time: its call ends (its HTTP/2 stream, or its connection), and its slot. */
 function tooSlow(req: NodeRequest): void {
-  req.destroy(new Error("the upload's body came too slowly"));
+  if ("stream" in req) req.stream.close(http2.constants.NGHTTP2_CANCEL);
+  else req.socket.destroy();
 }
 
 /**
@@ -151,10 +172,9 @@ export function answerRefusal(req: NodeRequest, res: NodeResponse, refusal: Conn
   if (protocol === undefined) return false;
   const headers: Record<string, string> = {};
   refusal.metadata.forEach((value, name) => (headers[name] = value));
-  // Drained as it comes: the refusal is the whole answer.
-  req.resume();
   if (protocol === "grpc") {
     grpcTrailersOnly(req, res, refusal.code, refusal.rawMessage, headers);
+    discardRequest(req);
     return true;
   }
   let status: number;
@@ -180,5 +200,7 @@ export function answerRefusal(req: NodeRequest, res: NodeResponse, refusal: Conn
   headers["content-length"] = String(body.length);
   res.writeHead(status, headers);
   res.end(body);
+  // The rest of the body is dropped as it comes, as after any answer given before the body was read.
+  discardRequest(req);
   return true;
 }
