@@ -9,11 +9,13 @@
 // never kept.
 import http2 from "node:http2";
 import { Code, ConnectError } from "@connectrpc/connect";
+import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import { grpcTrailersOnly } from "./grpc-status.js";
 import { discardRequest } from "./rest/body.js";
 import { codeHttpStatus, codeString, errorBody } from "./rest/errors.js";
-import type { NodeHandler } from "./rest/transcoder.js";
 
+/** A request and its answer as the server hands them on (HTTP/1.1 or HTTP/2). */
+type NodeHandler = NonNullable<ConnectNodeAdapterOptions["fallback"]>;
 type NodeRequest = Parameters<NodeHandler>[0];
 type NodeResponse = Parameters<NodeHandler>[1];
 
@@ -52,7 +54,8 @@ const UPLOAD_GRACE_MS = 30_000;
  * by Connect and REST alike, and parsing it takes a few times its size: 16
  * bundles of 90 MB sent at once with one project's token held 3.6 GB of the
  * server's memory. So such a body (declared larger than SKIFF_MAX_BODY_BYTES,
- * or of unknown length) is read only in a slot: `maxUploads` in all,
+ * of unknown length, or compressed: Connect and gRPC inflate a message up to
+ * the method's limit) is read only in a slot: `maxUploads` in all,
  * `maxProjectUploads` for one project's tokens (the admin's count in all
  * only). A call past either is refused before its body is read (429
  * `resource_exhausted`, Retry-After). A slot is held until the handler ends
@@ -78,7 +81,11 @@ export class UploadSlots {
   take(req: NodeRequest, res: NodeResponse, admitted: Admitted | undefined, limit: number): ConnectError | undefined {
     const declared = req.headers["content-length"];
     const size = declared === undefined ? limit : Math.min(Number(declared), limit);
-    if (declared !== undefined && size <= this.maxBodyBytes) return undefined;
+    // A compressed message is inflated up to the method's limit, whatever it declares.
+    if (declared !== undefined && size <= this.maxBodyBytes && !compressed(req)) return undefined;
+    const carrier = "stream" in req ? req.stream : req.socket;
+    // A caller gone while its token was judged: nothing is read, and no "close" would come to give a slot back.
+    if (req.destroyed || res.destroyed || carrier.destroyed) return undefined;
     const project = admitted?.projectId;
     if (this.inAll >= this.limits.maxUploads)
       return busy(`${this.limits.maxUploads} uploads are under way on this server (SKIFF_MAX_UPLOADS)`);
@@ -93,7 +100,6 @@ export class UploadSlots {
     // request's answer, which never got the socket, says nothing when the connection goes), its answer closing,
     // or the handler ending its answer (a caller that then reads nothing, an HTTP/2 window kept at 0, holds
     // only the answer).
-    const carrier = "stream" in req ? req.stream : req.socket;
     let held = true;
     const release = () => {
       if (!held) return;
@@ -115,6 +121,16 @@ export class UploadSlots {
     };
     return undefined;
   }
+}
+
+/** Whether a call's message comes compressed (Connect's Content-Encoding, a stream's, gRPC's): it may inflate to the method's limit. */
+function compressed(req: NodeRequest): boolean {
+  const h = req.headers;
+  for (const name of ["content-encoding", "connect-content-encoding", "grpc-encoding"]) {
+    const value = h[name];
+    if (value !== undefined && String(value).trim().toLowerCase() !== "identity") return true;
+  }
+  return false;
 }
 
 const busy = (why: string) =>

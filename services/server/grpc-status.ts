@@ -4,8 +4,9 @@
 // spec asks (bytes outside 0x20-0x7E, and "%"), where connect-node uses
 // encodeURIComponent (a space becomes %20, "/" %2F).
 import { Code } from "@connectrpc/connect";
-import type { NodeHandler } from "./rest/transcoder.js";
+import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 
+type NodeHandler = NonNullable<ConnectNodeAdapterOptions["fallback"]>;
 type NodeRequest = Parameters<NodeHandler>[0];
 type NodeResponse = Parameters<NodeHandler>[1];
 

@@ -1,0 +1,127 @@
+// Upload slots attacked in ways that held: listeners piling up on a
+// keep-alive connection that carries upload after upload, and a body declared
+// past the method's limit (Connect refuses it at once and ends its answer,
+// giving the slot back while the caller still sends).
+import net from "node:net";
+import { create, toBinary } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { DeployAppRequestSchema, ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
+import { silentLogger } from "../../services/config/logger.js";
+import { HealthState } from "../../services/server/health.js";
+import { startServer, type SkiffServer } from "../../services/server/server.js";
+import { management } from "../helpers/rest-fixture.js";
+
+const MAX_BODY = 4096;
+const BUNDLE_LIMIT = 1024 * 1024;
+const DEPLOY = "/skiff.management.v2.ManagementService/DeployApp";
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+let server: SkiffServer;
+const opened: net.Socket[] = [];
+
+beforeAll(async () => {
+  server = await startServer({
+    host: "127.0.0.1",
+    port: 0,
+    maxBodyBytes: MAX_BODY,
+    bodyLimits: new Map([[ManagementService.method.deployApp, BUNDLE_LIMIT]]),
+    admit: (_service, authorization) => {
+      const m = /^Bearer good-([a-z0-9-]+)$/.exec(authorization ?? "");
+      if (!m) return new ConnectError("invalid bearer token", Code.Unauthenticated);
+      return { kind: "service_account", projectId: m[1] };
+    },
+    uploads: { maxUploads: 100, maxProjectUploads: 1, graceMs: 800, bytesPerSecond: 1e9 },
+    logger: silentLogger,
+    health: new HealthState(),
+    restServices: [ManagementService],
+    routes: (router) =>
+      router.service(ManagementService, {
+        ...management([]),
+        deployApp: () => {
+          throw new ConnectError("stand-in", Code.Aborted);
+        },
+      }),
+  });
+});
+afterAll(async () => {
+  for (const s of opened) s.destroy();
+  await server?.close(0);
+});
+
+function connect(): net.Socket {
+  const socket = net.connect(server.port, "127.0.0.1");
+  socket.on("error", () => undefined);
+  opened.push(socket);
+  return socket;
+}
+
+function head(project: string, length: number): string {
+  return [
+    `POST ${DEPLOY} HTTP/1.1`,
+    "host: localhost",
+    `authorization: Bearer good-${project}`,
+    "content-type: application/proto",
+    `content-length: ${length}`,
+    "",
+    "",
+  ].join("\r\n");
+}
+
+async function slotFree(project: string): Promise<boolean> {
+  const socket = connect();
+  const outcome = await new Promise<string>((resolve) => {
+    socket.on("data", (d: Buffer) => resolve(/^HTTP\/1\.1 (\d{3})/.exec(d.toString("latin1"))?.[1] ?? "?"));
+    socket.on("close", () => resolve("closed"));
+    socket.write(head(project, 100_000) + "A".repeat(1024));
+    setTimeout(() => resolve("reading"), 300);
+  });
+  socket.destroy();
+  await sleep(50);
+  return outcome === "reading";
+}
+
+describe("upload slots: attacks that held", () => {
+  it("forty uploads in a row on one keep-alive connection: each answered, no listener piles up, the slot is free after", async () => {
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(`${w.name}: ${w.message}`);
+    process.on("warning", onWarning);
+    try {
+      const body = Buffer.from(
+        toBinary(
+          DeployAppRequestSchema,
+          create(DeployAppRequestSchema, { projectId: "keep", bundle: { data: new Uint8Array(2 * MAX_BODY) } }),
+        ),
+      );
+      const socket = connect();
+      let answers = "";
+      socket.on("data", (d: Buffer) => (answers += d.toString("latin1")));
+      // One after another, each sent once the previous was answered (the slot is the project's only one).
+      for (let i = 1; i <= 40; i++) {
+        socket.write(head("keep", body.length));
+        socket.write(body);
+        await expect.poll(() => answers.match(/HTTP\/1\.1 \d{3}/g)?.length ?? 0, { timeout: 3_000 }).toBe(i);
+      }
+      expect(answers.match(/HTTP\/1\.1 429/g)).toBeNull();
+      expect(socket.destroyed).toBe(false);
+      expect(await slotFree("keep")).toBe(true);
+      socket.destroy();
+      await sleep(50);
+      expect(warnings.filter((w) => /MaxListeners/.test(w))).toEqual([]);
+    } finally {
+      process.off("warning", onWarning);
+    }
+  });
+
+  it("a body declared past the method's limit: refused at once, its slot free again while it still sends", async () => {
+    const socket = connect();
+    let answer = "";
+    socket.on("data", (d: Buffer) => (answer += d.toString("latin1")));
+    socket.write(head("over", 10 * BUNDLE_LIMIT) + "A".repeat(1024));
+    await expect.poll(() => /^HTTP\/1\.1 (\d{3})/.exec(answer)?.[1], { timeout: 3_000 }).toMatch(/^4\d\d$/);
+    // The caller keeps sending; the slot is not counted for it any more.
+    socket.write("A".repeat(64 * 1024));
+    expect(await slotFree("over")).toBe(true);
+    socket.destroy();
+  });
+});
