@@ -122,3 +122,20 @@ export function isRestExchangeHeader(name: string): boolean {
 export function isRpcExchangeResponseHeader(name: string): boolean {
   return isRestExchangeHeader(name) || name.startsWith("trailer-") || name === "set-cookie";
 }
+
+/** The last host that made a URL: a caller sends the same one call after call. */
+let lastGoodHost: string | undefined;
+
+/**
+ * Whether a request's Host (HTTP/1.1) or :authority (HTTP/2) makes a URL,
+ * as the Connect adapter makes one of it before anything else, outside any
+ * try: a Host of "[" or "a b" threw there, in the server's request listener,
+ * and ended the process.
+ */
+export function hostMakesUrl(host: string | undefined): boolean {
+  if (host === undefined || host === "") return false;
+  if (host === lastGoodHost) return true;
+  if (!URL.canParse("/", `http://${host}`)) return false;
+  lastGoodHost = host;
+  return true;
+}

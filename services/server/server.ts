@@ -38,6 +38,8 @@ import {
   type UploadLimits,
 } from "./admit.js";
 import { answerUnimplemented, isGrpcRequest, minimalGrpcMessages } from "./grpc-status.js";
+import { hostMakesUrl } from "./headers.js";
+import { discardRequest } from "./rest/body.js";
 import { reflectionRoutes } from "./reflection.js";
 import { isApiPath, type StaticHandler } from "./static-files.js";
 import {
@@ -424,6 +426,8 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   };
   /** An RPC path's call goes to the Connect adapter once admitted (a path no service has, at once: see fallback). */
   const rpc = (req: NodeRequest, res: NodeResponse) => {
+    // The adapter makes a URL of the host first, outside any try: one that makes none would end the process.
+    if (!hostMakesUrl("authority" in req ? req.authority : req.headers.host)) return refuseHost(req, res);
     const path = (req.url ?? "/").split("?", 1)[0];
     const admit = opts.admit;
     if (admit === undefined || !procedures.has(path)) return adapter(req, res);
@@ -433,6 +437,12 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
       (v) => judged(req, res, path, v),
       () => adapter(req, res),
     );
+  };
+  const refuseHost = (req: NodeRequest, res: NodeResponse) => {
+    const message = "the request's Host (or :authority) is not a host name";
+    if (answerRefusal(req, res, new ConnectError(message, Code.InvalidArgument))) return;
+    sendJson(res, 400, { code: "invalid_argument", message });
+    discardRequest(req);
   };
   /** A refusal is answered in the call's protocol; a call that speaks none goes to the adapter, which refuses it. */
   const judged = (req: NodeRequest, res: NodeResponse, path: string, verdict: AdmitVerdict) => {

@@ -7,78 +7,50 @@
 // and was inflated, parsed and handed to the handler all the same, as many at
 // once as the caller liked: the very memory the slots were made to bound. A
 // compressed body on an upload method now needs a slot whatever it declares.
-import http2 from "node:http2";
-import net from "node:net";
+import type net from "node:net";
 import { brotliCompressSync, gzipSync } from "node:zlib";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DeployAppRequestSchema, ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { silentLogger } from "../../services/config/logger.js";
-import { HealthState } from "../../services/server/health.js";
-import { startServer, type SkiffServer } from "../../services/server/server.js";
+import { DeployAppRequestSchema } from "../../gen/skiff/management/v2/management_pb.js";
+import type { SkiffServer } from "../../services/server/server.js";
 import { exchange } from "../helpers/raw-http.js";
-import { management } from "../helpers/rest-fixture.js";
-
-const MAX_BODY = 4096;
-const BUNDLE_LIMIT = 1024 * 1024;
-const DEPLOY = "/skiff.management.v2.ManagementService/DeployApp";
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+import {
+  BUNDLE_LIMIT,
+  Clients,
+  DEPLOY,
+  MAX_BODY,
+  sleep,
+  startUploadServer,
+  uploadHead,
+} from "../helpers/upload-server.js";
 
 let server: SkiffServer;
 /** The size of every bundle the DeployApp handler was given. */
 const seen: number[] = [];
-const opened: net.Socket[] = [];
-const sessions: http2.ClientHttp2Session[] = [];
+const clients = new Clients();
 
 beforeAll(async () => {
-  server = await startServer({
-    host: "127.0.0.1",
-    port: 0,
-    maxBodyBytes: MAX_BODY,
-    bodyLimits: new Map([[ManagementService.method.deployApp, BUNDLE_LIMIT]]),
-    admit: (_service, authorization) => {
-      const m = /^Bearer good-([a-z0-9-]+)$/.exec(authorization ?? "");
-      if (!m) return new ConnectError("invalid bearer token", Code.Unauthenticated);
-      return { kind: "service_account", projectId: m[1] };
+  // One upload in all: held by the test, every other large body must wait for it.
+  server = await startUploadServer(
+    { maxUploads: 1, maxProjectUploads: 1, graceMs: 20_000, bytesPerSecond: 1e9 },
+    {
+      deployApp: (req) => {
+        seen.push(req.bundle?.data.length ?? 0);
+        throw new ConnectError("stand-in: bundle seen", Code.Aborted);
+      },
     },
-    // One upload in all: held by the test, every other large body must wait for it.
-    uploads: { maxUploads: 1, maxProjectUploads: 1, graceMs: 20_000, bytesPerSecond: 1e9 },
-    logger: silentLogger,
-    health: new HealthState(),
-    restServices: [ManagementService],
-    routes: (router) =>
-      router.service(ManagementService, {
-        ...management([]),
-        deployApp: (req) => {
-          seen.push(req.bundle?.data.length ?? 0);
-          throw new ConnectError("stand-in: bundle seen", Code.Aborted);
-        },
-      }),
-  });
+  );
 });
 afterAll(async () => {
-  for (const s of opened) s.destroy();
-  for (const s of sessions) s.destroy();
+  clients.destroy();
   await server?.close(0);
 });
 
 /** The server's one slot, held by an upload under way (its head and 1 KiB of 100 000 bytes). */
 async function holdTheSlot(): Promise<net.Socket> {
-  const socket = net.connect(server.port, "127.0.0.1");
-  socket.on("error", () => undefined);
-  opened.push(socket);
-  socket.write(
-    [
-      `POST ${DEPLOY} HTTP/1.1`,
-      "host: localhost",
-      "authorization: Bearer good-holder",
-      "content-type: application/proto",
-      "content-length: 100000",
-      "",
-      "",
-    ].join("\r\n") + "A".repeat(1024),
-  );
+  const socket = clients.connect(server.port);
+  socket.write(uploadHead(DEPLOY, "good-holder") + "A".repeat(1024));
   await sleep(150);
   return socket;
 }
@@ -152,9 +124,7 @@ describe("upload slots: a compressed body that inflates past SKIFF_MAX_BODY_BYTE
     envelope[0] = 1; // compressed
     envelope.writeUInt32BE(payload.length, 1);
     payload.copy(envelope, 5);
-    const session = http2.connect(`http://127.0.0.1:${server.port}`);
-    session.on("error", () => undefined);
-    sessions.push(session);
+    const session = clients.h2(server.port);
     const status = await new Promise<string>((resolve) => {
       const stream = session.request({
         ":method": "POST",

@@ -2,84 +2,42 @@
 // keep-alive connection that carries upload after upload, and a body declared
 // past the method's limit (Connect refuses it at once and ends its answer,
 // giving the slot back while the caller still sends).
-import net from "node:net";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DeployAppRequestSchema, ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { silentLogger } from "../../services/config/logger.js";
-import { HealthState } from "../../services/server/health.js";
-import { startServer, type SkiffServer } from "../../services/server/server.js";
-import { management } from "../helpers/rest-fixture.js";
-
-const MAX_BODY = 4096;
-const BUNDLE_LIMIT = 1024 * 1024;
-const DEPLOY = "/skiff.management.v2.ManagementService/DeployApp";
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+import { DeployAppRequestSchema } from "../../gen/skiff/management/v2/management_pb.js";
+import type { SkiffServer } from "../../services/server/server.js";
+import {
+  BUNDLE_LIMIT,
+  Clients,
+  DEPLOY,
+  MAX_BODY,
+  sleep,
+  startUploadServer,
+  uploadHead,
+} from "../helpers/upload-server.js";
 
 let server: SkiffServer;
-const opened: net.Socket[] = [];
+const clients = new Clients();
 
 beforeAll(async () => {
-  server = await startServer({
-    host: "127.0.0.1",
-    port: 0,
-    maxBodyBytes: MAX_BODY,
-    bodyLimits: new Map([[ManagementService.method.deployApp, BUNDLE_LIMIT]]),
-    admit: (_service, authorization) => {
-      const m = /^Bearer good-([a-z0-9-]+)$/.exec(authorization ?? "");
-      if (!m) return new ConnectError("invalid bearer token", Code.Unauthenticated);
-      return { kind: "service_account", projectId: m[1] };
+  server = await startUploadServer(
+    { maxUploads: 100, maxProjectUploads: 1, graceMs: 800, bytesPerSecond: 1e9 },
+    {
+      deployApp: () => {
+        throw new ConnectError("stand-in", Code.Aborted);
+      },
     },
-    uploads: { maxUploads: 100, maxProjectUploads: 1, graceMs: 800, bytesPerSecond: 1e9 },
-    logger: silentLogger,
-    health: new HealthState(),
-    restServices: [ManagementService],
-    routes: (router) =>
-      router.service(ManagementService, {
-        ...management([]),
-        deployApp: () => {
-          throw new ConnectError("stand-in", Code.Aborted);
-        },
-      }),
-  });
+  );
 });
 afterAll(async () => {
-  for (const s of opened) s.destroy();
+  clients.destroy();
   await server?.close(0);
 });
 
-function connect(): net.Socket {
-  const socket = net.connect(server.port, "127.0.0.1");
-  socket.on("error", () => undefined);
-  opened.push(socket);
-  return socket;
-}
-
-function head(project: string, length: number): string {
-  return [
-    `POST ${DEPLOY} HTTP/1.1`,
-    "host: localhost",
-    `authorization: Bearer good-${project}`,
-    "content-type: application/proto",
-    `content-length: ${length}`,
-    "",
-    "",
-  ].join("\r\n");
-}
-
-async function slotFree(project: string): Promise<boolean> {
-  const socket = connect();
-  const outcome = await new Promise<string>((resolve) => {
-    socket.on("data", (d: Buffer) => resolve(/^HTTP\/1\.1 (\d{3})/.exec(d.toString("latin1"))?.[1] ?? "?"));
-    socket.on("close", () => resolve("closed"));
-    socket.write(head(project, 100_000) + "A".repeat(1024));
-    setTimeout(() => resolve("reading"), 300);
-  });
-  socket.destroy();
-  await sleep(50);
-  return outcome === "reading";
-}
+const connect = () => clients.connect(server.port);
+const head = (project: string, length: number) => uploadHead(DEPLOY, `good-${project}`, length);
+const slotFree = (project: string) => clients.slotFree(server.port, DEPLOY, `good-${project}`);
 
 describe("upload slots: attacks that held", () => {
   it("forty uploads in a row on one keep-alive connection: each answered, no listener piles up, the slot is free after", async () => {

@@ -17,91 +17,36 @@
 // late body ends its stream or connection, and the slot is given back as
 // the handler ends its answer.
 import http2 from "node:http2";
-import net from "node:net";
 import { create, toBinary } from "@bufbuild/protobuf";
-import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DeployAppRequestSchema, ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
-import { silentLogger } from "../../services/config/logger.js";
-import { HealthState } from "../../services/server/health.js";
-import { startServer, type SkiffServer } from "../../services/server/server.js";
-import { management } from "../helpers/rest-fixture.js";
+import { DeployAppRequestSchema } from "../../gen/skiff/management/v2/management_pb.js";
+import type { SkiffServer } from "../../services/server/server.js";
+import { Clients, DEPLOY, MAX_BODY, sleep, startUploadServer, uploadHead } from "../helpers/upload-server.js";
 
-const MAX_BODY = 4096;
-const BUNDLE_LIMIT = 1024 * 1024;
 const GRACE_MS = 800;
-const DEPLOY = "/skiff.management.v2.ManagementService/DeployApp";
 
 let server: SkiffServer;
-const opened: net.Socket[] = [];
-const sessions: http2.ClientHttp2Session[] = [];
+const clients = new Clients();
 
 beforeAll(async () => {
-  server = await startServer({
-    host: "127.0.0.1",
-    port: 0,
-    maxBodyBytes: MAX_BODY,
-    bodyLimits: new Map([[ManagementService.method.deployApp, BUNDLE_LIMIT]]),
-    admit: (service, authorization) => {
-      if (service === "grpc.health.v1.Health") return undefined;
-      const m = /^Bearer good-([a-z0-9-]+)$/.exec(authorization ?? "");
-      if (!m) return new ConnectError("invalid bearer token", Code.Unauthenticated);
-      return { kind: "service_account", projectId: m[1] };
-    },
-    uploads: { maxUploads: 100, maxProjectUploads: 1, graceMs: GRACE_MS, bytesPerSecond: 1e9 },
-    logger: silentLogger,
-    health: new HealthState(),
-    restServices: [ManagementService],
-    routes: (router) =>
-      router.service(ManagementService, {
-        ...management([]),
-        // An answer that never comes: the first request of a pipeline keeps the connection's turn.
-        getProject: () => new Promise(() => undefined),
-      }),
-  });
+  server = await startUploadServer(
+    { maxUploads: 100, maxProjectUploads: 1, graceMs: GRACE_MS, bytesPerSecond: 1e9 },
+    // An answer that never comes: the first request of a pipeline keeps the connection's turn.
+    { getProject: () => new Promise(() => undefined) },
+  );
 });
 afterAll(async () => {
-  for (const s of opened) s.destroy();
-  for (const s of sessions) s.destroy();
+  clients.destroy();
   await server?.close(0);
 });
 
-function connect(): net.Socket {
-  const socket = net.connect(server.port, "127.0.0.1");
-  socket.on("error", () => undefined);
-  opened.push(socket);
-  return socket;
-}
-
-function uploadHead(project: string, extra: string[] = [], length: number | "chunked" = 100_000): string {
-  return [
-    `POST /v2/projects/${project}/apps HTTP/1.1`,
-    "host: localhost",
-    `authorization: Bearer good-${project}`,
-    "content-type: application/octet-stream",
-    length === "chunked" ? "transfer-encoding: chunked" : `content-length: ${length}`,
-    ...extra,
-    "",
-    "",
-  ].join("\r\n");
-}
-
-/** Whether an upload of `project` is taken in now: no answer within 300 ms (its slot was free); then it goes away. */
-async function slotFree(project: string): Promise<boolean> {
-  const socket = connect();
-  const outcome = await new Promise<string>((resolve) => {
-    socket.on("data", (d: Buffer) => resolve(/^HTTP\/1\.1 (\d{3})/.exec(d.toString("latin1"))?.[1] ?? "?"));
-    socket.on("close", () => resolve("closed"));
-    socket.write(uploadHead(project) + "A".repeat(1024));
-    setTimeout(() => resolve("reading"), 300);
-  });
-  socket.destroy();
-  // Its own slot frees with its connection.
-  await new Promise((r) => setTimeout(r, 50));
-  return outcome === "reading";
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const connect = () => clients.connect(server.port);
+const h2 = () => clients.h2(server.port);
+/** An upload to `project`'s REST path with its own token. */
+const restHead = (project: string, extra: string[] = [], length: number | "chunked" = 100_000) =>
+  uploadHead(`/v2/projects/${project}/apps`, `good-${project}`, length, extra);
+/** Whether an upload of `project` is taken in now (see Clients.probe). */
+const slotFree = (project: string) => clients.slotFree(server.port, `/v2/projects/${project}/apps`, `good-${project}`);
 
 async function eventuallyFree(project: string, ms = 3 * GRACE_MS): Promise<boolean> {
   const until = Date.now() + ms;
@@ -111,18 +56,11 @@ async function eventuallyFree(project: string, ms = 3 * GRACE_MS): Promise<boole
   return false;
 }
 
-function h2(): http2.ClientHttp2Session {
-  const session = http2.connect(`http://127.0.0.1:${server.port}`);
-  session.on("error", () => undefined);
-  sessions.push(session);
-  return session;
-}
-
 describe("upload slots: every way a call ends gives its slot back", () => {
   it("the probe itself: a free slot takes the upload, a held one refuses the next with 429", async () => {
     expect(await slotFree("probe")).toBe(true);
     const holder = connect();
-    holder.write(uploadHead("probe") + "A".repeat(1024));
+    holder.write(restHead("probe") + "A".repeat(1024));
     await sleep(100);
     expect(await slotFree("probe")).toBe(false);
     holder.destroy();
@@ -136,7 +74,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
     const socket = connect();
     socket.write(
       ["GET /v2/projects/pipe HTTP/1.1", "host: localhost", "authorization: Bearer good-pipe", "", ""].join("\r\n") +
-        uploadHead("pipe", [], "chunked") +
+        restHead("pipe", [], "chunked") +
         `400\r\n${"A".repeat(1024)}\r\n`,
     );
     await sleep(200);
@@ -149,9 +87,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
   it("an HTTP/2 upload whose caller then refuses the answer (stream window 0) does not hold its slot forever", async () => {
     // The body comes whole and at once; the client's stream window is 0, so the answer's
     // DATA can never be sent and the response never ends.
-    const session = http2.connect(`http://127.0.0.1:${server.port}`, { settings: { initialWindowSize: 0 } });
-    session.on("error", () => undefined);
-    sessions.push(session);
+    const session = clients.h2(server.port, { initialWindowSize: 0 });
     const body = toBinary(
       DeployAppRequestSchema,
       create(DeployAppRequestSchema, { projectId: "window", bundle: { data: new Uint8Array(2 * MAX_BODY) } }),
@@ -223,7 +159,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
 
   it("Expect: 100-continue and then no body: cut at its deadline", async () => {
     const socket = connect();
-    socket.write(uploadHead("expect", ["expect: 100-continue"]));
+    socket.write(restHead("expect", ["expect: 100-continue"]));
     await sleep(150);
     expect(await slotFree("expect")).toBe(false);
     await sleep(GRACE_MS);
@@ -232,7 +168,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
 
   it("a chunked body dribbled a byte at a time is cut at its deadline", async () => {
     const socket = connect();
-    socket.write(uploadHead("dribble", [], "chunked"));
+    socket.write(restHead("dribble", [], "chunked"));
     const timer = setInterval(() => socket.writable && socket.write("1\r\nA\r\n"), 50);
     try {
       await sleep(150);
@@ -250,14 +186,14 @@ describe("upload slots: every way a call ends gives its slot back", () => {
 
   it("a refused upload (429) takes nothing, and its connection serves the next request", async () => {
     const holder = connect();
-    holder.write(uploadHead("refused") + "A".repeat(1024));
+    holder.write(restHead("refused") + "A".repeat(1024));
     await sleep(100);
     // Twenty refusals in a row on one connection, each fully answered.
     const socket = connect();
     let answers = "";
     socket.on("data", (d: Buffer) => (answers += d.toString("latin1")));
     // Each announces more than MAX_BODY (a slot needed) and sends it: the refusal drains it, the next head follows.
-    for (let i = 0; i < 20; i++) socket.write(uploadHead("refused", [], 2 * MAX_BODY) + "A".repeat(2 * MAX_BODY));
+    for (let i = 0; i < 20; i++) socket.write(restHead("refused", [], 2 * MAX_BODY) + "A".repeat(2 * MAX_BODY));
     await expect.poll(() => answers.match(/HTTP\/1\.1 429/g)?.length ?? 0, { timeout: 3_000 }).toBe(20);
     holder.destroy();
     expect(await eventuallyFree("refused")).toBe(true);
@@ -266,7 +202,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
   it("another project's token cannot take this project's slot; an unknown token takes none", async () => {
     const holder = connect();
     // good-a's token, sent to project b's path: counted as a's.
-    holder.write(uploadHead("b").replace("good-b", "good-a") + "A".repeat(1024));
+    holder.write(restHead("b").replace("good-b", "good-a") + "A".repeat(1024));
     await sleep(100);
     expect(await slotFree("b")).toBe(true);
     expect(await slotFree("a")).toBe(false);
@@ -274,7 +210,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
     // Refused tokens, many at once: nothing counted.
     const bad = Array.from({ length: 10 }, () => {
       const s = connect();
-      s.write(uploadHead("c").replace("good-c", "bad-c") + "A".repeat(1024));
+      s.write(restHead("c").replace("good-c", "bad-c") + "A".repeat(1024));
       return s;
     });
     await sleep(100);
@@ -285,7 +221,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
   it("an HTTP/2 upload cannot skip its slot by declaring a small content-length and sending more", async () => {
     // The project's one slot is held; an h2 stream declares 10 bytes (no slot needed) and sends 2 × MAX_BODY.
     const holder = connect();
-    holder.write(uploadHead("liar") + "A".repeat(1024));
+    holder.write(restHead("liar") + "A".repeat(1024));
     await sleep(100);
     const session = h2();
     const body = toBinary(

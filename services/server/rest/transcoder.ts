@@ -73,7 +73,7 @@ import {
 } from "@connectrpc/connect";
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import type { HttpBody } from "../../../gen/google/api/httpbody_pb.js";
-import { isRpcExchangeResponseHeader } from "../headers.js";
+import { hostMakesUrl, isRpcExchangeResponseHeader } from "../headers.js";
 import { requestHeaderView } from "./request-headers.js";
 import { kHttpExchange, LightSignal, type CallSignal, type HttpExchange, type StreamedBody } from "./http-exchange.js";
 import { httpBindings, resolveFieldPath, type HttpBinding, type Variable } from "./http-rules.js";
@@ -740,12 +740,10 @@ class RestResponse implements UnaryResponse {
   }
 }
 
-const AUTHORITY = /^[A-Za-z0-9.\-_~:[\]]+$/;
-
 /** The caller's host for the handler's URL; a host that would not make a URL is replaced. */
 function authority(req: NodeRequest): string {
   const host = "authority" in req ? req.authority : req.headers.host;
-  return host && AUTHORITY.test(host) ? host : "localhost";
+  return hostMakesUrl(host) ? host! : "localhost";
 }
 
 /** What a handler (or an interceptor) threw, as a transcoder error; its metadata become headers of the answer. */
