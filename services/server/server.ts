@@ -450,6 +450,27 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
     if (refusal === undefined || !answerRefusal(req, res, refusal)) adapter(req, res);
   };
 
+  /**
+   * What the request listeners call: a request that makes something throw before any handler's own error
+   * handling (as a host that made no URL did in the RPC adapter) is answered 500 and logged, instead of
+   * ending the process with an uncaught exception.
+   */
+  function serve(req: NodeRequest, res: NodeResponse): void {
+    try {
+      track(req, res);
+    } catch (err) {
+      logger.error(
+        { err, method: req.method, url: String(req.url).slice(0, 200) },
+        "a request failed before its handler",
+      );
+      if (res.headersSent) res.destroy();
+      else {
+        sendJson(res, 500, { code: "internal", message: "internal error" });
+        discardRequest(req);
+      }
+    }
+  }
+
   const limits: ConnectionLimits = { ...DEFAULT_CONNECTION_LIMITS, ...definedOnly(opts.connections ?? {}) };
   const guard = new ConnectionGuard(limits, logger);
   const h1 = http.createServer(
@@ -472,7 +493,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
       }
       // HTTP/1.0 may leave Host out; the handlers build the request's URL from it, so it is this server's address.
       if (req.headers.host === undefined) req.headers.host = hostOf(req.socket);
-      track(req, res);
+      serve(req, res);
     },
   );
   h1.on("request", (req: http.IncomingMessage, res: http.ServerResponse) => guard.http1Request(req.socket, res));
@@ -524,7 +545,7 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
       upgrade(req, socket, head, draining.signal);
     });
   }
-  const h2 = http2.createServer({}, track);
+  const h2 = http2.createServer({}, serve);
   let handing: Connection | undefined;
   h2.on("session", (session) => {
     // emit("connection") makes the session synchronously, for the socket being handed over.

@@ -77,3 +77,39 @@ describe("server: refusals before a handler are JSON", () => {
     expect(get !== "closed" && get.status).toBeLessThan(500);
   });
 });
+
+describe("server: a request that makes something throw before its handler", () => {
+  let server: SkiffServer;
+  let throwing = true;
+  beforeAll(async () => {
+    server = await startServer({
+      host: "127.0.0.1",
+      port: 0,
+      maxBodyBytes: 1024,
+      logger: silentLogger,
+      health: new HealthState(),
+      restServices: [ManagementService],
+      routes: (router) => router.service(ManagementService, management([])),
+      // Called in the request listener's own turn, before any handler's error handling.
+      admit: () => {
+        if (throwing) throw new Error("a bug");
+        return { kind: "admin" };
+      },
+    });
+  });
+  afterAll(() => server?.close(0));
+
+  it("is answered 500 and logged; the process and the server go on", async () => {
+    const rpc =
+      "POST /skiff.management.v2.ManagementService/GetIdentity HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+    const failed = await exchange(server.port, Buffer.from(rpc, "latin1"));
+    expect(failed !== "closed" && failed.status).toBe(500);
+    expect(failed !== "closed" && JSON.parse(failed.body.toString())).toEqual({
+      code: "internal",
+      message: "internal error",
+    });
+    throwing = false;
+    const served = await exchange(server.port, Buffer.from(rpc, "latin1"));
+    expect(served !== "closed" && served.status).toBe(200);
+  });
+});
