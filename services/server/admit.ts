@@ -77,7 +77,7 @@ export class UploadSlots {
     return projectId === undefined ? this.inAll : (this.byProject.get(projectId) ?? 0);
   }
 
-  /** Takes a slot for the call's body if it needs one (see the class), held until `res` closes; else the refusal. */
+  /** Takes a slot for the call's body if it needs one (see the class), until the handler ends its answer or the call ends; else the refusal. */
   take(req: NodeRequest, res: NodeResponse, admitted: Admitted | undefined, limit: number): ConnectError | undefined {
     const declared = req.headers["content-length"];
     const size = declared === undefined ? limit : Math.min(Number(declared), limit);
@@ -179,9 +179,9 @@ function protocolOf(req: NodeRequest): Protocol | undefined {
 }
 
 /**
- * Answers an RPC path's call with `refusal` in its protocol and drains its
- * body; false when the call speaks no protocol of an RPC (left to the
- * adapter).
+ * Answers an RPC path's call with `refusal` in its protocol and drops the
+ * rest of its body; false when the call speaks no protocol of an RPC (left
+ * to the adapter).
  */
 export function answerRefusal(req: NodeRequest, res: NodeResponse, refusal: ConnectError): boolean {
   const protocol = protocolOf(req);
