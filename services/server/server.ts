@@ -38,6 +38,7 @@ import {
   type UploadLimits,
 } from "./admit.js";
 import { answerUnimplemented, isGrpcRequest, minimalGrpcMessages } from "./grpc-status.js";
+import { withBinaryParseErrors } from "./binary-errors.js";
 import { hostMakesUrl } from "./headers.js";
 import { discardRequest } from "./rest/body.js";
 import { reflectionRoutes } from "./reflection.js";
@@ -349,6 +350,8 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
       opts.routes(recordingRouter(limited, implementations));
       // Last: it lists the services registered before it.
       reflectionRoutes(limited);
+      // The adapter reads the list once this returns: each handler answers a request that is not protobuf as the caller's error.
+      router.handlers.forEach((h, i, all) => ((all as UniversalHandler[])[i] = withBinaryParseErrors(h)));
       handlers = router.handlers;
     },
     fallback,
