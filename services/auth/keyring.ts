@@ -7,11 +7,11 @@
 //                    unless SKIFF_SIGNING_KEY provides the key
 //
 // Every process keeps the public keys in memory, fed by a watch of verify.>.
-import { createPublicKey, generateKeyPairSync, type JsonWebKey, type KeyObject } from "node:crypto";
+import { createPublicKey, type JsonWebKey, type KeyObject } from "node:crypto";
 import type { KV } from "nats";
 import type { Logger } from "../config/index.js";
 import { KvView, jsonOf } from "../nats/index.js";
-import { KID, parsePrivateKey, publicJwk, signingKeyFrom, type SigningKey } from "./tokens.js";
+import { KID, newEd25519Key, parsePrivateKey, publicJwk, signingKeyFrom, type SigningKey } from "./tokens.js";
 
 const VERIFY_PREFIX = "verify.";
 const SIGNING_KEY = "signing.current";
@@ -90,7 +90,7 @@ export class Keyring {
   private async clusterKey(): Promise<KeyObject> {
     const existing = await this.kv.get(SIGNING_KEY);
     if (existing && existing.operation === "PUT") return parsePrivateKey(existing.string());
-    const { privateKey } = generateKeyPairSync("ed25519");
+    const privateKey = newEd25519Key();
     try {
       await this.kv.create(SIGNING_KEY, JSON.stringify(privateKey.export({ format: "jwk" })));
       this.logger.info("created the token signing key in KV skiff-keys");

@@ -2,7 +2,7 @@
 // signing key named by the `kid` header so that keys can rotate while tokens
 // signed with an older key keep verifying. Claims: iss, sub (service account
 // id), project_id, iat, exp (the expiry chosen for the account), jti.
-import { createPublicKey, randomUUID, type KeyObject } from "node:crypto";
+import { createPrivateKey, createPublicKey, generateKeyPairSync, randomUUID, type KeyObject } from "node:crypto";
 import { SignJWT, calculateJwkThumbprint, jwtVerify, type JWK } from "jose";
 import { parsePrivateKey } from "../config/index.js";
 import { PROJECT_ID, SERVICE_ACCOUNT_ID } from "./account-rules.js";
@@ -28,6 +28,24 @@ export class TokenError extends Error {
 /** The public half of a key, as the JWK stored for verifiers. */
 export function publicJwk(key: KeyObject): JWK {
   return (key.type === "public" ? key : createPublicKey(key)).export({ format: "jwk" }) as JWK;
+}
+
+/**
+ * A new Ed25519 private key, as a key object of its own. Node's key
+ * generation leaves a job object holding the key's lock until the garbage
+ * collector frees it: a collection that frees it while that same key is
+ * being exported (to JWK, or as a public key) deadlocks the process, which
+ * hung a first start of skiff (its signing key made and exported at once)
+ * and, in a loop of 15 s with a small young generation, happened every
+ * time. The key is made in DER and read again, so nothing else holds its
+ * lock.
+ */
+export function newEd25519Key(): KeyObject {
+  const { privateKey } = generateKeyPairSync("ed25519", {
+    privateKeyEncoding: { format: "der", type: "pkcs8" },
+    publicKeyEncoding: { format: "der", type: "spki" },
+  });
+  return createPrivateKey({ key: privateKey, format: "der", type: "pkcs8" });
 }
 
 export async function signingKeyFrom(privateKey: KeyObject): Promise<SigningKey> {

@@ -1,14 +1,13 @@
 // The verified-token cache: the signature is checked once per token, later
 // checks cost microseconds, and the cache still honours deletion and expiry.
-import { generateKeyPairSync } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import type { ServiceAccountRecord } from "../../services/auth/accounts.js";
 import { Authenticator } from "../../services/auth/authenticator.js";
 import { silentLogger } from "../../services/config/logger.js";
-import { issueToken, signingKeyFrom } from "../../services/auth/tokens.js";
+import { issueToken, newEd25519Key, signingKeyFrom } from "../../services/auth/tokens.js";
 
 async function setup(cacheSize?: number) {
-  const key = await signingKeyFrom(generateKeyPairSync("ed25519").privateKey);
+  const key = await signingKeyFrom(newEd25519Key());
   const accounts = new Map<string, ServiceAccountRecord>();
   const add = (id: string) =>
     accounts.set(`p-a.${id}`, {

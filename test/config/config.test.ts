@@ -237,8 +237,8 @@ describe("config", () => {
   });
 
   it("SKIFF_SIGNING_KEY takes an Ed25519 key as a JWK or as PKCS#8 PEM, newlines written \\n or not", async () => {
-    const { generateKeyPairSync } = await import("node:crypto");
-    const key = generateKeyPairSync("ed25519").privateKey;
+    const { newEd25519Key } = await import("../../services/auth/tokens.js");
+    const key = newEd25519Key();
     const pem = String(key.export({ format: "pem", type: "pkcs8" }));
     for (const raw of [JSON.stringify(key.export({ format: "jwk" })), pem, pem.replace(/\n/g, "\\n")]) {
       expect(loadConfig({ SKIFF_SIGNING_KEY: raw }).signingKey).toBe(raw.trim());

@@ -8,12 +8,12 @@
 // Every one gets 401 unauthenticated, a valid token on another project 403
 // permission_denied; never anything else, never a 5xx.
 import assert from "node:assert/strict";
-import { generateKeyPairSync, type KeyObject } from "node:crypto";
+import type { KeyObject } from "node:crypto";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import fc from "fast-check";
 import { SignJWT, base64url, decodeJwt } from "jose";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { publicJwk, signingKeyFrom, type SigningKey } from "../../services/auth/tokens.js";
+import { newEd25519Key, publicJwk, signingKeyFrom, type SigningKey } from "../../services/auth/tokens.js";
 import { exchange } from "../helpers/raw-http.js";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 import { FUZZ_RUNS, fuzzTimeout } from "./runs.js";
@@ -93,7 +93,7 @@ describe("fuzz: auth layer through a real skiff", () => {
   const strangers: SigningKey[] = [];
 
   beforeAll(async () => {
-    const privateKey = generateKeyPairSync("ed25519").privateKey;
+    const privateKey = newEd25519Key();
     key = await signingKeyFrom(privateKey);
     t = await startTestSkiff({ env: { SKIFF_SIGNING_KEY: JSON.stringify(privateKey.export({ format: "jwk" })) } });
     const admin = t.management();
@@ -106,7 +106,7 @@ describe("fuzz: auth layer through a real skiff", () => {
     const gone = await admin.createServiceAccount({ projectId: "p-a", name: "gone", expiresAt });
     deleted = gone.serviceAccount!.serviceAccountId;
     await admin.deleteServiceAccount({ projectId: "p-a", serviceAccountId: deleted });
-    for (let i = 0; i < 4; i++) strangers.push(await signingKeyFrom(generateKeyPairSync("ed25519").privateKey));
+    for (let i = 0; i < 4; i++) strangers.push(await signingKeyFrom(newEd25519Key()));
   }, 120_000);
   afterAll(() => t?.close());
 

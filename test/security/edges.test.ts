@@ -13,7 +13,6 @@
 //   the data folder and authenticates with skiff's nkey: a ports file left by
 //   a server that died (its pid since reused) steers it elsewhere.
 import { spawn, type ChildProcess } from "node:child_process";
-import { generateKeyPairSync } from "node:crypto";
 import { chmod, mkdir, mkdtemp, open, readFile, rm, stat, writeFile } from "node:fs/promises";
 import net from "node:net";
 import { tmpdir } from "node:os";
@@ -27,7 +26,7 @@ import { InvocationService } from "../../gen/skiff/invocation/v4/invocation_pb.j
 import { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { SKIFF_APIS } from "../../services/apis.js";
 import { parseAppConfig } from "../../services/apps/app-config.js";
-import { issueToken, signingKeyFrom, verifyToken } from "../../services/auth/tokens.js";
+import { issueToken, newEd25519Key, signingKeyFrom, verifyToken } from "../../services/auth/tokens.js";
 import { resolveTarget, type Target } from "../../services/cli/defaults.js";
 import { silentLogger } from "../../services/config/logger.js";
 import { connectNats, provision } from "../../services/nats/index.js";
@@ -281,7 +280,7 @@ describe("a running skiff: CreateProject's scope and token spellings", () => {
 
     it("tokens the server issues are written canonically and accepted (many keys, many tokens)", async () => {
       for (let i = 0; i < 20; i++) {
-        const key = await signingKeyFrom(generateKeyPairSync("ed25519").privateKey);
+        const key = await signingKeyFrom(newEd25519Key());
         for (let j = 0; j < 20; j++) {
           const token = await issueToken(key, {
             projectId: "p-dev",
