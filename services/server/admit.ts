@@ -10,7 +10,7 @@
 import http2 from "node:http2";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
-import { grpcTrailersOnly } from "./grpc-status.js";
+import { grpcTrailersOnly, isGrpcRequest } from "./grpc-status.js";
 import { discardRequest } from "./rest/body.js";
 import { codeHttpStatus, codeString, errorBody } from "./rest/errors.js";
 
@@ -171,8 +171,8 @@ type Protocol = "grpc" | "connect-stream" | "connect-unary";
  * adapter refuses (415) without reading the body.
  */
 function protocolOf(req: NodeRequest): Protocol | undefined {
+  if (isGrpcRequest(req)) return "grpc";
   const type = (req.headers["content-type"] ?? "").toLowerCase();
-  if (/^application\/grpc([+;-]|$)/.test(type)) return "grpc";
   if (/^application\/connect\+(json|proto)\s*(;|$)/.test(type)) return "connect-stream";
   if (/^application\/(json|proto)\s*(;|$)/.test(type) || (req.method === "GET" && type === "")) return "connect-unary";
   return undefined;

@@ -84,6 +84,19 @@ export class Clients {
     return session;
   }
 
+  /** An HTTP/2 upload stream to `path` with `token` (its errors ignored), its head sent; `length` declared if given. */
+  h2Upload(session: http2.ClientHttp2Session, path: string, token: string, length?: number): http2.ClientHttp2Stream {
+    const stream = session.request({
+      ":method": "POST",
+      ":path": path,
+      "content-type": path.startsWith("/v2/") ? "application/octet-stream" : "application/proto",
+      ...(length === undefined ? {} : { "content-length": String(length) }),
+      authorization: `Bearer ${token}`,
+    });
+    stream.on("error", () => undefined);
+    return stream;
+  }
+
   /**
    * What becomes of an upload of 100,000 bytes to `path` with `token`, 1 KiB
    * of it sent: "reading" (taken in: no answer within 300 ms), else its

@@ -110,14 +110,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
 
   it("an HTTP/2 stream reset (RST_STREAM CANCEL) mid-body frees its slot", async () => {
     const session = h2();
-    const stream = session.request({
-      ":method": "POST",
-      ":path": DEPLOY,
-      "content-type": "application/proto",
-      "content-length": "100000",
-      authorization: "Bearer good-rst",
-    });
-    stream.on("error", () => undefined);
+    const stream = clients.h2Upload(session, DEPLOY, "good-rst", 100_000);
     stream.write(Buffer.alloc(1024, 0x41));
     await sleep(150);
     expect(await slotFree("rst")).toBe(false);
@@ -127,13 +120,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
 
   it("an HTTP/2 session torn down with uploads open frees their slots", async () => {
     const session = h2();
-    const stream = session.request({
-      ":method": "POST",
-      ":path": "/v2/projects/gone/apps",
-      "content-type": "application/octet-stream",
-      authorization: "Bearer good-gone",
-    });
-    stream.on("error", () => undefined);
+    const stream = clients.h2Upload(session, "/v2/projects/gone/apps", "good-gone");
     stream.write(Buffer.alloc(1024, 0x41));
     await sleep(150);
     expect(await slotFree("gone")).toBe(false);
@@ -143,14 +130,7 @@ describe("upload slots: every way a call ends gives its slot back", () => {
 
   it("an HTTP/2 upload that sends its headers and no DATA at all is cut at its deadline", async () => {
     const session = h2();
-    const stream = session.request({
-      ":method": "POST",
-      ":path": DEPLOY,
-      "content-type": "application/proto",
-      "content-length": "100000",
-      authorization: "Bearer good-nodata",
-    });
-    stream.on("error", () => undefined);
+    const stream = clients.h2Upload(session, DEPLOY, "good-nodata", 100_000);
     await sleep(150);
     expect(await slotFree("nodata")).toBe(false);
     await sleep(GRACE_MS);
