@@ -202,6 +202,8 @@ export class Connection {
   phase: Phase = "sniffing";
   /** Requests (HTTP/1.1) or streams (HTTP/2) in progress. */
   busy = 0;
+  /** What waits for the requests in progress to end (an upgrade offer declined behind them). */
+  whenIdle: (() => void)[] | undefined;
   session: http2.ServerHttp2Session | undefined;
   timer: NodeJS.Timeout | undefined;
   constructor(
@@ -346,6 +348,17 @@ export class ConnectionGuard {
     response.once("close", () => this.end(conn, this.limits.keepAliveTimeoutMs + this.limits.headersTimeoutMs));
   }
 
+  /**
+   * Runs `then` once the HTTP/1.1 requests in progress on the socket have ended, at once when there are none;
+   * never when the socket closes first.
+   */
+  afterRequests(socket: net.Socket, then: () => void): void {
+    const conn = this.all.get(socket);
+    if (!conn) return;
+    if (conn.busy === 0) return then();
+    (conn.whenIdle ??= []).push(then);
+  }
+
   /** Shutting down: no new connections; idle HTTP/1.1 and sniffing ones close now, HTTP/2 sessions get GOAWAY. */
   stop(): void {
     this.stopping = true;
@@ -376,6 +389,9 @@ export class ConnectionGuard {
     if (--conn.busy > 0 || !this.all.has(conn.socket)) return;
     this.idle.add(conn);
     this.deadline(conn, deadlineMs);
+    const waiting = conn.whenIdle;
+    conn.whenIdle = undefined;
+    if (waiting) for (const then of waiting) then();
   }
 
   /** Closes the connection unless a request starts (or the phase changes) within ms. */

@@ -532,10 +532,15 @@ export async function startServer(opts: ServerOptions): Promise<SkiffServer> {
   const upgrade = opts.upgrade;
   if (upgrade) {
     h1.on("upgrade", (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => {
-      // Any other upgrade offer (curl --http2 offers h2c) is declined: the request is served as HTTP/1.1.
+      // Any other upgrade offer (curl --http2 offers h2c) is declined: the request is served as HTTP/1.1,
+      // on the socket handed to HTTP/1.1 again once the requests before it are answered (pipelined,
+      // they still write to it; the socket holds what follows meanwhile: it is not read).
       if (req.headers.upgrade?.toLowerCase() !== "websocket") {
-        socket.unshift(Buffer.concat([withoutUpgrade(req), head]));
-        h1.emit("connection", socket);
+        const rest = Buffer.concat([withoutUpgrade(req), head]);
+        guard.afterRequests(socket, () => {
+          socket.unshift(rest);
+          h1.emit("connection", socket);
+        });
         return;
       }
       // Busy until it closes: no deadline of an idle connection cuts it, and a stop waits for it.

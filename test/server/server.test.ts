@@ -2,6 +2,7 @@
 import { execFile } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import http from "node:http";
+import net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -258,6 +259,52 @@ describe("per-method body limits", () => {
       expect((await client.createProject({ projectId: "p-x", name: "n".repeat(100) })).project?.name).toBe("100");
     } finally {
       await server.close(1000);
+    }
+  });
+});
+
+describe("an h2c upgrade offer pipelined behind another request", () => {
+  it("is declined once the requests before it are answered: every answer comes, in order", async () => {
+    let release: () => void = () => {};
+    const slow = new Promise<void>((resolve) => (release = resolve));
+    const health = new HealthState();
+    health.setNatsConnected(true);
+    const server = await startServer({
+      host: "127.0.0.1",
+      port: 0,
+      maxBodyBytes: 1024,
+      logger: silentLogger,
+      health,
+      restServices: [ManagementService],
+      routes: (router) =>
+        router.service(ManagementService, {
+          async getIdentity() {
+            await slow;
+            return { kind: "service_account", serviceAccountId: "sa-slow" };
+          },
+        }),
+      // WebSockets would be taken here; an h2c offer never reaches it.
+      upgrade: (_req, socket) => socket.destroy(),
+    });
+    try {
+      const socket = net.connect(server.port, "127.0.0.1");
+      let data = "";
+      socket.on("data", (chunk: Buffer) => (data += chunk.toString("latin1")));
+      const ended = new Promise<void>((resolve) => socket.on("close", () => resolve()));
+      socket.write(
+        "GET /v2/identity HTTP/1.1\r\nHost: x\r\n\r\n" +
+          "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n" +
+          "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+      );
+      // The offer has arrived while the first request waits for its handler.
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      release();
+      await ended;
+      const statuses = [...data.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => Number(m[1]));
+      expect(statuses).toEqual([200, 200, 200]);
+      expect(data.indexOf("sa-slow")).toBeLessThan(data.indexOf('"status"'));
+    } finally {
+      await server.close(0);
     }
   });
 });
