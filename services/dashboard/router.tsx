@@ -8,10 +8,16 @@ const CHANGE = "skiff:navigate";
 export interface Location {
   path: string;
   query: URLSearchParams;
+  /** Path and query as the address bar has them. */
+  href: string;
 }
 
 function current(): Location {
-  return { path: location.pathname, query: new URLSearchParams(location.search) };
+  return {
+    path: location.pathname,
+    query: new URLSearchParams(location.search),
+    href: location.pathname + location.search,
+  };
 }
 
 export function navigate(to: string, opts: { replace?: boolean } = {}): void {
@@ -19,6 +25,15 @@ export function navigate(to: string, opts: { replace?: boolean } = {}): void {
   if (opts.replace) history.replaceState(null, "", to);
   else history.pushState(null, "", to);
   window.dispatchEvent(new Event(CHANGE));
+}
+
+/**
+ * Replaces the address from an effect, only while the page is still at `from`, the location its render saw:
+ * React can run an effect after an event that navigated since (a click on a link right after sign-in), and
+ * the effect must not take the page back.
+ */
+export function redirect(from: Location, to: string): void {
+  if (location.pathname + location.search === from.href) navigate(to, { replace: true });
 }
 
 export function useLocation(): Location {

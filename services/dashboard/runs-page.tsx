@@ -6,7 +6,7 @@ import type { Run } from "../../gen/skiff/management/v2/management_pb.js";
 import { AsyncBadge, OutcomeBadge, StatusBadge } from "./badges.js";
 import { dateOf, formatDuration, formatTime } from "./format.js";
 import { Empty, ErrorNotice, Loading } from "./notices.js";
-import { href, Link, navigate } from "./router.js";
+import { href, Link, navigate, redirect, type Location } from "./router.js";
 import { isFinal, RUN_STATUSES } from "../runs/status.js";
 import { useSession } from "./session-context.js";
 import { ALL_APPS, useLiveRuns, POLL_MS, type Liveness, type RunFilter } from "./use-live-runs.js";
@@ -196,7 +196,8 @@ function RunTable({
   );
 }
 
-export function RunsPage({ project, query }: { project: string; query: URLSearchParams }) {
+export function RunsPage({ project, loc }: { project: string; loc: Location }) {
+  const query = loc.query;
   const { client } = useSession();
   const ids = { app: useId(), async: useId(), status: useId() };
   const apps = useLoad((signal) => client.listApps({ projectId: project }, { signal }), [project]);
@@ -206,8 +207,7 @@ export function RunsPage({ project, query }: { project: string; query: URLSearch
 
   // Without an app in the URL: every app when there are several, else the one.
   useEffect(() => {
-    if (!app && names.length > 0)
-      navigate(runsHref(project, names.length > 1 ? ALL_APPS : names[0], filter), { replace: true });
+    if (!app && names.length > 0) redirect(loc, runsHref(project, names.length > 1 ? ALL_APPS : names[0], filter));
   });
 
   return (

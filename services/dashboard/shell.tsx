@@ -6,7 +6,7 @@ import { Loading } from "./notices.js";
 import { AppsPage } from "./apps-page.js";
 import { KeysPage } from "./keys-page.js";
 import { ProjectsPage } from "./projects-page.js";
-import { href, Link, match, navigate, useLocation } from "./router.js";
+import { href, Link, match, navigate, redirect, useLocation } from "./router.js";
 import { RunPage } from "./run-page.js";
 import { RunsPage } from "./runs-page.js";
 import { SecretsPage } from "./secrets-page.js";
@@ -97,13 +97,12 @@ export function Shell() {
   const decided = !admin || !projects.loading;
 
   useEffect(() => {
-    if ((loc.path === "/" && decided) || (loc.path === "/projects" && !admin)) navigate(start, { replace: true });
-  }, [loc.path, start, decided, admin]);
+    if ((loc.path === "/" && decided) || (loc.path === "/projects" && !admin)) redirect(loc, start);
+  }, [loc, start, decided, admin]);
 
   let page;
   let params;
-  if ((params = match("/projects/:project/runs", loc.path)))
-    page = <RunsPage project={params.project} query={loc.query} />;
+  if ((params = match("/projects/:project/runs", loc.path))) page = <RunsPage project={params.project} loc={loc} />;
   else if ((params = match("/projects/:project/apps/:app/runs/:run", loc.path)))
     page = <RunPage project={params.project} app={params.app} runId={params.run} />;
   else if ((params = match("/projects/:project/apps", loc.path))) page = <AppsPage project={params.project} />;
