@@ -19,8 +19,9 @@ import { v7 } from "uuid";
 import { ManagementService } from "../gen/skiff/management/v2/management_pb.js";
 import { bearerAuth } from "../services/auth/bearer.js";
 import { silentLogger } from "../services/config/logger.js";
+import { coalesceWrites } from "../services/nats/coalesce.js";
 import { publishRunEvent } from "../services/runs/events.js";
-import { openRunHistory, RUNS_STREAM } from "../services/runs/history/index.js";
+import { openRunHistory, FEED_STREAM } from "../services/runs/history/index.js";
 import { RunStore, type RunRecord } from "../services/runs/store.js";
 import { startNatsServer } from "../test/helpers/nats-server.js";
 import { startSkiffProcess, type SkiffProcess } from "./skiff-process.js";
@@ -93,6 +94,8 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
   if (databaseUrl) env.SKIFF_DATABASE_URL = databaseUrl;
   const start = () => startSkiffProcess({ natsUrl: nats.url, dataDir, roles: "management", env });
   const nc = await connect({ servers: nats.url });
+  // As skiff's own connection: the records of the events written together go in one message of the feed.
+  coalesceWrites(nc);
   let skiff: SkiffProcess | undefined;
   try {
     // A first process provisions the streams and buckets, and is stopped: the events are published with no
@@ -131,7 +134,7 @@ export async function benchRunListing(RUNS = Number(process.env.BENCH_RUNS ?? 10
     const writeS = (performance.now() - t0) / 1000;
 
     // The catch-up: one projector, nothing else running but nats-server.
-    const lastSeq = (await (await nc.jetstreamManager()).streams.info(RUNS_STREAM)).state.last_seq;
+    const lastSeq = (await (await nc.jetstreamManager()).streams.info(FEED_STREAM)).state.last_seq;
     const rssBefore = await rssMb(process.pid);
     const cpu0 = cpuMs();
     const natsCpu0 = await cpuSeconds(nats.pid);

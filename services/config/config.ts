@@ -429,7 +429,7 @@ const STORE_BUDGET_SETTINGS: Setting<keyof Config>[] = [
     key: "eventsMaxBytes",
     env: "SKIFF_EVENTS_MAX_BYTES",
     fallback: "",
-    doc: `Bytes stream \`SKIFF_EVENTS\` (every run's events, ended async runs' results, webhook delivery records) may hold (a size such as \`20GB\`); at it the oldest events are dropped first, whatever their age. ${BUDGET_DEFAULT}`,
+    doc: `Bytes stream \`SKIFF_EVENTS\` (every run's events, ended async runs' results) may hold (a size such as \`20GB\`), and a quarter of it \`SKIFF_HISTORY\` (the run history's input: the events' records, webhook delivery records); at it the oldest are dropped first, whatever their age. ${BUDGET_DEFAULT}`,
     parse: optional(parseByteSize),
   },
   {

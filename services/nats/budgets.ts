@@ -57,7 +57,8 @@ const BUCKET_WEIGHT = 0.7;
  * little.
  */
 export const STORE_SPECS: readonly StoreSpec[] = [
-  stream(streams.events.name, "SKIFF_EVENTS_MAX_BYTES", 30, "drops oldest"),
+  stream(streams.events.name, "SKIFF_EVENTS_MAX_BYTES", 24, "drops oldest"),
+  stream(streams.history.name, "SKIFF_EVENTS_MAX_BYTES", 6, "drops oldest"),
   stream(streams.webhooks.name, "SKIFF_WEBHOOKS_MAX_BYTES", 8, "drops oldest"),
   stream(streams.runs.name, "SKIFF_RUN_QUEUE_MAX_BYTES", 10, "refuses new"),
   stream(streams.lostRuns.name, "SKIFF_RUN_QUEUE_MAX_BYTES", 1, "refuses new"),
@@ -111,6 +112,9 @@ export function explicitBudget(spec: StoreSpec, settings: BudgetSettings): numbe
   // SKIFF_LOST_RUNS holds the advisories of runs of SKIFF_RUNS: a tenth of the queue's budget.
   if (bytes !== undefined && spec.stream === streams.lostRuns.name)
     return Math.max(MIN_STORE_BUDGET_BYTES, Math.floor(bytes / 10));
+  // SKIFF_HISTORY holds the events' records again, many a message: a quarter of the events' budget.
+  if (bytes !== undefined && spec.stream === streams.history.name)
+    return Math.max(MIN_STORE_BUDGET_BYTES, Math.floor(bytes / 4));
   return bytes;
 }
 

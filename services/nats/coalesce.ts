@@ -45,6 +45,8 @@ export const WAITED_FLUSH_MS = 5;
  * fills the buffer, with how long it may wait.
  */
 const backgrounds = new WeakMap<NatsConnection, { on: boolean; waitMs: number }>();
+/** Per coalesced connection: what adds its messages to each write just before it goes (beforeWrite). */
+const hooks = new WeakMap<NatsConnection, (() => void)[]>();
 
 function protocolOf(nc: NatsConnection): Protocol | undefined {
   const protocol = (nc as unknown as { protocol?: Partial<Protocol> }).protocol;
@@ -72,15 +74,29 @@ export function coalesceWrites(nc: NatsConnection): boolean {
   /** When the timer writes the buffer (performance.now()); Infinity without one. */
   let due = Infinity;
   const background = { on: false, waitMs: BACKGROUND_FLUSH_MS };
+  const before: (() => void)[] = [];
+  /** Set while the hooks publish: their messages join the write under way. */
+  let hooked = false;
+  const runHooks = () => {
+    if (hooked) return;
+    hooked = true;
+    try {
+      for (const hook of before) hook();
+    } finally {
+      hooked = false;
+    }
+  };
   const flush = () => {
     scheduled = false;
     clearTimeout(timer);
     timer = undefined;
     due = Infinity;
+    runHooks();
     protocol.flushPending();
   };
   protocol.sendCommand = (cmd, ...payloads) => {
     protocol.outbound.fill(typeof cmd === "string" ? encoder.encode(cmd) : cmd, ...payloads);
+    if (hooked) return;
     if (protocol.outbound.size() >= protocol.pendingLimit) flush();
     else if (background.on) {
       // A write already due this turn takes it along; otherwise it waits for one, or the timer, which
@@ -97,6 +113,25 @@ export function coalesceWrites(nc: NatsConnection): boolean {
     }
   };
   backgrounds.set(nc, background);
+  hooks.set(nc, before);
+  // A flush is a barrier (its PING answered once the server has read what came before): what the hooks hold
+  // goes ahead of it.
+  const flushConnection = nc.flush.bind(nc);
+  nc.flush = () => {
+    runHooks();
+    return flushConnection();
+  };
+  return true;
+}
+
+/**
+ * Calls `hook` before each write of `nc`'s buffer (and before each flush()), so that what it publishes
+ * then goes in that write. False, with nothing registered, on a connection coalesceWrites did not patch.
+ */
+export function beforeWrite(nc: NatsConnection, hook: () => void): boolean {
+  const list = hooks.get(nc);
+  if (list === undefined) return false;
+  list.push(hook);
   return true;
 }
 

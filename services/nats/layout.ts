@@ -28,8 +28,15 @@ export const subjects = {
    * header `Skiff-Delivery`: stored in SKIFF_EVENTS for the run history,
    * which keeps it once its KV entry is gone. Not a public event.
    */
-  deliveryRecord: (project: string, app: string) => `skiff.history.deliveries.${project}.${app}`,
-  deliveryRecordsAll: "skiff.history.deliveries.>",
+  deliveryRecord: (project: string, app: string) => `skiff.history.delivered.${project}.${app}`,
+  deliveryRecordsAll: "skiff.history.delivered.>",
+  /** Where an earlier version stored them, in SKIFF_EVENTS: the run history reads those once. */
+  earlierDeliveryRecordsAll: "skiff.history.deliveries.>",
+  /**
+   * Run records for the run history, many a message (runs/record-feed.ts): each the record a run event's
+   * `Skiff-Run` header carries, published after the events of the same write. Not a public event.
+   */
+  historyRuns: "skiff.history.runs",
   /** App log lines (replica stdout/stderr), one subject per app. */
   appLogs: (project: string, app: string) => `skiff.logs.${project}.${app}`,
   appLogsAll: "skiff.logs.>",
@@ -70,12 +77,24 @@ export const streams = {
   },
   events: {
     name: "SKIFF_EVENTS",
-    subjects: [subjects.eventsAll, subjects.deliveryRecordsAll],
+    subjects: [subjects.eventsAll],
     retention: "limits",
     maxAgeMs: 7 * DAY_MS,
     duplicateWindowMs: 2 * 60 * 1000,
     maxMsgsPerSubject: -1,
     description: "public run lifecycle events (skiff.events.v1)",
+  },
+  history: {
+    name: "SKIFF_HISTORY",
+    // A stream of its own: a consumer filtered to a few subjects of the events' stream would make the server
+    // step over every event to find them.
+    subjects: [subjects.historyRuns, subjects.deliveryRecordsAll],
+    retention: "limits",
+    // As long as the events: the run history catches up from it after a long stop.
+    maxAgeMs: 7 * DAY_MS,
+    duplicateWindowMs: 2 * 60 * 1000,
+    maxMsgsPerSubject: -1,
+    description: "the run history's input: run records, many a message, and webhook deliveries that are over",
   },
   webhooks: {
     name: "SKIFF_WEBHOOKS",

@@ -7,14 +7,16 @@
 // server holds every id of the duplicate window in memory).
 //
 // The event is also the run's record: header `Skiff-Run` carries the run
-// record as JSON (without its result), which the run history projects and
-// WatchRuns follows, both reading headers only. A sync run has no other
+// record as JSON (without its result), which WatchRuns follows, reading
+// headers only; the same text goes to the run history in the connection's
+// record feed (record-feed.ts), many records a message. A sync run has no other
 // record: each of its state changes is this one publish. An async run keeps
 // a KV record as well, for the compare-and-set of its state changes
 // (runs/store.ts), and publishes this event after each.
 import { MsgHdrsImpl, type MsgHdrs, type NatsConnection } from "nats";
 import { publishAcked, publishInBackground, subjects } from "../nats/index.js";
 import { runEventBytes, type EventResponse } from "./event-bytes.js";
+import { recordFeed } from "./record-feed.js";
 import { isFinal } from "./status.js";
 import { copyRecord, type RunRecord } from "./store.js";
 
@@ -28,8 +30,8 @@ export const RUNNING_EVENT_AFTER_MS = 1_000;
 /** The header of a run event that holds the run record (JSON, without its result). */
 export const RUN_RECORD_HEADER = "Skiff-Run";
 /**
- * The header of a message on `skiff.history.deliveries.{project}.{app}` (in
- * SKIFF_EVENTS, not a public event) that holds a webhook delivery that is
+ * The header of a message on `skiff.history.delivered.{project}.{app}` (in
+ * SKIFF_HISTORY, not a public event) that holds a webhook delivery that is
  * over, as the webhook role recorded it (JSON): the run history keeps it.
  */
 export const DELIVERY_RECORD_HEADER = "Skiff-Delivery";
@@ -53,11 +55,14 @@ const eventId = (record: RunRecord) => `${record.run_id}.${record.status}.${Math
  * twice and checks the value for CR and LF, which JSON.stringify never
  * writes (it escapes them), on every event.
  */
-function recordHeader(record: RunRecord): MsgHdrs {
+function recordHeader(text: string): MsgHdrs {
   const h = new MsgHdrsImpl();
-  h.headers.set(RUN_RECORD_HEADER, [JSON.stringify(withoutResult(record))]);
+  h.headers.set(RUN_RECORD_HEADER, [text]);
   return h;
 }
+
+/** The record's JSON as its event's header and the run history's feed carry it. */
+const recordText = (record: RunRecord) => JSON.stringify(withoutResult(record));
 
 /** The record without its result and KV revisions (the record itself when it has neither, as an event's has). */
 export function withoutResult(record: RunRecord): RunRecord {
@@ -94,15 +99,25 @@ export function recordOfText(text: string | undefined): RunRecord | undefined {
 export async function publishRunEvent(nc: NatsConnection, record: RunRecord, response?: EventResponse): Promise<void> {
   const bytes = eventBytes(record, response);
   const msgId = isFinal(record.status) ? eventId(record) : undefined;
-  await Promise.all([
+  const text = recordText(record);
+  const [stored] = await Promise.all([
     publishAcked(nc, subjects.runEvent(record.project_id, record.app_name, record.status), bytes, {
       msgId,
-      headers: recordHeader(record),
+      headers: recordHeader(text),
     }),
     isFinal(record.status) && record.webhook_endpoint
       ? publishAcked(nc, subjects.webhookRun(record.project_id, record.app_name), bytes, { msgId })
       : undefined,
   ]);
+  await recordFeed(nc).addAcked(withEventSeq(text, stored.seq));
+}
+
+/**
+ * The record's JSON with `event_seq`, its event's sequence in SKIFF_EVENTS, first: spliced into the text
+ * (a record's JSON is an object with its run id in it), which the event's header carries without it.
+ */
+export function withEventSeq(text: string, seq: number): string {
+  return `{"event_seq":${seq},${text.slice(1)}`;
 }
 
 /**
@@ -115,10 +130,12 @@ export async function publishRunEvent(nc: NatsConnection, record: RunRecord, res
  */
 export function publishRunEventUnacked(nc: NatsConnection, record: RunRecord, response?: EventResponse): void {
   // Nothing waits for it: it goes with the connection's next write, a few milliseconds later at most.
+  const text = recordText(record);
   publishInBackground(
     nc,
     subjects.runEvent(record.project_id, record.app_name, record.status),
     eventBytes(record, response),
-    { headers: recordHeader(record) },
+    { headers: recordHeader(text) },
   );
+  recordFeed(nc).add(text);
 }

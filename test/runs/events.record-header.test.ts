@@ -17,6 +17,8 @@ beforeAll(async () => {
   nc = await connect({ servers: nats.url });
   const jsm = await nc.jetstreamManager();
   await jsm.streams.add({ name: "EVENTS", subjects: ["skiff.events.runs.>"], duplicate_window: 60_000_000_000 });
+  // The run history's record feed, which an acknowledged event waits for too.
+  await jsm.streams.add({ name: "HISTORY", subjects: ["skiff.history.>"] });
   // A terminal event of a run with a webhook goes to the webhook role's stream too.
   await jsm.streams.add({ name: "WEBHOOKS", subjects: ["skiff.webhooks.runs.>"] });
 });

@@ -236,7 +236,7 @@ print(json.dumps(out))
       h.nc.subscribe(`$KV.${buckets.secrets.name}.${e.runId}`, {
         callback: (_err, m) => seen.push({ subject: m.subject, data: m.string() }),
       }),
-      h.nc.subscribe("skiff.history.deliveries.>", {
+      h.nc.subscribe("skiff.history.delivered.>", {
         callback: (_err, m) => (over ||= m.headers?.get("Skiff-Delivery")?.includes(e.runId) ?? false),
       }),
     ];

@@ -22,8 +22,19 @@ export interface ListQuery {
 /** A run as the history holds it. */
 export interface HistoryRun {
   record: RunRecord;
-  /** SKIFF_EVENTS sequence of the event the row was last written from; 0 when that stream is not the one it came from. */
+  /** SKIFF_EVENTS sequence of the event the row was last written from; 0 when not known. */
   eventSeq: number;
+}
+
+/**
+ * The sequence of the event a row was last written from: what its record names (`event_seq`, fed after an
+ * acknowledged event: runs/record-feed.ts), else its revision (a row projected from an event's header, as
+ * earlier versions did, or after a restart: 0). A row fed after an unacknowledged event (a sync run's) names
+ * none, and its revision is its feed message's: no event's (readFromEvent checks what it reads).
+ */
+export function eventSeqOf(record: RunRecord, revision: number): number {
+  const named = (record as { event_seq?: unknown }).event_seq;
+  return typeof named === "number" ? named : revision;
 }
 
 export interface RunPage {

@@ -21,13 +21,13 @@ import { HistoryBudget } from "./budget.js";
 import type { RunRecord } from "../store.js";
 import type { HistoryBackend, HistoryRun, ListQuery, MinuteStats, RunPage } from "./history.js";
 import { openPostgresHistory } from "./postgres.js";
-import { RunProjector, RUNS_STREAM, type ProjectorOptions } from "./projector.js";
+import { FEED_STREAM, RunProjector, type ProjectorOptions } from "./projector.js";
 import { DEFAULT_SCHEMA } from "./schema.js";
 import { openSqliteHistory, SQLITE_FILE } from "./sqlite.js";
 
 export type { ListQuery, MinuteStats, RunPage } from "./history.js";
 export { timeOfId } from "./history.js";
-export { RUNS_STREAM } from "./projector.js";
+export { FEED_STREAM, RUNS_STREAM } from "./projector.js";
 export { HistoryBudget, PRUNE_TO } from "./budget.js";
 
 /** How often runs past RUN_RETENTION_MS are deleted. */
@@ -175,7 +175,7 @@ export async function openRunHistory(opts: RunHistoryOptions): Promise<RunHistor
     find: (projectId, appName, runId) => queries.find(projectId, appName, runId),
     deliveries: (projectId, appName, runId) => queries.deliveries(projectId, appName, runId),
     runningSync: (limit) => queries.runningSync(limit),
-    position: () => queries.position(RUNS_STREAM),
+    position: () => queries.position(FEED_STREAM),
     prune,
     size: () => queries.size(),
     budget,

@@ -7,6 +7,7 @@ import type { RunRecord } from "../store.js";
 import {
   idAt,
   MINUTE_MS,
+  eventSeqOf,
   pageToken,
   PRUNE_BATCH,
   UUID,
@@ -115,7 +116,7 @@ export class PostgresHistory implements HistoryBackend {
       `SELECT record, revision FROM ${this.t.runs} WHERE run_id = $1::uuid AND project_id = $2 AND app_name = $3`,
       [runId, projectId, appName],
     );
-    return row && { record: row.record, eventSeq: Number(row.revision) };
+    return row && { record: row.record, eventSeq: eventSeqOf(row.record, Number(row.revision)) };
   }
 
   async deliveries(projectId: string, appName: string, runId: string): Promise<unknown[]> {
@@ -272,6 +273,7 @@ class PostgresWriter implements HistoryWriter {
   async restart(stream: string, streamCreated: string): Promise<void> {
     await this.session.query(
       `WITH reset AS (UPDATE ${this.t.runs} SET revision = 0 WHERE revision <> 0),
+         reset_deliveries AS (UPDATE ${this.t.deliveries} SET revision = 0 WHERE revision <> 0),
          dropped AS (DELETE FROM ${this.t.cursor} WHERE stream <> $1)
        INSERT INTO ${this.t.cursor} AS c (stream, stream_created, last_seq) VALUES ($1, $2, 0)
        ON CONFLICT (stream) DO UPDATE SET last_seq = 0, stream_created = excluded.stream_created`,

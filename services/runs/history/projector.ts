@@ -1,13 +1,17 @@
-// The projection of the run events (stream SKIFF_EVENTS) into the history's
-// `runs` table: every event carries its run's record in header `Skiff-Run`
-// (runs/events.ts), so an ordered consumer of the stream that delivers
-// headers only reads each state change of every run, sync or async. The
-// stream's webhook deliveries that are over (header `Skiff-Delivery`) go to
-// table `webhook_deliveries` in the same writes. Its messages are upserted in
-// batches (up to `batchSize` messages, or what arrived within `batchMs`), each
-// batch written with the stored cursor (the last stream sequence applied),
-// all or nothing. A restart resumes at cursor + 1, so it never reads the
-// stream from the start again; start-up does not wait for it.
+// The projection of the run records into the history's `runs` table: every
+// run event's record also goes into the record feed (runs/record-feed.ts:
+// `skiff.history.runs` in stream SKIFF_HISTORY, the records of one write of
+// a connection in one message), so an ordered consumer of that stream reads
+// each state change of every run, sync or async, many a message. Its webhook
+// deliveries that are over (header `Skiff-Delivery`, on
+// `skiff.history.delivered.…`) go to table `webhook_deliveries` in the same
+// writes. Records are upserted in batches (up to `batchSize` of them, or what
+// arrived within `batchMs`), each batch written with the stored cursor (the
+// last stream sequence applied), all or nothing. A restart resumes at cursor
+// + 1, so it never reads the stream from the start again; start-up does not
+// wait for it. A first start reads first the events an earlier version
+// published without the feed (SKIFF_EVENTS, each with its record in a
+// header), from the cursor that version left, up to the feed's start.
 //
 // One projector writes at a time: it holds the history's writer
 // (HistoryBackend.writer: with a shared PostgreSQL, a session-level advisory
@@ -24,6 +28,7 @@ import {
   nanos,
   type ConsumerMessages,
   type JsMsg,
+  type StreamInfo,
   type NatsConnection,
 } from "nats";
 import type { Logger } from "../../config/index.js";
@@ -33,7 +38,10 @@ import { isFinal, type RunStatus } from "../status.js";
 import type { RunRecord } from "../store.js";
 import type { Batch, DeliveryRow, HistoryBackend, HistoryWriter, RunRow } from "./history.js";
 
+/** The events: what earlier versions projected, from each one's header. */
 export const RUNS_STREAM = streams.events.name;
+/** The record feed and the webhook deliveries: what the history follows. */
+export const FEED_STREAM = streams.history.name;
 /** The stream projected before the events carried their records (the run bucket's): its cursor is moved once. */
 const OLD_STREAM = "KV_skiff-runs";
 
@@ -120,8 +128,10 @@ function deliveryRowOf(text: string | undefined, revision: number): DeliveryRow 
   return { run_id, delivery_id, project_id, app_name, record: d, revision };
 }
 
-/** `skiff.history.deliveries.`: the subjects of webhook deliveries that are over. */
+/** The subjects of webhook deliveries that are over (`skiff.history.delivered.`, in the feed's stream). */
 const DELIVERY_PREFIX = subjects.deliveryRecordsAll.slice(0, -1);
+/** Where an earlier version put them: `skiff.history.deliveries.` of SKIFF_EVENTS. */
+const EARLIER_DELIVERY_PREFIX = subjects.earlierDeliveryRecordsAll.slice(0, -1);
 
 interface Pending {
   /** Last message per run id in this batch: only the newest state of a run is written. */
@@ -129,10 +139,12 @@ interface Pending {
   /** Last record per delivery (run id and delivery id). */
   deliveries: Map<string, DeliveryRow>;
   messages: number;
+  /** Run records and deliveries read into it (a message of the feed has many). */
+  records: number;
   lastSeq: number;
 }
 
-const emptyBatch = (): Pending => ({ byRun: new Map(), deliveries: new Map(), messages: 0, lastSeq: 0 });
+const emptyBatch = (): Pending => ({ byRun: new Map(), deliveries: new Map(), messages: 0, records: 0, lastSeq: 0 });
 
 export class RunProjector {
   /** Stream messages applied by this projector since it started. */
@@ -194,40 +206,93 @@ export class RunProjector {
     }
   }
 
-  /** Follows the stream from the stored cursor until stopped or until something fails. */
+  /** Follows the record feed from the stored cursor until stopped or until something fails. */
   private async follow(writer: HistoryWriter): Promise<void> {
     const { nc, logger } = this.opts;
-    const js = nc.jetstream();
-    const info = await (await nc.jetstreamManager()).streams.info(RUNS_STREAM);
+    const jsm = await nc.jetstreamManager();
+    const feed = await jsm.streams.info(FEED_STREAM);
+    const cursor = await writer.cursor(FEED_STREAM);
+    let from = cursor?.lastSeq ?? 0;
+    if (cursor === undefined || cursor.streamCreated !== feed.created) {
+      // No cursor of the feed: a first start (or one of a version that projected the events themselves),
+      // whose events before the feed began are read that way first; or the feed's stream was made anew (a
+      // new NATS store). Either way the rows stay (the history is where runs are kept), and their sequences,
+      // of another stream, must not hold back the ones to come: the feed is followed from its start.
+      if (cursor === undefined) await this.projectEarlierEvents(writer, feed);
+      else
+        logger.warn({ stream: FEED_STREAM }, "run history: following a stream new to it from its start; the rows stay");
+      if (this.stopped) return;
+      await writer.restart(FEED_STREAM, feed.created);
+      from = 0;
+    }
+    logger.debug({ from }, "run history: following the record feed");
+    await this.project(writer, { stream: FEED_STREAM, from, created: feed.created });
+  }
+
+  /**
+   * The events of SKIFF_EVENTS that an earlier version published without the record feed: from the cursor
+   * it left there (or the stream's start) up to the first message of the feed, read from their headers.
+   */
+  private async projectEarlierEvents(writer: HistoryWriter, feed: StreamInfo): Promise<void> {
+    const { nc, logger } = this.opts;
+    const jsm = await nc.jetstreamManager();
+    const info = await jsm.streams.info(RUNS_STREAM);
     const cursor = await writer.cursor(RUNS_STREAM);
     let from = cursor?.lastSeq ?? 0;
     const old = cursor ? undefined : await writer.cursor(OLD_STREAM);
     if ((cursor && cursor.streamCreated !== info.created) || old) {
-      // The events' stream was made anew (a new NATS store), or the history was projected from the run
-      // bucket before: the rows stay (the history is where runs are kept), and their sequences, of another
-      // stream, must not hold back the ones to come.
-      logger.warn({ stream: RUNS_STREAM }, "run history: following a stream new to it from its start; the rows stay");
+      // The events' stream was made anew, or the history was projected from the run bucket before.
       await writer.restart(RUNS_STREAM, info.created);
       from = 0;
     }
-    logger.debug({ from }, "run history: following the run events");
-    // An ordered stream of the events from the cursor on, headers only (the record is a header; the body,
-    // with a run's response, stays on the server): an ephemeral consumer without acks, whose delivery
-    // sequence must go up by one; a gap (or a lost consumer) ends this follow, and the next starts anew
-    // from the stored cursor.
+    if (info.state.messages === 0 || info.state.last_seq <= from) return;
+    // Events published since the feed began have their records in it: those before it only are read here.
+    const feedFrom =
+      feed.state.messages > 0
+        ? (await jsm.streams.getMessage(FEED_STREAM, { seq: feed.state.first_seq })).time.getTime()
+        : Infinity;
+    logger.info(
+      { from, until: info.state.last_seq },
+      "run history: projecting the events stored before the record feed",
+    );
+    await this.project(writer, {
+      stream: RUNS_STREAM,
+      from,
+      until: info.state.last_seq,
+      untilMs: feedFrom,
+      created: info.created,
+    });
+  }
+
+  /**
+   * Projects `stream` from `from` + 1: the record feed and the deliveries until stopped or, with `until`,
+   * SKIFF_EVENTS's events (their headers, as earlier versions did) up to sequence `until` or the first
+   * stored after `untilMs`; each batch is written with the cursor (`stream`, `created`).
+   */
+  private async project(
+    writer: HistoryWriter,
+    o: { stream: string; from: number; until?: number; untilMs?: number; created: string },
+  ): Promise<void> {
+    const { nc } = this.opts;
+    const js = nc.jetstream();
+    const events = o.until !== undefined;
+    // An ordered stream of messages from the cursor on: an ephemeral consumer without acks, whose delivery
+    // sequence must go up by one; a gap (or a lost consumer) ends this follow, and the next starts anew from
+    // the stored cursor. The events' bodies (a run's response) stay on the server: headers only for them;
+    // the feed's records are its messages' bodies.
     const jsm = await nc.jetstreamManager();
-    const ci = await jsm.consumers.add(RUNS_STREAM, {
-      ...(from === 0
+    const ci = await jsm.consumers.add(o.stream, {
+      ...(o.from === 0
         ? { deliver_policy: DeliverPolicy.All }
-        : { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from + 1 }),
-      headers_only: true,
+        : { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: o.from + 1 }),
+      ...(events ? { headers_only: true } : {}),
       ack_policy: AckPolicy.None,
       inactive_threshold: nanos(CONSUMER_IDLE_MS),
       mem_storage: true,
       num_replicas: 1,
       description: "run history projector",
     });
-    const consumer = await js.consumers.get(RUNS_STREAM, ci.name);
+    const consumer = await js.consumers.get(o.stream, ci.name);
     const messages = (this.messages = await consumer.consume({ max_messages: this.batchSize * 2 }));
     if (this.stopped) messages.stop();
     void (async () => {
@@ -251,8 +316,8 @@ export class RunProjector {
           const out: Batch = {
             runs: [...b.byRun.values()],
             deliveries: [...b.deliveries.values()],
-            stream: RUNS_STREAM,
-            streamCreated: info.created,
+            stream: o.stream,
+            streamCreated: o.created,
             lastSeq: b.lastSeq,
           };
           await writer.write(out);
@@ -270,8 +335,13 @@ export class RunProjector {
         if (failure !== undefined || this.stopped) break;
         if (m.info.deliverySequence !== ++delivered)
           throw new Error("run history: a message of the run stream was lost");
-        this.add(batch, m);
-        if (batch.messages >= this.batchSize) {
+        // An event stored after the feed began is in it: the earlier events end there (to the millisecond, as
+        // the feed's first message gives its time; one of the same millisecond is read, twice then).
+        if (events && Math.floor(m.info.timestampNanos / 1e6) > (o.untilMs ?? Infinity)) break;
+        if (events) this.addEvent(batch, m);
+        else this.addFed(batch, m);
+        if (o.until !== undefined && m.seq >= o.until) break;
+        if (batch.records >= this.batchSize) {
           // The writer takes this batch once the one before it is written; meanwhile the next batch fills,
           // so reading the stream and writing the database go on side by side (at most two batches held).
           const before = writing;
@@ -279,20 +349,42 @@ export class RunProjector {
           await before;
         } else timer ??= setTimeout(() => void flush(), this.batchMs);
       }
+      await flush();
     } finally {
       clearTimeout(timer);
       messages.stop();
       await writing;
-      await jsm.consumers.delete(RUNS_STREAM, ci.name).catch(() => undefined);
+      await jsm.consumers.delete(o.stream, ci.name).catch(() => undefined);
     }
     if (failure !== undefined) throw failure;
   }
 
-  private add(batch: Pending, m: JsMsg): void {
+  /** A message of the record feed or a webhook delivery. */
+  private addFed(batch: Pending, m: JsMsg): void {
+    if (m.subject !== subjects.historyRuns) return this.addEvent(batch, m);
     batch.messages++;
     batch.lastSeq = m.seq;
-    if (m.subject.startsWith(DELIVERY_PREFIX)) {
+    const lines = m.string().split("\n");
+    for (const text of lines) {
+      const record = recordOfText(text);
+      if (record === undefined) {
+        this.opts.logger.warn(
+          { subject: m.subject, seq: m.seq },
+          "run history: a line of the record feed is not a run record",
+        );
+        continue;
+      }
+      this.addRecord(batch, m, record, text);
+    }
+  }
+
+  /** An event (its header's record) or a webhook delivery. */
+  private addEvent(batch: Pending, m: JsMsg): void {
+    batch.messages++;
+    batch.lastSeq = m.seq;
+    if (m.subject.startsWith(DELIVERY_PREFIX) || m.subject.startsWith(EARLIER_DELIVERY_PREFIX)) {
       const row = deliveryRowOf(m.headers?.get(DELIVERY_RECORD_HEADER), m.seq);
+      batch.records++;
       if (row) batch.deliveries.set(`${row.run_id}/${row.delivery_id}`, row);
       else this.opts.logger.warn({ subject: m.subject, seq: m.seq }, "run history: not a webhook delivery record");
       return;
@@ -301,6 +393,11 @@ export class RunProjector {
     const record = recordOfText(text);
     // Events of versions that did not carry the record were projected from the run bucket then.
     if (record === undefined) return;
+    this.addRecord(batch, m, record, text);
+  }
+
+  private addRecord(batch: Pending, m: JsMsg, record: RunRecord, text: string | undefined): void {
+    batch.records++;
     const row = rowOf(record, m.seq, text);
     if (row === undefined) {
       this.opts.logger.warn({ subject: m.subject, seq: m.seq }, "run history: an event's record is not a run record");

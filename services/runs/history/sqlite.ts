@@ -11,6 +11,7 @@ import type { RunRecord } from "../store.js";
 import {
   idAt,
   MINUTE_MS,
+  eventSeqOf,
   pageToken,
   PRUNE_BATCH,
   UUID,
@@ -226,7 +227,9 @@ export class SqliteHistory implements HistoryBackend {
       "SELECT record, revision FROM runs WHERE run_id = ? AND project_id = ? AND app_name = ?",
       [runId, projectId, appName],
     );
-    return row && { record: JSON.parse(row.record) as RunRecord, eventSeq: row.revision };
+    if (!row) return undefined;
+    const record = JSON.parse(row.record) as RunRecord;
+    return { record, eventSeq: eventSeqOf(record, row.revision) };
   }
 
   async deliveries(projectId: string, appName: string, runId: string): Promise<unknown[]> {
@@ -364,6 +367,7 @@ class SqliteWriter implements HistoryWriter {
     await this.thread.run(
       [
         { sql: "UPDATE runs SET revision = 0 WHERE revision <> 0", mode: "run" },
+        { sql: "UPDATE webhook_deliveries SET revision = 0 WHERE revision <> 0", mode: "run" },
         { sql: "DELETE FROM projection WHERE stream <> ?", params: [stream], mode: "run" },
         { sql: SET_CURSOR, params: [stream, streamCreated, 0], mode: "run" },
       ],

@@ -19,7 +19,7 @@ import {
   STORE_SPECS,
 } from "../../../services/nats/budgets.js";
 import { publishRunEvent } from "../../../services/runs/events.js";
-import { openRunHistory, RUNS_STREAM, type RunHistory } from "../../../services/runs/history/index.js";
+import { openRunHistory, FEED_STREAM, type RunHistory } from "../../../services/runs/history/index.js";
 import type { RunRecord } from "../../../services/runs/store.js";
 import { capturingLogger } from "../../helpers/logs.js";
 import { startProvisionedNats } from "../../helpers/nats-server.js";
@@ -63,7 +63,7 @@ function newSchema(): string {
   return s;
 }
 
-const lastSeq = async () => (await (await nc.jetstreamManager()).streams.info(RUNS_STREAM)).state.last_seq;
+const lastSeq = async () => (await (await nc.jetstreamManager()).streams.info(FEED_STREAM)).state.last_seq;
 
 async function caughtUp(h: RunHistory): Promise<void> {
   const last = await lastSeq();

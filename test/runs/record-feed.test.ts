@@ -1,0 +1,154 @@
+// The run history's record feed (runs/record-feed.ts) against a real
+// nats-server provisioned as skiff provisions it: the records of the events
+// one coalesced connection writes together go in one message of
+// `skiff.history.runs` (SKIFF_HISTORY); an acknowledged event resolves
+// only once its record (naming the event's sequence) is stored too; a
+// connection that is not coalesced sends each record at once; a message
+// stays within its size.
+import { connect, type NatsConnection } from "nats";
+import { v7 } from "uuid";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { coalesceWrites } from "../../services/nats/coalesce.js";
+import { streams, subjects } from "../../services/nats/layout.js";
+import { publishRunEvent, publishRunEventUnacked, withEventSeq } from "../../services/runs/events.js";
+import { RecordFeed } from "../../services/runs/record-feed.js";
+import type { RunRecord } from "../../services/runs/store.js";
+import { startProvisionedNats } from "../helpers/nats-server.js";
+
+let n: Awaited<ReturnType<typeof startProvisionedNats>>;
+/** A connection as skiff's own: coalesced writes. */
+let nc: NatsConnection;
+
+beforeAll(async () => {
+  n = await startProvisionedNats();
+  nc = await connect({ servers: n.nats.url });
+  expect(coalesceWrites(nc)).toBe(true);
+}, 60_000);
+afterAll(async () => {
+  await nc?.close();
+  await n?.stop();
+});
+
+const run = (over: Partial<RunRecord> = {}): RunRecord => ({
+  run_id: v7(),
+  project_id: "p-feed",
+  app_name: "a",
+  path: "run",
+  async: false,
+  status: "success",
+  queued_at: new Date().toISOString(),
+  finished_at: new Date().toISOString(),
+  run_time_ms: 1,
+  status_code: 200,
+  attempts: 1,
+  ...over,
+});
+
+interface Stored {
+  seq: number;
+  subject: string;
+  text: string;
+  header: string | undefined;
+}
+
+interface Position {
+  events: number;
+  feed: number;
+}
+
+const position = async (): Promise<Position> => {
+  const jsm = await n.nc.jetstreamManager();
+  return {
+    events: (await jsm.streams.info(streams.events.name)).state.last_seq,
+    feed: (await jsm.streams.info(streams.history.name)).state.last_seq,
+  };
+};
+
+/** A stream's messages from `from` + 1 on. */
+async function storedAfter(stream: string, from: number): Promise<Stored[]> {
+  const jsm = await n.nc.jetstreamManager();
+  const last = (await jsm.streams.info(stream)).state.last_seq;
+  const out: Stored[] = [];
+  for (let seq = from + 1; seq <= last; seq++) {
+    const m = await jsm.streams.getMessage(stream, { seq });
+    out.push({ seq, subject: m.subject, text: new TextDecoder().decode(m.data), header: m.header.get("Skiff-Run") });
+  }
+  return out;
+}
+
+/** The events and the feed's messages stored since `at`. */
+async function since(at: Position): Promise<{ events: Stored[]; feed: Stored[] }> {
+  return {
+    events: await storedAfter(streams.events.name, at.events),
+    feed: await storedAfter(streams.history.name, at.feed),
+  };
+}
+
+describe("the record feed", () => {
+  it("carries the records of the events written together in one message of SKIFF_HISTORY, each as its event's header", async () => {
+    const at = await position();
+    const runs = Array.from({ length: 5 }, () => run());
+    for (const r of runs) publishRunEventUnacked(nc, r);
+    // A flush is a barrier for the feed too: its message goes ahead of the PING.
+    await nc.flush();
+    const { events, feed } = await since(at);
+    expect(events.map((m) => m.subject)).toEqual(runs.map(() => subjects.runEvent("p-feed", "a", "success")));
+    expect(feed.map((m) => m.subject)).toEqual([subjects.historyRuns]);
+    const lines = feed[0].text.split("\n");
+    expect(lines).toEqual(events.map((m) => m.header));
+    expect(lines.map((l) => (JSON.parse(l) as RunRecord).run_id)).toEqual(runs.map((r) => r.run_id));
+  });
+
+  it("an acknowledged event resolves once its record is stored, naming the event's sequence", async () => {
+    const at = await position();
+    const r = run({ async: true });
+    await publishRunEvent(nc, r);
+    // Nothing more is written for it after the publish has resolved.
+    const { events, feed } = await since(at);
+    expect(events).toHaveLength(1);
+    expect(feed).toHaveLength(1);
+    expect(feed[0].text).toBe(withEventSeq(events[0].header!, events[0].seq));
+    expect(JSON.parse(feed[0].text)).toEqual({ event_seq: events[0].seq, ...r });
+  });
+
+  it("the acknowledgements of one turn feed their records in one message", async () => {
+    const at = await position();
+    const runs = Array.from({ length: 4 }, () => run({ async: true, status: "failure" }));
+    await Promise.all(runs.map((r) => publishRunEvent(nc, r)));
+    const { events, feed } = await since(at);
+    expect(events).toHaveLength(runs.length);
+    // The events' acknowledgements come back together: their records go out together.
+    expect(feed.length).toBeLessThan(runs.length);
+    const fed = feed.flatMap((m) => m.text.split("\n")).map((l) => JSON.parse(l) as RunRecord & { event_seq: number });
+    expect(fed.map((r) => r.run_id).sort()).toEqual(runs.map((r) => r.run_id).sort());
+    expect(fed.map((r) => r.event_seq).sort()).toEqual(events.map((m) => m.seq).sort());
+  });
+
+  it("on a connection that is not coalesced, each record goes at once, in a message of its own", async () => {
+    const plain = await connect({ servers: n.nats.url });
+    try {
+      const at = await position();
+      const runs = [run(), run()];
+      for (const r of runs) publishRunEventUnacked(plain, r);
+      await plain.flush();
+      const { events, feed } = await since(at);
+      expect(events).toHaveLength(2);
+      expect(feed.map((m) => m.text)).toEqual(events.map((m) => m.header));
+    } finally {
+      await plain.close();
+    }
+  });
+
+  it("a message stays within its size: records past it go in the next one, none split", async () => {
+    const feed = new RecordFeed(nc);
+    const at = await position();
+    // 200 records of about 700 characters: more than one message takes.
+    const texts = Array.from({ length: 200 }, (_, i) => JSON.stringify({ ...run(), path: `p${i}-${"x".repeat(400)}` }));
+    for (const t of texts) feed.add(t);
+    await nc.flush();
+    const stored = (await since(at)).feed;
+    expect(stored.length).toBeGreaterThan(1);
+    for (const m of stored) expect(new TextEncoder().encode(m.text).length).toBeLessThanOrEqual(256 * 1024);
+    expect(stored.flatMap((m) => m.text.split("\n"))).toEqual(texts);
+  });
+});
