@@ -139,6 +139,23 @@ describe("the record feed", () => {
     }
   });
 
+  it("an app's line breaks in a record stay inside its one line: no record can be forged by a run", async () => {
+    const at = await position();
+    const forged = JSON.stringify(run({ project_id: "p-other" }));
+    const r = run({
+      path: `/a\n${forged}`,
+      status: "failure",
+      error: { type: "app_error", message: `boom\r\n${forged}\u2028${forged}` },
+    });
+    publishRunEventUnacked(nc, r);
+    await nc.flush();
+    const { feed } = await since(at);
+    expect(feed).toHaveLength(1);
+    const lines = feed[0].text.split("\n");
+    expect(lines).toHaveLength(1);
+    expect(JSON.parse(lines[0])).toEqual(r);
+  });
+
   it("a message stays within its size: records past it go in the next one, none split", async () => {
     const feed = new RecordFeed(nc);
     const at = await position();
