@@ -4,7 +4,14 @@
 // views of KV buckets fed by watches, and byte streams between two processes
 // over a subject pair.
 export { PublishError, confirmAck, publishAcked } from "./acked-publish.js";
-export { BACKGROUND_FLUSH_MS, beforeWrite, inBackground, inBackgroundIf, publishInBackground } from "./coalesce.js";
+export {
+  BACKGROUND_FLUSH_MS,
+  WAITED_FLUSH_MS,
+  beforeWrite,
+  inBackground,
+  inBackgroundIf,
+  publishInBackground,
+} from "./coalesce.js";
 export { connectNats, provision, STARTED_SERVER_SEED_FILE } from "./connect.js";
 export type { NatsHandle } from "./connect.js";
 export { ensureConsumer } from "./consumers.js";

@@ -96,7 +96,13 @@ export function recordOfText(text: string | undefined): RunRecord | undefined {
  * event of a run that named a webhook also goes to the webhook role's own
  * subject (SKIFF_WEBHOOKS).
  */
-export async function publishRunEvent(nc: NatsConnection, record: RunRecord, response?: EventResponse): Promise<void> {
+export async function publishRunEvent(
+  nc: NatsConnection,
+  record: RunRecord,
+  response?: EventResponse,
+  /** Other runs are under way on the connection: the record's message may wait for their writes. */
+  together = false,
+): Promise<void> {
   const bytes = eventBytes(record, response);
   const msgId = isFinal(record.status) ? eventId(record) : undefined;
   const text = recordText(record);
@@ -109,7 +115,7 @@ export async function publishRunEvent(nc: NatsConnection, record: RunRecord, res
       ? publishAcked(nc, subjects.webhookRun(record.project_id, record.app_name), bytes, { msgId })
       : undefined,
   ]);
-  await recordFeed(nc).addAcked(withEventSeq(text, stored.seq));
+  await recordFeed(nc).addAcked(withEventSeq(text, stored.seq), together);
 }
 
 /**

@@ -81,7 +81,7 @@ export async function finishAsync(
   const final = await inBackgroundIf(together, nc, () =>
     deps.runs.updateFrom(running, (cur) => (isFinal(cur.status) ? undefined : finalRecord(cur, outcome, now, result))),
   );
-  if (final) await inBackgroundIf(together, nc, () => publishRunEvent(nc, final.record, event));
+  if (final) await inBackgroundIf(together, nc, () => publishRunEvent(nc, final.record, event, together));
   return final;
 }
 

@@ -16,7 +16,7 @@
 // history's input. The others are as durable as their events (which nothing
 // awaits).
 import type { NatsConnection } from "nats";
-import { beforeWrite, publishAcked, subjects } from "../nats/index.js";
+import { WAITED_FLUSH_MS, beforeWrite, inBackground, publishAcked, subjects } from "../nats/index.js";
 
 /** Most bytes one message carries; it also stays within the server's max_payload. */
 const MAX_FEED_BYTES = 256 * 1024;
@@ -47,6 +47,8 @@ export class RecordFeed {
   /** The acknowledgement that acked records of the pending message wait for; none while none does. */
   private acked: Waiting | undefined;
   private scheduled = false;
+  /** Whether an acked record of the pending message is of a run alone (its message goes at once). */
+  private hurried = false;
   private readonly limit: number;
   /** Whether the connection's writes take the pending message along (else each record goes at once). */
   private readonly batched: boolean;
@@ -65,9 +67,14 @@ export class RecordFeed {
     this.push(text);
   }
 
-  /** Adds a record; resolves once the message that carries it is stored. It goes at the end of the turn. */
-  addAcked(text: string): Promise<void> {
+  /**
+   * Adds a record; resolves once the message that carries it is stored. It goes at the end of the turn, or,
+   * when `together` (other runs are under way: their writes come soon), with the connection's next write,
+   * WAITED_FLUSH_MS at most.
+   */
+  addAcked(text: string, together = false): Promise<void> {
     const ack = (this.acked ??= waiting());
+    if (!together) this.hurried = true;
     this.push(text);
     // The records of a turn's acknowledgements together, in a message that goes at once.
     if (this.batched && !this.scheduled) {
@@ -85,6 +92,7 @@ export class RecordFeed {
     this.lines = [];
     this.bytes = 0;
     this.acked = undefined;
+    this.hurried = false;
     if (ack === undefined) this.nc.publish(subjects.historyRuns, data);
     else
       publishAcked(this.nc, subjects.historyRuns, data).then(
@@ -103,7 +111,8 @@ export class RecordFeed {
 
   private readonly atTurnEnd = () => {
     this.scheduled = false;
-    this.flush();
+    if (this.hurried) this.flush();
+    else inBackground(this.nc, () => this.flush(), WAITED_FLUSH_MS);
   };
 }
 
