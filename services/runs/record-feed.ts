@@ -65,6 +65,7 @@ export class RecordFeed {
    */
   add(text: string): void {
     this.push(text);
+    if (!this.batched) this.flush();
   }
 
   /**
@@ -73,11 +74,13 @@ export class RecordFeed {
    * WAITED_FLUSH_MS at most.
    */
   addAcked(text: string, together = false): Promise<void> {
+    // Pushed first: a message that it would take past its size goes before, with its own acknowledgement.
+    this.push(text);
     const ack = (this.acked ??= waiting());
     if (!together) this.hurried = true;
-    this.push(text);
+    if (!this.batched) this.flush();
     // The records of a turn's acknowledgements together, in a message that goes at once.
-    if (this.batched && !this.scheduled) {
+    else if (!this.scheduled) {
       this.scheduled = true;
       setImmediate(this.atTurnEnd);
     }
@@ -106,7 +109,6 @@ export class RecordFeed {
     if (this.bytes > 0 && this.bytes + text.length + 1 > this.limit) this.flush();
     this.lines.push(text);
     this.bytes += text.length + 1;
-    if (!this.batched) this.flush();
   }
 
   private readonly atTurnEnd = () => {
