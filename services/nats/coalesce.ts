@@ -115,11 +115,16 @@ export function coalesceWrites(nc: NatsConnection): boolean {
   backgrounds.set(nc, background);
   hooks.set(nc, before);
   // A flush is a barrier (its PING answered once the server has read what came before): what the hooks hold
-  // goes ahead of it.
+  // goes ahead of it. So does a drain, after which nothing may be published (its own flush comes too late).
   const flushConnection = nc.flush.bind(nc);
   nc.flush = () => {
     runHooks();
     return flushConnection();
+  };
+  const drainConnection = nc.drain.bind(nc);
+  nc.drain = () => {
+    runHooks();
+    return drainConnection();
   };
   return true;
 }

@@ -96,12 +96,19 @@ export class RecordFeed {
     this.bytes = 0;
     this.acked = undefined;
     this.hurried = false;
-    if (ack === undefined) this.nc.publish(subjects.historyRuns, data);
-    else
-      publishAcked(this.nc, subjects.historyRuns, data).then(
-        () => ack.resolve(),
-        (err: unknown) => ack.reject(err),
-      );
+    // It goes from a write of the connection or the end of a turn: a connection that cannot take it (closed,
+    // draining) fails what waits for it, and throws nowhere. Its events, published just before, failed alike
+    // where they were published.
+    try {
+      if (ack === undefined) this.nc.publish(subjects.historyRuns, data);
+      else
+        publishAcked(this.nc, subjects.historyRuns, data).then(
+          () => ack.resolve(),
+          (err: unknown) => ack.reject(err),
+        );
+    } catch (err) {
+      ack?.reject(err);
+    }
   }
 
   private push(text: string): void {

@@ -184,6 +184,18 @@ describe("the record feed", () => {
     }
   });
 
+  it("a connection drained right after its events still writes their records", async () => {
+    const c = await connect({ servers: n.nats.url });
+    expect(coalesceWrites(c)).toBe(true);
+    const at = await position();
+    const runs = [run(), run()];
+    for (const r of runs) publishRunEventUnacked(c, r);
+    await c.drain();
+    const { events, feed } = await since(at);
+    expect(events).toHaveLength(2);
+    expect(feed.flatMap((m) => m.text.split("\n"))).toEqual(events.map((m) => m.header));
+  });
+
   it("a message stays within its size: records past it go in the next one, none split", async () => {
     const feed = new RecordFeed(nc);
     const at = await position();
