@@ -108,8 +108,10 @@ export interface HistoryWriter {
   /**
    * Starts `stream` anew from its first message: the rows stay, their revisions (of another
    * stream) are set to 0 so that they hold back nothing, and every other stream's cursor goes.
+   * `keepEventSeqs`: the revisions were SKIFF_EVENTS sequences (rows projected from the events
+   * themselves): each row's record keeps its own as `event_seq` first (eventSeqOf).
    */
-  restart(stream: string, streamCreated: string): Promise<void>;
+  restart(stream: string, streamCreated: string, keepEventSeqs?: boolean): Promise<void>;
   /** The upserts and the new cursor, all or nothing. An upsert replaces a row only with a later revision, never a final state with one that is not. */
   write(batch: Batch): Promise<void>;
   /** Gives up the right to write; `broken`: its connection failed. */

@@ -270,7 +270,12 @@ class PostgresWriter implements HistoryWriter {
     return row && { streamCreated: row.stream_created, lastSeq: Number(row.last_seq) };
   }
 
-  async restart(stream: string, streamCreated: string): Promise<void> {
+  async restart(stream: string, streamCreated: string, keepEventSeqs = false): Promise<void> {
+    if (keepEventSeqs)
+      await this.session.query(
+        `UPDATE ${this.t.runs} SET record = jsonb_set(record, '{event_seq}', to_jsonb(revision))
+         WHERE revision <> 0 AND NOT record ? 'event_seq'`,
+      );
     await this.session.query(
       `WITH reset AS (UPDATE ${this.t.runs} SET revision = 0 WHERE revision <> 0),
          reset_deliveries AS (UPDATE ${this.t.deliveries} SET revision = 0 WHERE revision <> 0),

@@ -222,7 +222,8 @@ export class RunProjector {
       else
         logger.warn({ stream: FEED_STREAM }, "run history: following a stream new to it from its start; the rows stay");
       if (this.stopped) return;
-      await writer.restart(FEED_STREAM, feed.created);
+      // After the earlier events, the rows' revisions are their events' sequences: each row keeps its own.
+      await writer.restart(FEED_STREAM, feed.created, cursor === undefined);
       from = 0;
     }
     logger.debug({ from }, "run history: following the record feed");

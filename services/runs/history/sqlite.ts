@@ -363,9 +363,18 @@ class SqliteWriter implements HistoryWriter {
     return row && { streamCreated: row.stream_created, lastSeq: row.last_seq };
   }
 
-  async restart(stream: string, streamCreated: string): Promise<void> {
+  async restart(stream: string, streamCreated: string, keepEventSeqs = false): Promise<void> {
     await this.thread.run(
       [
+        ...(keepEventSeqs
+          ? [
+              {
+                sql: `UPDATE runs SET record = json_set(record, '$.event_seq', revision)
+                  WHERE revision <> 0 AND json_type(record, '$.event_seq') IS NULL`,
+                mode: "run" as const,
+              },
+            ]
+          : []),
         { sql: "UPDATE runs SET revision = 0 WHERE revision <> 0", mode: "run" },
         { sql: "UPDATE webhook_deliveries SET revision = 0 WHERE revision <> 0", mode: "run" },
         { sql: "DELETE FROM projection WHERE stream <> ?", params: [stream], mode: "run" },

@@ -508,6 +508,15 @@ describe("run history - after a version that projected the events themselves", (
         expect(page.runs.map((r) => r.run_id)).toEqual([later, ...[...earlier].reverse(), first].map((r) => r.run_id));
         const cursors = await client.query(`SELECT stream FROM "${schema}".projection`);
         expect(cursors.rows).toEqual([{ stream: FEED_STREAM }]);
+        // Each run still names its event (where GetRun reads an ended async run's result from), those
+        // projected from the events themselves too.
+        const jsm = await c.jetstreamManager();
+        for (const r of [first, ...earlier, later]) {
+          const found = await h.find(P, "a", r.run_id);
+          expect(found?.eventSeq, r.run_id).toBeGreaterThan(0);
+          const event = await jsm.streams.getMessage(RUNS_STREAM, { seq: found!.eventSeq });
+          expect((JSON.parse(event.header.get("Skiff-Run")) as RunRecord).run_id).toBe(r.run_id);
+        }
       } finally {
         await h.close();
       }
