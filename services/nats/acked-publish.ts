@@ -18,6 +18,7 @@ import {
   type NatsConnection,
   type Subscription,
 } from "nats";
+import { beforeDrain } from "./coalesce.js";
 
 /** JetStream's acknowledgement of a stored message. */
 interface PubAck {
@@ -84,6 +85,8 @@ export class AckedPublisher {
     this.sweeper = setInterval(() => setImmediate(() => this.sweep()), SWEEP_MS);
     this.sweeper.unref();
     void nc.closed().then(() => this.failAll(new PublishError("the NATS connection closed")));
+    // A drain waits for the answers still owed (nats.js reads none once it has begun).
+    beforeDrain(nc, () => this.waiting.size > 0);
   }
 
   publish(subject: string, data: Uint8Array, opts: PublishOptions = {}): Promise<PubAck> {

@@ -47,6 +47,13 @@ export const WAITED_FLUSH_MS = 5;
 const backgrounds = new WeakMap<NatsConnection, { on: boolean; waitMs: number }>();
 /** Per coalesced connection: what adds its messages to each write just before it goes (beforeWrite). */
 const hooks = new WeakMap<NatsConnection, (() => void)[]>();
+/** Per coalesced connection: what says whether something still waits for an answer (beforeDrain). */
+const waiters = new WeakMap<NatsConnection, (() => boolean)[]>();
+
+/** How long a drain waits for the answers still owed (DRAIN_ROUNDS times at most). */
+const DRAIN_SETTLE_MS = 1_000;
+const DRAIN_ROUNDS = 3;
+const turn = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 function protocolOf(nc: NatsConnection): Protocol | undefined {
   const protocol = (nc as unknown as { protocol?: Partial<Protocol> }).protocol;
@@ -121,11 +128,37 @@ export function coalesceWrites(nc: NatsConnection): boolean {
     runHooks();
     return flushConnection();
   };
+  // nats.js reads no answer once its drain has begun: what still waits for one (an acknowledged event, whose
+  // record the feed takes once it is stored) gets it first, a few rounds (an answer may publish more).
+  const owed: (() => boolean)[] = [];
+  waiters.set(nc, owed);
   const drainConnection = nc.drain.bind(nc);
-  nc.drain = () => {
+  nc.drain = async () => {
+    for (let round = 0; round < DRAIN_ROUNDS && !nc.isClosed(); round++) {
+      const until = performance.now() + DRAIN_SETTLE_MS;
+      runHooks();
+      flush();
+      while (owed.some((waiting) => waiting()) && performance.now() < until && !nc.isClosed())
+        await new Promise((resolve) => setTimeout(resolve, 2));
+      // What the answers set going (a record added to the feed at the end of their turn).
+      await turn();
+      await turn();
+      if (!owed.some((waiting) => waiting())) break;
+    }
     runHooks();
     return drainConnection();
   };
+  return true;
+}
+
+/**
+ * Has a drain of `nc` wait (a second at most, a few times) while `waiting()` says an answer is still owed.
+ * False, with nothing registered, on a connection coalesceWrites did not patch.
+ */
+export function beforeDrain(nc: NatsConnection, waiting: () => boolean): boolean {
+  const list = waiters.get(nc);
+  if (list === undefined) return false;
+  list.push(waiting);
   return true;
 }
 
