@@ -46,7 +46,10 @@ export const MAX_ERROR_TYPE_CHARS = 200;
 export const MAX_ERROR_MESSAGE_CHARS = 8 * 1024;
 
 function cut(text: string, max: number): string {
-  return text.length <= max ? text : `${text.slice(0, max)}… (${text.length - max} more characters)`;
+  if (text.length <= max) return text;
+  // Not between the two halves of a surrogate pair (an emoji): the kept half would be no character.
+  const at = /[\ud800-\udbff]/.test(text[max - 1]) ? max - 1 : max;
+  return `${text.slice(0, at)}… (${text.length - at} more characters)`;
 }
 
 /** A Cortex error envelope's {"error": {type, message}}, or the HTTP status for anything else. */

@@ -33,17 +33,23 @@ const ANALYZE_MIN_ROWS = 5_000;
  */
 const ANALYZED_COLUMNS = "run_id, project_id, app_name, status, async";
 
-/** PostgreSQL's text and jsonb take no NUL character; an app's error message might carry one. */
-const noNul = (_k: string, v: unknown) =>
-  typeof v === "string" && v.includes("\0") ? v.replaceAll("\0", "\ufffd") : v;
+/**
+ * PostgreSQL's text and jsonb take no NUL character, and jsonb no half of a surrogate pair (an app's error
+ * message might carry either, or an emoji cut in two): each becomes U+FFFD.
+ */
+const storable = (_k: string, v: unknown) =>
+  typeof v === "string" ? v.replaceAll("\0", "\ufffd").replace(LONE_SURROGATE, "\ufffd") : v;
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
 
 /**
- * JSON for a batch statement, NUL characters replaced. JSON.stringify writes a NUL as \u0000; the
- * replacer, which costs a call per value, runs only when that text shows up.
+ * JSON for a batch statement, NUL characters and lone surrogates replaced. JSON.stringify writes a NUL as
+ * \u0000 and a lone surrogate as \ud8xx-\udfxx (a whole pair as its character); the replacer, which costs
+ * a call per value, runs only when such text shows up. One such record would otherwise fail its batch at
+ * every try, and no run after it would reach the history.
  */
 function batchJson(rows: unknown[]): string {
   const text = JSON.stringify(rows);
-  return text.includes("\\u0000") ? JSON.stringify(rows, noNul) : text;
+  return text.includes("\\u0000") || /\\ud[89a-f]/i.test(text) ? JSON.stringify(rows, storable) : text;
 }
 
 /** Opens the history's tables in the server at `url` (creating what is missing). */
