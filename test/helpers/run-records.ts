@@ -2,6 +2,7 @@
 // `Skiff-Run`): a sync run (a WebSocket connection too) has no other record
 // than its events, so tests read its states here, as the run history does.
 import type { NatsConnection, Subscription } from "nats";
+import { v7 } from "uuid";
 import { vi } from "vitest";
 import { recordOfEvent } from "../../services/runs/events.js";
 import type { RunRecord } from "../../services/runs/store.js";
@@ -38,5 +39,23 @@ export async function followRunRecords(nc: NatsConnection): Promise<RunRecords> 
         { timeout: timeoutMs, interval: 20 },
       ),
     stop: () => sub.unsubscribe(),
+  };
+}
+
+/** A successful sync run's final record of app `a` in `project`, made now, with `over` on top. */
+export function finishedRun(project: string, over: Partial<RunRecord> = {}): RunRecord {
+  return {
+    run_id: v7(),
+    project_id: project,
+    app_name: "a",
+    path: "run",
+    async: false,
+    status: "success",
+    queued_at: new Date().toISOString(),
+    finished_at: new Date().toISOString(),
+    run_time_ms: 1,
+    status_code: 200,
+    attempts: 1,
+    ...over,
   };
 }

@@ -11,7 +11,6 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { connect, headers, type NatsConnection } from "nats";
 import pg from "pg";
-import { v7 } from "uuid";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { silentLogger } from "../../services/config/logger.js";
 import { provision } from "../../services/nats/connect.js";
@@ -22,6 +21,7 @@ import { RUNS_STREAM, openRunHistory, type RunHistory } from "../../services/run
 import { outcomeOfAnswer } from "../../services/runs/outcome.js";
 import type { RunRecord } from "../../services/runs/store.js";
 import { startNatsServer, startProvisionedNats } from "../helpers/nats-server.js";
+import { finishedRun } from "../helpers/run-records.js";
 
 const DATABASE_URL = process.env.SKIFF_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 
@@ -56,20 +56,7 @@ const newSchema = () => {
   return s;
 };
 
-const run = (project: string, over: Partial<RunRecord> = {}): RunRecord => ({
-  run_id: v7(),
-  project_id: project,
-  app_name: "a",
-  path: "run",
-  async: false,
-  status: "success",
-  queued_at: new Date().toISOString(),
-  finished_at: new Date().toISOString(),
-  run_time_ms: 1,
-  status_code: 200,
-  attempts: 1,
-  ...over,
-});
+const run = finishedRun;
 
 async function openHistory(
   conn: NatsConnection,

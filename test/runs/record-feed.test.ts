@@ -6,7 +6,6 @@
 // connection that is not coalesced sends each record at once; a message
 // stays within its size.
 import { connect, type NatsConnection } from "nats";
-import { v7 } from "uuid";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { coalesceWrites } from "../../services/nats/coalesce.js";
 import { streams, subjects } from "../../services/nats/layout.js";
@@ -14,6 +13,7 @@ import { publishRunEvent, publishRunEventUnacked, withEventSeq } from "../../ser
 import { RecordFeed } from "../../services/runs/record-feed.js";
 import type { RunRecord } from "../../services/runs/store.js";
 import { startProvisionedNats } from "../helpers/nats-server.js";
+import { finishedRun } from "../helpers/run-records.js";
 
 let n: Awaited<ReturnType<typeof startProvisionedNats>>;
 /** A connection as skiff's own: coalesced writes. */
@@ -29,20 +29,7 @@ afterAll(async () => {
   await n?.stop();
 });
 
-const run = (over: Partial<RunRecord> = {}): RunRecord => ({
-  run_id: v7(),
-  project_id: "p-feed",
-  app_name: "a",
-  path: "run",
-  async: false,
-  status: "success",
-  queued_at: new Date().toISOString(),
-  finished_at: new Date().toISOString(),
-  run_time_ms: 1,
-  status_code: 200,
-  attempts: 1,
-  ...over,
-});
+const run = (over: Partial<RunRecord> = {}): RunRecord => finishedRun("p-feed", over);
 
 interface Stored {
   seq: number;
