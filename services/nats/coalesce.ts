@@ -45,10 +45,11 @@ export const WAITED_FLUSH_MS = 5;
  * fills the buffer, with how long it may wait.
  */
 const backgrounds = new WeakMap<NatsConnection, { on: boolean; waitMs: number }>();
-/** Per coalesced connection: what adds its messages to each write just before it goes (beforeWrite). */
-const hooks = new WeakMap<NatsConnection, (() => void)[]>();
-/** Per coalesced connection: what says whether something still waits for an answer (beforeDrain). */
-const waiters = new WeakMap<NatsConnection, (() => boolean)[]>();
+/**
+ * Per coalesced connection: what adds its messages to each write just before it goes (beforeWrite), and
+ * what says whether an answer is still owed (beforeDrain).
+ */
+const extras = new WeakMap<NatsConnection, { before: (() => void)[]; owed: (() => boolean)[] }>();
 
 /** How long a drain waits for the answers still owed (DRAIN_ROUNDS times at most). */
 const DRAIN_SETTLE_MS = 1_000;
@@ -82,6 +83,7 @@ export function coalesceWrites(nc: NatsConnection): boolean {
   let due = Infinity;
   const background = { on: false, waitMs: BACKGROUND_FLUSH_MS };
   const before: (() => void)[] = [];
+  const owed: (() => boolean)[] = [];
   /** Set while the hooks publish: their messages join the write under way. */
   let hooked = false;
   const runHooks = () => {
@@ -120,7 +122,7 @@ export function coalesceWrites(nc: NatsConnection): boolean {
     }
   };
   backgrounds.set(nc, background);
-  hooks.set(nc, before);
+  extras.set(nc, { before, owed });
   // A flush is a barrier (its PING answered once the server has read what came before): what the hooks hold
   // goes ahead of it. So does a drain, after which nothing may be published (its own flush comes too late).
   const flushConnection = nc.flush.bind(nc);
@@ -130,13 +132,10 @@ export function coalesceWrites(nc: NatsConnection): boolean {
   };
   // nats.js reads no answer once its drain has begun: what still waits for one (an acknowledged event, whose
   // record the feed takes once it is stored) gets it first, a few rounds (an answer may publish more).
-  const owed: (() => boolean)[] = [];
-  waiters.set(nc, owed);
   const drainConnection = nc.drain.bind(nc);
   nc.drain = async () => {
     for (let round = 0; round < DRAIN_ROUNDS && !nc.isClosed(); round++) {
       const until = performance.now() + DRAIN_SETTLE_MS;
-      runHooks();
       flush();
       while (owed.some((waiting) => waiting()) && performance.now() < until && !nc.isClosed())
         await new Promise((resolve) => setTimeout(resolve, 2));
@@ -156,10 +155,7 @@ export function coalesceWrites(nc: NatsConnection): boolean {
  * False, with nothing registered, on a connection coalesceWrites did not patch.
  */
 export function beforeDrain(nc: NatsConnection, waiting: () => boolean): boolean {
-  const list = waiters.get(nc);
-  if (list === undefined) return false;
-  list.push(waiting);
-  return true;
+  return extras.get(nc)?.owed.push(waiting) !== undefined;
 }
 
 /**
@@ -167,10 +163,7 @@ export function beforeDrain(nc: NatsConnection, waiting: () => boolean): boolean
  * then goes in that write. False, with nothing registered, on a connection coalesceWrites did not patch.
  */
 export function beforeWrite(nc: NatsConnection, hook: () => void): boolean {
-  const list = hooks.get(nc);
-  if (list === undefined) return false;
-  list.push(hook);
-  return true;
+  return extras.get(nc)?.before.push(hook) !== undefined;
 }
 
 /**

@@ -15,7 +15,7 @@
 // message with the record is stored too: what is acknowledged is in the
 // history's input. The others are as durable as their events (which nothing
 // awaits).
-import type { NatsConnection } from "nats";
+import { deferred, type Deferred, type NatsConnection } from "nats";
 import { WAITED_FLUSH_MS, beforeWrite, inBackground, publishAcked, subjects } from "../nats/index.js";
 
 /** Most bytes one message carries; it also stays within the server's max_payload. */
@@ -25,27 +25,11 @@ const HEADROOM_BYTES = 1024;
 
 const encoder = new TextEncoder();
 
-interface Waiting {
-  promise: Promise<void>;
-  resolve(): void;
-  reject(err: unknown): void;
-}
-
-function waiting(): Waiting {
-  let resolve!: () => void;
-  let reject!: (err: unknown) => void;
-  const promise = new Promise<void>((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  return { promise, resolve, reject };
-}
-
 export class RecordFeed {
   private lines: string[] = [];
   private bytes = 0;
   /** The acknowledgement that acked records of the pending message wait for; none while none does. */
-  private acked: Waiting | undefined;
+  private acked: Deferred<void> | undefined;
   private scheduled = false;
   /** Whether an acked record of the pending message is of a run alone (its message goes at once). */
   private hurried = false;
@@ -76,7 +60,7 @@ export class RecordFeed {
   addAcked(text: string, together = false): Promise<void> {
     // Pushed first: a message that it would take past its size goes before, with its own acknowledgement.
     this.push(text);
-    const ack = (this.acked ??= waiting());
+    const ack = (this.acked ??= deferred<void>());
     if (!together) this.hurried = true;
     if (!this.batched) this.flush();
     // The records of a turn's acknowledgements together, in a message that goes at once.
@@ -84,7 +68,7 @@ export class RecordFeed {
       this.scheduled = true;
       setImmediate(this.atTurnEnd);
     }
-    return ack.promise;
+    return ack;
   }
 
   /** Publishes what is pending as one message. */

@@ -277,18 +277,14 @@ class PostgresWriter implements HistoryWriter {
   }
 
   async restart(stream: string, streamCreated: string, keepEventSeqs = false): Promise<void> {
-    if (keepEventSeqs)
-      await this.session.query(
-        `UPDATE ${this.t.runs} SET record = jsonb_set(record, '{event_seq}', to_jsonb(revision))
-         WHERE revision <> 0 AND NOT record ? 'event_seq'`,
-      );
     await this.session.query(
-      `WITH reset AS (UPDATE ${this.t.runs} SET revision = 0 WHERE revision <> 0),
+      `WITH reset AS (UPDATE ${this.t.runs} SET revision = 0, record = CASE WHEN $3 AND NOT record ? 'event_seq'
+           THEN jsonb_set(record, '{event_seq}', to_jsonb(revision)) ELSE record END WHERE revision <> 0),
          reset_deliveries AS (UPDATE ${this.t.deliveries} SET revision = 0 WHERE revision <> 0),
          dropped AS (DELETE FROM ${this.t.cursor} WHERE stream <> $1)
        INSERT INTO ${this.t.cursor} AS c (stream, stream_created, last_seq) VALUES ($1, $2, 0)
        ON CONFLICT (stream) DO UPDATE SET last_seq = 0, stream_created = excluded.stream_created`,
-      [stream, streamCreated],
+      [stream, streamCreated, keepEventSeqs],
     );
   }
 

@@ -366,16 +366,12 @@ class SqliteWriter implements HistoryWriter {
   async restart(stream: string, streamCreated: string, keepEventSeqs = false): Promise<void> {
     await this.thread.run(
       [
-        ...(keepEventSeqs
-          ? [
-              {
-                sql: `UPDATE runs SET record = json_set(record, '$.event_seq', revision)
-                  WHERE revision <> 0 AND json_type(record, '$.event_seq') IS NULL`,
-                mode: "run" as const,
-              },
-            ]
-          : []),
-        { sql: "UPDATE runs SET revision = 0 WHERE revision <> 0", mode: "run" },
+        {
+          sql: `UPDATE runs SET revision = 0, record = CASE WHEN ? AND json_type(record, '$.event_seq') IS NULL
+            THEN json_set(record, '$.event_seq', revision) ELSE record END WHERE revision <> 0`,
+          params: [keepEventSeqs ? 1 : 0],
+          mode: "run",
+        },
         { sql: "UPDATE webhook_deliveries SET revision = 0 WHERE revision <> 0", mode: "run" },
         { sql: "DELETE FROM projection WHERE stream <> ?", params: [stream], mode: "run" },
         { sql: SET_CURSOR, params: [stream, streamCreated, 0], mode: "run" },
