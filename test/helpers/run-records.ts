@@ -59,3 +59,24 @@ export function finishedRun(project: string, over: Partial<RunRecord> = {}): Run
     ...over,
   };
 }
+
+/** A stored message of a stream: its body as text, and its `Skiff-Run` header (an event's record). */
+export interface StoredMessage {
+  seq: number;
+  subject: string;
+  text: string;
+  header: string | undefined;
+}
+
+/** The messages of `stream` after sequence `from` (those gone from it left out), read through `nc`. */
+export async function storedAfter(nc: NatsConnection, stream: string, from: number): Promise<StoredMessage[]> {
+  const jsm = await nc.jetstreamManager();
+  const last = (await jsm.streams.info(stream)).state.last_seq;
+  const out: StoredMessage[] = [];
+  for (let seq = from + 1; seq <= last; seq++) {
+    const m = await jsm.streams.getMessage(stream, { seq }).catch(() => undefined);
+    if (m)
+      out.push({ seq, subject: m.subject, text: new TextDecoder().decode(m.data), header: m.header?.get("Skiff-Run") });
+  }
+  return out;
+}

@@ -21,7 +21,7 @@ import { RUNS_STREAM, openRunHistory, type RunHistory } from "../../services/run
 import { outcomeOfAnswer } from "../../services/runs/outcome.js";
 import type { RunRecord } from "../../services/runs/store.js";
 import { startNatsServer, startProvisionedNats } from "../helpers/nats-server.js";
-import { finishedRun } from "../helpers/run-records.js";
+import { finishedRun, storedAfter } from "../helpers/run-records.js";
 
 const DATABASE_URL = process.env.SKIFF_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 
@@ -73,34 +73,26 @@ async function openHistory(
   });
 }
 
-/** The feed's records (parsed lines) stored after sequence `from`. */
-async function fedAfter(from: number): Promise<(RunRecord & { event_seq?: number })[]> {
-  const jsm = await n.nc.jetstreamManager();
-  const last = (await jsm.streams.info(streams.history.name)).state.last_seq;
-  const out: (RunRecord & { event_seq?: number })[] = [];
-  for (let seq = from + 1; seq <= last; seq++) {
-    const m = await jsm.streams.getMessage(streams.history.name, { seq });
-    if (m.subject !== subjects.historyRuns) continue;
-    for (const line of new TextDecoder().decode(m.data).split("\n")) out.push(JSON.parse(line) as RunRecord);
-  }
-  return out;
+/** The feed's records (parsed lines) stored after sequence `from` of the server `nc` is connected to. */
+async function fedAfter(from: number, on: NatsConnection = n.nc): Promise<(RunRecord & { event_seq?: number })[]> {
+  return (await storedAfter(on, streams.history.name, from))
+    .filter((m) => m.subject === subjects.historyRuns)
+    .flatMap((m) => m.text.split("\n").map((line) => JSON.parse(line) as RunRecord));
 }
 
 const feedLast = async () => (await (await n.nc.jetstreamManager()).streams.info(streams.history.name)).state.last_seq;
 const eventsLast = async () => (await (await n.nc.jetstreamManager()).streams.info(streams.events.name)).state.last_seq;
 
 /** The run ids of the events stored after sequence `from` (their headers' records). */
-async function eventRunsAfter(from: number): Promise<string[]> {
-  const jsm = await n.nc.jetstreamManager();
-  const last = (await jsm.streams.info(streams.events.name)).state.last_seq;
-  const out: string[] = [];
-  for (let seq = from + 1; seq <= last; seq++) {
-    const m = await jsm.streams.getMessage(streams.events.name, { seq });
-    const text = m.header?.get("Skiff-Run");
-    if (text) out.push((JSON.parse(text) as RunRecord).run_id);
-  }
-  return out;
+async function eventRunsAfter(from: number, on: NatsConnection = n.nc): Promise<string[]> {
+  return (await storedAfter(on, streams.events.name, from)).flatMap((m) =>
+    m.header ? [(JSON.parse(m.header) as RunRecord).run_id] : [],
+  );
 }
+
+/** Waits until the history holds the run. */
+const projected = (h: RunHistory, project: string, runId: string, timeout = 10_000) =>
+  vi.waitUntil(async () => (await h.get(project, "a", runId)) !== undefined, { timeout, interval: 50 });
 
 describe("record feed attacks: tenant data in records", () => {
   // An app's error message comes from its JSON answer (runs/outcome.ts answerError): JSON.parse turns an escaped
@@ -142,10 +134,7 @@ describe("record feed attacks: tenant data in records", () => {
       publishRunEventUnacked(c, after);
       await c.flush();
       // Both runs, the one after above all, reach the history.
-      await vi.waitUntil(async () => (await h.get(P, "a", after.run_id)) !== undefined, {
-        timeout: 5_000,
-        interval: 50,
-      });
+      await projected(h, P, after.run_id, 5_000);
       expect((await h.get(P, "a", poisoned.run_id))?.status).toBe("failure");
     } finally {
       await h.close();
@@ -169,11 +158,7 @@ describe("record feed attacks: tenant data in records", () => {
       await nc.flush();
       const fed = await fedAfter(from);
       expect(fed.map((r) => r.run_id)).toEqual(odd.map((r) => r.run_id));
-      for (const r of odd)
-        await vi.waitUntil(async () => (await h.get(P, "a", r.run_id)) !== undefined, {
-          timeout: 10_000,
-          interval: 50,
-        });
+      for (const r of odd) await projected(h, P, r.run_id);
       const page = await h.list(P, "a", { pageSize: 20 });
       // Nothing but these five: the path's forged record is not a run of its own.
       expect(page.runs.map((r) => r.run_id).sort()).toEqual(odd.map((r) => r.run_id).sort());
@@ -197,10 +182,7 @@ describe("record feed attacks: tenant data in records", () => {
       await nc.flush();
       publishRunEventUnacked(nc, later);
       await nc.flush();
-      await vi.waitUntil(async () => (await h.get(P, "a", later.run_id)) !== undefined, {
-        timeout: 10_000,
-        interval: 50,
-      });
+      await projected(h, P, later.run_id);
       expect((await h.get(P, "a", good.run_id))?.status).toBe("success");
     } finally {
       await h.close();
@@ -223,10 +205,7 @@ describe("record feed attacks: tenant data in records", () => {
       const marker = run(P);
       publishRunEventUnacked(nc, marker);
       await nc.flush();
-      await vi.waitUntil(async () => (await h.get(P, "a", marker.run_id)) !== undefined, {
-        timeout: 10_000,
-        interval: 50,
-      });
+      await projected(h, P, marker.run_id);
       expect((await h.get(P, "a", r.run_id))?.status).toBe("success");
     } finally {
       await h.close();
@@ -295,50 +274,34 @@ describe("record feed attacks: NATS restarts", () => {
   async function storedRuns(url: string): Promise<{ evented: string[]; fed: string[] }> {
     const probe = await connect({ servers: url });
     try {
-      const jsm = await probe.jetstreamManager();
-      const readAll = async (
-        stream: string,
-        fn: (m: { subject: string; data: Uint8Array; header: { get(k: string): string } }) => string[],
-      ) => {
-        const last = (await jsm.streams.info(stream)).state.last_seq;
-        const ids: string[] = [];
-        for (let seq = 1; seq <= last; seq++) {
-          const m = await jsm.streams.getMessage(stream, { seq }).catch(() => undefined);
-          if (m) ids.push(...fn(m));
-        }
-        return ids;
-      };
-      const evented = await readAll(streams.events.name, (m) => {
-        const t = m.header?.get("Skiff-Run");
-        return t ? [(JSON.parse(t) as RunRecord).run_id] : [];
-      });
-      const fed = await readAll(streams.history.name, (m) =>
-        m.subject === subjects.historyRuns
-          ? new TextDecoder()
-              .decode(m.data)
-              .split("\n")
-              .map((l) => (JSON.parse(l) as RunRecord).run_id)
-          : [],
-      );
-      return { evented, fed };
+      return { evented: await eventRunsAfter(0, probe), fed: (await fedAfter(0, probe)).map((r) => r.run_id) };
     } finally {
       await probe.close();
     }
   }
 
-  it("killed and started again: an event and its record are stored both or neither; those published once the client saw the loss reach both", async () => {
+  /**
+   * A nats-server of its own, provisioned, and a coalesced connection to it that reconnects for ever;
+   * `lost` resolves once the connection has seen the server go.
+   */
+  async function reconnectingOnOwnNats() {
     const own = await startNatsServer();
     const admin = await connect({ servers: own.url });
     await provision(admin, silentLogger);
     await admin.close();
     const c = await connect({ servers: own.url, reconnect: true, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
     coalesceWrites(c);
+    const lost = new Promise<void>((resolve) => {
+      void (async () => {
+        for await (const s of c.status()) if (s.type === "disconnect") resolve();
+      })();
+    });
+    return { own, c, lost };
+  }
+
+  it("killed and started again: an event and its record are stored both or neither; those published once the client saw the loss reach both", async () => {
+    const { own, c, lost } = await reconnectingOnOwnNats();
     const P = newProject();
-    let disconnected!: () => void;
-    const lost = new Promise<void>((res) => (disconnected = res));
-    void (async () => {
-      for await (const s of c.status()) if (s.type === "disconnect") disconnected();
-    })();
     try {
       const before = run(P);
       publishRunEventUnacked(c, before);
@@ -382,18 +345,8 @@ describe("record feed attacks: NATS restarts", () => {
   it.fails(
     "sync runs that end while the connection is down are in the feed once it is back",
     async () => {
-      const own = await startNatsServer();
-      const admin = await connect({ servers: own.url });
-      await provision(admin, silentLogger);
-      await admin.close();
-      const c = await connect({ servers: own.url, reconnect: true, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
-      coalesceWrites(c);
+      const { own, c, lost } = await reconnectingOnOwnNats();
       const P = newProject();
-      let disconnected!: () => void;
-      const lost = new Promise<void>((res) => (disconnected = res));
-      void (async () => {
-        for await (const s of c.status()) if (s.type === "disconnect") disconnected();
-      })();
       try {
         await own.kill();
         await lost;
@@ -441,7 +394,7 @@ describe("record feed attacks: an upgrade from a history that followed SKIFF_EVE
         earlierEvent(first);
         await c.flush();
         let h = await openHistory(c, "postgres", schema);
-        await vi.waitUntil(async () => (await h.get(P, "a", first.run_id)) !== undefined, { timeout: 10_000 });
+        await projected(h, P, first.run_id);
         await h.close();
         const events = await (await c.jetstreamManager()).streams.info(RUNS_STREAM);
         await client.query(`DELETE FROM "${schema}".projection`);
@@ -459,7 +412,7 @@ describe("record feed attacks: an upgrade from a history that followed SKIFF_EVE
         await c.flush();
         h = await openHistory(c, "postgres", schema);
         try {
-          await vi.waitUntil(async () => (await h.get(P, "a", byNew.run_id)) !== undefined, { timeout: 10_000 });
+          await projected(h, P, byNew.run_id);
           await new Promise((res) => setTimeout(res, 300));
           expect(await h.get(P, "a", byEarlier.run_id)).toBeDefined();
         } finally {

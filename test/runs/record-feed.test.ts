@@ -13,7 +13,7 @@ import { publishRunEvent, publishRunEventUnacked, withEventSeq } from "../../ser
 import { RecordFeed } from "../../services/runs/record-feed.js";
 import type { RunRecord } from "../../services/runs/store.js";
 import { startProvisionedNats } from "../helpers/nats-server.js";
-import { finishedRun } from "../helpers/run-records.js";
+import { finishedRun, storedAfter, type StoredMessage } from "../helpers/run-records.js";
 
 let n: Awaited<ReturnType<typeof startProvisionedNats>>;
 /** A connection as skiff's own: coalesced writes. */
@@ -31,13 +31,6 @@ afterAll(async () => {
 
 const run = (over: Partial<RunRecord> = {}): RunRecord => finishedRun("p-feed", over);
 
-interface Stored {
-  seq: number;
-  subject: string;
-  text: string;
-  header: string | undefined;
-}
-
 interface Position {
   events: number;
   feed: number;
@@ -51,23 +44,11 @@ const position = async (): Promise<Position> => {
   };
 };
 
-/** A stream's messages from `from` + 1 on. */
-async function storedAfter(stream: string, from: number): Promise<Stored[]> {
-  const jsm = await n.nc.jetstreamManager();
-  const last = (await jsm.streams.info(stream)).state.last_seq;
-  const out: Stored[] = [];
-  for (let seq = from + 1; seq <= last; seq++) {
-    const m = await jsm.streams.getMessage(stream, { seq });
-    out.push({ seq, subject: m.subject, text: new TextDecoder().decode(m.data), header: m.header.get("Skiff-Run") });
-  }
-  return out;
-}
-
 /** The events and the feed's messages stored since `at`. */
-async function since(at: Position): Promise<{ events: Stored[]; feed: Stored[] }> {
+async function since(at: Position): Promise<{ events: StoredMessage[]; feed: StoredMessage[] }> {
   return {
-    events: await storedAfter(streams.events.name, at.events),
-    feed: await storedAfter(streams.history.name, at.feed),
+    events: await storedAfter(n.nc, streams.events.name, at.events),
+    feed: await storedAfter(n.nc, streams.history.name, at.feed),
   };
 }
 
