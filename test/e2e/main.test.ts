@@ -138,7 +138,7 @@ describe("skiff process", () => {
         SKIFF_STOP_DEADLINE_MS: "2000",
       });
       await logLine(child, (l) => String(l.msg).startsWith("skiff serves"));
-      process.kill(frozen.pid, "SIGSTOP");
+      await frozen.freeze();
       const overrun = logLine(child, (l) => String(l.msg).startsWith("stop deadline passed"));
       const code = exited(child);
       const sent = Date.now();
@@ -150,7 +150,7 @@ describe("skiff process", () => {
       expect(line.waitingFor).toEqual([expect.stringContaining(`NATS: draining the connection to ${frozen.url}`)]);
       expect(line.msg).toContain("SKIFF_STOP_DEADLINE_MS=2000");
     } finally {
-      process.kill(frozen.pid, "SIGCONT");
+      frozen.thaw();
       await frozen.stop();
     }
   });

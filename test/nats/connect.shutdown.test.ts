@@ -57,14 +57,14 @@ describe("stopping the NATS connection", () => {
     await new Promise((resolve) => setTimeout(resolve, 100));
     publishInBackground(handle.nc, "stop.events", new Uint8Array(8));
     // Frozen: it can confirm nothing. The stop must wait (until the drain's own deadline), not end at once.
-    process.kill(nats.pid, "SIGSTOP");
+    await nats.freeze();
     let ended = false;
     const closing = handle.close().then(() => (ended = true));
     try {
       await new Promise((resolve) => setTimeout(resolve, 1_000));
       expect(ended).toBe(false);
     } finally {
-      process.kill(nats.pid, "SIGCONT");
+      nats.thaw();
     }
     // Back: it confirms, and the stop ends.
     await closing;
