@@ -50,6 +50,14 @@ const DEFAULT_BATCH_MS = 50;
 /** How often a process that does not hold the projector's lock tries for it; also the pause after a failure. */
 const DEFAULT_LEADER_RETRY_MS = 2_000;
 
+/**
+ * The feed's messages the projector's consumer holds at most (nats.js asks for more once three quarters are
+ * read): each carries up to 256 KiB of records, so this bounds a catch-up to 8 MiB of them (a thousand, as for
+ * the events, held hundreds of megabytes). Counted in messages, not bytes: a pull by bytes that a message does
+ * not fit ends without one, and nats.js waits for that pull's expiry (30 s) before the next.
+ */
+const FEED_PULL_MESSAGES = 32;
+
 /** How long the server keeps the projector's consumer after its process went silent. */
 const CONSUMER_IDLE_MS = 60_000;
 /** Events after which the consumer cannot be trusted to deliver every message. */
@@ -151,6 +159,8 @@ export class RunProjector {
   applied = 0;
   /** Whether this process holds the projector's lock and follows the stream. */
   leading = false;
+  /** Batches handed to the writer and not yet written (or failed): one, two for a moment, at most. */
+  queued = 0;
   private stopped = false;
   private messages: ConsumerMessages | undefined;
   private readonly loop: Promise<void>;
@@ -294,7 +304,9 @@ export class RunProjector {
       description: "run history projector",
     });
     const consumer = await js.consumers.get(o.stream, ci.name);
-    const messages = (this.messages = await consumer.consume({ max_messages: this.batchSize * 2 }));
+    const messages = (this.messages = await consumer.consume({
+      max_messages: events ? this.batchSize * 2 : FEED_PULL_MESSAGES,
+    }));
     if (this.stopped) messages.stop();
     void (async () => {
       for await (const s of await messages.status())
@@ -311,9 +323,10 @@ export class RunProjector {
       if (batch.messages === 0) return writing;
       const b = batch;
       batch = emptyBatch();
+      this.queued++;
       writing = writing.then(async () => {
-        if (failure !== undefined || this.stopped) return;
         try {
+          if (failure !== undefined || this.stopped) return;
           const out: Batch = {
             runs: [...b.byRun.values()],
             deliveries: [...b.deliveries.values()],
@@ -326,9 +339,19 @@ export class RunProjector {
         } catch (err) {
           failure = err;
           messages.stop();
+        } finally {
+          this.queued--;
         }
       });
       return writing;
+    };
+    // A batch whose time is up goes to the writer when the writer is free; while a write is under way it keeps
+    // filling (up to batchSize, when the stream's intake waits), so that a slow or stuck database holds two
+    // batches, not one more every batchMs.
+    const due = () => {
+      timer = undefined;
+      if (this.queued === 0) void flush();
+      else timer = setTimeout(due, this.batchMs);
     };
     try {
       let delivered = 0;
@@ -348,7 +371,7 @@ export class RunProjector {
           const before = writing;
           void flush();
           await before;
-        } else timer ??= setTimeout(() => void flush(), this.batchMs);
+        } else timer ??= setTimeout(due, this.batchMs);
       }
       await flush();
     } finally {

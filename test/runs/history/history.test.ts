@@ -6,6 +6,7 @@
 // restart, shared by two processes, and pruned by age. Each test has a schema
 // of its own; NATS is a real server provisioned as skiff provisions it.
 import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { headers, type NatsConnection } from "nats";
@@ -26,6 +27,7 @@ import {
   type RunHistoryOptions,
 } from "../../../services/runs/history/index.js";
 import { rowOf } from "../../../services/runs/history/projector.js";
+import { SQLITE_FILE } from "../../../services/runs/history/sqlite.js";
 import type { RunRecord } from "../../../services/runs/store.js";
 import { startProvisionedNats } from "../../helpers/nats-server.js";
 
@@ -523,6 +525,105 @@ describe("run history - after a version that projected the events themselves", (
     } finally {
       await client.end();
       await own.stop();
+    }
+  });
+});
+
+describe("run history - a database that does not take writes for a while", () => {
+  /** The part of better-sqlite3 used here (the server loads it on its database threads, untyped). */
+  type Sqlite = { exec(sql: string): void; close(): void };
+  const Database = createRequire(import.meta.url)("better-sqlite3") as new (file: string) => Sqlite;
+
+  /** Holds the embedded history's write lock from a connection of the test's own until the returned function. */
+  function lockSqlite(schema: string): () => void {
+    const db = new Database(path.join(sqliteDir, schema, HISTORY_FOLDER, SQLITE_FILE));
+    db.exec("BEGIN IMMEDIATE");
+    return () => {
+      db.exec("COMMIT");
+      db.close();
+    };
+  }
+
+  /** Stream messages the history's projector has been sent of FEED_STREAM: its consumer's last delivered sequence. */
+  async function deliveredTo(since: number): Promise<number> {
+    const jsm = await nc.jetstreamManager();
+    let last = 0;
+    for await (const ci of jsm.consumers.list(FEED_STREAM))
+      if (Date.parse(ci.created) >= since) last = Math.max(last, ci.delivered.stream_seq);
+    return last;
+  }
+
+  it("the projector is sent a few of the feed's messages at a time, each of which holds many records", async () => {
+    const schema = newSchema();
+    const since = Date.now();
+    const h = await open("sqlite", schema);
+    try {
+      const P = newProject();
+      // Following the feed (its consumer made) before the database stops taking writes.
+      await publishRunEvent(nc, run(P, "first"));
+      await caughtUp(h);
+      const unlock = lockSqlite(schema);
+      const js = nc.jetstream();
+      // 120 messages of about 120 KB: 100 records each, of 1 KB paths. Sent them all, the projector would hold 14 MB.
+      const first = (await lastSeq()) + 1;
+      for (let m = 0; m < 120; m++) {
+        const lines = Array.from({ length: 100 }, () => JSON.stringify(run(P, "big", { path: "x".repeat(1024) })));
+        await js.publish(subjects.historyRuns, new TextEncoder().encode(lines.join("\n")));
+      }
+      let held = 0;
+      try {
+        // Until the server has sent what the projector asked for.
+        await vi.waitUntil(
+          async () => {
+            const now = await deliveredTo(since);
+            const settled = now === held && now >= first;
+            held = now;
+            return settled;
+          },
+          { timeout: 8_000, interval: 300 },
+        );
+        // 32 messages the pull, and the two batches the projector makes before it waits (10).
+        expect(held - first + 1).toBeLessThan(60);
+      } finally {
+        unlock();
+      }
+      await caughtUp(h);
+      const page = await h.list(P, "big", { pageSize: 500 });
+      expect(page.runs).toHaveLength(500);
+      expect(page.next).toBeDefined();
+    } finally {
+      await close(h);
+    }
+  });
+
+  it("batches whose time is up wait for the write under way: a stuck write holds two, not one more each batchMs", async () => {
+    const schema = newSchema();
+    const h = await open("sqlite", schema, { projector: { batchSize: 20, batchMs: 10, leaderRetryMs: 100 } });
+    try {
+      const P = newProject();
+      await publishRunEvent(nc, run(P, "first"));
+      await caughtUp(h);
+      const unlock = lockSqlite(schema);
+      const runs: RunRecord[] = [];
+      let most = 0;
+      try {
+        // One run every 5 ms for a second, each in a message of its own: a batch's time is up many times over.
+        for (let i = 0; i < 200; i++) {
+          const r = run(P, "trickle");
+          runs.push(r);
+          await publishRunEvent(nc, r);
+          await new Promise((resolve) => setTimeout(resolve, 5));
+          most = Math.max(most, h.projector!.queued);
+        }
+      } finally {
+        unlock();
+      }
+      expect(most).toBeLessThanOrEqual(2);
+      await caughtUp(h);
+      const page = await h.list(P, "trickle", { pageSize: 500 });
+      expect(page.runs.map((r) => r.run_id)).toEqual(runs.map((r) => r.run_id).reverse());
+    } finally {
+      await close(h);
     }
   });
 });
