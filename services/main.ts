@@ -4,6 +4,7 @@
 import cluster from "node:cluster";
 import { parseArgs } from "node:util";
 import { ConfigError, loadConfig, parseRoles, createLogger } from "./config/index.js";
+import { lockDataFolder } from "./data-lock.js";
 import { deployExamples } from "./management/index.js";
 import { startSkiff } from "./start.js";
 import { superviseWorkers, workerNumber } from "./workers.js";
@@ -23,6 +24,18 @@ async function main(): Promise<void> {
   const base = createLogger(config.logLevel);
   // A worker's every line says which worker it is.
   const logger = config.worker === undefined ? base : base.child({ worker: config.worker });
+  // One process per data folder: taken before anything in it is touched (a supervisor's workers use its folder).
+  let releaseDataFolder = async () => {};
+  if (config.worker === undefined) {
+    try {
+      releaseDataFolder = await lockDataFolder(config.dataDir);
+    } catch (err) {
+      const message = err instanceof Error ? err.message : String(err);
+      logger.fatal({ err }, message);
+      console.error(`skiff: cannot start: ${message}`);
+      process.exit(1);
+    }
+  }
   if (config.workers > 1 && cluster.isPrimary) return superviseWorkers(config, logger);
   // Taken from the start: a signal while skiff starts (it says it serves before this function goes on) is held,
   // and the stop begins once it has started, instead of the signal's default ending the process at once.
@@ -45,6 +58,15 @@ async function main(): Promise<void> {
   if (config.roles.includes("management") && config.roles.includes("runner") && (config.worker ?? 1) === 1)
     void deployExamples({ url: skiff.url, dataDir: config.dataDir, logger });
   let stopping = false;
+  // The nats-server skiff started is its state: without it nothing can be recorded or queued. One that ends
+  // on its own (killed, out of memory) ends skiff too, loudly, for whatever supervises it to start both again.
+  void skiff.nats.serverExited?.then(() => {
+    if (stopping) return;
+    const message = `the nats-server this skiff started (pid ${skiff.nats.serverPid}) ended on its own; skiff cannot go on without it and exits: start it again`;
+    logger.fatal({ serverPid: skiff.nats.serverPid }, message);
+    console.error(`skiff: ${message}`);
+    process.exit(1);
+  });
   const stop = (signal: string) => {
     if (stopping) return;
     stopping = true;
@@ -62,7 +84,8 @@ async function main(): Promise<void> {
       process.exit(1);
     }, config.stopDeadlineMs);
     skiff.close().then(
-      () => {
+      async () => {
+        await releaseDataFolder().catch(() => undefined);
         logger.info("stopped");
         process.exit(0);
       },

@@ -186,6 +186,15 @@ export async function superviseWorkers(config: Config, logger: Logger): Promise<
   }
   requestStop = (signal) => void stop(signal);
   if (stopRequested !== undefined) return stop(stopRequested);
+  // As a lone skiff does (main.ts): the workers cannot go on without the nats-server the supervisor started.
+  void nats.serverExited?.then(() => {
+    if (stopping) return;
+    logger.fatal(
+      { serverPid: nats.serverPid },
+      `the nats-server the supervisor started (pid ${nats.serverPid}) ended on its own; stopping every worker: start skiff again`,
+    );
+    void stop("nats-server ended", true);
+  });
   for (const slot of slots.slice(1)) fork(slot);
   // The workers' IPC channels hold the supervisor open from here.
   logger.info({ workers: config.workers, nats: nats.url }, `${config.workers} workers started`);

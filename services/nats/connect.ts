@@ -71,6 +71,8 @@ export interface NatsHandle {
   embedded: boolean;
   /** Process id of the started server. */
   serverPid?: number;
+  /** Resolves when the started server's process ends: at close(), or on its own (a kill, a crash). */
+  serverExited?: Promise<void>;
   /** False when the server lets clients in without credentials (its INFO has no auth_required). */
   authRequired: boolean;
   /** Drains the connection, then stops a started server. Safe to call more than once. */
@@ -242,7 +244,7 @@ async function ready(
       `NATS at ${url} accepts connections without credentials: any process that can reach it, app replicas included, can read and write skiff's state (signing keys, tokens, runs); run it with authorization and set ${NATS_AUTH_VARIABLES}`,
     );
   }
-  return { nc, url, embedded: server !== undefined, serverPid, authRequired, close };
+  return { nc, url, embedded: server !== undefined, serverPid, serverExited: server?.exited, authRequired, close };
 }
 
 async function shutdown(nc: NatsConnection, server: NatsServerProcess | undefined): Promise<void> {

@@ -155,6 +155,72 @@ describe("skiff process", () => {
     }
   });
 
+  it("a second skiff on a data folder in use stops before it touches it; the first goes on with its nats-server", async () => {
+    const own = mkdtempSync(join(tmpdir(), "skiff-main-twice-"));
+    const env = { SKIFF_PORT: "0", SKIFF_DATA_DIR: own, SKIFF_ROLES: "management" };
+    const first = startMain(env);
+    try {
+      const started = await logLine(first, (l) => String(l.msg).startsWith("started nats-server"));
+      const ready = await logLine(first, (l) => String(l.msg).startsWith("skiff serves"));
+      // Another port even: the folder alone decides.
+      const second = startMain(env);
+      let stderr = "";
+      second.stderr!.on("data", (d) => (stderr += d));
+      expect(await exited(second)).toBe(1);
+      expect(stderr).toContain(`the data folder ${own} is in use by another skiff (pid ${first.pid})`);
+      expect(stderr).toContain("SKIFF_DATA_DIR");
+      // Before, the second start took the first's nats-server for a crash's leftover and stopped it.
+      expect(() => process.kill(started.serverPid as number, 0)).not.toThrow();
+      const health = await fetch(`${ready.url}/healthz`);
+      expect(health.status).toBe(200);
+      const code = exited(first);
+      first.kill("SIGTERM");
+      expect(await code).toBe(0);
+      // Given up at the stop: the folder is free again.
+      const third = startMain(env);
+      await logLine(third, (l) => String(l.msg).startsWith("skiff serves"));
+      const thirdCode = exited(third);
+      third.kill("SIGTERM");
+      expect(await thirdCode).toBe(0);
+    } finally {
+      if (first.exitCode === null && first.signalCode === null) first.kill("SIGKILL");
+      rmSync(own, { recursive: true, force: true });
+    }
+  });
+
+  it("its nats-server ending on its own ends skiff with exit code 1, saying so; a skiff killed leaves its folder free", async () => {
+    const own = mkdtempSync(join(tmpdir(), "skiff-main-nats-gone-"));
+    const env = { SKIFF_PORT: "0", SKIFF_DATA_DIR: own, SKIFF_ROLES: "management" };
+    try {
+      const child = startMain(env);
+      const started = await logLine(child, (l) => String(l.msg).startsWith("started nats-server"));
+      await logLine(child, (l) => String(l.msg).startsWith("skiff serves"));
+      let stderr = "";
+      child.stderr!.on("data", (d) => (stderr += d));
+      const fatal = logLine(child, (l) => l.level === 60);
+      const code = exited(child);
+      process.kill(started.serverPid as number, "SIGKILL");
+      expect((await fatal).msg).toContain(
+        `the nats-server this skiff started (pid ${started.serverPid}) ended on its own`,
+      );
+      expect(await code).toBe(1);
+      expect(stderr).toContain("skiff cannot go on without it");
+      // A skiff killed outright holds nothing: the kernel let go of its lock.
+      const next = startMain(env);
+      await logLine(next, (l) => String(l.msg).startsWith("skiff serves"));
+      const nextCode = exited(next);
+      next.kill("SIGKILL");
+      await nextCode;
+      const last = startMain(env);
+      await logLine(last, (l) => String(l.msg).startsWith("skiff serves"));
+      const lastCode = exited(last);
+      last.kill("SIGTERM");
+      expect(await lastCode).toBe(0);
+    } finally {
+      rmSync(own, { recursive: true, force: true });
+    }
+  });
+
   it.each([
     [{ SKIFF_PORT: "eighty" }, [], /SKIFF_PORT/],
     [
