@@ -39,14 +39,19 @@ const ownImportMeta = {
   },
 };
 
-/** Whether `bundle` holds the files as they are now: each input's modification time and size as recorded. */
+/**
+ * Whether `bundle` holds the files as they are now: made in this checkout (the bundle names its sources by
+ * their absolute places, and a copy of the checkout keeps every file's time and size), each input's
+ * modification time and size as recorded.
+ */
 function fresh(bundle, inputs) {
   try {
     statSync(bundle);
     const recorded = JSON.parse(readFileSync(inputs, "utf8"));
-    return Object.entries(recorded).every(([file, was]) => stamp(file) === was);
+    if (recorded.root !== root) return false;
+    return Object.entries(recorded.files).every(([file, was]) => stamp(file) === was);
   } catch {
-    return false; // no bundle, no record, or a file gone: make it again
+    return false; // no bundle, no record (or one of an earlier form), or a file gone: make it again
   }
 }
 
@@ -66,7 +71,8 @@ async function build(entry, bundle, inputs) {
     write: false,
     logLevel: "silent",
   });
-  const recorded = Object.fromEntries(Object.keys(result.metafile.inputs).map((file) => [file, stamp(file)]));
+  const files = Object.fromEntries(Object.keys(result.metafile.inputs).map((file) => [file, stamp(file)]));
+  const recorded = { root, files };
   mkdirSync(cache, { recursive: true });
   // Each process writes files of its own and renames them into place: starts at the same time do not mix.
   const own = `.${process.pid}`;
