@@ -92,7 +92,12 @@ export class AppPool {
     this.queue = new SlotQueue<Replica, AppPool>(
       this,
       { owner: this.owner, concurrency, limit: o.queueLimit, waitMs: o.queueWaitMs, clock: this.clock },
-      { replicas: () => this.set.replicas, wanted: () => this.set.scale(), blocked: () => this.set.blocked() },
+      {
+        replicas: () => this.set.replicas,
+        wanted: () => this.set.scale(),
+        blocked: () => this.set.blocked(),
+        notReady: () => this.set.notReady(),
+      },
     );
     this.set = new ReplicaSet<Replica>(
       {

@@ -104,6 +104,8 @@ export class ReplicaSet<R extends ManagedReplica> {
   private closed = false;
   /** Why the last scale() could not start the replicas its requests wanted: the project's quota. */
   private blockedBy: string | undefined;
+  /** Why the last start of a replica failed, until one is ready. */
+  private lastStartFailure: string | undefined;
   private readonly timers: ClockTimer[];
 
   constructor(
@@ -123,6 +125,26 @@ export class ReplicaSet<R extends ManagedReplica> {
   /** Why the last scale() could not start what was wanted, if the project's quota held it back. */
   blocked(): string | undefined {
     return this.blockedBy;
+  }
+
+  /**
+   * For a request that waited in vain while no replica was ready: how many are still starting (a replica is
+   * ready once its health check answers), and why the last start failed; undefined when one is ready (they
+   * were busy) or none is starting and none failed.
+   */
+  notReady(): string | undefined {
+    let starting = 0;
+    for (const r of this.replicas) {
+      if (r.state === "ready") return undefined;
+      if (r.state === "starting") starting++;
+    }
+    const parts = [];
+    if (starting > 0)
+      parts.push(
+        `none is ready, ${starting === 1 ? "1 is" : `${starting} are`} still starting (ready once its health check answers 200)`,
+      );
+    if (this.lastStartFailure) parts.push(`the last start failed: ${this.lastStartFailure}`);
+    return parts.length > 0 ? parts.join("; ") : undefined;
   }
 
   /** Replicas starting or ready: those that count against max_replicas. */
@@ -208,6 +230,7 @@ export class ReplicaSet<R extends ManagedReplica> {
       return undefined;
     }
     this.o.changed(replica);
+    this.lastStartFailure = undefined;
     this.o.logger.info({ app: this.owner, replica: replica.id, version: d.version }, "replica ready");
     this.demand.ready(replica);
     return undefined;
@@ -221,6 +244,7 @@ export class ReplicaSet<R extends ManagedReplica> {
       err instanceof StartFailed
         ? err
         : new StartFailed(`replica of app ${this.owner} failed to start: ${err.message}`, { cause: err });
+    this.lastStartFailure = error.message;
     this.o.logger.warn({ app: this.owner, err: error.message }, "replica failed to start");
     // Requests wait for a replica only while one may still come.
     if (this.liveCount() === 0) this.demand.noneComing(error);

@@ -762,7 +762,11 @@ export class Replica {
       if ((await this.probe(s.healthcheck, 1000)) === 200) break;
       if (Date.now() > deadline) {
         this.kill();
-        throw new StartFailed(`${s.healthcheck} did not answer 200 within ${s.startTimeoutMs} ms${this.stderrQuote()}`);
+        // A Custom app's own port is where it is asked: an app listening on another one never answers.
+        const where = s.relayed ? ` on port ${s.port} (the app's port)` : "";
+        throw new StartFailed(
+          `${s.healthcheck}${where} did not answer 200 within ${s.startTimeoutMs} ms${this.stderrQuote()}`,
+        );
       }
       await new Promise((r) => setTimeout(r, PROBE_INTERVAL_MS));
     }

@@ -31,6 +31,8 @@ export interface SlotSupply<R> {
   wanted(): void;
   /** Why no further replica may start (its project's quota), if that held the last start back. */
   blocked(): string | undefined;
+  /** When no replica is ready: what the others are doing (starting, the last start's failure); else undefined. */
+  notReady?(): string | undefined;
 }
 
 export interface SlotQueueOptions {
@@ -115,10 +117,12 @@ export class SlotQueue<R extends SlotHolder, O> {
           const { queue } = w;
           queue.remove(w);
           const blocked = queue.supply.blocked();
+          const notReady = queue.supply.notReady?.();
           reject(
             new Overloaded(
               `no replica of app ${queue.o.owner} was free within ${this.o.waitMs} ms` +
-                (blocked ? ` and no other could start: ${blocked}` : ""),
+                (notReady ? `: ${notReady}` : "") +
+                (blocked ? `${notReady ? ";" : ""} and no other could start: ${blocked}` : ""),
               RETRY_AFTER_SECONDS,
             ),
           );

@@ -153,6 +153,31 @@ describe("ReplicaSet", () => {
     expect(set.liveCount()).toBe(3);
   });
 
+  it("says, for a request that waited in vain, what the replicas that are not ready are doing", async () => {
+    const { set, clock, factory } = setUp({ waiting: 1 });
+    expect(set.notReady()).toBeUndefined();
+    // A start whose health check has not answered yet.
+    let answer!: () => void;
+    factory.start = (r) => new Promise<void>((resolve) => (answer = () => void r.start().then(resolve)));
+    set.scale();
+    await clock.advance(0);
+    expect(set.notReady()).toBe("none is ready, 1 is still starting (ready once its health check answers 200)");
+    answer();
+    await clock.advance(0);
+    // A ready one: the requests waited for a busy replica, nothing to add.
+    expect(set.notReady()).toBeUndefined();
+
+    const other = setUp({ waiting: 1 });
+    other.factory.failStart = new StartFailed(
+      "/health on port 8000 (the app's port) did not answer 200 within 60000 ms",
+    );
+    other.set.scale();
+    await other.clock.advance(0);
+    expect(other.set.notReady()).toBe(
+      "the last start failed: /health on port 8000 (the app's port) did not answer 200 within 60000 ms",
+    );
+  });
+
   it("a replica idle for cooldown stops once the clock passes it, down to min_replicas", async () => {
     const { set, clock, changes } = setUp({
       scaling: { min_replicas: 1, max_replicas: 3, cooldown: 30, response_grace_period: 5 },

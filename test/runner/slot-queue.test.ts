@@ -24,14 +24,24 @@ function queue(
   replicas: FakeReplica[],
   o: Partial<SlotQueueOptions> = {},
   owner = "v1",
-): { q: SlotQueue<FakeReplica, string>; clock: FakeClock; wanted: () => number; blocked: { why?: string } } {
+): {
+  q: SlotQueue<FakeReplica, string>;
+  clock: FakeClock;
+  wanted: () => number;
+  blocked: { why?: string; notReady?: string };
+} {
   const clock = (o.clock as FakeClock | undefined) ?? new FakeClock();
   let wanted = 0;
-  const blocked: { why?: string } = {};
+  const blocked: { why?: string; notReady?: string } = {};
   const q = new SlotQueue<FakeReplica, string>(
     owner,
     { owner: "p/app", concurrency: 2, limit: 3, waitMs: 1000, clock, ...o },
-    { replicas: () => replicas, wanted: () => void wanted++, blocked: () => blocked.why },
+    {
+      replicas: () => replicas,
+      wanted: () => void wanted++,
+      blocked: () => blocked.why,
+      notReady: () => blocked.notReady,
+    },
   );
   return { q, clock, wanted: () => wanted, blocked };
 }
@@ -100,6 +110,14 @@ describe("SlotQueue", () => {
     expect((err as Overloaded).retryAfterSeconds).toBe(1);
     expect(q.length).toBe(0);
     expect(clock.timers).toBe(0);
+
+    // No replica ready: what the others are doing comes first.
+    blocked.notReady = "none is ready, 1 is still starting (ready once its health check answers 200)";
+    const starting = q.wait(undefined).catch((e: unknown) => e);
+    await clock.advance(700);
+    expect(((await starting) as Error).message).toBe(
+      "no replica of app p/app was free within 700 ms: none is ready, 1 is still starting (ready once its health check answers 200); and no other could start: project p has 20 replicas",
+    );
   });
 
   it("Cancelled when the caller aborts while waiting; the request leaves the queue and its timer goes", async () => {
