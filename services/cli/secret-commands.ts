@@ -30,6 +30,11 @@ export const secrets: Record<string, Command> = {
         );
       if (process.stdin.isTTY) ctx.err(`Type the value of ${name}, then Enter and Ctrl-D:`);
       const value = await readValue();
+      // `printf '%s' "$TOKEN" | skiff secrets set …` with the variable unset sends nothing: not a value to keep.
+      if (value === "")
+        throw new Error(
+          `the value of ${name} read from stdin is empty (an unset variable?); nothing was set. Pipe the value in: skiff secrets set ${name} < file`,
+        );
       const projectId = projectOf(ctx);
       const res = await ctx.client.setSecret({ projectId, name, value });
       ctx.out(

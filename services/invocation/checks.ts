@@ -27,7 +27,19 @@ export function cortexFunction(app: AppRecord, path: string): string {
   const fn = path.startsWith("/") ? path.slice(1) : path;
   const known = app.functions === undefined || app.functions.includes(fn);
   if (fn === "" || fn.startsWith("_") || !known) {
-    throw new ConnectError(`app ${app.app_name} has no public function ${quoted(fn)}`, Code.NotFound);
+    // What can be called, so that a path without a function or with a stray "/" says how to mend it.
+    const names = (app.functions ?? []).filter((f) => !f.startsWith("_"));
+    const listed =
+      names.length === 0
+        ? ""
+        : `; its functions: ${names.slice(0, 20).join(", ")}${names.length > 20 ? `, and ${names.length - 20} more` : ""}`;
+    const call = `call one as /v4/${app.project_id}/${app.app_name}/<function>`;
+    throw new ConnectError(
+      fn === ""
+        ? `app ${app.app_name} is a Cortex app: name the function to ${call}${listed}`
+        : `app ${app.app_name} has no public function ${quoted(fn)}${listed}`,
+      Code.NotFound,
+    );
   }
   return fn;
 }

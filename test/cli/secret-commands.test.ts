@@ -68,6 +68,15 @@ describe("skiff secrets", () => {
       stderr: expect.stringContaining("not found (404)"),
     });
     expect(await skiff(["secrets", "set"])).toMatchObject({ code: 2 });
+    // What `printf '%s' "$UNSET" | skiff secrets set …` sends: refused before anything is stored.
+    for (const empty of ["", "\n"])
+      expect(await skiff(["secrets", "set", "EMPTY"], empty)).toMatchObject({
+        code: 1,
+        stderr: expect.stringContaining(
+          "the value of EMPTY read from stdin is empty (an unset variable?); nothing was set",
+        ),
+      });
+    expect((await skiff(["secrets", "list"])).stdout).not.toContain("EMPTY");
     expect(await skiff(["secrets", "list", "-p", "p-elsewhere"])).toMatchObject({
       code: 1,
       stderr: expect.stringContaining("(403)"),

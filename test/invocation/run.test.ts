@@ -189,6 +189,24 @@ describe("invocation - Run against a fake runner, in-process", () => {
     expect(recorded.finished).toEqual([]);
   });
 
+  it("a Cortex call without a function, or with a stray slash, is 404 listing the functions there are", async () => {
+    const runner = new FakeRunner().host("fns");
+    const { client } = setUp([appRecord("fns", { cortex: ["predict", "stats"] })], runner);
+    const refusal = (path: string) =>
+      client
+        .run({ projectId: PROJECT, appName: "fns", path, body: body("{}") })
+        .catch((e: unknown) => ConnectError.from(e));
+    expect(await refusal("")).toMatchObject({
+      code: Code.NotFound,
+      rawMessage: `app fns is a Cortex app: name the function to call one as /v4/${PROJECT}/fns/<function>; its functions: predict, stats`,
+    });
+    expect(await refusal("predict/")).toMatchObject({
+      code: Code.NotFound,
+      rawMessage: 'app fns has no public function "predict/"; its functions: predict, stats',
+    });
+    expect(runner.calls).toEqual([]);
+  });
+
   it("a Cortex call whose body is not JSON is 400 saying where it broke, never quoting the body", async () => {
     const runner = new FakeRunner().host("fns");
     const { client, recorded } = setUp([appRecord("fns", { cortex: ["predict"] })], runner);
