@@ -466,6 +466,18 @@ function isOrigin(text: string): boolean {
   return (url.protocol === "http:" || url.protocol === "https:") && url.origin === text;
 }
 
+/** What the parser's words mean for the common slips: a string not closed on its line, a text without quotes. */
+function tomlHint(text: string, err: TomlError, said: string): string {
+  const line = text.split("\n")[err.line - 1] ?? "";
+  // The parser reads on past a missing closing quote and stops at the line's end, "a control character".
+  if (said === "control characters are not allowed in strings" && err.column > line.replace(/\r$/, "").length)
+    return " (a string is not closed on its line: its closing quote is missing)";
+  // A bare word where a value goes (`name = hello`); `= =` and the like are left as the parser says them.
+  if (said === "invalid value" && /^[A-Za-z_]/.test(line.slice(err.column - 1)))
+    return ' (text needs quotes: key = "value")';
+  return "";
+}
+
 /** The TOML document of a config file; a syntax error is an AppConfigError naming its line. */
 export function parseToml(text: string, file: string): Table {
   try {
@@ -473,11 +485,8 @@ export function parseToml(text: string, file: string): Table {
   } catch (err) {
     if (!(err instanceof TomlError)) throw err;
     const first = err.message.split("\n")[0].replace(/^Invalid TOML document: /, "");
-    throw new AppConfigError(
-      file,
-      [{ key: "", line: err.line, message: `invalid TOML at line ${err.line}, column ${err.column}: ${first}` }],
-      { cause: err },
-    );
+    const message = `invalid TOML at line ${err.line}, column ${err.column}: ${first}${tomlHint(text, err, first)}`;
+    throw new AppConfigError(file, [{ key: "", line: err.line, message }], { cause: err });
   }
 }
 

@@ -258,6 +258,13 @@ describe("app config (skiff.toml)", () => {
       "skiff.toml:4: invalid TOML at line 4, column 8: invalid value",
     ]);
     expect(issues('[app]\nname = "x"\nname = "y"\n')[0]).toMatch(/^skiff\.toml:3: invalid TOML at line 3/);
+    // The common slips, said as what to mend.
+    expect(issues('[app]\nname = "x\n[runtime]\n')).toEqual([
+      "skiff.toml:2: invalid TOML at line 2, column 10: control characters are not allowed in strings (a string is not closed on its line: its closing quote is missing)",
+    ]);
+    expect(issues("[app]\nname = hello\n")).toEqual([
+      'skiff.toml:2: invalid TOML at line 2, column 8: invalid value (text needs quotes: key = "value")',
+    ]);
   });
 
   it("lines are found past multi-line arrays and strings", () => {
