@@ -91,9 +91,25 @@ export interface CerebriumOptions {
 
 class CerebriumChecker extends Checker {
   readonly warnings: { line: number; message: string }[] = [];
+  /** The keys and tables skiff does not know: with a refusal, they are most likely why (a misspelt name). */
+  readonly strangers: { key: string; line: number; message: string }[] = [];
 
   warn(key: string, message: string): void {
     this.warnings.push({ line: this.lineOf(key), message: `${key} ${message}` });
+  }
+
+  /** A key or table skiff does not know (`name` in `table`), named with the known one it is closest to. */
+  stranger(table: string, name: string, known: readonly string[], what: "key" | "table"): void {
+    const key = table === "" ? name : `${table}.${name}`;
+    const near = closest(name, known);
+    const hint = near
+      ? ` (did you mean ${table === "" ? near : `${table}.${near}`}?)`
+      : table === ""
+        ? " (its tables are under [cerebrium])"
+        : "";
+    const message = `${key} is not a ${what} skiff knows${hint}; it is ignored`;
+    this.warnings.push({ line: this.lineOf(key), message });
+    this.strangers.push({ key, line: this.lineOf(key), message });
   }
 
   /** A number (integer or not) in [min, max], or undefined. */
@@ -132,9 +148,32 @@ class CerebriumChecker extends Checker {
 
   /** Keys that are neither read nor known: a warning each, never an error. */
   unknown(t: Table, table: string, known: readonly string[]): void {
-    for (const k of Object.keys(t))
-      if (!known.includes(k)) this.warn(`${table}.${k}`, "is not a key skiff knows; it is ignored");
+    for (const k of Object.keys(t)) if (!known.includes(k)) this.stranger(table, k, known, "key");
   }
+}
+
+/** The name of `known` at most two edits from `name` (and nearer than its length), if one is. */
+function closest(name: string, known: readonly string[]): string | undefined {
+  let best: string | undefined;
+  let bestDistance = Math.min(3, Math.ceil(name.length / 2));
+  for (const k of known) {
+    const d = editDistance(name.toLowerCase(), k.toLowerCase(), bestDistance);
+    if (d < bestDistance) [best, bestDistance] = [k, d];
+  }
+  return best;
+}
+
+/** Edit distance of `a` and `b` (a swap of two neighbours is one edit, as `nmae` for `name`), or `cap` past it. */
+function editDistance(a: string, b: string, cap: number): number {
+  if (Math.abs(a.length - b.length) >= cap || a.length > 64 || b.length > 64) return cap;
+  const d = Array.from({ length: a.length + 1 }, (_, i) => Array.from({ length: b.length + 1 }, (_, j) => i + j));
+  for (let i = 1; i <= a.length; i++)
+    for (let j = 1; j <= b.length; j++) {
+      d[i][j] = Math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1])
+        d[i][j] = Math.min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return Math.min(d[a.length][b.length], cap);
 }
 
 /** A relative path inside the app folder, with forward slashes, or undefined after an error. */
@@ -430,13 +469,11 @@ export function parseCerebriumConfig(
 ): ParsedConfig {
   const doc = parseToml(text, file);
   const c = new CerebriumChecker(keyLines(text));
-  for (const k of Object.keys(doc))
-    if (k !== "cerebrium") c.warn(k, "is not a table skiff knows (its tables are under [cerebrium]); it is ignored");
+  for (const k of Object.keys(doc)) if (k !== "cerebrium") c.stranger("", k, ["cerebrium"], "table");
   const root = c.sub(doc, "", "cerebrium") ?? (Object.create(null) as Table);
   if (doc.cerebrium === undefined) c.fail("cerebrium", 'is required: [cerebrium.deployment] with name = "..."');
   const tables = ["deployment", "runtime", "hardware", "scaling", "dependencies"];
-  for (const k of Object.keys(root))
-    if (!tables.includes(k)) c.warn(`cerebrium.${k}`, "is not a table skiff knows; it is ignored");
+  for (const k of Object.keys(root)) if (!tables.includes(k)) c.stranger("cerebrium", k, tables, "table");
   const deploymentTable = c.sub(root, "cerebrium", "deployment");
   if (deploymentTable === undefined && root.deployment === undefined)
     c.fail("cerebrium.deployment", 'is required: [cerebrium.deployment] with name = "..."');
@@ -450,9 +487,10 @@ export function parseCerebriumConfig(
   if (deps.files.npm !== undefined && deps.files.npm !== "package.json")
     c.warn("cerebrium.dependencies.paths.npm", "is ignored: npm installs from the folder's package.json");
   if (c.issues.length > 0 || deployment.name === undefined || runtime === undefined || scaling === undefined)
+    // What skiff did not know goes with the refusal: a misspelt name is the usual reason a required one is missing.
     throw new AppConfigError(
       file,
-      c.issues.sort((a, b) => a.line - b.line),
+      [...c.issues, ...c.strangers.slice(0, MAX_WARNINGS)].sort((a, b) => a.line - b.line),
     );
   const config: AppConfig = {
     app: { name: deployment.name },

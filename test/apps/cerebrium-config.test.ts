@@ -142,6 +142,26 @@ describe("cerebrium.toml - parsed to the AppConfig of skiff.toml", () => {
     ]);
   });
 
+  it("a refusal lists the names skiff did not know, with the known one each is closest to: the usual reason", () => {
+    const refusal = (text: string) => {
+      try {
+        parseCerebriumConfig(text, { machinePython: "3.11.2" });
+      } catch (err) {
+        return (err as AppConfigError).issues.map((i) => i.message);
+      }
+      throw new Error("not refused");
+    };
+    expect(refusal('[cerebrium.deploymnet]\nname = "c1"\n')).toEqual([
+      'cerebrium.deployment is required: [cerebrium.deployment] with name = "..."',
+      "cerebrium.deployment.name is required",
+      "cerebrium.deploymnet is not a table skiff knows (did you mean cerebrium.deployment?); it is ignored",
+    ]);
+    expect(refusal('[cerebrium.deployment]\nnmae = "c1"\n')).toEqual([
+      expect.stringMatching(/^cerebrium\.deployment\.name is required/),
+      "cerebrium.deployment.nmae is not a key skiff knows (did you mean cerebrium.deployment.name?); it is ignored",
+    ]);
+  });
+
   it("an entrypoint given as a string is split like a command line, without a shell", () => {
     const text = `${MINIMAL}\n[cerebrium.runtime.custom]\nentrypoint = "python -m http.server 'a b' \\"c;d\\" $HOME"\n`;
     const { config } = parseCerebriumConfig(text);
