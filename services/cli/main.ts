@@ -27,6 +27,7 @@ Commands:
       -d, --data <json>|@<file>          the request body (default {})
       --async                            queue it and print the run id
       --webhook <url>                    also POST the answer to this URL
+      --webhook-secret-file <file>       sign it with the secret in this file (X-Webhook-Signature)
   runs <app>                             the newest runs of an app
       --async                            only async runs
       --status <status>                  only runs in this state (queued, running,
@@ -78,6 +79,7 @@ const OPTIONS = {
   data: { type: "string", short: "d" },
   async: { type: "boolean" },
   webhook: { type: "string" },
+  "webhook-secret-file": { type: "string" },
   status: { type: "string" },
   app: { type: "string" },
 } as const;

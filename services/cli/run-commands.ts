@@ -25,22 +25,50 @@ async function data(raw: string | undefined): Promise<Uint8Array> {
 
 const invocation = (ctx: CommandContext) => createClient(InvocationService, ctx.transport);
 
+/**
+ * The X-Webhook-Secret header of --webhook-secret-file: the file's text less one final line break (the
+ * client's transport writes a header's text as UTF-8, the bytes the server takes the secret from). Read from
+ * a file, never the command line, where `ps` and the shell's history would show it.
+ */
+async function webhookSecretHeader(
+  file: string | undefined,
+  webhook: string | undefined,
+): Promise<Record<string, string>> {
+  if (file === undefined) return {};
+  if (webhook === undefined) throw new UsageError("--webhook-secret-file signs a webhook: give --webhook <url> too");
+  let text: string;
+  try {
+    text = (await readFile(file, "utf8")).replace(/\r?\n$/, "");
+  } catch (err) {
+    throw new Error(
+      `--webhook-secret-file ${file}: cannot read the file (${(err as NodeJS.ErrnoException).code ?? String(err)})`,
+    );
+  }
+  if (text === "") throw new Error(`--webhook-secret-file ${file}: the file is empty`);
+  return { "x-webhook-secret": text };
+}
+
 export const run: Command = {
-  options: ["project", "data", "async", "webhook"],
+  options: ["project", "data", "async", "webhook", "webhook-secret-file"],
   positionals: 1,
   async run(ctx) {
     const target = ctx.positionals[0];
     const cut = target?.indexOf("/") ?? -1;
     if (!target || cut <= 0 || cut === target.length - 1)
       throw new UsageError('name the app and function: skiff run <app>/<function>, e.g. "hello-python/run"');
-    const res = await invocation(ctx).run({
-      projectId: projectOf(ctx),
-      appName: target.slice(0, cut),
-      path: target.slice(cut + 1),
-      async: ctx.options.async === true,
-      webhookEndpoint: (ctx.options.webhook as string | undefined) ?? "",
-      body: { contentType: "application/json", data: await data(ctx.options.data as string | undefined) },
-    });
+    const webhook = ctx.options.webhook as string | undefined;
+    const headers = await webhookSecretHeader(ctx.options["webhook-secret-file"] as string | undefined, webhook);
+    const res = await invocation(ctx).run(
+      {
+        projectId: projectOf(ctx),
+        appName: target.slice(0, cut),
+        path: target.slice(cut + 1),
+        async: ctx.options.async === true,
+        webhookEndpoint: webhook ?? "",
+        body: { contentType: "application/json", data: await data(ctx.options.data as string | undefined) },
+      },
+      { headers },
+    );
     if (ctx.options.async === true) return ctx.out(ctx.json ? JSON.stringify({ run_id: res.runId }) : res.runId);
     ctx.out(new TextDecoder().decode(res.body?.data ?? new Uint8Array()));
     // The answer is printed either way; exit 1 says it was an error.

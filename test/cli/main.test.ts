@@ -5,7 +5,9 @@ import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { runCli } from "../helpers/cli.js";
 import { cortexApp, deploy, P } from "../helpers/run-apps.js";
+import { verifyWebhook } from "../../services/webhook/signature.js";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { startReceiver } from "../helpers/webhook-receiver.js";
 
 describe("skiff CLI", () => {
   let t: TestSkiff;
@@ -16,7 +18,8 @@ describe("skiff CLI", () => {
   const asAdmin = (args: string[]) => skiff(args, { SKIFF_URL: t.url, SKIFF_TOKEN: t.adminToken });
 
   beforeAll(async () => {
-    t = await startTestSkiff();
+    // Webhooks to this machine's receivers (a test's own), which skiff refuses by default.
+    t = await startTestSkiff({ env: { SKIFF_WEBHOOK_ALLOWED_CIDRS: "127.0.0.0/8" } });
     cwd = await mkdtemp(path.join(tmpdir(), "skiff-cli-"));
     await deploy(cwd, t.management(), cortexApp("answers", { max_replicas: 1 }));
     await vi.waitUntil(() => t.skiff.runner!.version(P, "answers") === 1, { timeout: 60_000 });
@@ -151,6 +154,42 @@ describe("skiff CLI", () => {
       expect(refused.stderr).toContain(`cannot reach skiff at http://127.0.0.1:1 (from ${path.join(gone, "address")})`);
     } finally {
       await rm(gone, { recursive: true, force: true });
+    }
+  });
+
+  it("run --webhook-secret-file signs the webhook with the file's secret, which never goes on the command line", async () => {
+    const receiver = await startReceiver(() => 200);
+    const dir = await mkdtemp(path.join(tmpdir(), "skiff-cli-secret-"));
+    try {
+      const file = path.join(dir, "webhook-secret");
+      await writeFile(file, "wh-sëcret-42\n");
+      const hook = `${receiver.url}/hook`;
+      const ran = await asAdmin([
+        "run",
+        "answers/add",
+        "-d",
+        '{"a":2,"b":3}',
+        "--webhook",
+        hook,
+        "--webhook-secret-file",
+        file,
+      ]);
+      expect(ran).toMatchObject({ code: 0, stdout: expect.stringContaining("5") });
+      const [delivery] = await receiver.waitFor("/hook", 1);
+      // The secret is the file's text less its line break, as its UTF-8 bytes.
+      expect(verifyWebhook({ secret: "wh-sëcret-42", headers: delivery.headers, body: delivery.body })).toMatch(
+        /^[0-9a-f-]{36}$/,
+      );
+      expect(await asAdmin(["run", "answers/add", "--webhook-secret-file", file])).toMatchObject({
+        code: 2,
+        stderr: expect.stringContaining("--webhook-secret-file signs a webhook: give --webhook <url> too"),
+      });
+      expect(
+        await asAdmin(["run", "answers/add", "--webhook", hook, "--webhook-secret-file", path.join(dir, "none")]),
+      ).toMatchObject({ code: 1, stderr: expect.stringContaining("cannot read the file (ENOENT)") });
+    } finally {
+      await receiver.close();
+      await rm(dir, { recursive: true, force: true });
     }
   });
 
