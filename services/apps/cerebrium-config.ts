@@ -7,6 +7,7 @@
 // app cannot work without (a Dockerfile and no entrypoint). docs/migrating.md
 // lists every key and what is done with it.
 import path from "node:path";
+import { editDistance } from "../config/index.js";
 import {
   APP_NAME_PATTERN,
   APP_NAME_RULE,
@@ -101,7 +102,8 @@ class CerebriumChecker extends Checker {
   /** A key or table skiff does not know (`name` in `table`), named with the known one it is closest to. */
   stranger(table: string, name: string, known: readonly string[], what: "key" | "table"): void {
     const key = table === "" ? name : `${table}.${name}`;
-    const near = closest(name, known);
+    // A file of many unknown keys is many warnings, counted past MAX_WARNINGS: the names' comparisons stop there.
+    const near = this.strangers.length < MAX_WARNINGS ? closest(name, known) : undefined;
     const hint = near
       ? ` (did you mean ${table === "" ? near : `${table}.${near}`}?)`
       : table === ""
@@ -109,7 +111,7 @@ class CerebriumChecker extends Checker {
         : "";
     const message = `${key} is not a ${what} skiff knows${hint}; it is ignored`;
     this.warnings.push({ line: this.lineOf(key), message });
-    this.strangers.push({ key, line: this.lineOf(key), message });
+    if (this.strangers.length < MAX_WARNINGS) this.strangers.push({ key, line: this.lineOf(key), message });
   }
 
   /** A number (integer or not) in [min, max], or undefined. */
@@ -156,24 +158,13 @@ class CerebriumChecker extends Checker {
 function closest(name: string, known: readonly string[]): string | undefined {
   let best: string | undefined;
   let bestDistance = Math.min(3, Math.ceil(name.length / 2));
+  if (name.length > 64) return undefined;
   for (const k of known) {
-    const d = editDistance(name.toLowerCase(), k.toLowerCase(), bestDistance);
+    if (Math.abs(k.length - name.length) >= bestDistance) continue;
+    const d = editDistance(name.toLowerCase(), k.toLowerCase());
     if (d < bestDistance) [best, bestDistance] = [k, d];
   }
   return best;
-}
-
-/** Edit distance of `a` and `b` (a swap of two neighbours is one edit, as `nmae` for `name`), or `cap` past it. */
-function editDistance(a: string, b: string, cap: number): number {
-  if (Math.abs(a.length - b.length) >= cap || a.length > 64 || b.length > 64) return cap;
-  const d = Array.from({ length: a.length + 1 }, (_, i) => Array.from({ length: b.length + 1 }, (_, j) => i + j));
-  for (let i = 1; i <= a.length; i++)
-    for (let j = 1; j <= b.length; j++) {
-      d[i][j] = Math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
-      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1])
-        d[i][j] = Math.min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return Math.min(d[a.length][b.length], cap);
 }
 
 /** A relative path inside the app folder, with forward slashes, or undefined after an error. */
@@ -490,7 +481,7 @@ export function parseCerebriumConfig(
     // What skiff did not know goes with the refusal: a misspelt name is the usual reason a required one is missing.
     throw new AppConfigError(
       file,
-      [...c.issues, ...c.strangers.slice(0, MAX_WARNINGS)].sort((a, b) => a.line - b.line),
+      [...c.issues, ...c.strangers].sort((a, b) => a.line - b.line),
     );
   const config: AppConfig = {
     app: { name: deployment.name },

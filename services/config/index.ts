@@ -28,5 +28,6 @@ export type { Config, NatsAuth, NatsCredentials, Role } from "./config.js";
 export { realClock, sleep } from "./clock.js";
 export type { Clock, ClockTimer } from "./clock.js";
 export { createLogger } from "./logger.js";
+export { editDistance } from "./edit-distance.js";
 export type { Logger } from "./logger.js";
 export { SECRETS_KEY_BYTES, SecretsKeyError, parseCidr, parsePrivateKey, parseSecretsKey } from "./parse.js";

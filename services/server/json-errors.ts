@@ -26,6 +26,7 @@ import {
 } from "@bufbuild/protobuf";
 import { isFieldError } from "@bufbuild/protobuf/reflect";
 import { isWrapperDesc } from "@bufbuild/protobuf/wkt";
+import { editDistance } from "../config/index.js";
 import { jsonKind, malformedJson, notAnObject } from "./rest/errors.js";
 
 /** How deep messages may nest in JSON: protobuf-es's default, which Connect keeps. */
@@ -340,25 +341,6 @@ function nearMiss(key: string, fields: readonly DescField[]): string | undefined
     if (d <= (name.length < 6 ? 1 : 2) && (best === undefined || d < best[0])) best = [d, field.jsonName];
   }
   return best?.[1];
-}
-
-/** Optimal string alignment distance: insertions, deletions, substitutions and transpositions of neighbours. */
-function editDistance(a: string, b: string): number {
-  const rows: number[][] = [];
-  for (let i = 0; i <= a.length; i++) {
-    rows.push([i]);
-    for (let j = 1; j <= b.length; j++) {
-      if (i === 0) {
-        rows[0].push(j);
-        continue;
-      }
-      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
-      let d = Math.min(rows[i - 1][j] + 1, rows[i][j - 1] + 1, rows[i - 1][j - 1] + cost);
-      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) d = Math.min(d, rows[i - 2][j - 2] + 1);
-      rows[i].push(d);
-    }
-  }
-  return rows[a.length][b.length];
 }
 
 // --- what a field takes -----------------------------------------------------
