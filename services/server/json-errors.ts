@@ -43,10 +43,19 @@ export function jsonDecodeError(
   json: JsonValue,
   ignoreUnknownFields: boolean,
   cause?: unknown,
+  names: FieldNames = "json",
 ): string {
   const walk = new Walk(ignoreUnknownFields);
-  return PREFIX + (walk.message(desc, json, { path: "", depth: 1 }) ?? fallback(desc, cause));
+  return PREFIX + (walk.message(desc, json, { path: "", depth: 1, names }) ?? fallback(desc, cause, names));
 }
+
+/**
+ * How the caller names fields, and so how messages name them: REST's JSON by their proto names
+ * (`expires_at`, README "One port, three protocols"), Connect's by their JSON names (`expiresAt`).
+ * protobuf-es reads either.
+ */
+export type FieldNames = "json" | "proto";
+const nameOf = (field: DescField, names: FieldNames) => (names === "proto" ? field.name : field.jsonName);
 
 /**
  * Why a JSON text does not decode as `desc` with protobuf-es's
@@ -78,7 +87,7 @@ export function jsonTextDecodeError(
   } catch {
     return `${PREFIX}an object in it has the same key twice`;
   }
-  return PREFIX + fallback(desc, cause);
+  return PREFIX + fallback(desc, cause, "json");
 }
 
 /** Where the walk is: the JSON path to the value (JSON names, `[i]` for an item, `[*]` for a map's value), and how many messages deep. */
@@ -87,6 +96,10 @@ interface Place {
   depth: number;
   /** The field that holds the value, and its message; none for the body itself. */
   field?: DescField;
+  /** The field's name as the body wrote it (its proto or its JSON name: nothing else finds it). */
+  key?: string;
+  /** How to name fields the body did not write (a list of them, a near miss). */
+  names: FieldNames;
 }
 
 class Walk {
@@ -107,14 +120,14 @@ class Walk {
         if (this.ignoreUnknownFields) continue;
         return unknownKey(desc, key, at);
       }
-      const here: Place = { path: join(at.path, field.jsonName), depth: at.depth, field };
+      const here: Place = { path: join(at.path, key), depth: at.depth, field, key, names: at.names };
       if (seen.has(field))
         return `${where(here)}: given twice, by its JSON name ("${field.jsonName}") and its proto name ("${field.name}")`;
       seen.add(field);
       if (field.oneof !== undefined && !(field.fieldKind === "scalar" && value === null)) {
         const other = oneofs.get(field.oneof);
         if (other !== undefined)
-          return `fields "${other.jsonName}" and "${field.jsonName}" of ${desc.typeName} are both set, and only one of oneof "${field.oneof.name}" may be`;
+          return `fields "${nameOf(other, at.names)}" and "${nameOf(field, at.names)}" of ${desc.typeName} are both set, and only one of oneof "${field.oneof.name}" may be`;
         oneofs.set(field.oneof, field);
       }
       const wrong = this.field(desc, field, key, value, here);
@@ -265,19 +278,20 @@ function goodValue(field: DescField & { fieldKind: "map" }): JsonValue {
 }
 
 /** What protobuf-es's error names, where the walk found nothing: a field or a oneof of a descriptor, never a value. */
-function fallback(desc: DescMessage, cause: unknown): string {
+function fallback(desc: DescMessage, cause: unknown, names: FieldNames): string {
   const fieldError = cause instanceof Error && isFieldError(cause.cause) ? cause.cause : undefined;
   const named = fieldError?.field();
   if (named?.kind === "field")
-    return `field "${named.jsonName}" of ${named.parent.typeName}: its value is not one the field takes`;
+    return `field "${nameOf(named, names)}" of ${named.parent.typeName}: its value is not one the field takes`;
   if (named?.kind === "oneof") return `oneof "${named.name}" of ${named.parent.typeName}: it is set more than once`;
   return `it does not decode as ${desc.typeName}`;
 }
 
 function where(at: Place): string {
   if (at.field === undefined) return at.path === "" ? "the body" : `at ${at.path}`;
-  const field = `field "${at.field.jsonName}" of ${at.field.parent.typeName}`;
-  return at.path === at.field.jsonName ? field : `${field}, at ${at.path}`;
+  const name = at.key ?? nameOf(at.field, at.names);
+  const field = `field "${name}" of ${at.field.parent.typeName}`;
+  return at.path === name ? field : `${field}, at ${at.path}`;
 }
 
 function join(path: string, name: string): string {
@@ -313,8 +327,8 @@ const MAX_NAMES = 40;
  * which key is wrong.
  */
 function unknownKey(desc: DescMessage, key: string, at: Place): string {
-  const names = desc.fields.map((f) => f.jsonName);
-  const near = nearMiss(key, desc.fields);
+  const names = desc.fields.map((f) => nameOf(f, at.names));
+  const near = nearMiss(key, desc.fields, at.names);
   const which = at.field === undefined ? "the body" : `the object at ${at.path}`;
   const listed =
     names.length === 0
@@ -330,7 +344,7 @@ function unknownKey(desc: DescMessage, key: string, at: Place): string {
  * from (case, `_` and `-` aside), if one is: a typo of a field name, which
  * says nothing of the key beyond that.
  */
-function nearMiss(key: string, fields: readonly DescField[]): string | undefined {
+function nearMiss(key: string, fields: readonly DescField[], names: FieldNames): string | undefined {
   if (key.length > 128) return undefined;
   const plain = (s: string) => s.toLowerCase().replace(/[_-]/g, "");
   const k = plain(key);
@@ -338,7 +352,7 @@ function nearMiss(key: string, fields: readonly DescField[]): string | undefined
   for (const field of fields) {
     const name = plain(field.jsonName);
     const d = editDistance(k, name);
-    if (d <= (name.length < 6 ? 1 : 2) && (best === undefined || d < best[0])) best = [d, field.jsonName];
+    if (d <= (name.length < 6 ? 1 : 2) && (best === undefined || d < best[0])) best = [d, nameOf(field, names)];
   }
   return best?.[1];
 }

@@ -589,7 +589,8 @@ function decodeJson(desc: DescMessage, json: JsonValue): Message {
   try {
     return fromJson(desc, json, { ignoreUnknownFields: false });
   } catch (e) {
-    throw invalidArgument(jsonDecodeError(desc, json, false, e));
+    // REST's JSON names fields by their proto names: its errors do too.
+    throw invalidArgument(jsonDecodeError(desc, json, false, e, "proto"));
   }
 }
 

@@ -325,7 +325,7 @@ const cases: Case[] = [
       expect(body.code).toBe("invalid_argument");
       // The key is not quoted (a key may carry a secret); the fields are listed, and a near miss named.
       expect(body.message).toBe(
-        'invalid JSON body: the body has a key that is not a field of skiff.management.v2.CreateProjectRequest (did you mean "name"?); its fields are projectId, name',
+        'invalid JSON body: the body has a key that is not a field of skiff.management.v2.CreateProjectRequest (did you mean "name"?); its fields are project_id, name',
       );
     },
   },
@@ -342,6 +342,18 @@ const cases: Case[] = [
         message:
           'invalid JSON body: field "name" of skiff.management.v2.CreateProjectRequest: expected a string, got a number',
       }),
+  },
+  {
+    name: 'body "*": a field is named as the body names it, by its proto name or its JSON name',
+    method: "POST",
+    path: "/v2/projects",
+    headers: json,
+    body: '{"name":"Dev","project_id":7}',
+    status: 400,
+    check: (res) =>
+      expect(JSON.parse(res.text).message).toBe(
+        'invalid JSON body: field "project_id" of skiff.management.v2.CreateProjectRequest: expected a string, got a number',
+      ),
   },
   {
     name: "malformed JSON is 400",
