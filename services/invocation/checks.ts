@@ -79,13 +79,13 @@ export function webhookSecret(header: string | null): string | undefined {
 }
 
 /** A Cortex body: a JSON object, or empty for no arguments. */
-export function cortexBody(body: Uint8Array): Uint8Array {
+export function cortexBody(body: Uint8Array, contentType = ""): Uint8Array {
   if (body.byteLength === 0) return EMPTY_OBJECT;
   let value: unknown;
   try {
     value = JSON.parse(utf8.decode(body));
   } catch (err) {
-    throw new ConnectError(malformedJson(err), Code.InvalidArgument);
+    throw new ConnectError(malformedJson(err) + sentAs(contentType), Code.InvalidArgument);
   }
   if (value === null || typeof value !== "object" || Array.isArray(value)) {
     throw new ConnectError(
@@ -94,6 +94,15 @@ export function cortexBody(body: Uint8Array): Uint8Array {
     );
   }
   return body;
+}
+
+/** For a body that is not JSON: the media type it was sent as, when that is not JSON's (a form, say). */
+function sentAs(contentType: string): string {
+  const type = contentType.split(";")[0].trim().toLowerCase();
+  // Text, or no type: JSON may well come so; a type of its own (a form, say) says why it is not JSON.
+  const jsonLike = type === "" || type === "application/json" || type.endsWith("+json") || type === "text/plain";
+  if (jsonLike || !/^[\w.+-]+\/[\w.+-]+$/.test(type)) return "";
+  return ` (it was sent as ${type}; a Cortex function takes a JSON object of its arguments: send Content-Type: application/json)`;
 }
 
 export async function webhookEndpoint(raw: string, guard: AddressGuard): Promise<string | undefined> {

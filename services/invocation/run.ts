@@ -127,7 +127,7 @@ export async function run(deps: InvocationDeps, req: RunRequest, ctx: HandlerCon
   const pending = exchange?.requestBody;
   const bodyStream = pending && !cortex && !req.async ? pending : undefined;
   const rawBody = pending && !bodyStream ? await pending.read() : (req.body?.data ?? new Uint8Array(0));
-  const body = cortex ? cortexBody(rawBody) : rawBody;
+  const body = cortex ? cortexBody(rawBody, contentType) : rawBody;
 
   // Built field by field: a spread of an optional part costs several times as much (bench/README.md).
   const invoke: InvokeRequest = {

@@ -216,6 +216,18 @@ describe("invocation - Run against a fake runner, in-process", () => {
     expect(err).toBeInstanceOf(ConnectError);
     expect((err as ConnectError).code).toBe(Code.InvalidArgument);
     expect((err as ConnectError).rawMessage).toMatch(/^malformed JSON body: not valid JSON( \(at position \d+\))?$/);
+    // A form (curl -d without a type): said what it was sent as, and what to send.
+    const form = await client
+      .run({
+        projectId: PROJECT,
+        appName: "fns",
+        path: "predict",
+        body: { contentType: "application/x-www-form-urlencoded", data: new TextEncoder().encode("name=Ada") },
+      })
+      .catch((e: unknown) => ConnectError.from(e));
+    expect(form.rawMessage).toMatch(
+      /^malformed JSON body: not valid JSON( \(at position \d+\))? \(it was sent as application\/x-www-form-urlencoded; a Cortex function takes a JSON object of its arguments: send Content-Type: application\/json\)$/,
+    );
     expect(runner.calls).toEqual([]);
     expect(recorded.finished).toEqual([]);
   });
