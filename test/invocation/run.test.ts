@@ -225,7 +225,7 @@ describe("invocation - Run against a fake runner, in-process", () => {
         body: { contentType: "application/x-www-form-urlencoded", data: new TextEncoder().encode("name=Ada") },
       })
       .catch((e: unknown) => ConnectError.from(e));
-    expect(form.rawMessage).toMatch(
+    expect((form as ConnectError).rawMessage).toMatch(
       /^malformed JSON body: not valid JSON( \(at position \d+\))? \(it was sent as application\/x-www-form-urlencoded; a Cortex function takes a JSON object of its arguments: send Content-Type: application\/json\)$/,
     );
     expect(runner.calls).toEqual([]);
