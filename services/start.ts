@@ -199,6 +199,7 @@ const ROLES: Record<Role, RoleSpec> = {
         adminToken: config.adminToken,
         maxProjectUnpackedBytes: config.maxProjectUnpackedBytes,
         maxAppsPerProject: config.maxAppsPerProject,
+        replicaMemoryMb: config.replicaMemoryMb,
         maxSecretsPerProject: config.maxSecretsPerProject,
         secretsKey: config.secretsKey,
         historyBudget: {

@@ -6,7 +6,14 @@
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import type { ManagementService } from "../../gen/skiff/management/v2/management_pb.js";
 import { PrepareFailed } from "../runs/index.js";
-import { APP_NAME_PATTERN, AppConfigError, BundleError, sha256 } from "../apps/index.js";
+import {
+  APP_CONFIG_FILE,
+  APP_NAME_PATTERN,
+  AppConfigError,
+  BundleError,
+  sha256,
+  type AppConfig,
+} from "../apps/index.js";
 import { actorOf, principalOf } from "../auth/index.js";
 import { DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT } from "./app-observe.js";
 import { audit } from "./audit.js";
@@ -97,7 +104,7 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
       });
       return {
         app: appMessage(record, await observer.replicas(projectId, record.app_name)),
-        warnings: ready.warnings,
+        warnings: [...ready.warnings, ...memoryWarning(ready.config, deps.apps.replicaMemoryMb)],
       };
     },
 
@@ -164,4 +171,13 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
       }
     },
   };
+}
+
+/** A deploy's warning of an app that asks more memory a replica than replicas here get: the lower one holds. */
+function memoryWarning(config: AppConfig, replicaMemoryMb: number | undefined): string[] {
+  const asked = config.resources?.memoryMb;
+  if (asked === undefined || replicaMemoryMb === undefined || asked <= replicaMemoryMb) return [];
+  return [
+    `${config.source ?? APP_CONFIG_FILE}: the app asks for ${asked} MiB a replica; a replica here gets at most ${replicaMemoryMb} MiB (SKIFF_REPLICA_MEMORY_MB), which holds`,
+  ];
 }

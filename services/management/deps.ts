@@ -18,6 +18,8 @@ export interface AppDeps {
   maxProjectUnpackedBytes: number;
   /** SKIFF_MAX_APPS_PER_PROJECT: a project's apps at most. */
   maxAppsPerProject: number;
+  /** SKIFF_REPLICA_MEMORY_MB: what a replica gets at most, whatever its app asks for (a deploy warns). */
+  replicaMemoryMb?: number;
 }
 
 export interface ManagementDeps {

@@ -35,6 +35,8 @@ interface ManagementRoleOptions {
   /** SKIFF_MAX_PROJECT_UNPACKED_BYTES. */
   maxProjectUnpackedBytes: number;
   maxAppsPerProject: number;
+  /** SKIFF_REPLICA_MEMORY_MB, for the deploy's warning of an app that asks for more. */
+  replicaMemoryMb?: number;
   /** SKIFF_MAX_SECRETS_PER_PROJECT. */
   maxSecretsPerProject: number;
   /** SKIFF_SECRETS_KEY: the platform key project secrets are sealed with; default the cluster's. */
@@ -118,6 +120,7 @@ async function appDeps(opts: ManagementRoleOptions): Promise<AppDeps> {
     observer: await AppObserver.start(opts.nc),
     maxProjectUnpackedBytes: opts.maxProjectUnpackedBytes,
     maxAppsPerProject: opts.maxAppsPerProject,
+    replicaMemoryMb: opts.replicaMemoryMb,
     prepare: opts.prepareBundle,
   };
 }

@@ -235,6 +235,16 @@ describe("cerebrium.toml - apps of that platform deploy and run as they are", ()
     ]);
     const seen = await call("3-api-app", "files", {});
     expect(seen.body.result).toMatchObject({ secret_packed: false, dotfile_packed: false });
+    // More memory than a replica here gets: said at the deploy, not only by `skiff apps get`.
+    const big = await writeFolder("api-big", {
+      "cerebrium.toml": CORTEX_TOML.replace('"1-cortex-app"', '"3-api-app"').replace("memory = 1.5", "memory = 12.0"),
+      "main.py": CORTEX_MAIN,
+    });
+    const bigger = await deployByApi(big, ["cerebrium.toml", "main.py"]);
+    expect(bigger.status).toBe(200);
+    expect(bigger.body.warnings).toContain(
+      "cerebrium.toml: the app asks for 12288 MiB a replica; a replica here gets at most 2048 MiB (SKIFF_REPLICA_MEMORY_MB), which holds",
+    );
   });
 
   it.each([
