@@ -33,7 +33,7 @@ Commands:
       --status <status>                  only runs in this state (queued, running,
                                          success, failure, cancelled)
       --limit <n>                        at most n runs (default 50, max 500)
-  run-status <run-id> --app <app>        a run's state, timings, error and result
+  run-status <run-id> [--app <app>]      a run's state, timings, error and result
   projects list                          list projects (a service account sees its own)
   projects create [<project-id>]         create a project (admin); id "p-…" made when omitted
       --name <name>

@@ -1,5 +1,5 @@
 // The run commands: `run <app>/<function>` (sync, or --async for a run id),
-// `runs <app>` (the newest runs) and `run-status <run-id> --app <app>`.
+// `runs <app>` (the newest runs) and `run-status <run-id> [--app <app>]`.
 import { readFile } from "node:fs/promises";
 import { toJson, toJsonString } from "@bufbuild/protobuf";
 import { timestampDate, ValueSchema, type Timestamp } from "@bufbuild/protobuf/wkt";
@@ -136,8 +136,9 @@ export const runStatus: Command = {
   positionals: 1,
   async run(ctx) {
     const runId = ctx.positionals[0];
-    const appName = ctx.options.app as string | undefined;
-    if (!runId || !appName) throw new UsageError("skiff run-status <run-id> --app <app>");
+    // Without --app, the run is looked up in every app of the project ("-", as ListRuns takes it).
+    const appName = (ctx.options.app as string | undefined) ?? "-";
+    if (!runId) throw new UsageError("skiff run-status <run-id> [--app <app>]");
     const res = await ctx.client.getRun({ projectId: projectOf(ctx), appName, runId });
     ctx.out(
       ctx.json ? JSON.stringify(toJson(RunSchema, res.run!, { useProtoFieldName: true }), null, 2) : details(res.run!),

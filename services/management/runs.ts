@@ -176,7 +176,30 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   const since = async (projectId: string): Promise<number | undefined> =>
     opts.projectCreatedAt ? ((await opts.projectCreatedAt(projectId)) ?? 0) : undefined;
 
-  async function findRun(projectId: string, appName: string, runId: string): Promise<FoundRun> {
+  /**
+   * The app of a run of the project, for a caller who names the run only (app `-`, as ListRuns takes it): from
+   * the history, which has every run a few milliseconds after its first event (a moment's wait for a newer one).
+   */
+  async function appOfRun(projectId: string, runId: string): Promise<string> {
+    if (!RUN_ID.test(runId))
+      throw new ConnectError(`run ${JSON.stringify(runId.slice(0, 80))} not found`, Code.NotFound);
+    // A run of a project deleted before this one of its id was made is not this project's, nor is its app.
+    const from = await since(projectId);
+    if (from !== undefined && timeOfId(runId) < from)
+      throw new ConnectError(`run ${runId} not found in project ${projectId}`, Code.NotFound);
+    const look = async () => (await (await history()).find(projectId, undefined, runId))?.record.app_name;
+    let app = await look();
+    const end = Date.now() + FRESH_RUN_WAIT_MS;
+    while (app === undefined && Date.now() - timeOfId(runId) < FRESH_RUN_MS && Date.now() < end) {
+      await new Promise((res) => setTimeout(res, 25));
+      app = await look();
+    }
+    if (app === undefined) throw new ConnectError(`run ${runId} not found in project ${projectId}`, Code.NotFound);
+    return app;
+  }
+
+  async function findRun(projectId: string, appNamed: string, runId: string): Promise<FoundRun> {
+    const appName = appNamed === ALL_APPS ? await appOfRun(projectId, runId) : appNamed;
     names(projectId, appName, runId);
     const from = await since(projectId);
     if (from !== undefined && timeOfId(runId) < from)

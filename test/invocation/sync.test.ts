@@ -67,6 +67,21 @@ describe("invocation - sync", () => {
       { timeout: 60_000 },
     );
     expect(run).toMatchObject({ async: false, statusCode: 500, error: { type: "TypeError" } });
+    // Known by its id alone: app "-" (as ListRuns takes it) finds it in whichever app of the project ran it.
+    const byId = await fetch(`${t.url}/v2/projects/${P}/apps/-/runs/${res.json.run_id}`, {
+      headers: { authorization: `Bearer ${t.devToken}` },
+    });
+    expect(byId.status).toBe(200);
+    expect(((await byId.json()) as { run: unknown }).run).toMatchObject({
+      run_id: res.json.run_id,
+      app_name: "calc",
+      status: "failure",
+    });
+    const none = "01900000-0000-7000-8000-000000000000";
+    await expect(t.management().getRun({ projectId: P, appName: "-", runId: none })).rejects.toMatchObject({
+      code: Code.NotFound,
+      rawMessage: `run ${none} not found in project ${P}`,
+    });
   });
 
   it("a Custom app's answer passes through: status, headers, body; skiff's own parameters and credentials are not forwarded", async () => {

@@ -301,6 +301,8 @@ describe("runs - CLI", () => {
     const status = await cli(["run-status", runId, "--app", "many"]);
     expect(status.stdout).toMatch(/status: +success/);
     expect(status.stdout).toContain('"result":3');
+    // Without --app: looked up in every app of the project.
+    expect((await cli(["run-status", runId])).stdout).toBe(status.stdout);
     const list = await vi.waitUntil(
       async () => {
         const r = await cli(["runs", "many", "--async", "--status", "success"]);

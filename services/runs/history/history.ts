@@ -123,7 +123,8 @@ export interface HistoryBackend {
   readonly kind: "sqlite" | "postgres";
   list(projectId: string, appName: string | undefined, q: ListQuery): Promise<RunPage>;
   minuteStats(projectId: string, appName: string, fromMs: number, toMs: number): Promise<MinuteStats[]>;
-  find(projectId: string, appName: string, runId: string): Promise<HistoryRun | undefined>;
+  /** One run; of any app of the project when `appName` is undefined. */
+  find(projectId: string, appName: string | undefined, runId: string): Promise<HistoryRun | undefined>;
   deliveries(projectId: string, appName: string, runId: string): Promise<unknown[]>;
   runningSync(limit: number): Promise<RunRecord[]>;
   /** The last sequence of `stream` applied; 0 before the first. */

@@ -49,7 +49,7 @@ export interface RunHistory {
   /** One run of one app, as the history holds it; undefined when it holds none. */
   get(projectId: string, appName: string, runId: string): Promise<RunRecord | undefined>;
   /** The same with `eventSeq`, the SKIFF_EVENTS sequence of the event it was projected from (0: not known). */
-  find(projectId: string, appName: string, runId: string): Promise<HistoryRun | undefined>;
+  find(projectId: string, appName: string | undefined, runId: string): Promise<HistoryRun | undefined>;
   /** The webhook deliveries of a run that are over and have left KV (records of the webhook role, opaque here). */
   deliveries(projectId: string, appName: string, runId: string): Promise<unknown[]>;
   /** Sync runs recorded `running`, oldest first, at most `limit`. */

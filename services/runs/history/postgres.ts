@@ -116,11 +116,13 @@ export class PostgresHistory implements HistoryBackend {
     }));
   }
 
-  async find(projectId: string, appName: string, runId: string): Promise<HistoryRun | undefined> {
+  async find(projectId: string, appName: string | undefined, runId: string): Promise<HistoryRun | undefined> {
     if (!UUID.test(runId)) return undefined;
     const [row] = await this.db.query<{ record: RunRecord; revision: string | number }>(
-      `SELECT record, revision FROM ${this.t.runs} WHERE run_id = $1::uuid AND project_id = $2 AND app_name = $3`,
-      [runId, projectId, appName],
+      appName === undefined
+        ? `SELECT record, revision FROM ${this.t.runs} WHERE run_id = $1::uuid AND project_id = $2`
+        : `SELECT record, revision FROM ${this.t.runs} WHERE run_id = $1::uuid AND project_id = $2 AND app_name = $3`,
+      appName === undefined ? [runId, projectId] : [runId, projectId, appName],
     );
     return row && { record: row.record, eventSeq: eventSeqOf(row.record, Number(row.revision)) };
   }

@@ -220,12 +220,14 @@ export class SqliteHistory implements HistoryBackend {
     }));
   }
 
-  async find(projectId: string, appName: string, runId: string): Promise<HistoryRun | undefined> {
+  async find(projectId: string, appName: string | undefined, runId: string): Promise<HistoryRun | undefined> {
     if (!UUID.test(runId)) return undefined;
     const [row] = await all<{ record: string; revision: number }>(
       this.read,
-      "SELECT record, revision FROM runs WHERE run_id = ? AND project_id = ? AND app_name = ?",
-      [runId, projectId, appName],
+      appName === undefined
+        ? "SELECT record, revision FROM runs WHERE run_id = ? AND project_id = ?"
+        : "SELECT record, revision FROM runs WHERE run_id = ? AND project_id = ? AND app_name = ?",
+      appName === undefined ? [runId, projectId] : [runId, projectId, appName],
     );
     if (!row) return undefined;
     const record = JSON.parse(row.record) as RunRecord;
