@@ -42,7 +42,8 @@ import { type AppConfig, PIP_SPECIFIER } from "../apps/index.js";
 import type { Logger } from "../config/index.js";
 import { PrepareFailed } from "../runs/index.js";
 import { copyBuildOutput, DEFAULT_BUILD_LIMITS, oneBuildAtATime, openBuildArea } from "./build-area.js";
-import { installEnv, replicaEnv } from "./replica-env.js";
+import { commandExists } from "./replica.js";
+import { installEnv, programPath, REPLICA_PATH, replicaEnv } from "./replica-env.js";
 import { defaultSandbox, signalSandbox, spawnSandboxed, type SandboxOptions } from "./sandbox.js";
 import { APP_MOUNT, buildUid, SHIM_DIR, SHIM_MOUNT } from "./sandbox-argv.js";
 import type { PreparedDeployment } from "./types.js";
@@ -835,6 +836,15 @@ export async function prepareDeployment(
   }
   const interpreter = python && path.join(dir, python);
   const built = bytes === undefined ? {} : { bytes };
+  // A Custom app's program is looked for as a replica's start looks for it: a misspelt one is said now, not as a
+  // 503 to the first call.
+  if (config.runtime.kind === "custom" && sandbox.enabled) {
+    const program = config.runtime.command[0];
+    if (!commandExists(program, dir, programPath(interpreter)))
+      throw new PrepareFailed(
+        `the app's command ${JSON.stringify(program.slice(0, 200))} is not a program on a replica's PATH (${REPLICA_PATH}${interpreter ? ", after the app's venv" : ""}) nor a file of the app folder`,
+      );
+  }
   // A Custom app with a venv (a cerebrium.toml's pip dependencies) finds it first on its PATH.
   if (config.runtime.kind !== "cortex") return interpreter === undefined ? built : { ...built, python: interpreter };
   const functions = await listFunctions(c, config, interpreter);

@@ -7,6 +7,11 @@ import path from "node:path";
 /** The only PATH a replica gets, so that it finds the system's programs and nothing of the platform's. */
 export const REPLICA_PATH = "/usr/local/bin:/usr/bin:/bin";
 
+/** Where a Custom app's program is found, on this machine: its venv's bin (cerebrium.toml's pip dependencies) first. */
+export function programPath(venvPython: string | undefined): string[] {
+  return [...(venvPython ? [path.dirname(venvPython)] : []), ...REPLICA_PATH.split(":")];
+}
+
 /**
  * PATH, HOME (the replica's folder) and LANG, then the app's [env] (which
  * may override those three), then PORT.

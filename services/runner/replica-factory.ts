@@ -12,7 +12,7 @@ import { freePort, type PortLeases } from "./ports.js";
 import type { ProjectStorage } from "./project-storage.js";
 import { NODE_SHIM, PYTHON_SHIM, SYSTEM_PYTHON } from "./prepare.js";
 import { Replica, type ReplicaSpec } from "./replica.js";
-import { REPLICA_PATH } from "./replica-env.js";
+import { programPath, REPLICA_PATH } from "./replica-env.js";
 import type { ReplicaFactory } from "./replica-set.js";
 import { APP_MOUNT, CHANNEL_FD, SHIM_MOUNT, type SandboxLimits } from "./sandbox-argv.js";
 import type { SandboxOptions } from "./sandbox.js";
@@ -141,7 +141,7 @@ export class ProcessReplicas implements ReplicaFactory<Replica> {
         : undefined,
     };
     if (sandboxed && runtime.kind === "custom")
-      Object.assign(spec, { commandCheck: runtime.command[0], relayed: true });
+      Object.assign(spec, { commandCheck: runtime.command[0], commandPath: programPath(venv), relayed: true });
     return new Replica(spec, {
       agent: this.o.agent,
       netns: this.o.netns,

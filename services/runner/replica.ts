@@ -49,6 +49,8 @@ export interface ReplicaSpec {
   sandbox?: { host: SandboxHost; uid: number; limits: SandboxLimits; network?: SandboxNetwork; storage?: string };
   /** The program a sandboxed command finally runs (a Custom app's, behind the relay), checked before starting. */
   commandCheck?: string;
+  /** Where commandCheck is looked for on this machine: the replicas' PATH, after the app's venv when it has one. */
+  commandPath?: string[];
   /** A sandboxed Custom app: it listens on `port` in the sandbox's network namespace, behind the relay. */
   relayed?: boolean;
   /** Connections the runner keeps to it for requests: the requests it runs at once (replica_concurrency). */
@@ -94,23 +96,36 @@ const SYSTEM_ROOTS = ["/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/"];
  * sandbox sees them: anything else is "not found" without looking at the
  * host, whose other files an app must not learn of.
  */
-export function commandExists(command: string, appDir: string): boolean {
-  if (!command.includes("/")) return REPLICA_PATH.split(":").some((dir) => existsSync(path.join(dir, command)));
-  const inside = path.posix.resolve(APP_MOUNT, command);
+export function commandExists(
+  command: string,
+  appDir: string,
+  /** The folders of the PATH it is looked for in, on this machine: a venv's first, then the replicas'. */
+  searchPath: readonly string[] = REPLICA_PATH.split(":"),
+): boolean {
   const system = (p: string) => SYSTEM_ROOTS.some((root) => p.startsWith(root));
-  const app = inside.startsWith(APP_MOUNT + "/");
-  if (!app && !system(inside)) return false;
+  const root = realpathSync(appDir);
   // Links are followed on the host here, where a link of the app's or of the system folders may lead out of what
   // a sandbox sees (/usr/share/x/conf -> /etc/x): only a real path that stays in the app folder or the system
   // folders counts, whether it exists or not.
-  const host = app ? path.join(appDir, inside.slice(APP_MOUNT.length)) : inside;
-  const root = realpathSync(appDir);
-  try {
-    const real = realpathSync(host);
-    return real.startsWith(root + "/") || system(real);
-  } catch {
-    return false;
-  }
+  const seen = (host: string) => {
+    try {
+      const real = realpathSync(host);
+      return real.startsWith(root + "/") || system(real);
+    } catch {
+      return false;
+    }
+  };
+  if (!command.includes("/"))
+    // The app's own folder on the PATH (its venv's bin, made by its build) is the app's: looked at as its files are.
+    return searchPath.some((dir) =>
+      dir === appDir || dir.startsWith(appDir + "/")
+        ? seen(path.join(dir, command))
+        : existsSync(path.join(dir, command)),
+    );
+  const inside = path.posix.resolve(APP_MOUNT, command);
+  const app = inside.startsWith(APP_MOUNT + "/");
+  if (!app && !system(inside)) return false;
+  return seen(app ? path.join(appDir, inside.slice(APP_MOUNT.length)) : inside);
 }
 
 /** Listens on a Unix socket and gives back its fd; the runner's own copy is closed once the child has it. */
@@ -660,7 +675,8 @@ export class Replica {
   private async spawnSandboxed(): Promise<ChildProcess> {
     const s = this.spec;
     const program = s.commandCheck ?? s.command;
-    if (!commandExists(program, s.source)) throw new StartFailed(`cannot start ${program}: spawn ${program} ENOENT`);
+    if (!commandExists(program, s.source, s.commandPath))
+      throw new StartFailed(`cannot start ${program}: spawn ${program} ENOENT`);
     await rm(s.workDir, { recursive: true, force: true });
     await mkdir(s.workDir, { recursive: true, mode: 0o700 });
     const socketPath = this.endpoint.socketPath!;

@@ -278,6 +278,14 @@ describe("cerebrium.toml - apps of that platform deploy and run as they are", ()
       /it is a Cortex app, and main\.py is not in the app folder/,
     ],
     [
+      "a misspelt program in the entrypoint: said at the deploy, not as a 503 to the first call",
+      {
+        "cerebrium.toml": `[cerebrium.deployment]\nname = "typo-cmd"\n\n[cerebrium.runtime.custom]\nport = 8000\nentrypoint = ["pythonn", "main.py"]\n`,
+        "main.py": "",
+      },
+      /the app's command "pythonn" is not a program on a replica's PATH \(\/usr\/local\/bin:\/usr\/bin:\/bin\) nor a file of the app folder/,
+    ],
+    [
       "a Dockerfile and no entrypoint",
       {
         "cerebrium.toml": `[cerebrium.deployment]\nname = "docker"\n\n[cerebrium.runtime.custom]\ndockerfile_path = "./Dockerfile"\n`,

@@ -6,7 +6,7 @@
 // must fail while the app itself still runs. Real bwrap sandboxes, as root.
 import { execFileSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { chmod, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vitest";
@@ -297,6 +297,19 @@ describe("security - nothing a tenant controls reaches a stage with host privile
     expect(commandExists("/app/run.sh", app)).toBe(true);
     expect(commandExists("run.sh", app)).toBe(false); // a bare name is looked for on PATH only
     expect(commandExists("./run.sh", app)).toBe(true);
+    // The app's venv on the PATH (cerebrium.toml's pip dependencies): its programs are found, and a link of its
+    // build's there that leads out of the app folder reads as missing, as any link of the app's does.
+    const venvBin = path.join(app, ".venv", "bin");
+    await mkdir(venvBin, { recursive: true });
+    await writeFile(path.join(venvBin, "served"), "#!/bin/sh\n");
+    await symlink(hostObject, path.join(venvBin, "probe"));
+    await symlink(`${hostObject}-missing`, path.join(venvBin, "probe-missing"));
+    const withVenv = [venvBin, "/usr/local/bin", "/usr/bin", "/bin"];
+    expect(commandExists("served", app, withVenv)).toBe(true);
+    expect(commandExists("served", app)).toBe(false);
+    expect(commandExists("sh", app, withVenv)).toBe(true);
+    expect(commandExists("probe", app, withVenv)).toBe(false);
+    expect(commandExists("probe-missing", app, withVenv)).toBe(false);
     // Files that exist on the host but not in a sandbox read as missing, by any path.
     for (const probe of [hostObject, "/etc/passwd", "../../../../etc/passwd", `/app/../../../..${hostObject}`])
       expect(commandExists(probe, app)).toBe(false);
