@@ -2,6 +2,8 @@
 // With SKIFF_WORKERS > 1 it is the supervisor of that many workers
 // (workers.ts), each of which runs this file again as a worker.
 import cluster from "node:cluster";
+import { existsSync } from "node:fs";
+import path from "node:path";
 import { parseArgs } from "node:util";
 import { ConfigError, loadConfig, parseRoles, createLogger } from "./config/index.js";
 import { lockDataFolder } from "./data-lock.js";
@@ -53,6 +55,8 @@ async function main(): Promise<void> {
     console.error(`skiff: cannot start: ${message}`);
     process.exit(1);
   }
+  // At a terminal, the few lines a person looks for among the JSON log lines (stdout, for machines).
+  if (process.stderr.isTTY && config.worker === undefined) console.error(banner(skiff.url, config));
   // In the background once the port is open: the server must answer the deploys.
   // Once per install: by worker 1 where several serve.
   if (config.roles.includes("management") && config.roles.includes("runner") && (config.worker ?? 1) === 1)
@@ -97,6 +101,18 @@ async function main(): Promise<void> {
   };
   onSignal = stop;
   if (signalled !== undefined) stop(signalled);
+}
+
+/** Where to go next: the address, the dashboard, the token files that exist, the CLI. */
+function banner(url: string, config: { dataDir: string; roles: readonly string[] }): string {
+  const file = (name: string) => path.join(config.dataDir, name);
+  const lines = [`skiff serves ${url}`];
+  if (config.roles.includes("management")) lines.push(`  dashboard    ${url}/`);
+  if (existsSync(file("admin-token")))
+    lines.push(`  admin token  ${file("admin-token")} (every project; the dashboard's sign-in)`);
+  if (existsSync(file("dev-token"))) lines.push(`  dev token    ${file("dev-token")} (project p-dev)`);
+  lines.push("  CLI          npx skiff --help");
+  return lines.join("\n");
 }
 
 void main();

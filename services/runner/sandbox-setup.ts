@@ -217,10 +217,11 @@ export function configureSandbox(settings: SandboxSettings, logger: WarnLogger):
     return { enabled: false, limits, network: "none", host, pip: pipOf(settings) };
   }
   const inherited = closeInheritedFds();
+  // Done, nothing left to act on (npm and some shells leave such descriptors open): said, not warned of.
   if (inherited.length > 0)
-    logger.warn(
+    logger.info(
       { fds: inherited },
-      "closed file descriptors this process inherited without close-on-exec: they would have reached every app",
+      "closed the file descriptors this process inherited open (from npm or a shell), so that no app gets them",
     );
   let failure = probeSandbox(host, limits);
   if (failure && runsAsRoot()) {
