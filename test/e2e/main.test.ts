@@ -48,6 +48,15 @@ function exited(child: ChildProcess): Promise<number | null> {
   return new Promise((resolve) => child.once("exit", (code) => resolve(code)));
 }
 
+/** Starts skiff with `env`, waits until it serves, sends `signal` and resolves with its exit code. */
+async function servesThenStops(env: Record<string, string>, signal: NodeJS.Signals): Promise<number | null> {
+  const child = startMain(env);
+  await logLine(child, (l) => String(l.msg).startsWith("skiff serves"));
+  const code = exited(child);
+  child.kill(signal);
+  return code;
+}
+
 describe("skiff process", () => {
   let nats: TestNats;
   let dataDir: string;
@@ -177,11 +186,7 @@ describe("skiff process", () => {
       first.kill("SIGTERM");
       expect(await code).toBe(0);
       // Given up at the stop: the folder is free again.
-      const third = startMain(env);
-      await logLine(third, (l) => String(l.msg).startsWith("skiff serves"));
-      const thirdCode = exited(third);
-      third.kill("SIGTERM");
-      expect(await thirdCode).toBe(0);
+      expect(await servesThenStops(env, "SIGTERM")).toBe(0);
     } finally {
       if (first.exitCode === null && first.signalCode === null) first.kill("SIGKILL");
       rmSync(own, { recursive: true, force: true });
@@ -206,16 +211,8 @@ describe("skiff process", () => {
       expect(await code).toBe(1);
       expect(stderr).toContain("skiff cannot go on without it");
       // A skiff killed outright holds nothing: the kernel let go of its lock.
-      const next = startMain(env);
-      await logLine(next, (l) => String(l.msg).startsWith("skiff serves"));
-      const nextCode = exited(next);
-      next.kill("SIGKILL");
-      await nextCode;
-      const last = startMain(env);
-      await logLine(last, (l) => String(l.msg).startsWith("skiff serves"));
-      const lastCode = exited(last);
-      last.kill("SIGTERM");
-      expect(await lastCode).toBe(0);
+      await servesThenStops(env, "SIGKILL");
+      expect(await servesThenStops(env, "SIGTERM")).toBe(0);
     } finally {
       rmSync(own, { recursive: true, force: true });
     }
