@@ -12,7 +12,8 @@
 // The holder writes its pid beside it (`skiff.pid`), for the message.
 // SKIFF_WORKERS' supervisor holds it for its workers (a forked process does
 // not inherit it).
-import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { constants } from "node:fs";
+import { mkdir, open, readFile, rm, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import path from "node:path";
 
@@ -42,8 +43,10 @@ export async function lockDataFolder(dataDir: string): Promise<() => Promise<voi
     file: string,
     options?: { timeout?: number },
   ) => Connection;
+  const file = path.join(dir, LOCK_FILE);
+  await ownFile(file);
   // No wait: a lock held now is held by a running process.
-  const db = new Database(path.join(dir, LOCK_FILE), { timeout: 0 });
+  const db = new Database(file, { timeout: 0 });
   try {
     db.pragma("locking_mode = EXCLUSIVE");
     // The first write takes the exclusive lock, which EXCLUSIVE mode keeps until the connection closes.
@@ -51,9 +54,9 @@ export async function lockDataFolder(dataDir: string): Promise<() => Promise<voi
   } catch (err) {
     db.close();
     if ((err as { code?: string }).code !== "SQLITE_BUSY") throw err;
-    const pid = (await readFile(path.join(dir, PID_FILE), "utf8").catch(() => "")).trim();
+    const pid = Number((await readFile(path.join(dir, PID_FILE), "utf8").catch(() => "")).trim());
     throw new DataFolderInUse(
-      `the data folder ${dir} is in use by another skiff${/^\d+$/.test(pid) ? ` (pid ${pid})` : ""}: one process per data folder. Stop that one first, or give this one a folder of its own (SKIFF_DATA_DIR)`,
+      `the data folder ${dir} is in use by another skiff${alive(pid) ? ` (pid ${pid})` : ""}: one process per data folder. Stop that one first, or give this one a folder of its own (SKIFF_DATA_DIR)`,
       { cause: err },
     );
   }
@@ -66,4 +69,33 @@ export async function lockDataFolder(dataDir: string): Promise<() => Promise<voi
     await rm(pidFile, { force: true });
     db.close();
   };
+}
+
+/**
+ * Makes the lock file this user's alone (0600, created so, not through a link): a lock is taken by whoever
+ * can open the file, and another user's read lock on its bytes kept skiff from starting again.
+ */
+async function ownFile(file: string): Promise<void> {
+  const handle = await open(file, constants.O_CREAT | constants.O_RDWR | constants.O_NOFOLLOW, 0o600);
+  try {
+    const { uid } = await handle.stat();
+    if (process.getuid !== undefined && uid !== process.getuid())
+      throw new Error(
+        `${file} belongs to another user (uid ${uid}): remove it, or give skiff a data folder of its own`,
+      );
+    await handle.chmod(0o600);
+  } finally {
+    await handle.close();
+  }
+}
+
+/** Whether a process of that id runs now (the pid file may be a stopped one's). */
+function alive(pid: number): boolean {
+  if (!Number.isInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
 }

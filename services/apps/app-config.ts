@@ -110,6 +110,10 @@ export interface AppConfigIssue {
   message: string;
 }
 
+/** The issues a refusal says, at most, and the characters of each: it goes back whole in any protocol's error. */
+const MAX_SAID_ISSUES = 50;
+const MAX_ISSUE_CHARS = 1000;
+
 export class AppConfigError extends Error {
   override name = "AppConfigError";
   constructor(
@@ -117,7 +121,13 @@ export class AppConfigError extends Error {
     readonly issues: AppConfigIssue[],
     options?: ErrorOptions,
   ) {
-    super(issues.map((i) => `${file}:${i.line}: ${i.message}`).join("\n"), options);
+    // A file of many mistakes, or of long names, is said in part: a gRPC caller gets a message as a trailer,
+    // which a megabyte of them would not fit (the caller got "internal" instead).
+    const said = issues
+      .slice(0, MAX_SAID_ISSUES)
+      .map((i) => `${file}:${i.line}: ${i.message.slice(0, MAX_ISSUE_CHARS)}`);
+    if (issues.length > MAX_SAID_ISSUES) said.push(`${file}: ${issues.length - MAX_SAID_ISSUES} more issues not shown`);
+    super(said.join("\n"), options);
   }
 }
 

@@ -101,7 +101,10 @@ class CerebriumChecker extends Checker {
 
   /** A key or table skiff does not know (`name` in `table`), named with the known one it is closest to. */
   stranger(table: string, name: string, known: readonly string[], what: "key" | "table"): void {
-    const key = table === "" ? name : `${table}.${name}`;
+    // A quoted key may hold anything (a line end, a terminal's escape): said as a JSON string, cut.
+    const shown = /^[A-Za-z0-9_-]{1,200}$/.test(name) ? name : JSON.stringify(name.slice(0, 200));
+    const key = table === "" ? shown : `${table}.${shown}`;
+    const line = this.lineOf(table === "" ? name : `${table}.${name}`);
     // A file of many unknown keys is many warnings, counted past MAX_WARNINGS: the names' comparisons stop there.
     const near = this.strangers.length < MAX_WARNINGS ? closest(name, known) : undefined;
     const hint = near
@@ -110,8 +113,8 @@ class CerebriumChecker extends Checker {
         ? " (its tables are under [cerebrium])"
         : "";
     const message = `${key} is not a ${what} skiff knows${hint}; it is ignored`;
-    this.warnings.push({ line: this.lineOf(key), message });
-    if (this.strangers.length < MAX_WARNINGS) this.strangers.push({ key, line: this.lineOf(key), message });
+    this.warnings.push({ line, message });
+    if (this.strangers.length < MAX_WARNINGS) this.strangers.push({ key, line, message });
   }
 
   /** A number (integer or not) in [min, max], or undefined. */

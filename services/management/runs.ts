@@ -58,6 +58,14 @@ const CANCEL_SETTLE_MS = 5_000;
 const FRESH_RUN_MS = 60_000;
 /** ...for this long. */
 const FRESH_RUN_WAIT_MS = 3_000;
+/** How far ahead of this clock a run id's time may be and still be a run just made (another machine's clock). */
+const CLOCK_SKEW_MS = 5_000;
+
+/** A run made a moment ago, by its id's time: not yet in the history, perhaps. An id from the future is none. */
+function fresh(runId: string): boolean {
+  const age = Date.now() - timeOfId(runId);
+  return age > -CLOCK_SKEW_MS && age < FRESH_RUN_MS;
+}
 
 /** How often objects in `skiff-results` past their keep are removed. */
 const SWEEP_EVERY_MS = 60 * 60 * 1000;
@@ -190,7 +198,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
     const look = async () => (await (await history()).find(projectId, undefined, runId))?.record.app_name;
     let app = await look();
     const end = Date.now() + FRESH_RUN_WAIT_MS;
-    while (app === undefined && Date.now() - timeOfId(runId) < FRESH_RUN_MS && Date.now() < end) {
+    while (app === undefined && fresh(runId) && Date.now() < end) {
       await new Promise((res) => setTimeout(res, 25));
       app = await look();
     }
@@ -206,7 +214,7 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
       throw new ConnectError(`run ${runId} not found in app ${appName}`, Code.NotFound);
     let found = await lookUp(projectId, appName, runId);
     // A run that ended a moment ago may not be in the history yet (its event is projected within milliseconds).
-    if (found === undefined && Date.now() - timeOfId(runId) < FRESH_RUN_MS) {
+    if (found === undefined && fresh(runId)) {
       const end = Date.now() + FRESH_RUN_WAIT_MS;
       while (found === undefined && Date.now() < end) {
         await new Promise((res) => setTimeout(res, 25));
