@@ -70,7 +70,8 @@ export class AppObserver {
   async lines(
     projectId: string,
     appName: string,
-    opts: { limit: number; runId?: string },
+    /** `sinceMs`: only lines stored from then on (a project's own, when one of its id was deleted before). */
+    opts: { limit: number; runId?: string; sinceMs?: number },
   ): Promise<{ lines: SequencedLine[]; lastSeq: number }> {
     const subject = subjects.appLogs(projectId, appName);
     const last = await this.lastSeq(subject);
@@ -80,7 +81,12 @@ export class AppObserver {
     const messages = await this.ordered(subject, 1);
     for await (const m of messages) {
       const line = decodeLogLine(m.data);
-      if (line && (!opts.runId || line.run_id === opts.runId)) {
+      const stored = m.info.timestampNanos / 1e6;
+      if (
+        line &&
+        (!opts.runId || line.run_id === opts.runId) &&
+        (opts.sinceMs === undefined || stored >= opts.sinceMs)
+      ) {
         out.push({ seq: m.seq, line });
         if (out.length > opts.limit) out.shift();
       }

@@ -43,6 +43,15 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
     return projectId;
   }
 
+  /**
+   * When the project was made: its apps' log lines stored before are another project's of the same id (one
+   * deleted, whose apps that never deployed left their deploy's lines), never shown. Undefined: no project.
+   */
+  async function madeAt(projectId: string): Promise<number | undefined> {
+    const made = (await deps.projects.get(projectId))?.created_at;
+    return made === undefined ? undefined : Date.parse(made);
+  }
+
   /** The app, or 404; a malformed name cannot name an app. */
   async function app(projectIdRaw: string, appName: string) {
     const projectId = await project(projectIdRaw);
@@ -140,13 +149,22 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
     },
 
     async listAppLogs(req) {
-      const record = await app(req.projectId, req.appName);
       if (req.limit > MAX_LOG_LIMIT)
         throw new ConnectError(`limit must be at most ${MAX_LOG_LIMIT}, got ${req.limit}`, Code.InvalidArgument);
-      const { lines } = await observer.lines(record.project_id, record.app_name, {
-        limit: req.limit || DEFAULT_LOG_LIMIT,
-        runId: req.runId || undefined,
+      const opts = { limit: req.limit || DEFAULT_LOG_LIMIT, runId: req.runId || undefined };
+      const record = await app(req.projectId, req.appName).catch(async (err: unknown) => {
+        // An app whose first deploy failed has no record, and its deploy's output (a module that did not load,
+        // a build step) is in its log: those lines are shown; none, 404.
+        const projectId = valid.projectId(req.projectId);
+        const sinceMs = await madeAt(projectId);
+        if (sinceMs === undefined || !APP_NAME_PATTERN.test(req.appName)) throw err;
+        const { lines } = await observer.lines(projectId, req.appName, { ...opts, sinceMs });
+        if (lines.length === 0) throw err;
+        return lines;
       });
+      if (Array.isArray(record)) return { lines: record.map((l) => logLineMessage(l.line)) };
+      const sinceMs = await madeAt(record.project_id);
+      const { lines } = await observer.lines(record.project_id, record.app_name, { ...opts, sinceMs });
       return { lines: lines.map((l) => logLineMessage(l.line)) };
     },
 
@@ -158,7 +176,10 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
       const before = await observer.streamLastSeq();
       const backlog =
         req.backlog > 0
-          ? await observer.lines(record.project_id, record.app_name, { limit: req.backlog })
+          ? await observer.lines(record.project_id, record.app_name, {
+              limit: req.backlog,
+              sinceMs: await madeAt(record.project_id),
+            })
           : { lines: [], lastSeq: 0 };
       for (const l of backlog.lines) yield { line: logLineMessage(l.line) };
       for await (const line of observer.follow(

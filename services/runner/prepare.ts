@@ -438,7 +438,7 @@ async function installPython(c: Context, config: AppConfig, requirements: string
 }
 
 /** Why a module did not load, from the shim's last line: its error's type, code and app file:line only. */
-function loadFailure(entry: string, stdoutLast: string, r: CommandResult): PrepareFailed {
+function loadFailure(entry: string, stdoutLast: string, r: CommandResult, app: string): PrepareFailed {
   let info: { type?: unknown; code?: unknown; where?: unknown } | undefined;
   try {
     info = (JSON.parse(stdoutLast) as { error?: typeof info }).error;
@@ -451,15 +451,17 @@ function loadFailure(entry: string, stdoutLast: string, r: CommandResult): Prepa
     typeof info?.where === "string" && /^[\w./@+-]{1,200}:\d{1,7}$/.test(info.where) && !info.where.startsWith("/")
       ? info.where
       : undefined;
+  // The module's own words (which may quote the project's secrets) are in the app's log, its deployer's to read.
+  const logs = `; its output is in the app's log: skiff logs ${app}`;
   if (!type)
-    return new PrepareFailed(`cannot load ${entry}:\nthe module did not load (${ended(r, "the import check")})`);
+    return new PrepareFailed(`cannot load ${entry}:\nthe module did not load (${ended(r, "the import check")})${logs}`);
   const known: Record<string, string> = {
     ERR_MODULE_NOT_FOUND: "Cannot find module (an import names a file or package the app does not have)",
     ModuleNotFoundError: "Cannot find module (an import names a module the app does not have)",
   };
   const what = known[code ?? type] ?? "raised while the module was imported";
   return new PrepareFailed(
-    `cannot load ${entry}:\n${type}${code ? ` [${code}]` : ""}: ${what}${where ? ` at ${where}` : ""}`,
+    `cannot load ${entry}:\n${type}${code ? ` [${code}]` : ""}: ${what}${where ? ` at ${where}` : ""}${logs}`,
   );
 }
 
@@ -494,7 +496,7 @@ async function listFunctions(c: Context, config: AppConfig, python: string | und
   // secrets, which must not reach skiff's own log.
   stepToAppLog(c, r);
   c.logger.warn({ dir: c.dir, entry, project: c.project }, `cannot load ${entry}; its output is in the app's log`);
-  throw loadFailure(entry, last, r);
+  throw loadFailure(entry, last, r, config.app.name);
 }
 
 /**

@@ -5,6 +5,7 @@ import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { runCli } from "../helpers/cli.js";
 import { cortexApp, deploy, P } from "../helpers/run-apps.js";
+import { skiffToml, writeApp } from "../helpers/apps.js";
 import { verifyWebhook } from "../../services/webhook/signature.js";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 import { startReceiver } from "../helpers/webhook-receiver.js";
@@ -191,6 +192,35 @@ describe("skiff CLI", () => {
       await receiver.close();
       await rm(dir, { recursive: true, force: true });
     }
+  });
+
+  it("an app whose first deploy failed has its log: the module's output, this project's only", async () => {
+    expect(await asAdmin(["projects", "create", "p-logs"])).toMatchObject({ code: 0 });
+    const dir = await writeApp(cwd, {
+      "skiff.toml": skiffToml({ name: "broken", runtime: { kind: "cortex", language: "python", entry: "main.py" } }),
+      "main.py": "import nonexistent_mod_xyz\n",
+    });
+    const refused = await asAdmin(["deploy", dir, "-p", "p-logs"]);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain("its output is in the app's log: skiff logs broken");
+    const logs = await asAdmin(["logs", "broken", "-p", "p-logs"]);
+    expect(logs).toMatchObject({ code: 0, stdout: expect.stringContaining("nonexistent_mod_xyz") });
+    // The project made again under its id is another's: the earlier one's lines are not its own.
+    expect(await asAdmin(["projects", "delete", "p-logs"])).toMatchObject({ code: 0 });
+    expect(await asAdmin(["projects", "create", "p-logs"])).toMatchObject({ code: 0 });
+    expect(await asAdmin(["logs", "broken", "-p", "p-logs"])).toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining("not found (404)"),
+    });
+    // Nor once it deploys an app of that name: its log starts with its own project.
+    const fixed = await writeApp(cwd, {
+      "skiff.toml": skiffToml({ name: "broken", runtime: { kind: "cortex", language: "python", entry: "main.py" } }),
+      "main.py": "def run():\n    return 1\n",
+    });
+    expect(await asAdmin(["deploy", fixed, "-p", "p-logs"])).toMatchObject({ code: 0 });
+    const own = await asAdmin(["logs", "broken", "-p", "p-logs"]);
+    expect(own.code).toBe(0);
+    expect(own.stdout).not.toContain("nonexistent_mod_xyz");
   });
 
   it("says an app's error answer and a server error in sentences, never a Connect code name", async () => {

@@ -52,7 +52,7 @@ describe("deploy-time steps: errors name the app's file and line, never what a f
       "helper.py": "\n\nraise RuntimeError(open('/etc/hosts').read())\n",
     });
     expect(await failure(dir, "python", "main.py")).toBe(
-      "cannot load main.py:\nRuntimeError: raised while the module was imported at helper.py:3",
+      "cannot load main.py:\nRuntimeError: raised while the module was imported at helper.py:3; its output is in the app's log: skiff logs a",
     );
   });
 
@@ -62,7 +62,7 @@ describe("deploy-time steps: errors name the app's file and line, never what a f
         "import { readFileSync } from 'node:fs';\n\nthrow new TypeError(readFileSync('/etc/hosts', 'utf8'));\n",
     });
     expect(await failure(dir, "node", "index.mjs")).toBe(
-      "cannot load index.mjs:\nTypeError: raised while the module was imported at index.mjs:3",
+      "cannot load index.mjs:\nTypeError: raised while the module was imported at index.mjs:3; its output is in the app's log: skiff logs a",
     );
   });
 
