@@ -25,10 +25,11 @@ export async function deploy(
   tmp: string,
   client: Client<typeof ManagementService>,
   files: Record<string, string>,
+  projectId = P,
 ): Promise<void> {
   const dir = await writeApp(tmp, files);
   await client.deployApp({
-    projectId: P,
+    projectId,
     bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
   });
 }

@@ -11,9 +11,8 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { packApp } from "../../services/apps/bundle.js";
-import { skiffToml, writeApp } from "../helpers/apps.js";
-import { post } from "../helpers/run-apps.js";
+import { skiffToml } from "../helpers/apps.js";
+import { deploy, post } from "../helpers/run-apps.js";
 import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 
 const VICTIM = "p-victim";
@@ -41,20 +40,16 @@ async function projectWithToken(projectId: string): Promise<string> {
   return made.token;
 }
 
-async function deployNotes(projectId: string, token: string): Promise<void> {
-  const dir = await writeApp(tmp, {
-    "skiff.toml": skiffToml({
-      name: "notes",
-      runtime: { kind: "cortex", language: "node", entry: "index.mjs" },
-      scaling: { min_replicas: 1, max_replicas: 1, replica_concurrency: 1 },
-    }),
-    "index.mjs": INDEX,
-  });
-  await t.management(token).deployApp({
-    projectId,
-    bundle: { contentType: "application/gzip", data: (await packApp(dir)).bytes },
-  });
-}
+/** The victim's app: its runs are what the attacker looks for. */
+const notesApp = {
+  "skiff.toml": skiffToml({
+    name: "notes",
+    runtime: { kind: "cortex", language: "node", entry: "index.mjs" },
+    scaling: { min_replicas: 1, max_replicas: 1, replica_concurrency: 1 },
+  }),
+  "index.mjs": INDEX,
+};
+const deployNotes = (projectId: string, token: string) => deploy(tmp, t.management(token), notesApp, projectId);
 
 const rest = async (method: string, p: string, token: string) => {
   const res = await fetch(t.url + p, {
