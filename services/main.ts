@@ -3,11 +3,10 @@
 // (workers.ts), each of which runs this file again as a worker.
 import cluster from "node:cluster";
 import { existsSync } from "node:fs";
-import path from "node:path";
 import { parseArgs } from "node:util";
-import { ConfigError, loadConfig, parseRoles, createLogger } from "./config/index.js";
+import { ConfigError, loadConfig, parseRoles, createLogger, type Logger } from "./config/index.js";
 import { lockDataFolder } from "./data-lock.js";
-import { deployExamples } from "./management/index.js";
+import { adminTokenFile, deployExamples, devTokenFile } from "./management/index.js";
 import { startSkiff } from "./start.js";
 import { superviseWorkers, workerNumber } from "./workers.js";
 
@@ -32,10 +31,7 @@ async function main(): Promise<void> {
     try {
       releaseDataFolder = await lockDataFolder(config.dataDir);
     } catch (err) {
-      const message = err instanceof Error ? err.message : String(err);
-      logger.fatal({ err }, message);
-      console.error(`skiff: cannot start: ${message}`);
-      process.exit(1);
+      cannotGoOn(logger, "cannot start: ", err);
     }
   }
   if (config.workers > 1 && cluster.isPrimary) return superviseWorkers(config, logger);
@@ -49,11 +45,7 @@ async function main(): Promise<void> {
   try {
     skiff = await startSkiff(config, logger);
   } catch (err) {
-    const message = err instanceof Error ? err.message : String(err);
-    logger.fatal({ err }, message);
-    // Said as a sentence too, as a wrong setting is: the log line above is for machines.
-    console.error(`skiff: cannot start: ${message}`);
-    process.exit(1);
+    cannotGoOn(logger, "cannot start: ", err);
   }
   // At a terminal, the few lines a person looks for among the JSON log lines (stdout, for machines).
   if (process.stderr.isTTY && config.worker === undefined) console.error(banner(skiff.url, config));
@@ -66,10 +58,14 @@ async function main(): Promise<void> {
   // on its own (killed, out of memory) ends skiff too, loudly, for whatever supervises it to start both again.
   void skiff.nats.serverExited?.then(() => {
     if (stopping) return;
-    const message = `the nats-server this skiff started (pid ${skiff.nats.serverPid}) ended on its own; skiff cannot go on without it and exits: start it again`;
-    logger.fatal({ serverPid: skiff.nats.serverPid }, message);
-    console.error(`skiff: ${message}`);
-    process.exit(1);
+    const pid = skiff.nats.serverPid;
+    cannotGoOn(
+      logger,
+      "",
+      new Error(
+        `the nats-server this skiff started (pid ${pid}) ended on its own; skiff cannot go on without it and exits: start it again`,
+      ),
+    );
   });
   const stop = (signal: string) => {
     if (stopping) return;
@@ -103,14 +99,22 @@ async function main(): Promise<void> {
   if (signalled !== undefined) stop(signalled);
 }
 
+/** Ends the process with exit code 1: why, in the log (for machines) and as a sentence on stderr. */
+function cannotGoOn(logger: Logger, prefix: string, err: unknown): never {
+  const message = err instanceof Error ? err.message : String(err);
+  logger.fatal({ err }, message);
+  console.error(`skiff: ${prefix}${message}`);
+  process.exit(1);
+}
+
 /** Where to go next: the address, the dashboard, the token files that exist, the CLI. */
 function banner(url: string, config: { dataDir: string; roles: readonly string[] }): string {
-  const file = (name: string) => path.join(config.dataDir, name);
   const lines = [`skiff serves ${url}`];
   if (config.roles.includes("management")) lines.push(`  dashboard    ${url}/`);
-  if (existsSync(file("admin-token")))
-    lines.push(`  admin token  ${file("admin-token")} (every project; the dashboard's sign-in)`);
-  if (existsSync(file("dev-token"))) lines.push(`  dev token    ${file("dev-token")} (project p-dev)`);
+  const admin = adminTokenFile(config.dataDir);
+  if (existsSync(admin)) lines.push(`  admin token  ${admin} (every project; the dashboard's sign-in)`);
+  const dev = devTokenFile(config.dataDir);
+  if (existsSync(dev)) lines.push(`  dev token    ${dev} (project p-dev)`);
   lines.push("  CLI          npx skiff --help");
   return lines.join("\n");
 }

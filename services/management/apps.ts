@@ -37,30 +37,31 @@ function refusal(err: unknown): ConnectError | undefined {
 export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
   const { store, observer } = deps.apps;
 
-  async function project(id: string): Promise<string> {
-    const projectId = valid.projectId(id);
-    if (!(await deps.projects.get(projectId))) throw new ConnectError(`project ${projectId} not found`, Code.NotFound);
-    return projectId;
-  }
-
   /**
-   * When the project was made: its apps' log lines stored before are another project's of the same id (one
-   * deleted, whose apps that never deployed left their deploy's lines), never shown. Undefined: no project.
+   * The project, or 404, with when it was made: its apps' log lines stored before are another project's of
+   * the same id (one deleted, whose apps that never deployed left their deploy's lines), never shown.
    */
-  async function madeAt(projectId: string): Promise<number | undefined> {
-    const made = (await deps.projects.get(projectId))?.created_at;
-    return made === undefined ? undefined : Date.parse(made);
+  async function projectOf(id: string): Promise<{ projectId: string; madeMs: number }> {
+    const projectId = valid.projectId(id);
+    const record = await deps.projects.get(projectId);
+    if (!record) throw new ConnectError(`project ${projectId} not found`, Code.NotFound);
+    return { projectId, madeMs: Date.parse(record.created_at) };
   }
 
-  /** The app, or 404; a malformed name cannot name an app. */
+  const project = async (id: string): Promise<string> => (await projectOf(id)).projectId;
+
+  const appNotFound = (appName: string, projectId: string) =>
+    new ConnectError(`app ${JSON.stringify(appName.slice(0, 80))} not found in project ${projectId}`, Code.NotFound);
+
+  /** The app's record; none for a malformed name, which cannot name an app. */
+  const recordOf = async (projectId: string, appName: string) =>
+    APP_NAME_PATTERN.test(appName) ? await store.get(projectId, appName) : undefined;
+
+  /** The app, or 404. */
   async function app(projectIdRaw: string, appName: string) {
     const projectId = await project(projectIdRaw);
-    const record = APP_NAME_PATTERN.test(appName) ? await store.get(projectId, appName) : undefined;
-    if (!record)
-      throw new ConnectError(
-        `app ${JSON.stringify(appName.slice(0, 80))} not found in project ${projectId}`,
-        Code.NotFound,
-      );
+    const record = await recordOf(projectId, appName);
+    if (!record) throw appNotFound(appName, projectId);
     return record;
   }
 
@@ -151,35 +152,30 @@ export function appHandlers(deps: ManagementDeps): Pick<Impl, AppMethods> {
     async listAppLogs(req) {
       if (req.limit > MAX_LOG_LIMIT)
         throw new ConnectError(`limit must be at most ${MAX_LOG_LIMIT}, got ${req.limit}`, Code.InvalidArgument);
-      const opts = { limit: req.limit || DEFAULT_LOG_LIMIT, runId: req.runId || undefined };
-      const record = await app(req.projectId, req.appName).catch(async (err: unknown) => {
-        // An app whose first deploy failed has no record, and its deploy's output (a module that did not load,
-        // a build step) is in its log: those lines are shown; none, 404.
-        const projectId = valid.projectId(req.projectId);
-        const sinceMs = await madeAt(projectId);
-        if (sinceMs === undefined || !APP_NAME_PATTERN.test(req.appName)) throw err;
-        const { lines } = await observer.lines(projectId, req.appName, { ...opts, sinceMs });
-        if (lines.length === 0) throw err;
-        return lines;
+      const { projectId, madeMs } = await projectOf(req.projectId);
+      const record = await recordOf(projectId, req.appName);
+      if (!record && !APP_NAME_PATTERN.test(req.appName)) throw appNotFound(req.appName, projectId);
+      // An app whose first deploy failed has no record, and its deploy's output (a module that did not load, a
+      // build step) is in its log: those lines are shown; none, 404.
+      const { lines } = await observer.lines(projectId, req.appName, {
+        limit: req.limit || DEFAULT_LOG_LIMIT,
+        runId: req.runId || undefined,
+        sinceMs: madeMs,
       });
-      if (Array.isArray(record)) return { lines: record.map((l) => logLineMessage(l.line)) };
-      const sinceMs = await madeAt(record.project_id);
-      const { lines } = await observer.lines(record.project_id, record.app_name, { ...opts, sinceMs });
+      if (!record && lines.length === 0) throw appNotFound(req.appName, projectId);
       return { lines: lines.map((l) => logLineMessage(l.line)) };
     },
-
     async *tailAppLogs(req, ctx: HandlerContext) {
-      const record = await app(req.projectId, req.appName);
+      const { projectId, madeMs } = await projectOf(req.projectId);
+      const record = await recordOf(projectId, req.appName);
+      if (!record) throw appNotFound(req.appName, projectId);
       if (req.backlog > MAX_LOG_LIMIT)
         throw new ConnectError(`backlog must be at most ${MAX_LOG_LIMIT}, got ${req.backlog}`, Code.InvalidArgument);
       // Lines written from here on are followed; older ones come from the backlog, never twice.
       const before = await observer.streamLastSeq();
       const backlog =
         req.backlog > 0
-          ? await observer.lines(record.project_id, record.app_name, {
-              limit: req.backlog,
-              sinceMs: await madeAt(record.project_id),
-            })
+          ? await observer.lines(record.project_id, record.app_name, { limit: req.backlog, sinceMs: madeMs })
           : { lines: [], lastSeq: 0 };
       for (const l of backlog.lines) yield { line: logLineMessage(l.line) };
       for await (const line of observer.follow(

@@ -67,6 +67,21 @@ function fresh(runId: string): boolean {
   return age > -CLOCK_SKEW_MS && age < FRESH_RUN_MS;
 }
 
+/**
+ * What `look()` finds of a run; for a run made a moment ago (its event may not be projected yet: within
+ * milliseconds), asked again until it finds it, FRESH_RUN_WAIT_MS at most.
+ */
+async function lookedFor<T>(runId: string, look: () => Promise<T | undefined>): Promise<T | undefined> {
+  let found = await look();
+  if (found !== undefined || !fresh(runId)) return found;
+  const end = Date.now() + FRESH_RUN_WAIT_MS;
+  while (found === undefined && Date.now() < end) {
+    await new Promise((res) => setTimeout(res, 25));
+    found = await look();
+  }
+  return found;
+}
+
 /** How often objects in `skiff-results` past their keep are removed. */
 const SWEEP_EVERY_MS = 60 * 60 * 1000;
 /** How often the results' object store is checked against its budget. */
@@ -184,43 +199,25 @@ export async function startRunApi(opts: RunApiOptions): Promise<RunApi> {
   const since = async (projectId: string): Promise<number | undefined> =>
     opts.projectCreatedAt ? ((await opts.projectCreatedAt(projectId)) ?? 0) : undefined;
 
-  /**
-   * The app of a run of the project, for a caller who names the run only (app `-`, as ListRuns takes it): from
-   * the history, which has every run a few milliseconds after its first event (a moment's wait for a newer one).
-   */
-  async function appOfRun(projectId: string, runId: string): Promise<string> {
-    if (!RUN_ID.test(runId))
+  async function findRun(projectId: string, appNamed: string, runId: string): Promise<FoundRun> {
+    // App "-" (as ListRuns takes it): the run by its id alone, in whichever app of the project ran it.
+    const everyApp = appNamed === ALL_APPS;
+    if (!everyApp) names(projectId, appNamed, runId);
+    else if (!RUN_ID.test(runId))
       throw new ConnectError(`run ${JSON.stringify(runId.slice(0, 80))} not found`, Code.NotFound);
+    const notFound = () =>
+      new ConnectError(
+        `run ${runId} not found in ${everyApp ? `project ${projectId}` : `app ${appNamed}`}`,
+        Code.NotFound,
+      );
     // A run of a project deleted before this one of its id was made is not this project's, nor is its app.
     const from = await since(projectId);
-    if (from !== undefined && timeOfId(runId) < from)
-      throw new ConnectError(`run ${runId} not found in project ${projectId}`, Code.NotFound);
-    const look = async () => (await (await history()).find(projectId, undefined, runId))?.record.app_name;
-    let app = await look();
-    const end = Date.now() + FRESH_RUN_WAIT_MS;
-    while (app === undefined && fresh(runId) && Date.now() < end) {
-      await new Promise((res) => setTimeout(res, 25));
-      app = await look();
-    }
-    if (app === undefined) throw new ConnectError(`run ${runId} not found in project ${projectId}`, Code.NotFound);
-    return app;
-  }
-
-  async function findRun(projectId: string, appNamed: string, runId: string): Promise<FoundRun> {
-    const appName = appNamed === ALL_APPS ? await appOfRun(projectId, runId) : appNamed;
-    names(projectId, appName, runId);
-    const from = await since(projectId);
-    if (from !== undefined && timeOfId(runId) < from)
-      throw new ConnectError(`run ${runId} not found in app ${appName}`, Code.NotFound);
-    let found = await lookUp(projectId, appName, runId);
-    // A run that ended a moment ago may not be in the history yet (its event is projected within milliseconds).
-    if (found === undefined && fresh(runId)) {
-      const end = Date.now() + FRESH_RUN_WAIT_MS;
-      while (found === undefined && Date.now() < end) {
-        await new Promise((res) => setTimeout(res, 25));
-        found = await lookUp(projectId, appName, runId);
-      }
-    }
+    if (from !== undefined && timeOfId(runId) < from) throw notFound();
+    const appName = everyApp
+      ? await lookedFor(runId, async () => (await (await history()).find(projectId, undefined, runId))?.record.app_name)
+      : appNamed;
+    if (appName === undefined) throw notFound();
+    const found = await lookedFor(runId, () => lookUp(projectId, appName, runId));
     if (!found) throw new ConnectError(`run ${runId} not found in app ${appName}`, Code.NotFound);
     return found;
   }
