@@ -15,6 +15,7 @@ import { packApp } from "../../services/apps/bundle.js";
 import { bearerAuth } from "../../services/auth/bearer.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
 import { callOnNewConnection, Logs, serves, startWorkersSkiff } from "../helpers/workers-skiff.js";
+import { alive } from "../helpers/host-processes.js";
 
 const OTHER = "p-workers2";
 /** Starting a worker on a busy 2-core machine takes up to a minute; the supervisor starts them one after another. */
@@ -71,15 +72,6 @@ async function sandboxUids(pid: number): Promise<number[]> {
     if (uid !== undefined && uid !== 0) uids.push(uid);
   }
   return uids;
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 describe("SKIFF_WORKERS=2", () => {

@@ -12,3 +12,13 @@ export async function hostProcessesWith(marker: string): Promise<number[]> {
   }
   return found;
 }
+
+/** Whether a process of that id exists (signal 0 reaches it). */
+export function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}

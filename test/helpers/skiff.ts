@@ -165,3 +165,14 @@ export function spawnRunnerProcess(natsUrl: string, dataDir: string, env: Record
     stdio: ["ignore", "ignore", "inherit"],
   });
 }
+
+/** A new project of `t` and the token of a service account of it (an hour): a tenant of its own. */
+export async function projectWithToken(t: Pick<TestSkiff, "management">, projectId: string): Promise<string> {
+  await t.management().createProject({ projectId });
+  const made = await t.management().createServiceAccount({
+    projectId,
+    name: "tenant",
+    expiresAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 3600) },
+  });
+  return made.token;
+}

@@ -17,6 +17,7 @@ import type { ReplicaChange } from "../../services/runner/types.js";
 import { skiffToml, type CustomRuntime, type Scaling } from "../helpers/apps.js";
 import { FakeClock } from "../helpers/fake-clock.js";
 import { TEST_ROOT } from "../helpers/paths.js";
+import { alive } from "../helpers/host-processes.js";
 
 const BEHAVE = path.resolve(TEST_ROOT, "fixtures/apps/behave");
 let tmp: string;
@@ -83,14 +84,6 @@ const call = (r: Runner, p: string, query = "", more: Partial<InvokeRequest> = {
  */
 const pidOf = (res: InvokeResponse) =>
   changes.find((c) => c.replica.replicaId === res.replicaId && c.replica.pid !== undefined)?.replica.pid ?? -1;
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 /** Most replicas starting or ready at once, from the change events. */
 function peakLive(): number {
   const live = new Set<string>();

@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SKIFF_SERVER, TEST_ROOT } from "../helpers/paths.js";
+import { alive } from "../helpers/host-processes.js";
 
 const root = join(TEST_ROOT, "..");
 /** A uid and gid of nobody's: the local unprivileged user. */
@@ -60,15 +61,6 @@ function stderrOf(child: ChildProcess): () => string {
   child.stderr!.on("data", (d) => (text += d));
   return () => text;
 }
-
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 /** A data folder as `npm start` makes it: a new folder in a folder others may enter (the checkout's .data). */
 function newDataDir(name: string): string {

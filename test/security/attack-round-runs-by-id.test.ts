@@ -13,7 +13,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { skiffToml } from "../helpers/apps.js";
 import { deploy, post } from "../helpers/run-apps.js";
-import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { projectWithToken, startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 
 const VICTIM = "p-victim";
 const REUSED = "p-reused";
@@ -29,16 +29,6 @@ let tmp: string;
 let victimToken: string;
 /** A project token of p-dev: the attacker. */
 let attacker: string;
-
-async function projectWithToken(projectId: string): Promise<string> {
-  await t.management().createProject({ projectId });
-  const made = await t.management().createServiceAccount({
-    projectId,
-    name: "tenant",
-    expiresAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 3600) },
-  });
-  return made.token;
-}
 
 /** The victim's app: its runs are what the attacker looks for. */
 const notesApp = {
@@ -81,7 +71,7 @@ beforeAll(async () => {
   tmp = await mkdtemp(path.join(tmpdir(), "skiff-attack-runs-"));
   t = await startTestSkiff();
   attacker = t.devToken;
-  victimToken = await projectWithToken(VICTIM);
+  victimToken = await projectWithToken(t, VICTIM);
   await deployNotes(VICTIM, victimToken);
   const done = await post(`${t.url}/v4/${VICTIM}/notes/note`, victimToken, "{}");
   expect(done.status, done.text).toBe(200);
@@ -191,7 +181,7 @@ describe("attack - a run found by its id alone (app '-')", () => {
   }, 180_000);
 
   it("a project deleted and made again under its id: the new tenant finds none of the old one's runs by id", async () => {
-    const first = await projectWithToken(REUSED);
+    const first = await projectWithToken(t, REUSED);
     await deployNotes(REUSED, first);
     const old = await post(`${t.url}/v4/${REUSED}/notes/note`, first, "{}");
     expect(old.status, old.text).toBe(200);
@@ -202,7 +192,7 @@ describe("attack - a run found by its id alone (app '-')", () => {
     );
     expect((await rest("DELETE", `/v2/projects/${REUSED}`, t.adminToken)).status).toBe(200);
     await new Promise((r) => setTimeout(r, 1_100));
-    const second = await projectWithToken(REUSED);
+    const second = await projectWithToken(t, REUSED);
     // Same id, same app name: the history still holds the old run under both.
     await deployNotes(REUSED, second);
     for (const [method, p] of [

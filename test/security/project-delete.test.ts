@@ -13,7 +13,7 @@ import { packApp } from "../../services/apps/bundle.js";
 import { streams } from "../../services/nats/layout.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
 import { post } from "../helpers/run-apps.js";
-import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { projectWithToken, startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 
 const PROJECT = "p-reuse";
 
@@ -40,15 +40,7 @@ describe("DeleteProject", () => {
     return { status: res.status, text };
   };
 
-  const createProject = async () => {
-    await t.management().createProject({ projectId: PROJECT });
-    const made = await t.management().createServiceAccount({
-      projectId: PROJECT,
-      name: "tenant",
-      expiresAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 3600) },
-    });
-    return made.token;
-  };
+  const createProject = () => projectWithToken(t, PROJECT);
 
   const deployApp = async (token: string) => {
     const dir = await writeApp(tmp, {

@@ -18,7 +18,7 @@ import { packApp } from "../../services/apps/bundle.js";
 import { skiffToml, writeApp } from "../helpers/apps.js";
 import { capturingLogger } from "../helpers/logs.js";
 import { machineCan } from "../helpers/machine.js";
-import { startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
+import { projectWithToken, startTestSkiff, type TestSkiff } from "../helpers/skiff.js";
 
 const VALUE = "sk_live_5f0c2b1e9d7a43c8_victim";
 
@@ -94,15 +94,7 @@ describe("project secrets, attacked", () => {
     return { status: res.status, text: await res.text() };
   };
 
-  const project = async (projectId: string) => {
-    await t.management().createProject({ projectId });
-    const made = await t.management().createServiceAccount({
-      projectId,
-      name: "tenant",
-      expiresAt: { seconds: BigInt(Math.floor(Date.now() / 1000) + 3600) },
-    });
-    return made.token;
-  };
+  const project = (projectId: string) => projectWithToken(t, projectId);
 
   beforeAll(async () => {
     tmp = await mkdtemp(path.join(tmpdir(), "skiff-secrets-attack-"));
